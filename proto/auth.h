@@ -1,0 +1,26 @@
+// Mutual authentication with a per-job secret. The launcher generates the
+// secret; each side proves knowledge of it with an HMAC over both nonces and
+// a direction label, so neither proof can be replayed as the other. Pure
+// functions; any thread.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace dslaunch::proto {
+
+inline constexpr size_t kSecretBytes = 32;
+inline constexpr size_t kNonceBytes = 32;
+
+// Cryptographically random bytes (OpenSSL RAND_bytes); aborts on failure.
+std::string RandomBytes(size_t n);
+std::string HexEncode(std::string_view bytes);
+std::string HmacSha256(std::string_view key, std::string_view data);
+bool ConstantTimeEqual(std::string_view a, std::string_view b);
+
+std::string LauncherProof(std::string_view secret, std::string_view client_nonce,
+                          std::string_view server_nonce);
+std::string AgentProof(std::string_view secret, std::string_view client_nonce,
+                       std::string_view server_nonce);
+
+}  // namespace dslaunch::proto

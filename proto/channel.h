@@ -1,0 +1,82 @@
+// Channel: one framed, message-oriented connection (TCP or Unix stream) on an
+// Asio io_context. Reads frames and hands each parsed Envelope to a handler;
+// writes go through a bounded queue. A malformed or oversized frame, a read
+// or write error, or an overfull queue closes the channel and reports the
+// reason once through on_close. Owned through shared_ptr; use only from the
+// io_context's thread.
+#pragma once
+
+#include <boost/asio/generic/stream_protocol.hpp>
+#include <boost/asio/io_context.hpp>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "proto/dslaunch.pb.h"
+#include "proto/frame_codec.h"
+#include "proto/status.h"
+
+namespace dslaunch::proto {
+
+class Channel : public std::enable_shared_from_this<Channel> {
+ public:
+  using Socket = boost::asio::generic::stream_protocol::socket;
+
+  struct Limits {
+    size_t max_frame_bytes = kDefaultMaxFrameBytes;
+    // Above this, congested() is true: producers should pause (backpressure).
+    size_t soft_queue_bytes = 8u << 20;
+    // Above this, Send fails and the channel closes: the peer stopped reading.
+    size_t hard_queue_bytes = 256u << 20;
+  };
+  struct Handlers {
+    std::function<void(wire::Envelope&&)> on_message;
+    // Called once, when the channel closes for any reason; OK status when
+    // closed by Close(Status::Ok()) or after a clean end of stream.
+    std::function<void(const Status&)> on_close;
+    // Called when the write queue drops below the soft limit again.
+    std::function<void()> on_drain;
+  };
+
+  static std::shared_ptr<Channel> Create(Socket socket, std::string peer,
+                                         Limits limits);
+  static std::shared_ptr<Channel> Create(Socket socket, std::string peer) {
+    return Create(std::move(socket), std::move(peer), Limits());
+  }
+
+  void Start(Handlers handlers);
+  // Queues `msg`. Fails when the channel is closed or the queue is over the
+  // hard limit (which also closes the channel).
+  Status Send(const wire::Envelope& msg);
+  // Closes now; pending writes are dropped. on_close gets `reason`.
+  void Close(const Status& reason);
+  // Writes what is queued, then closes (on_close gets OK).
+  void CloseAfterFlush();
+
+  bool closed() const { return closed_; }
+  bool congested() const { return queued_bytes_ > limits_.soft_queue_bytes; }
+  size_t queued_bytes() const { return queued_bytes_; }
+  const std::string& peer() const { return peer_; }
+
+ private:
+  Channel(Socket socket, std::string peer, Limits limits);
+  void ReadMore();
+  void OnRead(const boost::system::error_code& ec, size_t n);
+  void WriteMore();
+  void OnWrite(const boost::system::error_code& ec, size_t n);
+
+  Socket socket_;
+  std::string peer_;
+  Limits limits_;
+  Handlers handlers_;
+  FrameDecoder decoder_;
+  std::string read_buffer_;
+  std::deque<std::string> write_queue_;
+  size_t queued_bytes_ = 0;
+  bool writing_ = false;
+  bool closed_ = false;
+  bool close_after_flush_ = false;
+};
+
+}  // namespace dslaunch::proto
