@@ -1,0 +1,404 @@
+#include "agent/agent.h"
+
+#include <signal.h>    // SIGTERM, SIGKILL
+#include <stdlib.h>    // mkdtemp
+#include <unistd.h>    // environ
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <spdlog/spdlog.h>
+
+#include "agent/env_contract.h"
+#include "agent/node_facts.h"
+#include "proto/auth.h"
+#include "proto/version.h"
+
+namespace dslaunch::agent {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+static constexpr size_t kFlushBytes = 256 * 1024;
+
+static const char* StateName(Agent::State s) {
+  switch (s) {
+    case Agent::State::kConnecting: return "Connecting";
+    case Agent::State::kSpawning: return "Spawning";
+    case Agent::State::kRunning: return "Running";
+    case Agent::State::kDraining: return "Draining";
+    case Agent::State::kExited: return "Exited";
+  }
+  return "?";
+}
+
+static double Now() {
+  using namespace std::chrono;
+  return duration<double>(system_clock::now().time_since_epoch()).count();
+}
+
+static std::chrono::milliseconds Seconds(double s) {
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+}
+
+Agent::Agent(AgentOptions options)
+    : options_(std::move(options)),
+      signals_(io_, SIGTERM, SIGINT, SIGHUP),
+      stdin_(io_),
+      connect_timer_(io_),
+      heartbeat_timer_(io_),
+      grace_timer_(io_),
+      workers_(io_, this),
+      progress_(io_, this),
+      store_(io_, [this](const wire::StoreRequest& r) {
+        wire::Envelope env;
+        *env.mutable_store_request() = r;
+        if (!channel_) return Unavailable("not connected");
+        return channel_->Send(env);
+      }) {}
+
+Agent::~Agent() {
+  if (!run_dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(run_dir_, ec);
+  }
+}
+
+int Agent::Run() {
+  ::signal(SIGPIPE, SIG_IGN);
+  WatchSignals();
+  if (options_.stdin_is_lifeline) WatchStdin();
+  Connect();
+  io_.run();
+  return exit_code_;
+}
+
+void Agent::SetState(State next) {
+  spdlog::info("state {} -> {}", StateName(state_), StateName(next));
+  state_ = next;
+}
+
+void Agent::WatchSignals() {
+  signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
+    if (ec) return;
+    spdlog::warn("received signal {}; stopping workers", sig);
+    if (state_ == State::kConnecting) {
+      exit_code_ = 128 + sig;
+      SetState(State::kExited);
+      io_.stop();
+      return;
+    }
+    Drain(state_ == State::kDraining, "agent received signal " +
+                                          std::to_string(sig));
+    WatchSignals();
+  });
+}
+
+void Agent::WatchStdin() {
+  stdin_.assign(::dup(0));
+  stdin_.async_read_some(
+      asio::buffer(&stdin_byte_, 1),
+      [this](const boost::system::error_code& ec, size_t) {
+        if (ec == asio::error::operation_aborted) return;
+        if (ec) return OnLauncherLost("launcher's pipe closed");
+        WatchStdin();  // stray input is ignored
+      });
+}
+
+void Agent::Connect() {
+  connect_timer_.expires_after(Seconds(options_.connect_timeout_s));
+  connect_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || state_ != State::kConnecting) return;
+    OnLauncherLost("no job from the launcher within " +
+                   std::to_string(options_.connect_timeout_s) + " s");
+  });
+  auto resolver = std::make_shared<tcp::resolver>(io_);
+  auto socket = std::make_shared<tcp::socket>(io_);
+  resolver->async_resolve(
+      options_.launcher_host, std::to_string(options_.launcher_port),
+      [this, resolver, socket](const boost::system::error_code& ec,
+                               tcp::resolver::results_type results) {
+        if (ec) return OnLauncherLost("cannot resolve launcher: " + ec.message());
+        asio::async_connect(
+            *socket, results,
+            [this, socket](const boost::system::error_code& ec,
+                           const tcp::endpoint&) {
+              if (ec) return OnLauncherLost("cannot connect: " + ec.message());
+              socket->set_option(tcp::no_delay(true));
+              channel_ = proto::Channel::Create(
+                  proto::Channel::Socket(std::move(*socket)), "launcher");
+              OnConnected();
+            });
+      });
+}
+
+void Agent::OnConnected() {
+  channel_->Start({
+      .on_message = [this](wire::Envelope&& m) { HandleMessage(std::move(m)); },
+      .on_close =
+          [this](const Status& st) {
+            if (state_ == State::kExited) return io_.stop();
+            OnLauncherLost(st.ok() ? "connection closed" : st.message());
+          },
+      .on_drain = [this] { workers_.ResumeOutput(); },
+  });
+  client_nonce_ = proto::RandomBytes(proto::kNonceBytes);
+  wire::Envelope env;
+  auto* hello = env.mutable_hello();
+  hello->set_protocol_version(kProtocolVersion);
+  hello->set_agent_version(kVersion);
+  hello->set_node_rank(options_.node_rank);
+  hello->set_client_nonce(client_nonce_);
+  hello->set_job_id(options_.job_id);
+  *hello->mutable_facts() = CollectNodeFacts();
+  Send(env);
+}
+
+void Agent::HandleMessage(wire::Envelope&& msg) {
+  last_heard_ = std::chrono::steady_clock::now();
+  spdlog::debug("received {}", proto::MessageName(msg));
+  const bool authed = state_ != State::kConnecting;
+  switch (msg.msg_case()) {
+    case wire::Envelope::kWelcome:
+      if (auth_sent_) break;
+      return HandleWelcome(msg.welcome());
+    case wire::Envelope::kJobSpec:
+      if (!auth_sent_ || authed) break;
+      return HandleJobSpec(msg.job_spec());
+    case wire::Envelope::kHeartbeat:
+      if (!authed) break;
+      return;
+    case wire::Envelope::kAbort:
+      if (!authed) break;
+      return Drain(msg.abort().kill_now(), msg.abort().reason());
+    case wire::Envelope::kShutdown:
+      if (!authed) break;
+      if (workers_.unfinished() == 0) return Finish();
+      return Drain(false, "launcher asked to shut down");
+    case wire::Envelope::kStoreResponse:
+      if (!authed) break;
+      return store_.HandleResponse(msg.store_response());
+    default:
+      break;
+  }
+  channel_->Close(ProtocolError("unexpected " + proto::MessageName(msg) +
+                                " in state " + StateName(state_)));
+}
+
+void Agent::HandleWelcome(const wire::Welcome& welcome) {
+  if (welcome.protocol_version() != kProtocolVersion) {
+    return channel_->Close(ProtocolError(
+        "launcher speaks protocol " + std::to_string(welcome.protocol_version()) +
+        ", this agent " + std::to_string(kProtocolVersion)));
+  }
+  const std::string expected = proto::LauncherProof(
+      options_.secret, client_nonce_, welcome.server_nonce());
+  if (!proto::ConstantTimeEqual(expected, welcome.launcher_proof())) {
+    return channel_->Close(
+        ProtocolError("launcher failed to prove the job secret"));
+  }
+  wire::Envelope env;
+  env.mutable_auth()->set_agent_proof(proto::AgentProof(
+      options_.secret, client_nonce_, welcome.server_nonce()));
+  auth_sent_ = true;
+  Send(env);
+}
+
+void Agent::HandleJobSpec(const wire::JobSpec& job) {
+  job_ = job;
+  connect_timer_.cancel();
+  SetState(State::kSpawning);
+  StartHeartbeats();
+  Status st = SetUpRunDir();
+  if (st.ok()) st = SpawnWorkers();
+  if (!st.ok()) {
+    spdlog::error("cannot start workers: {}", st.message());
+    exit_code_ = 70;
+    return Drain(true, st.message());
+  }
+  SetState(State::kRunning);
+}
+
+Status Agent::SetUpRunDir() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string base = tmp && *tmp && std::strlen(tmp) < 60 ? tmp : "/tmp";
+  std::string tmpl = base + "/dsl-" + job_.job_id().substr(0, 8) + "-XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    return ErrnoStatus("cannot create run directory " + tmpl, errno);
+  }
+  run_dir_ = tmpl;
+  RETURN_IF_ERROR(store_.Listen(run_dir_ + "/store.sock"));
+  for (const auto& r : job_.ranks()) {
+    RETURN_IF_ERROR(progress_.Listen(
+        r.rank(), run_dir_ + "/p" + std::to_string(r.rank()) + ".sock"));
+  }
+  return Status::Ok();
+}
+
+Status Agent::SpawnWorkers() {
+  for (const auto& r : job_.ranks()) {
+    const std::string rank = std::to_string(r.rank());
+    RankPaths paths{
+        .progress_socket = run_dir_ + "/p" + rank + ".sock",
+        .store_address = "unix:" + run_dir_ + "/store.sock",
+        .error_file = run_dir_ + "/error-" + rank + ".json",
+    };
+    WorkerSpec spec{
+        .rank = r.rank(),
+        .argv = BuildRankArgv(job_, r),
+        .env = BuildRankEnv(job_, r, paths, environ),
+        .cwd = job_.cwd(),
+    };
+    ASSIGN_OR_RETURN(pid_t pid, workers_.Spawn(spec));
+    wire::Envelope env;
+    auto* started = env.mutable_worker_started();
+    started->set_rank(r.rank());
+    started->set_pid(pid);
+    started->set_time(Now());
+    Send(env);
+  }
+  return Status::Ok();
+}
+
+void Agent::StartHeartbeats() {
+  last_heard_ = std::chrono::steady_clock::now();
+  ArmHeartbeat();
+}
+
+void Agent::ArmHeartbeat() {
+  const double interval =
+      job_.heartbeat_interval_s() > 0 ? job_.heartbeat_interval_s() : 1.0;
+  const double timeout =
+      job_.heartbeat_timeout_s() > 0 ? job_.heartbeat_timeout_s() : 10.0;
+  heartbeat_timer_.expires_after(Seconds(interval));
+  heartbeat_timer_.async_wait([this, timeout](const boost::system::error_code& ec) {
+    if (ec || state_ == State::kExited || !channel_ || channel_->closed()) return;
+    if (std::chrono::steady_clock::now() - last_heard_ > Seconds(timeout)) {
+      return OnLauncherLost("no heartbeat from the launcher for " +
+                            std::to_string(timeout) + " s");
+    }
+    wire::Envelope env;
+    env.mutable_heartbeat()->set_seq(++heartbeat_seq_);
+    Send(env);
+    ArmHeartbeat();
+  });
+}
+
+void Agent::OnLauncherLost(const std::string& why) {
+  if (state_ == State::kExited) return;
+  spdlog::warn("launcher lost: {}", why);
+  exit_code_ = 69;
+  if (channel_) channel_->Close(Unavailable(why));
+  if (state_ == State::kConnecting) {
+    SetState(State::kExited);
+    io_.stop();
+    return;
+  }
+  Drain(false, "launcher lost: " + why);
+}
+
+void Agent::Drain(bool kill_now, const std::string& why) {
+  if (state_ == State::kExited) return;
+  if (state_ != State::kDraining) {
+    spdlog::info("draining: {}", why);
+    SetState(State::kDraining);
+    const double grace = job_.kill_grace_s() > 0 ? job_.kill_grace_s() : 5.0;
+    grace_timer_.expires_after(Seconds(grace));
+    grace_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (!ec) workers_.SignalAll(SIGKILL);
+    });
+  }
+  workers_.SignalAll(kill_now ? SIGKILL : SIGTERM);
+  if (workers_.unfinished() == 0) Finish();
+}
+
+void Agent::Finish() {
+  if (state_ == State::kExited) return;
+  Flush();
+  SetState(State::kExited);
+  grace_timer_.cancel();
+  heartbeat_timer_.cancel();
+  connect_timer_.cancel();
+  signals_.cancel();
+  boost::system::error_code ignored;
+  stdin_.close(ignored);
+  progress_.Close();
+  store_.Close();
+  if (channel_ && !channel_->closed()) {
+    wire::Envelope env;
+    env.mutable_agent_done();
+    Send(env);
+    channel_->CloseAfterFlush();  // on_close stops the loop
+  } else {
+    io_.stop();
+  }
+}
+
+void Agent::Send(const wire::Envelope& msg) {
+  if (!channel_ || channel_->closed()) return;
+  Status st = channel_->Send(msg);
+  if (!st.ok()) spdlog::warn("send {}: {}", proto::MessageName(msg), st.message());
+}
+
+void Agent::OnWorkerOutput(int rank, bool is_stderr, std::string line,
+                           bool partial) {
+  pending_log_bytes_ += line.size() + 16;
+  auto* e = pending_logs_.mutable_log_batch()->add_entries();
+  e->set_rank(rank);
+  e->set_stream(is_stderr ? wire::LogBatch::STDERR : wire::LogBatch::STDOUT);
+  e->set_line(std::move(line));
+  e->set_partial(partial);
+  if (pending_log_bytes_ >= kFlushBytes) Flush();
+  else ScheduleFlush();
+}
+
+void Agent::OnProgressRecord(int rank, std::string json, double time) {
+  auto* r = pending_progress_.mutable_progress_batch()->add_records();
+  r->set_rank(rank);
+  r->set_json(std::move(json));
+  r->set_time(time);
+  ScheduleFlush();
+}
+
+void Agent::OnMalformedProgress(int rank, const Status& why) {
+  spdlog::debug("rank {}: dropped progress record: {}", rank, why.message());
+  (*pending_progress_.mutable_progress_batch()->mutable_malformed())[rank]++;
+  ScheduleFlush();
+}
+
+void Agent::ScheduleFlush() {
+  if (flush_scheduled_) return;
+  flush_scheduled_ = true;
+  asio::post(io_, [this] { Flush(); });
+}
+
+void Agent::Flush() {
+  flush_scheduled_ = false;
+  if (pending_logs_.has_log_batch()) Send(pending_logs_);
+  if (pending_progress_.has_progress_batch()) Send(pending_progress_);
+  pending_logs_.Clear();
+  pending_progress_.Clear();
+  pending_log_bytes_ = 0;
+  if (channel_ && channel_->congested()) workers_.PauseOutput();
+}
+
+void Agent::OnWorkerExited(int rank, pid_t pid, const ExitInfo& info) {
+  Flush();  // its last lines go before its exit
+  spdlog::info("rank {} (pid {}) exited: code {} signal {}", rank, pid,
+               info.exit_code, info.signal);
+  wire::Envelope env;
+  auto* exited = env.mutable_worker_exited();
+  exited->set_rank(rank);
+  exited->set_pid(pid);
+  exited->set_exit_code(info.exit_code);
+  exited->set_signal(info.signal);
+  exited->set_error(info.error);
+  exited->set_time(Now());
+  Send(env);
+  if (state_ == State::kDraining && workers_.unfinished() == 0) Finish();
+}
+
+}  // namespace dslaunch::agent

@@ -1,0 +1,106 @@
+// Agent: the top object of dsagent, one per node for the life of one job.
+// It connects back to the launcher, authenticates, receives this node's part
+// of the plan, runs the workers through a WorkerSet, relays their output,
+// progress and exits, proxies store requests, and tears the workers down on
+// abort, on launcher loss and on its own termination. Owns the process's one
+// io_context; everything runs on the thread that calls Run().
+//
+// States (each transition logged once):
+//   Connecting -> Spawning -> Running -> Draining -> Exited
+//   Connecting -> Exited            (launcher unreachable or auth failed)
+//   Spawning/Running -> Draining    (abort, launcher lost, SIGTERM/SIGINT/SIGHUP)
+//   Running -> Exited               (Shutdown after every worker is done)
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <memory>
+#include <string>
+
+#include "agent/progress_server.h"
+#include "agent/store_proxy.h"
+#include "agent/worker_set.h"
+#include "proto/channel.h"
+#include "proto/dslaunch.pb.h"
+
+namespace dslaunch::agent {
+
+struct AgentOptions {
+  std::string launcher_host;
+  int launcher_port = 0;
+  int node_rank = 0;
+  std::string job_id;
+  std::string secret;           // read from stdin by main, never from argv
+  bool stdin_is_lifeline = true;  // EOF on stdin = the launcher is gone
+  double connect_timeout_s = 30;
+};
+
+class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
+ public:
+  enum class State { kConnecting, kSpawning, kRunning, kDraining, kExited };
+
+  explicit Agent(AgentOptions options);
+  ~Agent() override;
+
+  // Runs the job to its end; returns the process exit status: 0 after an
+  // orderly shutdown, 69 when the launcher was lost or never reached.
+  int Run();
+
+  // WorkerSet::Delegate
+  void OnWorkerOutput(int rank, bool is_stderr, std::string line,
+                      bool partial) override;
+  void OnWorkerExited(int rank, pid_t pid, const ExitInfo& info) override;
+  // ProgressServer::Delegate
+  void OnProgressRecord(int rank, std::string json, double time) override;
+  void OnMalformedProgress(int rank, const Status& why) override;
+
+ private:
+  void SetState(State next);
+  void Connect();
+  void OnConnected();
+  void HandleMessage(wire::Envelope&& msg);
+  void HandleWelcome(const wire::Welcome& welcome);
+  void HandleJobSpec(const wire::JobSpec& job);
+  Status SetUpRunDir();
+  Status SpawnWorkers();
+  void OnLauncherLost(const std::string& why);
+  void Drain(bool kill_now, const std::string& why);
+  void Finish();
+  void Send(const wire::Envelope& msg);
+  void ScheduleFlush();
+  void Flush();
+  void WatchSignals();
+  void WatchStdin();
+  void StartHeartbeats();
+  void ArmHeartbeat();
+
+  AgentOptions options_;
+  boost::asio::io_context io_;
+  State state_ = State::kConnecting;
+  int exit_code_ = 0;
+  std::shared_ptr<proto::Channel> channel_;
+  boost::asio::signal_set signals_;
+  boost::asio::posix::stream_descriptor stdin_;
+  boost::asio::steady_timer connect_timer_;
+  boost::asio::steady_timer heartbeat_timer_;
+  boost::asio::steady_timer grace_timer_;
+  std::chrono::steady_clock::time_point last_heard_;
+  std::string client_nonce_;
+  bool auth_sent_ = false;
+  wire::JobSpec job_;
+  std::string run_dir_;
+  WorkerSet workers_;
+  ProgressServer progress_;
+  StoreProxy store_;
+  // Output and progress collected since the last flush.
+  wire::Envelope pending_logs_;
+  size_t pending_log_bytes_ = 0;
+  wire::Envelope pending_progress_;
+  bool flush_scheduled_ = false;
+  char stdin_byte_ = 0;
+  uint64_t heartbeat_seq_ = 0;
+};
+
+}  // namespace dslaunch::agent

@@ -1,0 +1,32 @@
+#include "agent/line_splitter.h"
+
+namespace dslaunch::agent {
+
+void LineSplitter::Feed(std::string_view data, std::vector<std::string>* lines) {
+  while (!data.empty()) {
+    const size_t nl = data.find('\n');
+    const std::string_view chunk =
+        nl == std::string_view::npos ? data : data.substr(0, nl);
+    pending_.append(chunk);
+    if (nl != std::string_view::npos) {
+      lines->push_back(std::move(pending_));
+      pending_.clear();
+      data.remove_prefix(nl + 1);
+    } else {
+      data = {};
+    }
+    while (pending_.size() >= max_line_bytes_) {
+      lines->emplace_back(pending_, 0, max_line_bytes_);
+      pending_.erase(0, max_line_bytes_);
+    }
+  }
+}
+
+bool LineSplitter::Finish(std::string* rest) {
+  if (pending_.empty()) return false;
+  *rest = std::move(pending_);
+  pending_.clear();
+  return true;
+}
+
+}  // namespace dslaunch::agent

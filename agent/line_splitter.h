@@ -1,0 +1,28 @@
+// LineSplitter cuts a byte stream (a worker's stdout or stderr) into whole
+// lines. Bytes without a newline yet are held until more arrive or the
+// stream ends, so no line is ever torn; a line longer than the limit is
+// passed on in limit-sized pieces. Passive and single-threaded.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dslaunch::agent {
+
+class LineSplitter {
+ public:
+  explicit LineSplitter(size_t max_line_bytes = 1 << 20)
+      : max_line_bytes_(max_line_bytes) {}
+
+  // Appends the complete lines in `data` (without '\n') to `lines`.
+  void Feed(std::string_view data, std::vector<std::string>* lines);
+  // At end of stream: the unterminated rest, if any (returns false if none).
+  bool Finish(std::string* rest);
+
+ private:
+  size_t max_line_bytes_;
+  std::string pending_;
+};
+
+}  // namespace dslaunch::agent

@@ -1,0 +1,139 @@
+#include "agent/progress_server.h"
+
+#include <sys/stat.h>  // chmod
+#include <unistd.h>    // unlink
+
+#include <array>
+#include <boost/asio/buffer.hpp>
+#include <chrono>
+
+#include "proto/progress.h"
+
+namespace dslaunch::agent {
+
+namespace asio = boost::asio;
+using Local = asio::local::stream_protocol;
+
+struct ProgressServer::Listener {
+  Listener(asio::io_context& io) : acceptor(io) {}
+  int rank = 0;
+  std::string path;
+  Local::acceptor acceptor;
+};
+
+struct ProgressServer::Connection {
+  Connection(asio::io_context& io) : socket(io) {}
+  int rank = 0;
+  Local::socket socket;
+  std::array<char, 16 * 1024> buffer;
+  std::string pending;
+  bool discarding = false;  // inside an overlong record
+};
+
+static double NowSeconds() {
+  using namespace std::chrono;
+  return duration<double>(system_clock::now().time_since_epoch()).count();
+}
+
+ProgressServer::ProgressServer(asio::io_context& io, Delegate* delegate)
+    : io_(io), delegate_(delegate) {}
+
+ProgressServer::~ProgressServer() {
+  Close();
+  *alive_ = false;
+}
+
+Status ProgressServer::Listen(int rank, const std::string& path) {
+  auto l = std::make_shared<Listener>(io_);
+  l->rank = rank;
+  l->path = path;
+  boost::system::error_code ec;
+  ::unlink(path.c_str());
+  l->acceptor.open(Local(), ec);
+  if (!ec) l->acceptor.bind(Local::endpoint(path), ec);
+  if (!ec) l->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return Internal("progress socket " + path + ": " + ec.message());
+  ::chmod(path.c_str(), 0600);
+  listeners_.push_back(l);
+  Accept(l);
+  return Status::Ok();
+}
+
+void ProgressServer::Accept(const std::shared_ptr<Listener>& l) {
+  auto c = std::make_shared<Connection>(io_);
+  c->rank = l->rank;
+  l->acceptor.async_accept(
+      c->socket, [this, l, c, alive = alive_](boost::system::error_code ec) {
+        if (!*alive || ec) return;
+        connections_.push_back(c);
+        Read(c);
+        Accept(l);
+      });
+}
+
+void ProgressServer::Read(const std::shared_ptr<Connection>& c) {
+  c->socket.async_read_some(
+      asio::buffer(c->buffer),
+      [this, c, alive = alive_](boost::system::error_code ec, size_t n) {
+        if (!*alive) return;
+        if (ec) {
+          // A last record without a newline still counts.
+          if (c->discarding) {
+            delegate_->OnMalformedProgress(
+                c->rank, DataError("progress record over the size limit"));
+          } else if (!c->pending.empty()) {
+            HandleLine(c->rank, c->pending);
+          }
+          c->pending.clear();
+          c->discarding = false;
+          return;
+        }
+        HandleBytes(*c, std::string_view(c->buffer.data(), n));
+        Read(c);
+      });
+}
+
+void ProgressServer::HandleBytes(Connection& c, std::string_view data) {
+  while (!data.empty()) {
+    const size_t nl = data.find('\n');
+    const bool complete = nl != std::string_view::npos;
+    std::string_view chunk = complete ? data.substr(0, nl) : data;
+    data = complete ? data.substr(nl + 1) : std::string_view();
+    if (!c.discarding) c.pending.append(chunk);
+    if (c.pending.size() > proto::kMaxProgressRecordBytes) {
+      c.discarding = true;
+      c.pending.clear();
+    }
+    if (!complete) continue;
+    if (c.discarding) {
+      delegate_->OnMalformedProgress(
+          c.rank, DataError("progress record over the size limit"));
+    } else if (!c.pending.empty()) {
+      HandleLine(c.rank, c.pending);
+    }
+    c.pending.clear();
+    c.discarding = false;
+  }
+}
+
+void ProgressServer::HandleLine(int rank, std::string_view line) {
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  Status st = proto::ValidateProgressRecord(line);
+  if (!st.ok()) return delegate_->OnMalformedProgress(rank, st);
+  delegate_->OnProgressRecord(rank, std::string(line), NowSeconds());
+}
+
+void ProgressServer::Close() {
+  boost::system::error_code ignored;
+  for (auto& l : listeners_) {
+    l->acceptor.close(ignored);
+    ::unlink(l->path.c_str());
+  }
+  listeners_.clear();
+  for (auto& weak : connections_) {
+    if (auto c = weak.lock()) c->socket.close(ignored);
+  }
+  connections_.clear();
+}
+
+}  // namespace dslaunch::agent

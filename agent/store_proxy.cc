@@ -1,0 +1,103 @@
+#include "agent/store_proxy.h"
+
+#include <sys/stat.h>  // chmod
+#include <unistd.h>    // unlink
+
+namespace dslaunch::agent {
+
+namespace asio = boost::asio;
+using Local = asio::local::stream_protocol;
+
+StoreProxy::StoreProxy(asio::io_context& io, Forward forward)
+    : io_(io), forward_(std::move(forward)), acceptor_(io) {}
+
+StoreProxy::~StoreProxy() {
+  Close();
+  *alive_ = false;
+}
+
+Status StoreProxy::Listen(const std::string& path) {
+  path_ = path;
+  ::unlink(path.c_str());
+  boost::system::error_code ec;
+  acceptor_.open(Local(), ec);
+  if (!ec) acceptor_.bind(Local::endpoint(path), ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return Internal("store socket " + path + ": " + ec.message());
+  ::chmod(path.c_str(), 0600);
+  Accept();
+  return Status::Ok();
+}
+
+void StoreProxy::Accept() {
+  auto socket = std::make_shared<Local::socket>(io_);
+  acceptor_.async_accept(*socket, [this, socket, alive = alive_](
+                                      boost::system::error_code ec) {
+    if (!*alive || ec) return;
+    auto client = proto::Channel::Create(
+        proto::Channel::Socket(std::move(*socket)), "store client");
+    clients_.insert(client);
+    std::weak_ptr<proto::Channel> weak = client;
+    client->Start({
+        .on_message =
+            [this, weak](wire::Envelope&& msg) {
+              auto c = weak.lock();
+              if (!c) return;
+              if (!msg.has_store_request()) {
+                return c->Close(ProtocolError("expected a store request"));
+              }
+              HandleRequest(c, std::move(*msg.mutable_store_request()));
+            },
+        .on_close =
+            [this, weak, alive = alive_](const Status&) {
+              if (!*alive) return;
+              if (auto c = weak.lock()) clients_.erase(c);
+            },
+        .on_drain = nullptr,
+    });
+    Accept();
+  });
+}
+
+void StoreProxy::HandleRequest(const std::shared_ptr<proto::Channel>& client,
+                               wire::StoreRequest request) {
+  const uint64_t id = next_id_++;
+  pending_[id] = Pending{client, request.id()};
+  request.set_id(id);
+  Status st = forward_(request);
+  if (st.ok()) return;
+  pending_.erase(id);
+  wire::Envelope reply;
+  auto* r = reply.mutable_store_response();
+  r->set_id(pending_[id].client_id);
+  r->set_ok(false);
+  r->set_error("store unreachable: " + st.message());
+  (void)client->Send(reply);
+}
+
+void StoreProxy::HandleResponse(const wire::StoreResponse& response) {
+  auto it = pending_.find(response.id());
+  if (it == pending_.end()) return;  // the rank went away meanwhile
+  Pending p = it->second;
+  pending_.erase(it);
+  auto client = p.client.lock();
+  if (!client) return;
+  wire::Envelope reply;
+  *reply.mutable_store_response() = response;
+  reply.mutable_store_response()->set_id(p.client_id);
+  (void)client->Send(reply);
+}
+
+void StoreProxy::Close() {
+  boost::system::error_code ignored;
+  if (acceptor_.is_open()) {
+    acceptor_.close(ignored);
+    ::unlink(path_.c_str());
+  }
+  auto clients = std::move(clients_);
+  clients_.clear();
+  for (auto& c : clients) c->Close(Status::Ok());
+  pending_.clear();
+}
+
+}  // namespace dslaunch::agent

@@ -1,0 +1,55 @@
+// StoreProxy lets ranks reach the launcher's key/value store without
+// credentials: it listens on a Unix socket (the path in DSLAUNCH_STORE),
+// takes framed StoreRequests from ranks, forwards them over the agent's
+// authenticated control connection under ids of its own, and routes each
+// StoreResponse back to the rank that asked. Owned by the Agent; io_context
+// thread only.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "proto/channel.h"
+#include "proto/dslaunch.pb.h"
+#include "proto/status.h"
+
+namespace dslaunch::agent {
+
+class StoreProxy {
+ public:
+  // Sends a request upstream (to the launcher).
+  using Forward = std::function<Status(const wire::StoreRequest&)>;
+
+  StoreProxy(boost::asio::io_context& io, Forward forward);
+  ~StoreProxy();
+
+  Status Listen(const std::string& path);
+  // A response from the launcher, for a request this proxy forwarded.
+  void HandleResponse(const wire::StoreResponse& response);
+  void Close();
+
+ private:
+  struct Pending {
+    std::weak_ptr<proto::Channel> client;
+    uint64_t client_id = 0;
+  };
+  void Accept();
+  void HandleRequest(const std::shared_ptr<proto::Channel>& client,
+                     wire::StoreRequest request);
+
+  boost::asio::io_context& io_;
+  Forward forward_;
+  boost::asio::local::stream_protocol::acceptor acceptor_;
+  std::string path_;
+  std::set<std::shared_ptr<proto::Channel>> clients_;
+  std::map<uint64_t, Pending> pending_;
+  uint64_t next_id_ = 1;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+}  // namespace dslaunch::agent

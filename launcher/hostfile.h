@@ -1,0 +1,41 @@
+// Hostfile: the parsed list of hosts a job may run on (design.md section 4).
+// Plain value types built once by the launcher's main thread and then only
+// read; ParseHostfile/LoadHostfile are pure functions, safe on any thread.
+// Grammar: `host [slots=N] [max_slots=M] [port=P] [user=U]`, `#` comments,
+// SLURM-style ranges `node[01-04,07]`; every error names `file:line`.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "proto/status.h"  // Status, StatusOr
+
+namespace dslaunch::launcher {
+
+struct HostEntry {
+  std::string host;
+  int slots = 1;
+  std::optional<int> max_slots;
+  std::optional<int> port;          // ssh port override
+  std::optional<std::string> user;  // ssh user override
+  int line = 0;  // 1-based line in the file (for a range, the range's line)
+};
+
+struct Hostfile {
+  std::string path;
+  std::vector<HostEntry> hosts;  // file order, which is rank order
+};
+
+// Parses hostfile text; `path` is only used in error messages. Every error is
+// a DataError whose message starts with "path:line: " (or "path: " for an
+// error about the whole file, such as having no hosts).
+StatusOr<Hostfile> ParseHostfile(std::string_view text,
+                                 const std::string& path);
+
+// Reads and parses the file; a missing or unreadable file is a DataError
+// naming the path and strerror.
+StatusOr<Hostfile> LoadHostfile(const std::string& path);
+
+}  // namespace dslaunch::launcher
