@@ -51,7 +51,9 @@ void Channel::OnRead(const boost::system::error_code& ec, size_t n) {
   for (const std::string& payload : frames) {
     StatusOr<wire::Envelope> msg = ParseEnvelope(payload);
     if (!msg.ok()) return Close(msg.status());
-    if (handlers_.on_message) handlers_.on_message(std::move(msg).value());
+    // A copy: the handler may replace the handlers while it runs.
+    auto on_message = handlers_.on_message;
+    if (on_message) on_message(std::move(msg).value());
     if (closed_) return;
   }
   if (!st.ok()) return Close(st);

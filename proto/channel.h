@@ -46,6 +46,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
   }
 
   void Start(Handlers handlers);
+  // Replaces the handlers of a started channel (e.g. after a handshake);
+  // safe to call from inside on_message.
+  void SetHandlers(Handlers handlers) { handlers_ = std::move(handlers); }
   // Queues `msg`. Fails when the channel is closed or the queue is over the
   // hard limit (which also closes the channel).
   Status Send(const wire::Envelope& msg);

@@ -1,0 +1,121 @@
+#include "launcher/flags.h"
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+
+#include "proto/version.h"
+
+namespace dslaunch::launcher {
+
+static void AddOptions(CLI::App& app, LaunchOptions& o) {
+  app.add_option("-H,--hostfile", o.hostfile,
+                 "hostfile: 'host slots=N [port=P] [user=U]' per line");
+  app.add_option("-i,--include", o.plan.include,
+                 "use only these hosts/slots: host[:slot,slot][@host...]");
+  app.add_option("-e,--exclude", o.plan.exclude,
+                 "leave out these hosts/slots: host[:slot,slot][@host...]");
+  app.add_option("--num_nodes", o.plan.num_nodes, "use the first N hosts");
+  app.add_option("--num_gpus", o.plan.num_gpus, "use the first N slots per host");
+  app.add_option("--master_addr", o.plan.master_addr,
+                 "rendezvous address for the ranks (default: node 0)");
+  app.add_option("--master_port", o.plan.master_port,
+                 "rendezvous port for the ranks (default 29500)");
+  app.add_option("--launcher", o.launcher,
+                 "how agents start: local, ssh, pdsh, slurm, openmpi, join")
+      ->check(CLI::IsMember({"auto", "local", "ssh", "pdsh", "slurm",
+                             "openmpi", "join"}));
+  app.add_option("--agent_path", o.agent_path,
+                 "dsagent on the nodes (default: next to dslaunch)");
+  app.add_option("--env", o.env, "K=V for every rank (repeatable)");
+  app.add_option("--log_dir", o.log_dir,
+                 "write rank-<r>.log and metrics.jsonl here");
+  app.add_option("--kill_grace", o.kill_grace_s,
+                 "seconds from SIGTERM to SIGKILL on abort (default 5)");
+  app.add_flag("--no_local_rank", o.no_local_rank,
+               "do not append --local_rank=N to the program's arguments");
+  app.add_flag("--dry-run,--dry_run", o.dry_run,
+               "print the rank plan and exit");
+  app.add_option("--log_level", o.log_level,
+                 "launcher and agent logging: debug, info, warn, error");
+  app.add_option("--heartbeat_interval", o.heartbeat_interval_s,
+                 "seconds between heartbeats (default 1)");
+  app.add_option("--heartbeat_timeout", o.heartbeat_timeout_s,
+                 "seconds without heartbeat before a peer counts as lost (default 10)");
+  app.add_option("--start_timeout", o.start_timeout_s,
+                 "seconds for every agent to connect (default 60)");
+}
+
+static Status Validate(const LaunchOptions& o) {
+  if (o.program.empty() && !o.dry_run) {
+    return InvalidArgument("no program given: dslaunch [options] PROGRAM [ARGS...]");
+  }
+  if (o.kill_grace_s < 0) return InvalidArgument("--kill_grace must be >= 0");
+  if (o.heartbeat_interval_s <= 0 || o.heartbeat_timeout_s <= o.heartbeat_interval_s) {
+    return InvalidArgument(
+        "--heartbeat_timeout must be greater than --heartbeat_interval > 0");
+  }
+  for (const auto& kv : o.env) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return InvalidArgument("--env '" + kv + "': expected KEY=VALUE");
+    }
+  }
+  if (o.launcher != "auto" && o.launcher != "local") {
+    return InvalidArgument("--launcher " + o.launcher +
+                           " is not available in this build yet; use local");
+  }
+  return Status::Ok();
+}
+
+StatusOr<LaunchOptions> ParseFlags(int argc, const char* const* argv,
+                                   int* exit_now) {
+  *exit_now = -1;
+  CLI::App app(
+      "dslaunch: start and supervise one multi-node training job.\n"
+      "usage: dslaunch [options] [--] PROGRAM [ARGS...]",
+      "dslaunch");
+  app.get_formatter()->column_width(30);
+  LaunchOptions o;
+  AddOptions(app, o);
+  bool version = false;
+  app.add_flag("--version", version, "print the version and exit");
+  app.prefix_command();  // everything from PROGRAM on is the rank's argv
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::printf("%s", app.help().c_str());
+    *exit_now = 0;
+    return o;
+  } catch (const CLI::ParseError& e) {
+    return InvalidArgument(e.what());
+  }
+  if (version) {
+    std::printf("dslaunch %s (protocol %u)\n", kVersion, kProtocolVersion);
+    *exit_now = 0;
+    return o;
+  }
+  o.hostfile_given = app.count("--hostfile") > 0;
+  o.program = app.remaining();
+  if (!o.program.empty() && o.program.front() == "--") o.program.erase(o.program.begin());
+  RETURN_IF_ERROR(Validate(o));
+  return o;
+}
+
+StatusOr<Hostfile> LoadJobHostfile(const LaunchOptions& options) {
+  if (options.hostfile_given) return LoadHostfile(options.hostfile);
+  int gpus = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++gpus;
+  }
+  Hostfile local;
+  HostEntry entry;
+  entry.host = "localhost";
+  entry.slots = gpus > 0 ? gpus : 1;
+  local.hosts.push_back(entry);
+  return local;
+}
+
+}  // namespace dslaunch::launcher

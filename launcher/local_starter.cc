@@ -1,0 +1,147 @@
+#include <arpa/inet.h>   // inet_ntop
+#include <fcntl.h>       // O_CLOEXEC
+#include <ifaddrs.h>     // getifaddrs
+#include <linux/close_range.h>
+#include <netdb.h>       // getaddrinfo
+#include <signal.h>
+#include <sys/prctl.h>   // PR_SET_PDEATHSIG
+#include <sys/wait.h>    // waitpid
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#include "launcher/report.h"
+#include "launcher/starter.h"
+#include "proto/unix_socket.h"
+
+namespace dslaunch::launcher {
+
+LocalStarter::LocalStarter(boost::asio::io_context& io, Delegate* delegate)
+    : io_(io), delegate_(delegate), sigchld_(io, SIGCHLD) {
+  WaitForSigchld();
+}
+
+LocalStarter::~LocalStarter() {
+  *alive_ = false;
+  for (auto& [pid, child] : children_) {
+    if (child.lifeline_fd >= 0) ::close(child.lifeline_fd);
+  }
+}
+
+Status LocalStarter::Start(const std::vector<AgentLaunch>& launches,
+                           const std::string& secret) {
+  for (const auto& launch : launches) {
+    int lifeline = -1;
+    ASSIGN_OR_RETURN(pid_t pid, Spawn(launch, secret, &lifeline));
+    children_[pid] = Child{launch.node_rank, lifeline, false};
+  }
+  return Status::Ok();
+}
+
+StatusOr<pid_t> LocalStarter::Spawn(const AgentLaunch& launch,
+                                    const std::string& secret,
+                                    int* lifeline_fd) {
+  int in[2];
+  if (::pipe2(in, O_CLOEXEC) != 0) return ErrnoStatus("pipe", errno);
+  std::vector<char*> argv;
+  for (const auto& a : launch.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) return ErrnoStatus("fork", errno);
+  if (pid == 0) {
+    ::setsid();
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(69);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (int sig = 1; sig < NSIG; ++sig) ::signal(sig, SIG_DFL);
+    ::dup2(in[0], 0);
+    ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
+    ::execv(argv[0], argv.data());
+    const char msg[] = "dslaunch: cannot execute the agent\n";
+    ssize_t ignored = ::write(2, msg, sizeof(msg) - 1);
+    (void)ignored;
+    ::_exit(127);
+  }
+  ::close(in[0]);
+  *lifeline_fd = in[1];
+  // A pipe holds 64 KiB, so this never blocks; a dead agent gives EPIPE.
+  (void)proto::WriteAll(in[1], secret + "\n");
+  return pid;
+}
+
+void LocalStarter::Kill(int node_rank) {
+  for (auto& [pid, child] : children_) {
+    if (child.node_rank == node_rank && !child.reaped) ::kill(pid, SIGKILL);
+  }
+}
+
+void LocalStarter::WaitForSigchld() {
+  sigchld_.async_wait([this, alive = alive_](const boost::system::error_code& ec, int) {
+    if (ec || !*alive) return;
+    Reap();
+    WaitForSigchld();
+  });
+}
+
+void LocalStarter::Reap() {
+  for (auto& [pid, child] : children_) {
+    if (child.reaped) continue;
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) != pid) continue;
+    child.reaped = true;
+    ::close(child.lifeline_fd);
+    child.lifeline_fd = -1;
+    delegate_->OnAgentProcessExited(child.node_rank, DescribeWaitStatus(status));
+  }
+}
+
+static std::set<std::string> InterfaceAddresses() {
+  std::set<std::string> out;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return out;
+  for (ifaddrs* a = list; a; a = a->ifa_next) {
+    if (!a->ifa_addr) continue;
+    char buf[INET6_ADDRSTRLEN] = {0};
+    if (a->ifa_addr->sa_family == AF_INET) {
+      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, buf, sizeof(buf));
+    } else if (a->ifa_addr->sa_family == AF_INET6) {
+      ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr, buf, sizeof(buf));
+    } else {
+      continue;
+    }
+    out.insert(buf);
+  }
+  ::freeifaddrs(list);
+  return out;
+}
+
+bool IsLocalHost(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
+  const auto local = InterfaceAddresses();
+  bool is_local = false;
+  for (addrinfo* r = res; r && !is_local; r = r->ai_next) {
+    char buf[INET6_ADDRSTRLEN] = {0};
+    if (r->ai_family == AF_INET) {
+      auto* sin = reinterpret_cast<sockaddr_in*>(r->ai_addr);
+      if ((ntohl(sin->sin_addr.s_addr) >> 24) == 127) is_local = true;
+      ::inet_ntop(AF_INET, &sin->sin_addr, buf, sizeof(buf));
+    } else if (r->ai_family == AF_INET6) {
+      auto* sin6 = reinterpret_cast<sockaddr_in6*>(r->ai_addr);
+      if (IN6_IS_ADDR_LOOPBACK(&sin6->sin6_addr)) is_local = true;
+      ::inet_ntop(AF_INET6, &sin6->sin6_addr, buf, sizeof(buf));
+    }
+    if (local.count(buf)) is_local = true;
+  }
+  ::freeaddrinfo(res);
+  return is_local;
+}
+
+}  // namespace dslaunch::launcher

@@ -1,0 +1,41 @@
+// dslaunch: starts and supervises one multi-node training job.
+//   dslaunch [options] [--] PROGRAM [ARGS...]
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+
+#include "launcher/flags.h"
+#include "launcher/hostfile.h"
+#include "launcher/launcher.h"
+#include "launcher/plan.h"
+
+namespace dsl = dslaunch::launcher;
+
+// sysexits: 64 usage, 65 data.
+static int ExitFor(const dslaunch::Status& st) {
+  std::fprintf(stderr, "dslaunch: %s\n", st.message().c_str());
+  return st.code() == dslaunch::StatusCode::kDataError ? 65 : 64;
+}
+
+int main(int argc, char** argv) {
+  int exit_now = -1;
+  auto options = dsl::ParseFlags(argc, argv, &exit_now);
+  if (!options.ok()) return ExitFor(options.status());
+  if (exit_now >= 0) return exit_now;
+  auto logger = spdlog::stderr_color_mt("launcher");
+  logger->set_pattern("[%H:%M:%S.%e launcher %^%l%$] %v");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::from_str(options->log_level));
+
+  auto hostfile = dsl::LoadJobHostfile(*options);
+  if (!hostfile.ok()) return ExitFor(hostfile.status());
+  auto plan = dsl::MakePlan(*hostfile, options->plan);
+  if (!plan.ok()) return ExitFor(plan.status());
+  if (options->dry_run) {
+    std::printf("%s", dsl::FormatPlanTable(*plan).c_str());
+    return 0;
+  }
+  dsl::Launcher launcher(std::move(options).value(), std::move(plan).value());
+  return launcher.Run();
+}

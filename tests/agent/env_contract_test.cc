@@ -1,0 +1,200 @@
+#include "agent/env_contract.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "proto/dslaunch.pb.h"
+
+namespace dslaunch::agent {
+namespace {
+
+// Node 1 of a job of 3 nodes with 2 ranks each: global ranks 2 and 3.
+wire::JobSpec Node1Of3x2() {
+  wire::JobSpec job;
+  job.set_job_id("job-42");
+  job.add_argv("/usr/bin/python3");
+  job.add_argv("train.py");
+  job.add_argv("--lr=0.1");
+  job.set_node_rank(1);
+  job.set_num_nodes(3);
+  job.set_world_size(6);
+  job.set_master_addr("10.0.0.1");
+  job.set_master_port(29501);
+  job.add_visible_slots(2);
+  job.add_visible_slots(5);
+  job.set_restart_count(0);
+  job.set_append_local_rank(true);
+  for (int local = 0; local < 2; ++local) {
+    wire::RankSpec* rank = job.add_ranks();
+    rank->set_rank(2 + local);
+    rank->set_local_rank(local);
+    rank->set_slot(local == 0 ? 2 : 5);
+  }
+  return job;
+}
+
+RankPaths Paths() {
+  RankPaths paths;
+  paths.progress_socket = "/tmp/dsl/progress-3.sock";
+  paths.store_address = "unix:/tmp/dsl/store.sock";
+  paths.error_file = "/tmp/dsl/error-3.json";
+  return paths;
+}
+
+std::map<std::string, std::string> AsMap(const std::vector<std::string>& kvs) {
+  std::map<std::string, std::string> out;
+  for (const std::string& kv : kvs) {
+    const size_t eq = kv.find('=');
+    EXPECT_NE(eq, std::string::npos) << kv;
+    EXPECT_TRUE(out.emplace(kv.substr(0, eq), kv.substr(eq + 1)).second)
+        << "duplicate " << kv;
+  }
+  return out;
+}
+
+TEST(ContractEnv, SetsEveryContractVariableForRankOnNode1Of3x2) {
+  const wire::JobSpec job = Node1Of3x2();
+  auto env = ContractEnv(job, job.ranks(1), Paths());
+  const std::map<std::string, std::string> expected = {
+      {"RANK", "3"},
+      {"LOCAL_RANK", "1"},
+      {"WORLD_SIZE", "6"},
+      {"LOCAL_WORLD_SIZE", "2"},
+      {"LOCAL_SIZE", "2"},
+      {"NODE_RANK", "1"},
+      {"GROUP_RANK", "1"},
+      {"CROSS_RANK", "1"},
+      {"CROSS_SIZE", "3"},
+      {"MASTER_ADDR", "10.0.0.1"},
+      {"MASTER_PORT", "29501"},
+      {"CUDA_VISIBLE_DEVICES", "2,5"},
+      {"PYTHONUNBUFFERED", "1"},
+      {"TORCHELASTIC_RESTART_COUNT", "0"},
+      {"TORCHELASTIC_ERROR_FILE", "/tmp/dsl/error-3.json"},
+      {"DSLAUNCH_JOB_ID", "job-42"},
+      {"DSLAUNCH_PROGRESS", "/tmp/dsl/progress-3.sock"},
+      {"DSLAUNCH_STORE", "unix:/tmp/dsl/store.sock"},
+  };
+  for (const auto& [key, value] : expected) {
+    ASSERT_EQ(env.count(key), 1u) << key;
+    EXPECT_EQ(env[key], value) << key;
+  }
+}
+
+TEST(ContractEnv, SetsTorchrunGroupAndRoleVariables) {
+  const wire::JobSpec job = Node1Of3x2();
+  auto env = ContractEnv(job, job.ranks(0), Paths());
+  EXPECT_EQ(env["RANK"], "2");
+  EXPECT_EQ(env["LOCAL_RANK"], "0");
+  EXPECT_EQ(env["GROUP_WORLD_SIZE"], "3");
+  EXPECT_EQ(env["ROLE_RANK"], "2");
+  EXPECT_EQ(env["ROLE_WORLD_SIZE"], "6");
+  EXPECT_EQ(env["TORCHELASTIC_RUN_ID"], "job-42");
+}
+
+TEST(ContractEnv, ReportsRestartCount) {
+  wire::JobSpec job = Node1Of3x2();
+  job.set_restart_count(2);
+  EXPECT_EQ(ContractEnv(job, job.ranks(0), Paths())["TORCHELASTIC_RESTART_COUNT"],
+            "2");
+}
+
+TEST(ContractEnv, CudaVisibleDevicesListsOneSlot) {
+  wire::JobSpec job = Node1Of3x2();
+  job.clear_visible_slots();
+  job.add_visible_slots(7);
+  EXPECT_EQ(ContractEnv(job, job.ranks(0), Paths())["CUDA_VISIBLE_DEVICES"],
+            "7");
+}
+
+TEST(BuildRankEnv, KeepsBaseEnvironmentAndAddsTheContract) {
+  const wire::JobSpec job = Node1Of3x2();
+  const char* base[] = {"PATH=/usr/bin:/bin", "HOME=/home/u", nullptr};
+  auto env = AsMap(BuildRankEnv(job, job.ranks(1), Paths(), base));
+  EXPECT_EQ(env["PATH"], "/usr/bin:/bin");
+  EXPECT_EQ(env["HOME"], "/home/u");
+  EXPECT_EQ(env["RANK"], "3");
+  EXPECT_EQ(env["DSLAUNCH_JOB_ID"], "job-42");
+}
+
+TEST(BuildRankEnv, JobEnvOverridesBaseEnv) {
+  wire::JobSpec job = Node1Of3x2();
+  wire::EnvVar* var = job.add_env();
+  var->set_key("NCCL_DEBUG");
+  var->set_value("INFO");
+  var = job.add_env();
+  var->set_key("EMPTY");
+  var->set_value("");
+  const char* base[] = {"NCCL_DEBUG=WARN", "OTHER=kept", nullptr};
+  auto env = AsMap(BuildRankEnv(job, job.ranks(0), Paths(), base));
+  EXPECT_EQ(env["NCCL_DEBUG"], "INFO");
+  EXPECT_EQ(env["OTHER"], "kept");
+  ASSERT_EQ(env.count("EMPTY"), 1u);
+  EXPECT_EQ(env["EMPTY"], "");
+}
+
+TEST(BuildRankEnv, ContractOverridesJobEnvAndBaseEnv) {
+  wire::JobSpec job = Node1Of3x2();
+  wire::EnvVar* var = job.add_env();
+  var->set_key("RANK");
+  var->set_value("77");
+  var = job.add_env();
+  var->set_key("CUDA_VISIBLE_DEVICES");
+  var->set_value("0,1,2,3");
+  const char* base[] = {"RANK=99", "MASTER_PORT=1", "WORLD_SIZE=1", nullptr};
+  auto env = AsMap(BuildRankEnv(job, job.ranks(1), Paths(), base));
+  EXPECT_EQ(env["RANK"], "3");
+  EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], "2,5");
+  EXPECT_EQ(env["MASTER_PORT"], "29501");
+  EXPECT_EQ(env["WORLD_SIZE"], "6");
+}
+
+TEST(BuildRankEnv, SkipsMalformedBaseEntriesAndKeepsEqualsInValues) {
+  const wire::JobSpec job = Node1Of3x2();
+  const char* base[] = {"NOEQUALS", "=novalue", "OPTS=a=b=c", nullptr};
+  auto env = AsMap(BuildRankEnv(job, job.ranks(0), Paths(), base));
+  EXPECT_EQ(env.count("NOEQUALS"), 0u);
+  EXPECT_EQ(env.count(""), 0u);
+  EXPECT_EQ(env["OPTS"], "a=b=c");
+}
+
+TEST(BuildRankEnv, AcceptsNullBase) {
+  const wire::JobSpec job = Node1Of3x2();
+  auto env = AsMap(BuildRankEnv(job, job.ranks(0), Paths(), nullptr));
+  EXPECT_EQ(env["RANK"], "2");
+}
+
+TEST(BuildRankArgv, AppendsLocalRankWhenAsked) {
+  const wire::JobSpec job = Node1Of3x2();
+  EXPECT_EQ(BuildRankArgv(job, job.ranks(1)),
+            (std::vector<std::string>{"/usr/bin/python3", "train.py",
+                                      "--lr=0.1", "--local_rank=1"}));
+  EXPECT_EQ(BuildRankArgv(job, job.ranks(0)).back(), "--local_rank=0");
+}
+
+TEST(BuildRankArgv, LeavesArgvAloneWithoutAppendLocalRank) {
+  wire::JobSpec job = Node1Of3x2();
+  job.set_append_local_rank(false);
+  EXPECT_EQ(BuildRankArgv(job, job.ranks(1)),
+            (std::vector<std::string>{"/usr/bin/python3", "train.py",
+                                      "--lr=0.1"}));
+}
+
+TEST(BuildRankArgv, PassesArgumentsByteExact) {
+  wire::JobSpec job = Node1Of3x2();
+  job.clear_argv();
+  job.add_argv("prog");
+  job.add_argv("with space");
+  job.add_argv("$HOME;'quoted'\"");
+  job.add_argv("");
+  job.set_append_local_rank(false);
+  EXPECT_EQ(BuildRankArgv(job, job.ranks(0)),
+            (std::vector<std::string>{"prog", "with space",
+                                      "$HOME;'quoted'\"", ""}));
+}
+
+}  // namespace
+}  // namespace dslaunch::agent

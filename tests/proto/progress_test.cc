@@ -1,0 +1,104 @@
+#include "proto/progress.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace dslaunch::proto {
+namespace {
+
+TEST(ValidateProgressRecord, AcceptsJsonObjects) {
+  EXPECT_TRUE(ValidateProgressRecord("{}").ok());
+  EXPECT_TRUE(
+      ValidateProgressRecord(R"({"step": 10, "loss": 2.31, "tokens_per_s": 51200})")
+          .ok());
+  EXPECT_TRUE(ValidateProgressRecord(R"(  {"nested": {"a": [1, 2]}}  )").ok());
+}
+
+TEST(ValidateProgressRecord, RejectsArraysNumbersAndOtherScalars) {
+  for (const char* line : {"[]", "[1, 2]", "42", "2.5", "\"text\"", "true",
+                           "null"}) {
+    Status st = ValidateProgressRecord(line);
+    EXPECT_EQ(st.code(), StatusCode::kDataError) << line;
+  }
+}
+
+TEST(ValidateProgressRecord, RejectsGarbage) {
+  for (const char* line :
+       {"", "step=10", "{", "{\"step\": }", "{} {}", "{\"a\": 1} trailing",
+        "\xff\xfe{}"}) {
+    Status st = ValidateProgressRecord(line);
+    EXPECT_EQ(st.code(), StatusCode::kDataError) << line;
+  }
+}
+
+TEST(ValidateProgressRecord, AcceptsRecordOfExactlyTheLimit) {
+  const std::string prefix = R"({"pad": ")";
+  const std::string suffix = R"("})";
+  const std::string line =
+      prefix +
+      std::string(kMaxProgressRecordBytes - prefix.size() - suffix.size(), 'x') +
+      suffix;
+  ASSERT_EQ(line.size(), kMaxProgressRecordBytes);
+  EXPECT_TRUE(ValidateProgressRecord(line).ok());
+}
+
+TEST(ValidateProgressRecord, RejectsOversizedRecordEvenIfValidJson) {
+  const std::string line =
+      R"({"pad": ")" + std::string(kMaxProgressRecordBytes, 'x') + R"("})";
+  Status st = ValidateProgressRecord(line);
+  EXPECT_EQ(st.code(), StatusCode::kDataError);
+  EXPECT_NE(st.message().find("limit"), std::string::npos) << st.message();
+}
+
+TEST(AnnotateProgressRecord, AddsRankNodeAndTime) {
+  const std::string out =
+      AnnotateProgressRecord(R"({"step": 10, "loss": 2.5})", 3, "node-b", 12.25);
+  EXPECT_EQ(out.find('\n'), std::string::npos);
+  auto json = nlohmann::json::parse(out);
+  EXPECT_EQ(json["step"], 10);
+  EXPECT_EQ(json["loss"], 2.5);
+  EXPECT_EQ(json["rank"], 3);
+  EXPECT_EQ(json["node"], "node-b");
+  EXPECT_EQ(json["time"], 12.25);
+}
+
+TEST(AnnotateProgressRecord, OverwritesFieldsTheRankSentItself) {
+  const std::string out = AnnotateProgressRecord(
+      R"({"rank": 99, "node": "fake", "time": 1, "step": 1})", 4, "node-c",
+      100.5);
+  auto json = nlohmann::json::parse(out);
+  EXPECT_EQ(json["rank"], 4);
+  EXPECT_EQ(json["node"], "node-c");
+  EXPECT_EQ(json["time"], 100.5);
+  EXPECT_EQ(json["step"], 1);
+}
+
+TEST(AnnotateProgressRecord, StaysOneLineForRecordsWithNewlinesInStrings) {
+  const std::string out =
+      AnnotateProgressRecord(R"({"msg": "a\nb"})", 0, "n", 1.0);
+  EXPECT_EQ(out.find('\n'), std::string::npos);
+  EXPECT_EQ(nlohmann::json::parse(out)["msg"], "a\nb");
+}
+
+TEST(AnnotateProgressRecord, TurnsNonObjectIntoAnnotatedObject) {
+  auto json = nlohmann::json::parse(AnnotateProgressRecord("[1]", 1, "n", 2.0));
+  ASSERT_TRUE(json.is_object());
+  EXPECT_EQ(json["rank"], 1);
+}
+
+TEST(ProgressClient, ReportWithoutConnectFails) {
+  ProgressClient client;
+  EXPECT_EQ(client.Report("{}").code(), StatusCode::kUnavailable);
+}
+
+TEST(ProgressClient, ConnectToMissingSocketFails) {
+  ProgressClient client;
+  EXPECT_FALSE(client.Connect("/nonexistent-dir-dslaunch/progress.sock").ok());
+  EXPECT_FALSE(client.Connect("").ok());
+  EXPECT_FALSE(client.Connect("/" + std::string(200, 'x')).ok());
+}
+
+}  // namespace
+}  // namespace dslaunch::proto
