@@ -288,7 +288,8 @@ void Agent::ArmHeartbeat() {
 }
 
 void Agent::OnLauncherLost(const std::string& why) {
-  if (state_ == State::kExited) return;
+  if (state_ == State::kExited || launcher_lost_) return;
+  launcher_lost_ = true;
   spdlog::warn("launcher lost: {}", why);
   exit_code_ = 69;
   if (channel_) channel_->Close(Unavailable(why));

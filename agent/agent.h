@@ -89,6 +89,7 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   std::chrono::steady_clock::time_point last_heard_;
   std::string client_nonce_;
   bool auth_sent_ = false;
+  bool launcher_lost_ = false;
   wire::JobSpec job_;
   std::string run_dir_;
   WorkerSet workers_;

@@ -54,7 +54,7 @@ void Console::Line(int rank, bool is_stderr, std::string_view line,
 }
 
 static std::string ProgressSummary(std::string_view json) {
-  auto record = nlohmann::json::parse(json, nullptr, false);
+  auto record = nlohmann::ordered_json::parse(json, nullptr, false);
   std::string out;
   for (auto& [key, value] : record.items()) {
     if (!out.empty()) out += "  ";

@@ -87,7 +87,10 @@ int Launcher::Run() {
     return 64;
   }
   StatusOr<int> port = server_.Listen(options_.bind_addr, 0);
-  if (port.ok()) st = StartAgents(*port);
+  if (port.ok()) {
+    spdlog::info("job {}: control server on port {}", job_id_, *port);
+    st = StartAgents(*port);
+  }
   else st = port.status();
   if (!st.ok()) {
     console_.Note(st.message());

@@ -24,13 +24,13 @@ Status ValidateProgressRecord(std::string_view line) {
 
 std::string AnnotateProgressRecord(std::string_view json, int rank,
                                    const std::string& node, double time) {
-  auto record = nlohmann::json::parse(json, nullptr, false);
-  if (!record.is_object()) record = nlohmann::json::object();
+  auto record = nlohmann::ordered_json::parse(json, nullptr, false);
+  if (!record.is_object()) record = nlohmann::ordered_json::object();
   record["rank"] = rank;
   record["node"] = node;
   record["time"] = time;
   return record.dump(-1, ' ', false,
-                     nlohmann::json::error_handler_t::replace);
+                     nlohmann::ordered_json::error_handler_t::replace);
 }
 
 ProgressClient::~ProgressClient() {

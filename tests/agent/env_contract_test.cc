@@ -98,8 +98,9 @@ TEST(ContractEnv, SetsTorchrunGroupAndRoleVariables) {
 TEST(ContractEnv, ReportsRestartCount) {
   wire::JobSpec job = Node1Of3x2();
   job.set_restart_count(2);
-  EXPECT_EQ(ContractEnv(job, job.ranks(0), Paths())["TORCHELASTIC_RESTART_COUNT"],
-            "2");
+  EXPECT_EQ(
+      ContractEnv(job, job.ranks(0), Paths())["TORCHELASTIC_RESTART_COUNT"],
+      "2");
 }
 
 TEST(ContractEnv, CudaVisibleDevicesListsOneSlot) {
@@ -178,9 +179,9 @@ TEST(BuildRankArgv, AppendsLocalRankWhenAsked) {
 TEST(BuildRankArgv, LeavesArgvAloneWithoutAppendLocalRank) {
   wire::JobSpec job = Node1Of3x2();
   job.set_append_local_rank(false);
-  EXPECT_EQ(BuildRankArgv(job, job.ranks(1)),
-            (std::vector<std::string>{"/usr/bin/python3", "train.py",
-                                      "--lr=0.1"}));
+  EXPECT_EQ(
+      BuildRankArgv(job, job.ranks(1)),
+      (std::vector<std::string>{"/usr/bin/python3", "train.py", "--lr=0.1"}));
 }
 
 TEST(BuildRankArgv, PassesArgumentsByteExact) {
@@ -191,9 +192,9 @@ TEST(BuildRankArgv, PassesArgumentsByteExact) {
   job.add_argv("$HOME;'quoted'\"");
   job.add_argv("");
   job.set_append_local_rank(false);
-  EXPECT_EQ(BuildRankArgv(job, job.ranks(0)),
-            (std::vector<std::string>{"prog", "with space",
-                                      "$HOME;'quoted'\"", ""}));
+  EXPECT_EQ(
+      BuildRankArgv(job, job.ranks(0)),
+      (std::vector<std::string>{"prog", "with space", "$HOME;'quoted'\"", ""}));
 }
 
 }  // namespace

@@ -103,8 +103,11 @@ TEST(LineSplitter, SplitsOverlongLineArrivingInPiecesAtTheLimit) {
   splitter.Feed("aa", &lines);
   splitter.Feed("aab", &lines);
   EXPECT_EQ(lines, (Lines{"aaaa"}));
-  splitter.Feed("bbbcc\n", &lines);
-  EXPECT_EQ(lines, (Lines{"aaaa", "bbbb", "cc"}));
+  splitter.Feed("bbbcc", &lines);
+  EXPECT_EQ(lines, (Lines{"aaaa", "bbbb"}));
+  std::string rest;
+  ASSERT_TRUE(splitter.Finish(&rest));
+  EXPECT_EQ(rest, "cc");
 }
 
 TEST(LineSplitter, LineShorterThanTheLimitIsNotSplit) {

@@ -1,11 +1,10 @@
 #include "agent/worker_set.h"
 
-#include <signal.h>     // SIGKILL, SIGTERM
-#include <stdlib.h>     // mkdtemp
-#include <sys/stat.h>   // chmod, mkdir
-#include <unistd.h>     // getpgid, getpgrp
-
 #include <gtest/gtest.h>
+#include <signal.h>    // SIGKILL, SIGTERM
+#include <stdlib.h>    // mkdtemp
+#include <sys/stat.h>  // chmod, mkdir
+#include <unistd.h>    // getpgid, getpgrp
 
 #include <boost/asio/io_context.hpp>
 #include <chrono>
@@ -144,7 +143,8 @@ TEST_F(WorkerSetTest, RelaysStdoutAndStderrLinesAndExitCode) {
   EXPECT_EQ(set_.unfinished(), 1u);
   ASSERT_TRUE(WaitForExits(1));
 
-  EXPECT_EQ(delegate_.Lines(5, false), (std::vector<std::string>{"out", "tail"}));
+  EXPECT_EQ(delegate_.Lines(5, false),
+            (std::vector<std::string>{"out", "tail"}));
   EXPECT_EQ(delegate_.Lines(5, true), (std::vector<std::string>{"err"}));
   for (const Event& e : delegate_.events) {
     if (e.is_exit) continue;
@@ -266,7 +266,8 @@ TEST_F(WorkerSetTest, EmptyArgvIsRejected) {
 
 TEST_F(WorkerSetTest, WorkerRunsInItsOwnProcessGroup) {
   const pid_t pid = SpawnOk(Shell(0, "echo ready; sleep 30 & echo $!; wait"));
-  ASSERT_TRUE(RunUntil(io_, [&] { return delegate_.Lines(0, false).size() == 2; }));
+  ASSERT_TRUE(
+      RunUntil(io_, [&] { return delegate_.Lines(0, false).size() == 2; }));
   EXPECT_EQ(::getpgid(pid), pid);
   EXPECT_NE(::getpgrp(), pid);
   // A grandchild shares the group, so SignalAll reaches it too.
@@ -275,6 +276,19 @@ TEST_F(WorkerSetTest, WorkerRunsInItsOwnProcessGroup) {
   set_.SignalAll(SIGKILL);
   ASSERT_TRUE(WaitForExits(1));
   EXPECT_EQ(delegate_.ExitOf(0)->info.signal, SIGKILL);
+}
+
+TEST_F(WorkerSetTest, ReportsExitEvenIfAGrandchildKeepsTheOutputOpen) {
+  // The background sleep inherits stdout and outlives the worker; the exit
+  // is reported once the drain period after the reap has passed.
+  const pid_t pid = SpawnOk(Shell(0, "sleep 30 & echo $!; exit 4"));
+  const bool exited = RunUntil(
+      io_, [&] { return delegate_.exits() == 1; }, std::chrono::seconds(8));
+  ::kill(-pid, SIGKILL);  // the grandchild, still in the worker's group
+  ASSERT_TRUE(exited);
+  EXPECT_EQ(delegate_.ExitOf(0)->info.exit_code, 4);
+  EXPECT_EQ(delegate_.Lines(0, false).size(), 1u);
+  EXPECT_EQ(set_.unfinished(), 0u);
 }
 
 TEST_F(WorkerSetTest, WorkerGetsExactlyTheGivenEnvironmentAndWorkingDirectory) {
@@ -325,9 +339,9 @@ TEST_F(WorkerSetTest, StdinIsEmpty) {
 TEST_F(WorkerSetTest, TracksSeveralWorkersByRank) {
   std::vector<pid_t> pids;
   for (int rank = 0; rank < 4; ++rank) {
-    pids.push_back(SpawnOk(
-        Shell(rank, "echo rank-" + std::to_string(rank) + "; exit " +
-                        std::to_string(10 + rank))));
+    pids.push_back(
+        SpawnOk(Shell(rank, "echo rank-" + std::to_string(rank) + "; exit " +
+                                std::to_string(10 + rank))));
   }
   EXPECT_EQ(set_.unfinished(), 4u);
   ASSERT_TRUE(WaitForExits(4));
@@ -346,7 +360,8 @@ TEST_F(WorkerSetTest, PausedOutputIsDeliveredAfterResumeBeforeTheExit) {
   set_.PauseOutput();
   SpawnOk(Shell(0, "echo held; printf partial"));
   // Give the worker time to finish; nothing may be reported while paused.
-  RunUntil(io_, [] { return false; }, std::chrono::milliseconds(200));
+  RunUntil(
+      io_, [] { return false; }, std::chrono::milliseconds(200));
   EXPECT_TRUE(delegate_.events.empty());
   set_.ResumeOutput();
   ASSERT_TRUE(WaitForExits(1));
@@ -361,8 +376,8 @@ TEST(ResolveProgram, FindsExecutableInPathOrder) {
   TempDir first, second;
   WriteFile(first.path() + "/tool", "#!/bin/sh\n", 0644);  // not executable
   WriteFile(second.path() + "/tool", "#!/bin/sh\n", 0755);
-  StatusOr<std::string> found =
-      ResolveProgram("tool", "/nonexistent:" + first.path() + ":" + second.path());
+  StatusOr<std::string> found = ResolveProgram(
+      "tool", "/nonexistent:" + first.path() + ":" + second.path());
   ASSERT_TRUE(found.ok()) << found.status().message();
   EXPECT_EQ(*found, second.path() + "/tool");
 }

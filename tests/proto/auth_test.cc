@@ -64,11 +64,13 @@ TEST(Auth, HexEncodeWritesLowercasePairs) {
 TEST(Auth, ConstantTimeEqualComparesContentAndLength) {
   EXPECT_TRUE(ConstantTimeEqual("", ""));
   EXPECT_TRUE(ConstantTimeEqual("abc", "abc"));
-  EXPECT_TRUE(ConstantTimeEqual(std::string("a\0b", 3), std::string("a\0b", 3)));
+  EXPECT_TRUE(
+      ConstantTimeEqual(std::string("a\0b", 3), std::string("a\0b", 3)));
   EXPECT_FALSE(ConstantTimeEqual("abc", "abd"));
   EXPECT_FALSE(ConstantTimeEqual("abc", "ab"));
   EXPECT_FALSE(ConstantTimeEqual("ab", "abc"));
-  EXPECT_FALSE(ConstantTimeEqual(std::string("a\0b", 3), std::string("a\0c", 3)));
+  EXPECT_FALSE(
+      ConstantTimeEqual(std::string("a\0b", 3), std::string("a\0c", 3)));
 }
 
 TEST(Auth, RandomBytesHaveTheRequestedSizeAndDiffer) {

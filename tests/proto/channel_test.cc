@@ -92,7 +92,8 @@ class ChannelTest : public ::testing::Test {
 
   // The channel over the left end; the right end stays a raw socket.
   std::shared_ptr<Channel> StartLeft(Channel::Limits limits = {}) {
-    auto ch = Channel::Create(Channel::Socket(std::move(left_)), "left", limits);
+    auto ch =
+        Channel::Create(Channel::Socket(std::move(left_)), "left", limits);
     ch->Start(left_rec_.Handlers());
     return ch;
   }
@@ -118,7 +119,8 @@ class ChannelTest : public ::testing::Test {
 TEST_F(ChannelTest, DeliversMessagesInOrder) {
   auto sender = StartLeft();
   auto receiver = StartRight();
-  for (uint64_t i = 0; i < 200; ++i) ASSERT_TRUE(sender->Send(Heartbeat(i)).ok());
+  for (uint64_t i = 0; i < 200; ++i)
+    ASSERT_TRUE(sender->Send(Heartbeat(i)).ok());
   ASSERT_TRUE(RunUntil(io_, [&] { return right_rec_.messages.size() == 200; }));
   for (uint64_t i = 0; i < 200; ++i) {
     ASSERT_TRUE(right_rec_.messages[i].has_heartbeat());

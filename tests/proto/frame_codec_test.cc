@@ -188,8 +188,7 @@ TEST(FrameDecoder, RejectsOversizedFrameWithoutWaitingForItsPayload) {
   // Only the header: the decoder must not wait for (or reserve) 1 GiB.
   Status st = decoder.Feed(Header(1u << 30), &frames);
   EXPECT_EQ(st.code(), StatusCode::kProtocol);
-  EXPECT_NE(st.message().find("1073741824"), std::string::npos)
-      << st.message();
+  EXPECT_NE(st.message().find("1073741824"), std::string::npos) << st.message();
   EXPECT_TRUE(decoder.failed());
   EXPECT_EQ(decoder.buffered(), 0u);
   EXPECT_TRUE(frames.empty());
@@ -239,9 +238,9 @@ TEST(FrameDecoder, RejectsZeroLengthFrame) {
 TEST(FrameDecoder, DeliversFramesBeforeABadOneInTheSameFeed) {
   FrameDecoder decoder(/*max_frame_bytes=*/1024);
   std::vector<std::string> frames;
-  const std::string stream =
-      EncodeFrame(HelloEnvelope()) + EncodeFrame(ShutdownEnvelope()) +
-      Header(4096) + "more bytes that never matter";
+  const std::string stream = EncodeFrame(HelloEnvelope()) +
+                             EncodeFrame(ShutdownEnvelope()) + Header(4096) +
+                             "more bytes that never matter";
   EXPECT_EQ(decoder.Feed(stream, &frames).code(), StatusCode::kProtocol);
   ExpectEnvelopes(frames, {HelloEnvelope(), ShutdownEnvelope()});
 }
@@ -263,7 +262,8 @@ TEST(FrameDecoder, RandomGarbageNeverCrashesAndYieldsFramesOrProtocolError) {
         AppendFrame(payload, &stream);
       } else {
         const size_t n = rng() % 40;
-        for (size_t i = 0; i < n; ++i) stream.push_back(static_cast<char>(rng()));
+        for (size_t i = 0; i < n; ++i)
+          stream.push_back(static_cast<char>(rng()));
       }
     }
     Status last;

@@ -10,24 +10,23 @@ namespace {
 
 TEST(ValidateProgressRecord, AcceptsJsonObjects) {
   EXPECT_TRUE(ValidateProgressRecord("{}").ok());
-  EXPECT_TRUE(
-      ValidateProgressRecord(R"({"step": 10, "loss": 2.31, "tokens_per_s": 51200})")
-          .ok());
+  EXPECT_TRUE(ValidateProgressRecord(
+                  R"({"step": 10, "loss": 2.31, "tokens_per_s": 51200})")
+                  .ok());
   EXPECT_TRUE(ValidateProgressRecord(R"(  {"nested": {"a": [1, 2]}}  )").ok());
 }
 
 TEST(ValidateProgressRecord, RejectsArraysNumbersAndOtherScalars) {
-  for (const char* line : {"[]", "[1, 2]", "42", "2.5", "\"text\"", "true",
-                           "null"}) {
+  for (const char* line :
+       {"[]", "[1, 2]", "42", "2.5", "\"text\"", "true", "null"}) {
     Status st = ValidateProgressRecord(line);
     EXPECT_EQ(st.code(), StatusCode::kDataError) << line;
   }
 }
 
 TEST(ValidateProgressRecord, RejectsGarbage) {
-  for (const char* line :
-       {"", "step=10", "{", "{\"step\": }", "{} {}", "{\"a\": 1} trailing",
-        "\xff\xfe{}"}) {
+  for (const char* line : {"", "step=10", "{", "{\"step\": }", "{} {}",
+                           "{\"a\": 1} trailing", "\xff\xfe{}"}) {
     Status st = ValidateProgressRecord(line);
     EXPECT_EQ(st.code(), StatusCode::kDataError) << line;
   }
@@ -38,7 +37,8 @@ TEST(ValidateProgressRecord, AcceptsRecordOfExactlyTheLimit) {
   const std::string suffix = R"("})";
   const std::string line =
       prefix +
-      std::string(kMaxProgressRecordBytes - prefix.size() - suffix.size(), 'x') +
+      std::string(kMaxProgressRecordBytes - prefix.size() - suffix.size(),
+                  'x') +
       suffix;
   ASSERT_EQ(line.size(), kMaxProgressRecordBytes);
   EXPECT_TRUE(ValidateProgressRecord(line).ok());
@@ -53,8 +53,8 @@ TEST(ValidateProgressRecord, RejectsOversizedRecordEvenIfValidJson) {
 }
 
 TEST(AnnotateProgressRecord, AddsRankNodeAndTime) {
-  const std::string out =
-      AnnotateProgressRecord(R"({"step": 10, "loss": 2.5})", 3, "node-b", 12.25);
+  const std::string out = AnnotateProgressRecord(R"({"step": 10, "loss": 2.5})",
+                                                 3, "node-b", 12.25);
   EXPECT_EQ(out.find('\n'), std::string::npos);
   auto json = nlohmann::json::parse(out);
   EXPECT_EQ(json["step"], 10);

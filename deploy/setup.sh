@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs what dslaunch needs on Debian 12 (as root, idempotent) and builds it.
+#   deploy/setup.sh            build dependencies + build
+#   deploy/setup.sh --test     also what the test suite needs (PyTorch, OpenMPI, sshd)
+#   deploy/setup.sh --no-build only install packages
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+want_tests=0
+build=1
+for arg in "$@"; do
+  case "$arg" in
+    --test) want_tests=1 ;;
+    --no-build) build=0 ;;
+    *) echo "setup.sh: unknown option $arg" >&2; exit 64 ;;
+  esac
+done
+
+build_pkgs=(build-essential cmake ninja-build pkg-config
+  libprotobuf-dev protobuf-compiler libboost-dev libboost-system-dev
+  libssl-dev libssh-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev
+  nlohmann-json3-dev libgtest-dev libgmock-dev libgloo-dev)
+test_pkgs=(python3 python3-torch libopenblas-dev openmpi-bin libopenmpi-dev
+  iproute2 procps openssh-server openssh-client pdsh)
+
+pkgs=("${build_pkgs[@]}")
+if [ "$want_tests" = 1 ]; then pkgs+=("${test_pkgs[@]}"); fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "setup.sh: missing packages: ${missing[*]} (run as root to install them)" >&2
+    exit 69
+  fi
+  echo "setup.sh: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ "$build" = 1 ]; then
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build build -j "$(nproc)"
+fi

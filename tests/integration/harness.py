@@ -1,0 +1,88 @@
+"""Shared helpers for the integration tests: run dslaunch on this machine with
+127.0.0.1-3 as three nodes, and check that nothing it started is left."""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+BIN = os.environ.get("DSL_BIN", os.path.join(os.path.dirname(__file__), "../../build/bin"))
+DSLAUNCH = os.path.join(BIN, "dslaunch")
+RANK_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank.py")
+PY = sys.executable
+
+
+class LaunchTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="dsl-it-")
+        self.dir = self.tmp.name
+        self.out = os.path.join(self.dir, "out")
+        os.mkdir(self.out)
+
+    def tearDown(self):
+        self.assert_no_leftovers()
+        self.tmp.cleanup()
+
+    def hostfile(self, nodes=3, slots=2):
+        path = os.path.join(self.dir, "hosts.txt")
+        with open(path, "w") as f:
+            for n in range(nodes):
+                f.write("127.0.0.%d slots=%d\n" % (n + 1, slots))
+        return path
+
+    def args(self, nodes=3, slots=2, extra=()):
+        return [DSLAUNCH, "--hostfile", self.hostfile(nodes, slots),
+                "--launcher", "local", "--no_local_rank", *extra]
+
+    def env(self, **kw):
+        env = dict(os.environ)
+        env["OUT_DIR"] = self.out
+        env.update(kw)
+        return env
+
+    def run_job(self, argv, timeout=60, **env):
+        start = time.monotonic()
+        p = subprocess.run(argv, capture_output=True, timeout=timeout, env=self.env(**env))
+        p.elapsed = time.monotonic() - start
+        return p
+
+    def start_job(self, argv, **env):
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=self.env(**env))
+
+    def started_pids(self):
+        pids = []
+        for name in os.listdir(self.out):
+            if name.startswith("start-"):
+                with open(os.path.join(self.out, name)) as f:
+                    pids.append(int(f.read().split()[1]))
+        return pids
+
+    def wait_started(self, count, timeout=20):
+        deadline = time.monotonic() + timeout
+        while len(self.started_pids()) < count:
+            self.assertLess(time.monotonic(), deadline, "ranks did not start")
+            time.sleep(0.02)
+
+    def alive(self, pid):
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            return state != "Z"
+        except FileNotFoundError:
+            return False
+
+    def assert_no_leftovers(self, within=5.0):
+        """Every rank process this test started is gone (zombies count as gone)."""
+        deadline = time.monotonic() + within
+        while True:
+            left = [p for p in self.started_pids() if self.alive(p)]
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                for p in left:
+                    os.kill(p, signal.SIGKILL)
+                self.fail("rank processes left running: %s" % left)
+            time.sleep(0.05)

@@ -1,0 +1,234 @@
+"""Integration tests: a 3-node x 2-rank job on 127.0.0.1-3 through
+--launcher local. Every test checks that no rank process is left behind."""
+import json
+import os
+import re
+import signal
+import sys
+import time
+import unittest
+
+from harness import DSLAUNCH, PY, RANK_PY, LaunchTest
+
+CONTRACT = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE",
+            "NODE_RANK", "GROUP_RANK", "CROSS_RANK", "CROSS_SIZE", "MASTER_ADDR",
+            "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED",
+            "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE",
+            "DSLAUNCH_JOB_ID", "DSLAUNCH_PROGRESS", "DSLAUNCH_STORE",
+            "USER_VAR", "INHERITED_VAR"]
+
+
+class EnvContract(LaunchTest):
+    def test_every_rank_gets_the_contract(self):
+        hostile = ["a b", "'q'", '"dq"', "$(touch /tmp/pwned)", "`id`", "*", "line\nbreak", ""]
+        p = self.run_job(self.args(extra=["--env", "USER_VAR=x y=z", "--master_port", "29611"])
+                         + [PY, RANK_PY, "env", *hostile],
+                         ENV_KEYS=json.dumps(CONTRACT), INHERITED_VAR="from-launcher")
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        job_ids = set()
+        for rank in range(6):
+            with open(os.path.join(self.out, "env-%d.json" % rank)) as f:
+                env = json.load(f)
+            with open(os.path.join(self.out, "argv-%d.json" % rank)) as f:
+                self.assertEqual(json.load(f), hostile)
+            node, local = divmod(rank, 2)
+            expect = {"RANK": rank, "LOCAL_RANK": local, "WORLD_SIZE": 6,
+                      "LOCAL_WORLD_SIZE": 2, "LOCAL_SIZE": 2, "NODE_RANK": node,
+                      "GROUP_RANK": node, "CROSS_RANK": node, "CROSS_SIZE": 3,
+                      "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": 29611,
+                      "CUDA_VISIBLE_DEVICES": "0,1", "PYTHONUNBUFFERED": 1,
+                      "TORCHELASTIC_RESTART_COUNT": 0, "USER_VAR": "x y=z",
+                      "INHERITED_VAR": "from-launcher"}
+            for k, v in expect.items():
+                self.assertEqual(env[k], str(v), "rank %d %s" % (rank, k))
+            self.assertTrue(env["DSLAUNCH_PROGRESS"].endswith("/p%d.sock" % rank))
+            self.assertTrue(env["DSLAUNCH_STORE"].startswith("unix:/"))
+            self.assertTrue(env["TORCHELASTIC_ERROR_FILE"])
+            job_ids.add(env["DSLAUNCH_JOB_ID"])
+        self.assertEqual(len(job_ids), 1)
+        self.assertFalse(os.path.exists("/tmp/pwned"))
+
+    def test_local_rank_flag_is_appended_unless_disabled(self):
+        argv = [a for a in self.args(nodes=1, slots=2) if a != "--no_local_rank"]
+        p = self.run_job(argv + [PY, RANK_PY, "env", "x"], ENV_KEYS="[]")
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        for rank in range(2):
+            with open(os.path.join(self.out, "argv-%d.json" % rank)) as f:
+                self.assertEqual(json.load(f), ["x", "--local_rank=%d" % rank])
+
+    def test_store_rendezvous_across_all_ranks(self):
+        probe = os.path.join(os.path.dirname(DSLAUNCH), "store_probe")
+        p = self.run_job(self.args() + [probe])
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        out = p.stdout.decode()
+        arrived = sorted(int(m) for m in re.findall(r"arrived=(\d+)", out))
+        self.assertEqual(arrived, [1, 2, 3, 4, 5, 6])
+
+
+class FailFast(LaunchTest):
+    def fail_job(self, how, victim=3):
+        return self.run_job(self.args(extra=["--kill_grace", "5"]) +
+                            [PY, RANK_PY, "fail", str(victim), how], timeout=50)
+
+    def test_first_failure_stops_every_rank_fast_and_exits_with_its_code(self):
+        p = self.fail_job("exit7")
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 7, err)
+        # The other ranks sleep 60 s; the whole job must be over long before.
+        self.assertLess(p.elapsed, 10, err)
+        self.assertIn("FAILED: rank 3 on 127.0.0.2", err)
+        self.assertIn("exited with code 7", err)
+        self.assertIn("| rank 3 about to fail with exit7", err)
+        self.assertIn("stopped in consequence: 5 rank(s)", err)
+        self.assertIn("SIGTERM", err)
+
+    def test_exit_codes_for_exit_n_and_signals(self):
+        cases = {"exit3": 3, "exit42": 42, "SIGSEGV": 139, "SIGKILL": 137,
+                 "SIGTERM": 143, "SIGABRT": 134, "SIGINT": 130, "SIGBUS": 135}
+        for how, code in cases.items():
+            with self.subTest(how=how):
+                for name in os.listdir(self.out):
+                    os.unlink(os.path.join(self.out, name))
+                p = self.fail_job(how, victim=5)
+                err = p.stderr.decode()
+                self.assertEqual(p.returncode, code, err)
+                if how.startswith("SIG"):
+                    self.assertIn("was killed by " + how, err)
+                self.assert_no_leftovers()
+
+    def test_missing_program_exits_127_with_reason(self):
+        p = self.run_job(self.args(nodes=1, slots=1) + ["/nonexistent/prog"])
+        self.assertEqual(p.returncode, 127)
+        self.assertIn("cannot execute '/nonexistent/prog'", p.stderr.decode())
+
+
+class Interrupts(LaunchTest):
+    def test_ctrl_c_stops_gracefully_with_130(self):
+        job = self.start_job(self.args() + [PY, RANK_PY, "sleep"])
+        self.wait_started(6)
+        job.send_signal(signal.SIGINT)
+        out, err = job.communicate(timeout=20)
+        self.assertEqual(job.returncode, 130, err.decode())
+        self.assertIn("interrupted by the user (SIGINT)", err.decode())
+
+    def test_second_ctrl_c_kills_at_once(self):
+        job = self.start_job(self.args(extra=["--kill_grace", "30"]) +
+                             [PY, RANK_PY, "sleep", "ignore-term"])
+        self.wait_started(6)
+        job.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        self.assertIsNone(job.poll(), "ranks ignore SIGTERM: the job must still run")
+        start = time.monotonic()
+        job.send_signal(signal.SIGINT)
+        out, err = job.communicate(timeout=20)
+        self.assertLess(time.monotonic() - start, 10)
+        self.assertEqual(job.returncode, 130, err.decode())
+        self.assertIn("SIGKILL", err.decode())
+
+    def test_launcher_sigkill_leaves_no_orphans(self):
+        job = self.start_job(self.args() + [PY, RANK_PY, "sleep"])
+        self.wait_started(6)
+        job.kill()
+        job.communicate(timeout=10)
+        self.assert_no_leftovers(within=5.0)
+
+
+class Output(LaunchTest):
+    def test_no_line_lost_duplicated_or_torn(self):
+        n = 20000
+        p = self.run_job(self.args(extra=["--log_dir", os.path.join(self.dir, "logs")]) +
+                         [PY, RANK_PY, "spam", str(n)], timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr.decode()[-2000:])
+        pattern = re.compile(rb"^\[127\.0\.0\.(\d):(\d)\] rank (\d) line (\d+) (x*)$")
+        seen = {r: set() for r in range(6)}
+        for stream in (p.stdout, p.stderr):
+            for line in stream.splitlines():
+                if line.startswith(b"dslaunch:"):
+                    continue
+                m = pattern.match(line)
+                self.assertIsNotNone(m, line[:200])
+                host, prefix_rank, rank, i, xs = m.groups()
+                self.assertEqual(prefix_rank, rank)
+                self.assertEqual(int(host), int(rank) // 2 + 1)
+                self.assertEqual(len(xs), int(i) % 50)
+                self.assertNotIn(int(i), seen[int(rank)], "duplicate line")
+                seen[int(rank)].add(int(i))
+        for r in range(6):
+            self.assertEqual(len(seen[r]), n, "rank %d" % r)
+            with open(os.path.join(self.dir, "logs", "rank-%d.log" % r), "rb") as f:
+                self.assertEqual(len(f.read().splitlines()), n)
+
+    def test_last_words_of_a_killed_rank_reach_console_and_log(self):
+        logs = os.path.join(self.dir, "logs")
+        p = self.run_job(self.args(nodes=1) + ["--log_dir", logs, PY, RANK_PY, "last_words"])
+        self.assertEqual(p.returncode, 137)
+        out = p.stdout.decode()
+        self.assertIn("[127.0.0.1:1] first words\n", out)
+        self.assertIn("[127.0.0.1:1] last words without newline\n", out)
+        with open(os.path.join(logs, "rank-1.log")) as f:
+            self.assertEqual(f.read(), "first words\nlast words without newline")
+        self.assertIn("| last words without newline", p.stderr.decode())
+
+
+class Progress(LaunchTest):
+    def test_records_reach_metrics_and_garbage_does_not_stop_the_job(self):
+        logs = os.path.join(self.dir, "logs")
+        p = self.run_job(self.args() + ["--log_dir", logs, PY, RANK_PY, "progress", "5"])
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 0, err)
+        with open(os.path.join(logs, "metrics.jsonl")) as f:
+            records = [json.loads(line) for line in f]
+        self.assertEqual(len(records), 30)
+        for rec in records:
+            self.assertEqual(rec["node"], "127.0.0.%d" % (rec["rank"] // 2 + 1))
+            self.assertGreater(rec["time"], 1.6e9)
+            self.assertEqual(rec["loss"], 1.0 / (rec["step"] + 1))
+        self.assertEqual(sorted({(r["rank"], r["step"]) for r in records}),
+                         [(r, s) for r in range(6) for s in range(5)])
+        self.assertIn("rank 0: 3 malformed progress record(s) dropped", err)
+        self.assertIn("[127.0.0.1:0 progress] step 4", err)
+
+
+class Usage(LaunchTest):
+    def test_hostfile_error_names_file_and_line_and_exits_65(self):
+        path = os.path.join(self.dir, "bad.txt")
+        with open(path, "w") as f:
+            f.write("# ok\n127.0.0.1 slots=2\n127.0.0.2 slot=2\n")
+        p = self.run_job([DSLAUNCH, "-H", path, "true"])
+        self.assertEqual(p.returncode, 65)
+        self.assertIn(path + ":3:", p.stderr.decode())
+
+    def test_missing_hostfile_is_an_error_not_a_local_run(self):
+        p = self.run_job([DSLAUNCH, "-H", os.path.join(self.dir, "nope"), "true"])
+        self.assertEqual(p.returncode, 65)
+        self.assertIn("nope", p.stderr.decode())
+
+    def test_bad_include_exits_64(self):
+        p = self.run_job([DSLAUNCH, "-H", self.hostfile(), "-i", "127.0.0.2:7", "true"])
+        self.assertEqual(p.returncode, 64)
+        self.assertIn("--include", p.stderr.decode())
+
+    def test_dry_run_prints_the_rank_table(self):
+        p = self.run_job([DSLAUNCH, "-H", self.hostfile(), "-i", "127.0.0.2@127.0.0.3:1",
+                          "--dry-run", "true"])
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        rows = [l.split() for l in p.stdout.decode().splitlines()[1:-1]]
+        self.assertEqual(rows, [["127.0.0.2", "0", "0", "0", "0"],
+                                ["127.0.0.2", "0", "1", "1", "1"],
+                                ["127.0.0.3", "1", "0", "2", "1"]])
+
+    def test_help_lists_deepspeed_flags(self):
+        p = self.run_job([DSLAUNCH, "--help"])
+        self.assertEqual(p.returncode, 0)
+        for flag in ["--hostfile", "--include", "--exclude", "--num_nodes", "--num_gpus",
+                     "--master_addr", "--master_port", "--launcher", "--no_local_rank",
+                     "--kill_grace", "--log_dir", "--env", "--dry-run"]:
+            self.assertIn(flag, p.stdout.decode())
+
+    def test_no_program_is_usage_error(self):
+        p = self.run_job([DSLAUNCH, "-H", self.hostfile()])
+        self.assertEqual(p.returncode, 64)
+
+
+if __name__ == "__main__":
+    unittest.main()
