@@ -27,7 +27,8 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
                              "openmpi", "join"}));
   app.add_option("--agent_path", o.agent_path,
                  "dsagent on the nodes (default: next to dslaunch)");
-  app.add_option("--env", o.env, "K=V for every rank (repeatable)");
+  app.add_option("--env", o.env, "K=V for every rank (repeatable)")
+      ->allow_extra_args(false);
   app.add_option("--log_dir", o.log_dir,
                  "write rank-<r>.log and metrics.jsonl here");
   app.add_option("--kill_grace", o.kill_grace_s,

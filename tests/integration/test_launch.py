@@ -189,6 +189,35 @@ class Progress(LaunchTest):
         self.assertIn("[127.0.0.1:0 progress] step 4", err)
 
 
+class HostileClients(LaunchTest):
+    def test_garbage_and_oversized_frames_are_rejected_and_the_job_goes_on(self):
+        import socket
+        import struct
+        job = self.start_job(self.args(extra=["--log_level", "info"]) + [PY, RANK_PY, "sleep"])
+        port = None
+        while port is None:
+            line = job.stderr.readline().decode()
+            self.assertTrue(line, "launcher ended before printing its port")
+            m = re.search(r"control server on port (\d+)", line)
+            if m:
+                port = int(m.group(1))
+        self.wait_started(6)
+        payloads = [b"GET / HTTP/1.0\r\n\r\n", struct.pack(">I", 1 << 30) + b"x",
+                    struct.pack(">I", 5) + b"\xff\xff\xff\xff\xff",
+                    struct.pack(">I", 0)]
+        for data in payloads:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                s.sendall(data)
+                s.settimeout(5)
+                self.assertEqual(s.recv(100), b"", "the launcher must close the connection")
+        time.sleep(0.3)
+        self.assertIsNone(job.poll(), "bad clients must not end the job")
+        job.send_signal(signal.SIGINT)
+        out, err = job.communicate(timeout=20)
+        self.assertEqual(job.returncode, 130)
+        self.assertGreaterEqual(err.decode().count("rejected connection"), 4)
+
+
 class Usage(LaunchTest):
     def test_hostfile_error_names_file_and_line_and_exits_65(self):
         path = os.path.join(self.dir, "bad.txt")

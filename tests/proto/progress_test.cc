@@ -75,6 +75,13 @@ TEST(AnnotateProgressRecord, OverwritesFieldsTheRankSentItself) {
   EXPECT_EQ(json["step"], 1);
 }
 
+TEST(AnnotateProgressRecord, KeepsTheRanksFieldOrderAndAppendsAnnotations) {
+  EXPECT_EQ(
+      AnnotateProgressRecord(R"({"step": 3, "loss": 2.5, "acc": 0.5})", 1, "n0",
+                             1.5),
+      R"({"step":3,"loss":2.5,"acc":0.5,"rank":1,"node":"n0","time":1.5})");
+}
+
 TEST(AnnotateProgressRecord, StaysOneLineForRecordsWithNewlinesInStrings) {
   const std::string out =
       AnnotateProgressRecord(R"({"msg": "a\nb"})", 0, "n", 1.0);
