@@ -98,7 +98,7 @@ void Agent::WatchSignals() {
 }
 
 void Agent::WatchStdin() {
-  stdin_.assign(::dup(0));
+  if (!stdin_.is_open()) stdin_.assign(::dup(0));
   stdin_.async_read_some(
       asio::buffer(&stdin_byte_, 1),
       [this](const boost::system::error_code& ec, size_t) {

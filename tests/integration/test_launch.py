@@ -133,6 +133,52 @@ class Interrupts(LaunchTest):
         self.assert_no_leftovers(within=5.0)
 
 
+class AgentLoss(LaunchTest):
+    def test_killed_agent_takes_its_workers_and_the_job_fails_69(self):
+        job = self.start_job(self.args() + [PY, RANK_PY, "sleep"])
+        self.wait_started(6)
+        # Rank 2 runs on node 1; its parent is node 1's agent.
+        os.kill(self.agent_of_rank(2), signal.SIGKILL)
+        out, err = job.communicate(timeout=30)
+        self.assertEqual(job.returncode, 69, err.decode())
+        self.assertIn("FAILED: node 1 (127.0.0.2) was lost", err.decode())
+
+
+    def agent_of_rank(self, rank):
+        with open(os.path.join(self.out, "start-%d" % rank)) as f:
+            rank_pid = int(f.read().split()[1])
+        with open("/proc/%d/stat" % rank_pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+
+    def test_silent_agent_is_lost_after_the_heartbeat_timeout(self):
+        hb = ["--heartbeat_interval", "0.2", "--heartbeat_timeout", "1", "--kill_grace", "1"]
+        job = self.start_job(self.args(extra=hb) + [PY, RANK_PY, "sleep"])
+        self.wait_started(6)
+        agent = self.agent_of_rank(4)
+        os.kill(agent, signal.SIGSTOP)
+        try:
+            out, err = job.communicate(timeout=30)
+        finally:
+            try:
+                os.kill(agent, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.assertEqual(job.returncode, 69, err.decode())
+        self.assertIn("node 2 (127.0.0.3) was lost", err.decode())
+        self.assertIn("no heartbeat", err.decode())
+
+    def test_agents_stop_their_ranks_when_the_launcher_goes_silent(self):
+        hb = ["--heartbeat_interval", "0.2", "--heartbeat_timeout", "1"]
+        job = self.start_job(self.args(extra=hb) + [PY, RANK_PY, "sleep"])
+        self.wait_started(6)
+        job.send_signal(signal.SIGSTOP)
+        try:
+            self.assert_no_leftovers(within=10)
+        finally:
+            job.kill()
+            job.communicate(timeout=10)
+
+
 class Output(LaunchTest):
     def test_no_line_lost_duplicated_or_torn(self):
         n = 20000
