@@ -64,9 +64,12 @@ void ProgressServer::Accept(const std::shared_ptr<Listener>& l) {
   c->rank = l->rank;
   l->acceptor.async_accept(
       c->socket, [this, l, c, alive = alive_](boost::system::error_code ec) {
-        if (!*alive || ec) return;
-        connections_.push_back(c);
-        Read(c);
+        if (!*alive || ec == asio::error::operation_aborted) return;
+        if (!ec) {
+          std::erase_if(connections_, [](const auto& w) { return w.expired(); });
+          connections_.push_back(c);
+          Read(c);
+        }
         Accept(l);
       });
 }

@@ -1,9 +1,9 @@
 #include "agent/worker_set.h"
 
 #include <fcntl.h>         // open, O_CLOEXEC
-#include <linux/close_range.h>  // CLOSE_RANGE_CLOEXEC
 #include <signal.h>        // kill, sigprocmask
 #include <sys/prctl.h>     // PR_SET_PDEATHSIG
+#include <sys/stat.h>      // stat
 #include <sys/wait.h>      // waitpid
 #include <unistd.h>        // fork, execve, pipe2
 
@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "agent/line_splitter.h"
+#include "proto/host_info.h"
 
 namespace dslaunch::agent {
 
@@ -55,7 +56,11 @@ StatusOr<std::string> ResolveProgram(const std::string& program,
     if (end == std::string::npos) end = path_env.size();
     std::string dir = path_env.substr(start, end - start);
     std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    struct stat st;
+    if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+        ::access(candidate.c_str(), X_OK) == 0) {
+      return candidate;
+    }
     start = end + 1;
   }
   return NotFound("command not found: " + program);
@@ -79,6 +84,13 @@ static std::string EnvValue(const std::vector<std::string>& env,
   return "";
 }
 
+static bool HasEnv(const std::vector<std::string>& env, const std::string& key) {
+  for (const auto& kv : env) {
+    if (kv.compare(0, key.size() + 1, key + "=") == 0) return true;
+  }
+  return false;
+}
+
 // In the child, between fork and exec: only async-signal-safe calls.
 [[noreturn]] static void ExecChild(pid_t parent, int out_w, int err_w,
                                    int report_w, const char* path,
@@ -86,16 +98,12 @@ static std::string EnvValue(const std::vector<std::string>& env,
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(127);  // the agent is already gone
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  for (int sig = 1; sig < NSIG; ++sig) ::signal(sig, SIG_DFL);
   int null_fd = ::open("/dev/null", O_RDONLY);
   ::dup2(null_fd, 0);
   ::dup2(out_w, 1);
   ::dup2(err_w, 2);
   // Nothing of the agent's (control socket, listeners) leaks into the rank.
-  ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
+  proto::PrepareChildForExec();
   int report[2] = {0, 0};  // {stage, errno}: 1 = chdir, 2 = exec
   if (cwd[0] != '\0' && ::chdir(cwd) != 0) {
     report[0] = 1;
@@ -126,19 +134,34 @@ StatusOr<pid_t> WorkerSet::Spawn(const WorkerSpec& spec) {
   std::string error;
   std::string path = spec.argv[0];
   StatusOr<std::string> resolved =
-      ResolveProgram(spec.argv[0], EnvValue(spec.env, "PATH"));
+      ResolveProgram(spec.argv[0], HasEnv(spec.env, "PATH")
+                                       ? EnvValue(spec.env, "PATH")
+                                       : "/bin:/usr/bin");  // as execvp does
   if (resolved.ok()) path = *resolved;
   else error = resolved.status().message();
 
-  int out[2], err[2], report[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) return ErrnoStatus("pipe", errno);
-  if (::pipe2(err, O_CLOEXEC) != 0) return ErrnoStatus("pipe", errno);
-  if (::pipe2(report, O_CLOEXEC) != 0) return ErrnoStatus("pipe", errno);
+  int fds[6] = {-1, -1, -1, -1, -1, -1};
+  int *out = fds, *err = fds + 2, *report = fds + 4;
+  auto close_all = [&fds] {
+    for (int fd : fds) {
+      if (fd >= 0) ::close(fd);
+    }
+  };
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 ||
+      ::pipe2(report, O_CLOEXEC) != 0) {
+    Status st = ErrnoStatus("pipe", errno);
+    close_all();
+    return st;
+  }
   auto argv = CStrings(spec.argv);
   auto envp = CStrings(spec.env);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
-  if (pid < 0) return ErrnoStatus("fork", errno);
+  if (pid < 0) {
+    Status st = ErrnoStatus("fork", errno);
+    close_all();
+    return st;
+  }
   if (pid == 0) {
     if (!error.empty()) ::_exit(127);
     ExecChild(parent, out[1], err[1], report[1], path.c_str(),

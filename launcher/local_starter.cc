@@ -1,7 +1,5 @@
 #include <arpa/inet.h>   // inet_ntop
 #include <fcntl.h>       // O_CLOEXEC
-#include <ifaddrs.h>     // getifaddrs
-#include <linux/close_range.h>
 #include <netdb.h>       // getaddrinfo
 #include <signal.h>
 #include <sys/prctl.h>   // PR_SET_PDEATHSIG
@@ -14,6 +12,7 @@
 
 #include "launcher/report.h"
 #include "launcher/starter.h"
+#include "proto/host_info.h"
 #include "proto/unix_socket.h"
 
 namespace dslaunch::launcher {
@@ -55,12 +54,8 @@ StatusOr<pid_t> LocalStarter::Spawn(const AgentLaunch& launch,
     ::setsid();
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(69);
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    for (int sig = 1; sig < NSIG; ++sig) ::signal(sig, SIG_DFL);
     ::dup2(in[0], 0);
-    ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
+    proto::PrepareChildForExec();
     ::execv(argv[0], argv.data());
     const char msg[] = "dslaunch: cannot execute the agent\n";
     ssize_t ignored = ::write(2, msg, sizeof(msg) - 1);
@@ -100,32 +95,13 @@ void LocalStarter::Reap() {
   }
 }
 
-static std::set<std::string> InterfaceAddresses() {
-  std::set<std::string> out;
-  ifaddrs* list = nullptr;
-  if (::getifaddrs(&list) != 0) return out;
-  for (ifaddrs* a = list; a; a = a->ifa_next) {
-    if (!a->ifa_addr) continue;
-    char buf[INET6_ADDRSTRLEN] = {0};
-    if (a->ifa_addr->sa_family == AF_INET) {
-      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, buf, sizeof(buf));
-    } else if (a->ifa_addr->sa_family == AF_INET6) {
-      ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr, buf, sizeof(buf));
-    } else {
-      continue;
-    }
-    out.insert(buf);
-  }
-  ::freeifaddrs(list);
-  return out;
-}
-
 bool IsLocalHost(const std::string& host) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
   if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
-  const auto local = InterfaceAddresses();
+  const auto addresses = proto::InterfaceAddresses(true);
+  const std::set<std::string> local(addresses.begin(), addresses.end());
   bool is_local = false;
   for (addrinfo* r = res; r && !is_local; r = r->ai_next) {
     char buf[INET6_ADDRSTRLEN] = {0};

@@ -62,6 +62,9 @@ void Channel::OnRead(const boost::system::error_code& ec, size_t n) {
 
 Status Channel::Send(const wire::Envelope& msg) {
   if (closed_) return Unavailable("channel to " + peer_ + " is closed");
+  if (msg.msg_case() == wire::Envelope::MSG_NOT_SET) {
+    return Internal("refusing to send an empty envelope");
+  }
   std::string frame = EncodeFrame(msg);
   if (frame.size() - kFrameHeaderBytes > limits_.max_frame_bytes) {
     return Internal("message " + MessageName(msg) + " of " +
@@ -109,7 +112,9 @@ void Channel::OnWrite(const boost::system::error_code& ec, size_t n) {
   const bool was_congested = congested();
   queued_bytes_ -= n;
   write_queue_.pop_front();
-  if (was_congested && !congested() && handlers_.on_drain) handlers_.on_drain();
+  auto on_drain = handlers_.on_drain;  // a copy: it may close the channel
+  if (was_congested && !congested() && on_drain) on_drain();
+  if (closed_) return;
   WriteMore();
 }
 

@@ -32,8 +32,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
   };
   struct Handlers {
     std::function<void(wire::Envelope&&)> on_message;
-    // Called once, when the channel closes for any reason; OK status when
-    // closed by Close(Status::Ok()) or after a clean end of stream.
+    // Called once, when the channel closes for any reason: OK when closed by
+    // Close(Status::Ok()) or CloseAfterFlush(); Unavailable when the peer
+    // ended the stream (for us a lost peer), ProtocolError for bad input.
     std::function<void(const Status&)> on_close;
     // Called when the write queue drops below the soft limit again.
     std::function<void()> on_drain;

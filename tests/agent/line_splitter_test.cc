@@ -119,7 +119,7 @@ TEST(LineSplitter, LineShorterThanTheLimitIsNotSplit) {
 
 // Disabled: a complete line in one Feed is pushed whole however long it is,
 // because the limit is applied only to bytes still waiting for a newline.
-TEST(LineSplitter, DISABLED_SplitsOverlongLineWhoseNewlineIsInTheSameFeed) {
+TEST(LineSplitter, SplitsOverlongLineWhoseNewlineIsInTheSameFeed) {
   LineSplitter splitter(/*max_line_bytes=*/4);
   Lines lines;
   splitter.Feed("aaaabbbbcc\n", &lines);
@@ -129,7 +129,7 @@ TEST(LineSplitter, DISABLED_SplitsOverlongLineWhoseNewlineIsInTheSameFeed) {
 // Disabled: a line of exactly the limit whose newline arrives in a later
 // Feed is emitted when it reaches the limit, and the newline then ends an
 // extra empty line; fed in one piece the same bytes give one line.
-TEST(LineSplitter, DISABLED_LineOfExactlyTheLimitGivesOneLineHoweverFed) {
+TEST(LineSplitter, LineOfExactlyTheLimitGivesOneLineHoweverFed) {
   LineSplitter whole(/*max_line_bytes=*/4), split(/*max_line_bytes=*/4);
   Lines expected, got;
   whole.Feed("aaaa\n", &expected);

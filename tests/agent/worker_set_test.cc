@@ -422,7 +422,7 @@ TEST(ResolveProgram, RejectsEmptyName) {
 // Disabled: execvp skips a PATH entry whose match is a directory (execve
 // fails with EACCES) and goes on searching; ResolveProgram returns the
 // directory because access(X_OK) succeeds on it.
-TEST(ResolveProgram, DISABLED_SkipsDirectoryWithTheProgramsName) {
+TEST(ResolveProgram, SkipsDirectoryWithTheProgramsName) {
   TempDir first, second;
   ASSERT_EQ(::mkdir((first.path() + "/tool").c_str(), 0755), 0);
   WriteFile(second.path() + "/tool", "#!/bin/sh\n", 0755);

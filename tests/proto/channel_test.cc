@@ -351,5 +351,27 @@ TEST_F(ChannelTest, HandlerMayCloseTheChannelFromOnMessage) {
   EXPECT_EQ(closes, 1);
 }
 
+// Disabled: OnWrite calls handlers_.on_drain() in place, and Close() resets
+// handlers_, destroying the running handler (heap-use-after-free of its
+// captures under ASan). on_message is copied before the call; on_drain is not.
+TEST_F(ChannelTest, HandlerMayCloseTheChannelFromOnDrain) {
+  Channel::Limits limits;
+  limits.soft_queue_bytes = 100;
+  auto sender =
+      Channel::Create(Channel::Socket(std::move(left_)), "left", limits);
+  StartRight();
+  bool drained = false;
+  const std::string capture(1000, 'c');  // puts the closure on the heap
+  Channel::Handlers h;
+  h.on_drain = [&sender, &drained, capture] {
+    sender->Close(Status::Ok());
+    drained = capture.size() == 1000;
+  };
+  sender->Start(std::move(h));
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(sender->Send(StoreSet(500)).ok());
+  ASSERT_TRUE(RunUntil(io_, [&] { return drained; }));
+  EXPECT_TRUE(sender->closed());
+}
+
 }  // namespace
 }  // namespace dslaunch::proto
