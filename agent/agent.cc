@@ -1,8 +1,9 @@
 #include "agent/agent.h"
 
-#include <signal.h>    // SIGTERM, SIGKILL
-#include <stdlib.h>    // mkdtemp
-#include <unistd.h>    // environ
+#include <signal.h>  // SIGTERM, SIGKILL
+#include <spdlog/spdlog.h>
+#include <stdlib.h>  // mkdtemp
+#include <unistd.h>  // environ
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -10,7 +11,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <spdlog/spdlog.h>
 
 #include "agent/env_contract.h"
 #include "agent/node_facts.h"
@@ -26,11 +26,16 @@ static constexpr size_t kFlushBytes = 256 * 1024;
 
 static const char* StateName(Agent::State s) {
   switch (s) {
-    case Agent::State::kConnecting: return "Connecting";
-    case Agent::State::kSpawning: return "Spawning";
-    case Agent::State::kRunning: return "Running";
-    case Agent::State::kDraining: return "Draining";
-    case Agent::State::kExited: return "Exited";
+    case Agent::State::kConnecting:
+      return "Connecting";
+    case Agent::State::kSpawning:
+      return "Spawning";
+    case Agent::State::kRunning:
+      return "Running";
+    case Agent::State::kDraining:
+      return "Draining";
+    case Agent::State::kExited:
+      return "Exited";
   }
   return "?";
 }
@@ -91,21 +96,21 @@ void Agent::WatchSignals() {
       io_.stop();
       return;
     }
-    Drain(state_ == State::kDraining, "agent received signal " +
-                                          std::to_string(sig));
+    Drain(state_ == State::kDraining,
+          "agent received signal " + std::to_string(sig));
     WatchSignals();
   });
 }
 
 void Agent::WatchStdin() {
   if (!stdin_.is_open()) stdin_.assign(::dup(0));
-  stdin_.async_read_some(
-      asio::buffer(&stdin_byte_, 1),
-      [this](const boost::system::error_code& ec, size_t) {
-        if (ec == asio::error::operation_aborted) return;
-        if (ec) return OnLauncherLost("launcher's pipe closed");
-        WatchStdin();  // stray input is ignored
-      });
+  stdin_.async_read_some(asio::buffer(&stdin_byte_, 1),
+                         [this](const boost::system::error_code& ec, size_t) {
+                           if (ec == asio::error::operation_aborted) return;
+                           if (ec)
+                             return OnLauncherLost("launcher's pipe closed");
+                           WatchStdin();  // stray input is ignored
+                         });
 }
 
 void Agent::Connect() {
@@ -121,7 +126,8 @@ void Agent::Connect() {
       options_.launcher_host, std::to_string(options_.launcher_port),
       [this, resolver, socket](const boost::system::error_code& ec,
                                tcp::resolver::results_type results) {
-        if (ec) return OnLauncherLost("cannot resolve launcher: " + ec.message());
+        if (ec)
+          return OnLauncherLost("cannot resolve launcher: " + ec.message());
         asio::async_connect(
             *socket, results,
             [this, socket](const boost::system::error_code& ec,
@@ -171,11 +177,13 @@ void Agent::HandleMessage(wire::Envelope&& msg) {
     case wire::Envelope::kHeartbeat:
       if (!authed) break;
       return;
+    // Abort and Shutdown may come instead of a JobSpec when the job ended
+    // while this agent was still connecting.
     case wire::Envelope::kAbort:
-      if (!authed) break;
+      if (!auth_sent_) break;
       return Drain(msg.abort().kill_now(), msg.abort().reason());
     case wire::Envelope::kShutdown:
-      if (!authed) break;
+      if (!auth_sent_) break;
       if (workers_.unfinished() == 0) return Finish();
       return Drain(false, "launcher asked to shut down");
     case wire::Envelope::kStoreResponse:
@@ -190,9 +198,10 @@ void Agent::HandleMessage(wire::Envelope&& msg) {
 
 void Agent::HandleWelcome(const wire::Welcome& welcome) {
   if (welcome.protocol_version() != kProtocolVersion) {
-    return channel_->Close(ProtocolError(
-        "launcher speaks protocol " + std::to_string(welcome.protocol_version()) +
-        ", this agent " + std::to_string(kProtocolVersion)));
+    return channel_->Close(
+        ProtocolError("launcher speaks protocol " +
+                      std::to_string(welcome.protocol_version()) +
+                      ", this agent " + std::to_string(kProtocolVersion)));
   }
   const std::string expected = proto::LauncherProof(
       options_.secret, client_nonce_, welcome.server_nonce());
@@ -274,17 +283,19 @@ void Agent::ArmHeartbeat() {
   const double timeout =
       job_.heartbeat_timeout_s() > 0 ? job_.heartbeat_timeout_s() : 10.0;
   heartbeat_timer_.expires_after(Seconds(interval));
-  heartbeat_timer_.async_wait([this, timeout](const boost::system::error_code& ec) {
-    if (ec || state_ == State::kExited || !channel_ || channel_->closed()) return;
-    if (std::chrono::steady_clock::now() - last_heard_ > Seconds(timeout)) {
-      return OnLauncherLost("no heartbeat from the launcher for " +
-                            std::to_string(timeout) + " s");
-    }
-    wire::Envelope env;
-    env.mutable_heartbeat()->set_seq(++heartbeat_seq_);
-    Send(env);
-    ArmHeartbeat();
-  });
+  heartbeat_timer_.async_wait(
+      [this, timeout](const boost::system::error_code& ec) {
+        if (ec || state_ == State::kExited || !channel_ || channel_->closed())
+          return;
+        if (std::chrono::steady_clock::now() - last_heard_ > Seconds(timeout)) {
+          return OnLauncherLost("no heartbeat from the launcher for " +
+                                std::to_string(timeout) + " s");
+        }
+        wire::Envelope env;
+        env.mutable_heartbeat()->set_seq(++heartbeat_seq_);
+        Send(env);
+        ArmHeartbeat();
+      });
 }
 
 void Agent::OnLauncherLost(const std::string& why) {
@@ -303,6 +314,7 @@ void Agent::OnLauncherLost(const std::string& why) {
 
 void Agent::Drain(bool kill_now, const std::string& why) {
   if (state_ == State::kExited) return;
+  connect_timer_.cancel();
   if (state_ != State::kDraining) {
     spdlog::info("draining: {}", why);
     SetState(State::kDraining);
@@ -341,7 +353,8 @@ void Agent::Finish() {
 void Agent::Send(const wire::Envelope& msg) {
   if (!channel_ || channel_->closed()) return;
   Status st = channel_->Send(msg);
-  if (!st.ok()) spdlog::warn("send {}: {}", proto::MessageName(msg), st.message());
+  if (!st.ok())
+    spdlog::warn("send {}: {}", proto::MessageName(msg), st.message());
 }
 
 void Agent::OnWorkerOutput(int rank, bool is_stderr, std::string line,
@@ -352,8 +365,10 @@ void Agent::OnWorkerOutput(int rank, bool is_stderr, std::string line,
   e->set_stream(is_stderr ? wire::LogBatch::STDERR : wire::LogBatch::STDOUT);
   e->set_line(std::move(line));
   e->set_partial(partial);
-  if (pending_log_bytes_ >= kFlushBytes) Flush();
-  else ScheduleFlush();
+  if (pending_log_bytes_ >= kFlushBytes)
+    Flush();
+  else
+    ScheduleFlush();
 }
 
 void Agent::OnProgressRecord(int rank, std::string json, double time) {

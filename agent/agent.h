@@ -8,8 +8,9 @@
 // States (each transition logged once):
 //   Connecting -> Spawning -> Running -> Draining -> Exited
 //   Connecting -> Exited            (launcher unreachable or auth failed)
-//   Spawning/Running -> Draining    (abort, launcher lost, SIGTERM/SIGINT/SIGHUP)
-//   Running -> Exited               (Shutdown after every worker is done)
+//   Spawning/Running -> Draining    (abort, launcher lost,
+//   SIGTERM/SIGINT/SIGHUP) Running -> Exited               (Shutdown after
+//   every worker is done)
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -32,7 +33,7 @@ struct AgentOptions {
   int launcher_port = 0;
   int node_rank = 0;
   std::string job_id;
-  std::string secret;           // read from stdin by main, never from argv
+  std::string secret;             // read from stdin by main, never from argv
   bool stdin_is_lifeline = true;  // EOF on stdin = the launcher is gone
   double connect_timeout_s = 30;
 };

@@ -2,7 +2,8 @@
 
 namespace dslaunch::agent {
 
-void LineSplitter::Feed(std::string_view data, std::vector<std::string>* lines) {
+void LineSplitter::Feed(std::string_view data,
+                        std::vector<std::string>* lines) {
   while (!data.empty()) {
     const size_t nl = data.find('\n');
     pending_.append(nl == std::string_view::npos ? data : data.substr(0, nl));

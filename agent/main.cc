@@ -1,12 +1,12 @@
 // dsagent: the per-node agent of a dslaunch job. Started by the launcher
 // (local, ssh, pdsh, srun, mpirun) or already running (join); reads the job
 // secret from stdin, never from argv.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>  // read
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include "agent/agent.h"
 #include "proto/version.h"
@@ -32,7 +32,8 @@ int main(int argc, char** argv) {
   bool version = false;
   app.add_flag("--version", version, "print the version and exit");
   app.add_option("--connect", connect, "launcher's control address HOST:PORT");
-  app.add_option("--node_rank", options.node_rank, "this node's index in the plan");
+  app.add_option("--node_rank", options.node_rank,
+                 "this node's index in the plan");
   app.add_option("--job_id", options.job_id, "the job's id");
   app.add_option("--log_level", log_level, "trace, debug, info, warn, error");
   app.add_option("--connect_timeout", options.connect_timeout_s,
@@ -45,17 +46,19 @@ int main(int argc, char** argv) {
   }
   const size_t colon = connect.rfind(':');
   if (colon == std::string::npos || options.job_id.empty()) {
-    std::fprintf(stderr, "dsagent: --connect HOST:PORT and --job_id are required\n");
+    std::fprintf(stderr,
+                 "dsagent: --connect HOST:PORT and --job_id are required\n");
     return 64;
   }
   options.launcher_host = connect.substr(0, colon);
   options.launcher_port = std::atoi(connect.c_str() + colon + 1);
   if (!options.launcher_host.empty() && options.launcher_host.front() == '[') {
-    options.launcher_host = options.launcher_host.substr(1, options.launcher_host.size() - 2);
+    options.launcher_host =
+        options.launcher_host.substr(1, options.launcher_host.size() - 2);
   }
   auto logger = spdlog::stderr_color_mt("agent");
-  logger->set_pattern("[%H:%M:%S.%e agent node" + std::to_string(options.node_rank) +
-                      " %^%l%$] %v");
+  logger->set_pattern("[%H:%M:%S.%e agent node" +
+                      std::to_string(options.node_rank) + " %^%l%$] %v");
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(log_level));
   if (!ReadSecretLine(&options.secret) || options.secret.empty()) {

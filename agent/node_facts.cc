@@ -1,7 +1,7 @@
 #include "agent/node_facts.h"
 
-#include <sched.h>      // sched_getaffinity
-#include <unistd.h>     // gethostname, getpid
+#include <sched.h>   // sched_getaffinity
+#include <unistd.h>  // gethostname, getpid
 
 #include <filesystem>
 

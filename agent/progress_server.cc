@@ -62,16 +62,16 @@ Status ProgressServer::Listen(int rank, const std::string& path) {
 void ProgressServer::Accept(const std::shared_ptr<Listener>& l) {
   auto c = std::make_shared<Connection>(io_);
   c->rank = l->rank;
-  l->acceptor.async_accept(
-      c->socket, [this, l, c, alive = alive_](boost::system::error_code ec) {
-        if (!*alive || ec == asio::error::operation_aborted) return;
-        if (!ec) {
-          std::erase_if(connections_, [](const auto& w) { return w.expired(); });
-          connections_.push_back(c);
-          Read(c);
-        }
-        Accept(l);
-      });
+  l->acceptor.async_accept(c->socket, [this, l, c, alive = alive_](
+                                          boost::system::error_code ec) {
+    if (!*alive || ec == asio::error::operation_aborted) return;
+    if (!ec) {
+      std::erase_if(connections_, [](const auto& w) { return w.expired(); });
+      connections_.push_back(c);
+      Read(c);
+    }
+    Accept(l);
+  });
 }
 
 void ProgressServer::Read(const std::shared_ptr<Connection>& c) {

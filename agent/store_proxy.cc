@@ -31,32 +31,32 @@ Status StoreProxy::Listen(const std::string& path) {
 
 void StoreProxy::Accept() {
   auto socket = std::make_shared<Local::socket>(io_);
-  acceptor_.async_accept(*socket, [this, socket, alive = alive_](
-                                      boost::system::error_code ec) {
-    if (!*alive || ec) return;
-    auto client = proto::Channel::Create(
-        proto::Channel::Socket(std::move(*socket)), "store client");
-    clients_.insert(client);
-    std::weak_ptr<proto::Channel> weak = client;
-    client->Start({
-        .on_message =
-            [this, weak](wire::Envelope&& msg) {
-              auto c = weak.lock();
-              if (!c) return;
-              if (!msg.has_store_request()) {
-                return c->Close(ProtocolError("expected a store request"));
-              }
-              HandleRequest(c, std::move(*msg.mutable_store_request()));
-            },
-        .on_close =
-            [this, weak, alive = alive_](const Status&) {
-              if (!*alive) return;
-              if (auto c = weak.lock()) clients_.erase(c);
-            },
-        .on_drain = nullptr,
-    });
-    Accept();
-  });
+  acceptor_.async_accept(
+      *socket, [this, socket, alive = alive_](boost::system::error_code ec) {
+        if (!*alive || ec) return;
+        auto client = proto::Channel::Create(
+            proto::Channel::Socket(std::move(*socket)), "store client");
+        clients_.insert(client);
+        std::weak_ptr<proto::Channel> weak = client;
+        client->Start({
+            .on_message =
+                [this, weak](wire::Envelope&& msg) {
+                  auto c = weak.lock();
+                  if (!c) return;
+                  if (!msg.has_store_request()) {
+                    return c->Close(ProtocolError("expected a store request"));
+                  }
+                  HandleRequest(c, std::move(*msg.mutable_store_request()));
+                },
+            .on_close =
+                [this, weak, alive = alive_](const Status&) {
+                  if (!*alive) return;
+                  if (auto c = weak.lock()) clients_.erase(c);
+                },
+            .on_drain = nullptr,
+        });
+        Accept();
+      });
 }
 
 void StoreProxy::HandleRequest(const std::shared_ptr<proto::Channel>& client,

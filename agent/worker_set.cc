@@ -1,11 +1,11 @@
 #include "agent/worker_set.h"
 
-#include <fcntl.h>         // open, O_CLOEXEC
-#include <signal.h>        // kill, sigprocmask
-#include <sys/prctl.h>     // PR_SET_PDEATHSIG
-#include <sys/stat.h>      // stat
-#include <sys/wait.h>      // waitpid
-#include <unistd.h>        // fork, execve, pipe2
+#include <fcntl.h>      // open, O_CLOEXEC
+#include <signal.h>     // kill, sigprocmask
+#include <sys/prctl.h>  // PR_SET_PDEATHSIG
+#include <sys/stat.h>   // stat
+#include <sys/wait.h>   // waitpid
+#include <unistd.h>     // fork, execve, pipe2
 
 #include <array>
 #include <boost/asio/buffer.hpp>
@@ -84,7 +84,8 @@ static std::string EnvValue(const std::vector<std::string>& env,
   return "";
 }
 
-static bool HasEnv(const std::vector<std::string>& env, const std::string& key) {
+static bool HasEnv(const std::vector<std::string>& env,
+                   const std::string& key) {
   for (const auto& kv : env) {
     if (kv.compare(0, key.size() + 1, key + "=") == 0) return true;
   }
@@ -137,8 +138,10 @@ StatusOr<pid_t> WorkerSet::Spawn(const WorkerSpec& spec) {
       ResolveProgram(spec.argv[0], HasEnv(spec.env, "PATH")
                                        ? EnvValue(spec.env, "PATH")
                                        : "/bin:/usr/bin");  // as execvp does
-  if (resolved.ok()) path = *resolved;
-  else error = resolved.status().message();
+  if (resolved.ok())
+    path = *resolved;
+  else
+    error = resolved.status().message();
 
   int fds[6] = {-1, -1, -1, -1, -1, -1};
   int *out = fds, *err = fds + 2, *report = fds + 4;
@@ -164,8 +167,8 @@ StatusOr<pid_t> WorkerSet::Spawn(const WorkerSpec& spec) {
   }
   if (pid == 0) {
     if (!error.empty()) ::_exit(127);
-    ExecChild(parent, out[1], err[1], report[1], path.c_str(),
-              spec.cwd.c_str(), argv.data(), envp.data());
+    ExecChild(parent, out[1], err[1], report[1], path.c_str(), spec.cwd.c_str(),
+              argv.data(), envp.data());
   }
   ::setpgid(pid, pid);  // also here, so kill(-pid) works at once
   ::close(out[1]);
@@ -178,9 +181,9 @@ StatusOr<pid_t> WorkerSet::Spawn(const WorkerSpec& spec) {
   } while (got < 0 && errno == EINTR);
   ::close(report[0]);
   if (got == sizeof(reported)) {
-    error = std::string(reported[0] == 1 ? "cannot change directory to '" +
-                                               spec.cwd + "'"
-                                         : "cannot execute '" + path + "'") +
+    error = std::string(reported[0] == 1
+                            ? "cannot change directory to '" + spec.cwd + "'"
+                            : "cannot execute '" + path + "'") +
             ": " + std::strerror(reported[1]);
   }
 
@@ -201,12 +204,12 @@ void WorkerSet::SignalAll(int sig) {
 }
 
 void WorkerSet::WaitForSigchld() {
-  sigchld_.async_wait([this, alive = alive_](const boost::system::error_code& ec,
-                                             int) {
-    if (ec || !*alive) return;
-    ReapAll();
-    WaitForSigchld();
-  });
+  sigchld_.async_wait(
+      [this, alive = alive_](const boost::system::error_code& ec, int) {
+        if (ec || !*alive) return;
+        ReapAll();
+        WaitForSigchld();
+      });
 }
 
 void WorkerSet::ReapAll() {
@@ -216,8 +219,10 @@ void WorkerSet::ReapAll() {
     int status = 0;
     if (::waitpid(pid, &status, WNOHANG) != pid) continue;
     w->reaped = true;
-    if (WIFSIGNALED(status)) w->info.signal = WTERMSIG(status);
-    else w->info.exit_code = WEXITSTATUS(status);
+    if (WIFSIGNALED(status))
+      w->info.signal = WTERMSIG(status);
+    else
+      w->info.exit_code = WEXITSTATUS(status);
     reaped.push_back(w);
   }
   for (auto& w : reaped) {
@@ -243,13 +248,12 @@ void WorkerSet::StartRead(const std::shared_ptr<Worker>& w, bool is_stderr) {
   Worker::Stream& s = w->stream(is_stderr);
   if (!s.open || s.reading || paused_) return;
   s.reading = true;
-  s.pipe.async_read_some(
-      asio::buffer(s.buffer),
-      [this, w, is_stderr, alive = alive_](const boost::system::error_code& ec,
-                                           size_t n) {
-        if (!*alive) return;
-        OnRead(w, is_stderr, ec, n);
-      });
+  s.pipe.async_read_some(asio::buffer(s.buffer),
+                         [this, w, is_stderr, alive = alive_](
+                             const boost::system::error_code& ec, size_t n) {
+                           if (!*alive) return;
+                           OnRead(w, is_stderr, ec, n);
+                         });
 }
 
 void WorkerSet::OnRead(const std::shared_ptr<Worker>& w, bool is_stderr,

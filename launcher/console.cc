@@ -58,7 +58,8 @@ static std::string ProgressSummary(std::string_view json) {
   std::string out;
   for (auto& [key, value] : record.items()) {
     if (!out.empty()) out += "  ";
-    out += key + " " + (value.is_string() ? value.get<std::string>() : value.dump());
+    out += key + " " +
+           (value.is_string() ? value.get<std::string>() : value.dump());
   }
   return out;
 }
@@ -72,8 +73,8 @@ void Console::Progress(int rank, std::string_view json, double time) {
     std::fwrite(line.data(), 1, line.size(), metrics_);
   }
   if (rank == 0) {
-    std::string text = "[" + host_[rank] + ":0 progress] " +
-                       ProgressSummary(json) + "\n";
+    std::string text =
+        "[" + host_[rank] + ":0 progress] " + ProgressSummary(json) + "\n";
     std::fwrite(text.data(), 1, text.size(), err_);
   }
 }

@@ -57,12 +57,12 @@ StatusOr<int> ControlServer::Listen(const std::string& bind_addr, int port) {
 }
 
 void ControlServer::Accept() {
-  acceptor_.async_accept([this, alive = alive_](boost::system::error_code ec,
-                                                tcp::socket socket) {
-    if (!*alive || ec == asio::error::operation_aborted) return;
-    if (!ec) OnAccepted(std::move(socket));
-    Accept();
-  });
+  acceptor_.async_accept(
+      [this, alive = alive_](boost::system::error_code ec, tcp::socket socket) {
+        if (!*alive || ec == asio::error::operation_aborted) return;
+        if (!ec) OnAccepted(std::move(socket));
+        Accept();
+      });
 }
 
 void ControlServer::OnAccepted(tcp::socket socket) {
@@ -72,22 +72,27 @@ void ControlServer::OnAccepted(tcp::socket socket) {
   auto local = socket.local_endpoint(ec);
   auto hs = std::make_shared<Handshake>(io_);
   hs->peer_addr = local.address().to_string();
-  const std::string peer = remote.address().to_string() + ":" +
-                           std::to_string(remote.port());
-  hs->channel = proto::Channel::Create(proto::Channel::Socket(std::move(socket)), peer);
+  const std::string peer =
+      remote.address().to_string() + ":" + std::to_string(remote.port());
+  hs->channel =
+      proto::Channel::Create(proto::Channel::Socket(std::move(socket)), peer);
   handshakes_[hs.get()] = hs;
   Handshake* key = hs.get();
   hs->channel->Start({
-      .on_message = [this, key](wire::Envelope&& m) {
-        auto it = handshakes_.find(key);
-        if (it != handshakes_.end()) HandleHandshake(it->second, std::move(m));
-      },
-      .on_close = [this, key, peer, alive = alive_](const Status& st) {
-        if (!*alive) return;
-        if (handshakes_.erase(key)) {
-          spdlog::warn("rejected connection from {}: {}", peer, st.message());
-        }
-      },
+      .on_message =
+          [this, key](wire::Envelope&& m) {
+            auto it = handshakes_.find(key);
+            if (it != handshakes_.end())
+              HandleHandshake(it->second, std::move(m));
+          },
+      .on_close =
+          [this, key, peer, alive = alive_](const Status& st) {
+            if (!*alive) return;
+            if (handshakes_.erase(key)) {
+              spdlog::warn("rejected connection from {}: {}", peer,
+                           st.message());
+            }
+          },
       .on_drain = nullptr,
   });
   hs->timer.expires_after(Ms(options_.handshake_timeout_s));
@@ -103,9 +108,11 @@ Status ControlServer::CheckHello(const wire::Hello& hello) const {
                          ", this launcher " + std::to_string(kProtocolVersion) +
                          " (dsagent " + hello.agent_version() + ")");
   }
-  if (hello.job_id() != options_.job_id) return ProtocolError("agent of another job");
+  if (hello.job_id() != options_.job_id)
+    return ProtocolError("agent of another job");
   if (hello.node_rank() < 0 || hello.node_rank() >= options_.num_nodes) {
-    return ProtocolError("agent claims node " + std::to_string(hello.node_rank()));
+    return ProtocolError("agent claims node " +
+                         std::to_string(hello.node_rank()));
   }
   if (hello.client_nonce().size() != proto::kNonceBytes) {
     return ProtocolError("bad nonce");
@@ -146,23 +153,25 @@ void ControlServer::Promote(const std::shared_ptr<Handshake>& hs) {
   hs->timer.cancel();
   handshakes_.erase(hs.get());
   if (agents_.count(node)) {
-    return hs->channel->Close(ProtocolError(
-        "a second agent for node " + std::to_string(node)));
+    return hs->channel->Close(
+        ProtocolError("a second agent for node " + std::to_string(node)));
   }
   agents_[node] = AgentLink{hs->channel, std::chrono::steady_clock::now()};
   hs->channel->SetHandlers({
-      .on_message = [this, node](wire::Envelope&& m) {
-        auto it = agents_.find(node);
-        if (it == agents_.end()) return;
-        it->second.last_heard = std::chrono::steady_clock::now();
-        if (m.has_heartbeat()) return;
-        delegate_->OnAgentMessage(node, std::move(m));
-      },
-      .on_close = [this, node, alive = alive_](const Status& st) {
-        if (!*alive) return;
-        agents_.erase(node);
-        delegate_->OnAgentDisconnected(node, st);
-      },
+      .on_message =
+          [this, node](wire::Envelope&& m) {
+            auto it = agents_.find(node);
+            if (it == agents_.end()) return;
+            it->second.last_heard = std::chrono::steady_clock::now();
+            if (m.has_heartbeat()) return;
+            delegate_->OnAgentMessage(node, std::move(m));
+          },
+      .on_close =
+          [this, node, alive = alive_](const Status& st) {
+            if (!*alive) return;
+            agents_.erase(node);
+            delegate_->OnAgentDisconnected(node, st);
+          },
       .on_drain = nullptr,
   });
   delegate_->OnAgentAuthenticated(node, hs->hello, hs->peer_addr);
@@ -171,32 +180,35 @@ void ControlServer::Promote(const std::shared_ptr<Handshake>& hs) {
 Status ControlServer::Send(int node_rank, const wire::Envelope& msg) {
   auto it = agents_.find(node_rank);
   if (it == agents_.end()) {
-    return Unavailable("node " + std::to_string(node_rank) + " is not connected");
+    return Unavailable("node " + std::to_string(node_rank) +
+                       " is not connected");
   }
   return it->second.channel->Send(msg);
 }
 
 void ControlServer::ArmHeartbeat() {
   heartbeat_timer_.expires_after(Ms(options_.heartbeat_interval_s));
-  heartbeat_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
-    if (ec || !*alive) return;
-    const auto now = std::chrono::steady_clock::now();
-    wire::Envelope beat;
-    beat.mutable_heartbeat()->set_seq(++heartbeat_seq_);
-    std::vector<std::shared_ptr<proto::Channel>> silent;
-    for (auto& [node, link] : agents_) {
-      if (now - link.last_heard > Ms(options_.heartbeat_timeout_s)) {
-        silent.push_back(link.channel);
-      } else {
-        (void)link.channel->Send(beat);
-      }
-    }
-    for (auto& c : silent) {
-      c->Close(Unavailable("no heartbeat for " +
-                           std::to_string(options_.heartbeat_timeout_s) + " s"));
-    }
-    ArmHeartbeat();
-  });
+  heartbeat_timer_.async_wait(
+      [this, alive = alive_](const boost::system::error_code& ec) {
+        if (ec || !*alive) return;
+        const auto now = std::chrono::steady_clock::now();
+        wire::Envelope beat;
+        beat.mutable_heartbeat()->set_seq(++heartbeat_seq_);
+        std::vector<std::shared_ptr<proto::Channel>> silent;
+        for (auto& [node, link] : agents_) {
+          if (now - link.last_heard > Ms(options_.heartbeat_timeout_s)) {
+            silent.push_back(link.channel);
+          } else {
+            (void)link.channel->Send(beat);
+          }
+        }
+        for (auto& c : silent) {
+          c->Close(Unavailable("no heartbeat for " +
+                               std::to_string(options_.heartbeat_timeout_s) +
+                               " s"));
+        }
+        ArmHeartbeat();
+      });
 }
 
 void ControlServer::Shutdown() {

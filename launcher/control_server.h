@@ -42,7 +42,8 @@ class ControlServer {
     double handshake_timeout_s = 10;
   };
 
-  ControlServer(boost::asio::io_context& io, Options options, Delegate* delegate);
+  ControlServer(boost::asio::io_context& io, Options options,
+                Delegate* delegate);
   ~ControlServer();
 
   // Binds (port 0 = any free port) and starts accepting; returns the port.
@@ -60,7 +61,8 @@ class ControlServer {
   };
   void Accept();
   void OnAccepted(boost::asio::ip::tcp::socket socket);
-  void HandleHandshake(const std::shared_ptr<Handshake>& hs, wire::Envelope&& msg);
+  void HandleHandshake(const std::shared_ptr<Handshake>& hs,
+                       wire::Envelope&& msg);
   Status CheckHello(const wire::Hello& hello) const;
   void Promote(const std::shared_ptr<Handshake>& hs);
   void ArmHeartbeat();

@@ -16,15 +16,16 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
   app.add_option("-e,--exclude", o.plan.exclude,
                  "leave out these hosts/slots: host[:slot,slot][@host...]");
   app.add_option("--num_nodes", o.plan.num_nodes, "use the first N hosts");
-  app.add_option("--num_gpus", o.plan.num_gpus, "use the first N slots per host");
+  app.add_option("--num_gpus", o.plan.num_gpus,
+                 "use the first N slots per host");
   app.add_option("--master_addr", o.plan.master_addr,
                  "rendezvous address for the ranks (default: node 0)");
   app.add_option("--master_port", o.plan.master_port,
                  "rendezvous port for the ranks (default 29500)");
   app.add_option("--launcher", o.launcher,
                  "how agents start: local, ssh, pdsh, slurm, openmpi, join")
-      ->check(CLI::IsMember({"auto", "local", "ssh", "pdsh", "slurm",
-                             "openmpi", "join"}));
+      ->check(CLI::IsMember(
+          {"auto", "local", "ssh", "pdsh", "slurm", "openmpi", "join"}));
   app.add_option("--agent_path", o.agent_path,
                  "dsagent on the nodes (default: next to dslaunch)");
   app.add_option("--env", o.env, "K=V for every rank (repeatable)")
@@ -41,18 +42,21 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
                  "launcher and agent logging: debug, info, warn, error");
   app.add_option("--heartbeat_interval", o.heartbeat_interval_s,
                  "seconds between heartbeats (default 1)");
-  app.add_option("--heartbeat_timeout", o.heartbeat_timeout_s,
-                 "seconds without heartbeat before a peer counts as lost (default 10)");
+  app.add_option(
+      "--heartbeat_timeout", o.heartbeat_timeout_s,
+      "seconds without heartbeat before a peer counts as lost (default 10)");
   app.add_option("--start_timeout", o.start_timeout_s,
                  "seconds for every agent to connect (default 60)");
 }
 
 static Status Validate(const LaunchOptions& o) {
   if (o.program.empty() && !o.dry_run) {
-    return InvalidArgument("no program given: dslaunch [options] PROGRAM [ARGS...]");
+    return InvalidArgument(
+        "no program given: dslaunch [options] PROGRAM [ARGS...]");
   }
   if (o.kill_grace_s < 0) return InvalidArgument("--kill_grace must be >= 0");
-  if (o.heartbeat_interval_s <= 0 || o.heartbeat_timeout_s <= o.heartbeat_interval_s) {
+  if (o.heartbeat_interval_s <= 0 ||
+      o.heartbeat_timeout_s <= o.heartbeat_interval_s) {
     return InvalidArgument(
         "--heartbeat_timeout must be greater than --heartbeat_interval > 0");
   }
@@ -98,7 +102,8 @@ StatusOr<LaunchOptions> ParseFlags(int argc, const char* const* argv,
   }
   o.hostfile_given = app.count("--hostfile") > 0;
   o.program = app.remaining();
-  if (!o.program.empty() && o.program.front() == "--") o.program.erase(o.program.begin());
+  if (!o.program.empty() && o.program.front() == "--")
+    o.program.erase(o.program.begin());
   RETURN_IF_ERROR(Validate(o));
   return o;
 }
@@ -107,7 +112,8 @@ StatusOr<Hostfile> LoadJobHostfile(const LaunchOptions& options) {
   if (options.hostfile_given) return LoadHostfile(options.hostfile);
   int gpus = 0;
   std::error_code ec;
-  for (auto it = std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec);
+  for (auto it =
+           std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec);
        !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
     ++gpus;
   }

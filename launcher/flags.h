@@ -13,10 +13,11 @@
 namespace dslaunch::launcher {
 
 struct LaunchOptions {
-  std::string hostfile;          // empty = none given
+  std::string hostfile;  // empty = none given
   bool hostfile_given = false;
   PlanOptions plan;
-  std::string launcher = "auto";  // auto, local, ssh, pdsh, slurm, openmpi, join
+  std::string launcher =
+      "auto";                    // auto, local, ssh, pdsh, slurm, openmpi, join
   std::string agent_path;        // empty = this binary's sibling dsagent
   std::vector<std::string> env;  // --env K=V, in order
   std::string log_dir;
@@ -28,7 +29,7 @@ struct LaunchOptions {
   double heartbeat_timeout_s = 10;
   double start_timeout_s = 60;
   std::string bind_addr = "0.0.0.0";  // where the control server listens
-  std::vector<std::string> program;  // PROGRAM ARGS..., byte-exact
+  std::vector<std::string> program;   // PROGRAM ARGS..., byte-exact
 };
 
 // Parses argv. Returns the options, or a Status: kInvalidArgument for bad

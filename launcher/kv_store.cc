@@ -34,7 +34,8 @@ void KvStore::Handle(const wire::StoreRequest& request, Reply reply) {
   const bool one_key = request.op() == Op::SET || request.op() == Op::GET ||
                        request.op() == Op::ADD || request.op() == Op::DELETE;
   if (request.keys_size() == 0 || (one_key && request.keys_size() != 1)) {
-    return reply(Error(request.id(), "store request with a wrong number of keys"));
+    return reply(
+        Error(request.id(), "store request with a wrong number of keys"));
   }
   const std::string& key = request.keys(0);
   switch (request.op()) {

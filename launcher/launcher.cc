@@ -2,11 +2,11 @@
 
 #include <limits.h>  // PATH_MAX
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>  // getcwd, readlink
 
 #include <boost/asio/post.hpp>
 #include <cstdio>
-#include <spdlog/spdlog.h>
 
 #include "launcher/report.h"
 #include "proto/auth.h"
@@ -17,10 +17,14 @@ namespace asio = boost::asio;
 
 static const char* StateName(Launcher::State s) {
   switch (s) {
-    case Launcher::State::kStarting: return "Starting";
-    case Launcher::State::kRunning: return "Running";
-    case Launcher::State::kStopping: return "Stopping";
-    case Launcher::State::kDone: return "Done";
+    case Launcher::State::kStarting:
+      return "Starting";
+    case Launcher::State::kRunning:
+      return "Running";
+    case Launcher::State::kStopping:
+      return "Stopping";
+    case Launcher::State::kDone:
+      return "Done";
   }
   return "?";
 }
@@ -57,8 +61,9 @@ Launcher::Launcher(LaunchOptions options, Plan plan)
       secret_(proto::HexEncode(proto::RandomBytes(proto::kSecretBytes))),
       console_(stdout, stderr),
       store_(io_),
-      server_(io_, ServerOptions(options_, secret_, job_id_,
-                                 static_cast<int>(plan_.nodes.size())),
+      server_(io_,
+              ServerOptions(options_, secret_, job_id_,
+                            static_cast<int>(plan_.nodes.size())),
               this),
       signals_(io_, SIGINT, SIGTERM, SIGHUP),
       start_timer_(io_),
@@ -90,8 +95,8 @@ int Launcher::Run() {
   if (port.ok()) {
     spdlog::info("job {}: control server on port {}", job_id_, *port);
     st = StartAgents(*port);
-  }
-  else st = port.status();
+  } else
+    st = port.status();
   if (!st.ok()) {
     console_.Note(st.message());
     return st.code() == StatusCode::kInvalidArgument ? 64 : 69;
@@ -102,9 +107,11 @@ int Launcher::Run() {
     if (ec || state_ != State::kStarting) return;
     for (size_t n = 0; n < nodes_.size(); ++n) {
       if (!nodes_[n].authenticated) {
-        OnNodeGone(static_cast<int>(n),
-                   "its agent did not connect within " +
-                       std::to_string(static_cast<int>(options_.start_timeout_s)) + " s");
+        OnNodeGone(
+            static_cast<int>(n),
+            "its agent did not connect within " +
+                std::to_string(static_cast<int>(options_.start_timeout_s)) +
+                " s");
       }
     }
   });
@@ -128,7 +135,8 @@ Status Launcher::StartAgents(int port) {
           "that are this machine)");
     }
     launches.push_back(AgentLaunch{
-        node.node_rank, node.host,
+        node.node_rank,
+        node.host,
         {agent, "--connect", "127.0.0.1:" + std::to_string(port), "--node_rank",
          std::to_string(node.node_rank), "--job_id", job_id_, "--log_level",
          options_.log_level, "--connect_timeout",
@@ -173,8 +181,8 @@ wire::JobSpec Launcher::MakeJobSpec(int node_rank) const {
 
 void Launcher::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
                                     const std::string&) {
-  spdlog::info("node {} ({}) joined: agent pid {}, {} cores, {} GPUs", node_rank,
-               hello.facts().hostname(), hello.facts().agent_pid(),
+  spdlog::info("node {} ({}) joined: agent pid {}, {} cores, {} GPUs",
+               node_rank, hello.facts().hostname(), hello.facts().agent_pid(),
                hello.facts().cpu_cores(), hello.facts().gpus_size());
   nodes_[node_rank].authenticated = true;
   wire::Envelope env;
@@ -220,21 +228,24 @@ void Launcher::OnAgentMessage(int node_rank, wire::Envelope&& msg) {
       spdlog::info("node {} done", node_rank);
       return;
     default:
-      spdlog::warn("node {}: unexpected {}", node_rank, proto::MessageName(msg));
+      spdlog::warn("node {}: unexpected {}", node_rank,
+                   proto::MessageName(msg));
   }
 }
 
 void Launcher::HandleStore(int node_rank, const wire::StoreRequest& request) {
-  store_.Handle(request, [this, node_rank](const wire::StoreResponse& response) {
-    wire::Envelope env;
-    *env.mutable_store_response() = response;
-    (void)server_.Send(node_rank, env);
-  });
+  store_.Handle(request,
+                [this, node_rank](const wire::StoreResponse& response) {
+                  wire::Envelope env;
+                  *env.mutable_store_response() = response;
+                  (void)server_.Send(node_rank, env);
+                });
 }
 
 void Launcher::HandleWorkerExited(int node_rank, const wire::WorkerExited& e) {
   auto it = ranks_.find(e.rank());
-  if (it == ranks_.end() || it->second.node_rank != node_rank || it->second.exited) {
+  if (it == ranks_.end() || it->second.node_rank != node_rank ||
+      it->second.exited) {
     spdlog::warn("node {}: exit of unknown rank {}", node_rank, e.rank());
     return;
   }
@@ -247,7 +258,8 @@ void Launcher::HandleWorkerExited(int node_rank, const wire::WorkerExited& e) {
   r.exit_time = e.time();
   r.exited_at = std::chrono::steady_clock::now();
   ++exited_ranks_;
-  if (!r.error.empty()) console_.Note("rank " + std::to_string(e.rank()) + ": " + r.error);
+  if (!r.error.empty())
+    console_.Note("rank " + std::to_string(e.rank()) + ": " + r.error);
   const bool failed = r.signal != 0 || r.exit_code != 0;
   if (failed && state_ != State::kStopping && !first_failed_rank_) {
     first_failed_rank_ = e.rank();
@@ -273,8 +285,9 @@ void Launcher::OnAgentDisconnected(int node_rank, const Status& why) {
     if (r.node_rank == node_rank && !r.exited) ranks_left = true;
   }
   if (ranks_left) {
-    OnNodeGone(node_rank, "its agent's connection ended (" +
-                              (why.ok() ? std::string("closed") : why.message()) + ")");
+    OnNodeGone(node_rank,
+               "its agent's connection ended (" +
+                   (why.ok() ? std::string("closed") : why.message()) + ")");
   }
   MaybeDone();
 }
@@ -284,7 +297,8 @@ void Launcher::OnAgentProcessExited(int node_rank, const std::string& how) {
   node.process_exited = true;
   // A connected agent's end shows on its connection, which also carries its
   // last messages; one that never connected is lost here.
-  if (!node.authenticated) OnNodeGone(node_rank, "its agent " + how + " before connecting");
+  if (!node.authenticated)
+    OnNodeGone(node_rank, "its agent " + how + " before connecting");
   MaybeDone();
 }
 

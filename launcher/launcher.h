@@ -61,9 +61,9 @@ class Launcher : public ControlServer::Delegate, public Starter::Delegate {
   };
   struct NodeState {
     bool authenticated = false;
-    bool disconnected = false;   // its control connection ended
+    bool disconnected = false;    // its control connection ended
     bool process_exited = false;  // the starter saw its agent process end
-    std::string lost_reason;     // set when the node was lost
+    std::string lost_reason;      // set when the node was lost
   };
 
   void SetState(State next);

@@ -20,12 +20,12 @@ static std::string Fixed(double v, int digits) {
 void Launcher::PrintFailure(int rank) {
   const RankState& r = ranks_.at(rank);
   const NodePlan& node = Node(r.node_rank);
-  console_.Note("FAILED: rank " + std::to_string(rank) + " on " + node.host +
-                " (node " + std::to_string(r.node_rank) + ", local rank " +
-                std::to_string(rank - node.first_rank) + ", pid " +
-                std::to_string(r.pid) + ") " + DescribeExit(r.exit_code, r.signal) +
-                ", " + Fixed(Seconds(r.exited_at - start_time_), 2) +
-                " s after launch");
+  console_.Note(
+      "FAILED: rank " + std::to_string(rank) + " on " + node.host + " (node " +
+      std::to_string(r.node_rank) + ", local rank " +
+      std::to_string(rank - node.first_rank) + ", pid " +
+      std::to_string(r.pid) + ") " + DescribeExit(r.exit_code, r.signal) +
+      ", " + Fixed(Seconds(r.exited_at - start_time_), 2) + " s after launch");
   if (!r.error.empty()) console_.Note("  " + r.error);
   const auto& last = console_.LastLines(rank);
   if (last.empty()) {
@@ -46,8 +46,9 @@ void Launcher::PrintConsequences() {
     if (!r.exited) {
       still.push_back(who + " no exit reported");
     } else if (r.exited_at >= stop_time_ && (r.signal || r.exit_code)) {
-      stopped.push_back(who + " " + (r.signal ? SignalName(r.signal)
-                                              : "exit " + std::to_string(r.exit_code)));
+      stopped.push_back(who + " " +
+                        (r.signal ? SignalName(r.signal)
+                                  : "exit " + std::to_string(r.exit_code)));
     }
   }
   if (!stopped.empty()) {
@@ -62,11 +63,13 @@ void Launcher::PrintConsequences() {
 
 void Launcher::PrintReport() {
   for (const auto& [rank, count] : malformed_progress_) {
-    console_.Note("rank " + std::to_string(rank) + ": " + std::to_string(count) +
+    console_.Note("rank " + std::to_string(rank) + ": " +
+                  std::to_string(count) +
                   " malformed progress record(s) dropped");
   }
   const int code = ExitCode();
-  const double elapsed = Seconds(std::chrono::steady_clock::now() - start_time_);
+  const double elapsed =
+      Seconds(std::chrono::steady_clock::now() - start_time_);
   if (code == 0) {
     console_.Note("all " + std::to_string(ranks_.size()) + " ranks on " +
                   std::to_string(plan_.nodes.size()) + " nodes exited 0 (" +
@@ -77,8 +80,8 @@ void Launcher::PrintReport() {
     PrintFailure(*first_failed_rank_);
   } else if (lost_node_) {
     console_.Note("FAILED: node " + std::to_string(*lost_node_) + " (" +
-                  Node(*lost_node_).host + ") was lost: " +
-                  nodes_[*lost_node_].lost_reason);
+                  Node(*lost_node_).host +
+                  ") was lost: " + nodes_[*lost_node_].lost_reason);
   } else if (interrupted_) {
     console_.Note("stopped: interrupted by the user (" +
                   SignalName(interrupt_signal_) + ")");

@@ -1,9 +1,9 @@
-#include <arpa/inet.h>   // inet_ntop
-#include <fcntl.h>       // O_CLOEXEC
-#include <netdb.h>       // getaddrinfo
+#include <arpa/inet.h>  // inet_ntop
+#include <fcntl.h>      // O_CLOEXEC
+#include <netdb.h>      // getaddrinfo
 #include <signal.h>
-#include <sys/prctl.h>   // PR_SET_PDEATHSIG
-#include <sys/wait.h>    // waitpid
+#include <sys/prctl.h>  // PR_SET_PDEATHSIG
+#include <sys/wait.h>   // waitpid
 #include <unistd.h>
 
 #include <cerrno>
@@ -45,7 +45,8 @@ StatusOr<pid_t> LocalStarter::Spawn(const AgentLaunch& launch,
   int in[2];
   if (::pipe2(in, O_CLOEXEC) != 0) return ErrnoStatus("pipe", errno);
   std::vector<char*> argv;
-  for (const auto& a : launch.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  for (const auto& a : launch.argv)
+    argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
@@ -76,11 +77,12 @@ void LocalStarter::Kill(int node_rank) {
 }
 
 void LocalStarter::WaitForSigchld() {
-  sigchld_.async_wait([this, alive = alive_](const boost::system::error_code& ec, int) {
-    if (ec || !*alive) return;
-    Reap();
-    WaitForSigchld();
-  });
+  sigchld_.async_wait(
+      [this, alive = alive_](const boost::system::error_code& ec, int) {
+        if (ec || !*alive) return;
+        Reap();
+        WaitForSigchld();
+      });
 }
 
 void LocalStarter::Reap() {
@@ -91,7 +93,8 @@ void LocalStarter::Reap() {
     child.reaped = true;
     ::close(child.lifeline_fd);
     child.lifeline_fd = -1;
-    delegate_->OnAgentProcessExited(child.node_rank, DescribeWaitStatus(status));
+    delegate_->OnAgentProcessExited(child.node_rank,
+                                    DescribeWaitStatus(status));
   }
 }
 

@@ -30,7 +30,8 @@ class Starter {
    public:
     virtual ~Delegate() = default;
     // The agent process of `node_rank` ended; `how` says with what status.
-    virtual void OnAgentProcessExited(int node_rank, const std::string& how) = 0;
+    virtual void OnAgentProcessExited(int node_rank,
+                                      const std::string& how) = 0;
   };
   virtual ~Starter() = default;
   // Starts one agent per entry, writing `secret` + "\n" to its stdin.

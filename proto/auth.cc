@@ -50,7 +50,8 @@ static std::string Proof(std::string_view secret, std::string_view label,
   return HmacSha256(secret, data);
 }
 
-std::string LauncherProof(std::string_view secret, std::string_view client_nonce,
+std::string LauncherProof(std::string_view secret,
+                          std::string_view client_nonce,
                           std::string_view server_nonce) {
   return Proof(secret, "dslaunch-launcher", client_nonce, server_nonce);
 }

@@ -18,7 +18,8 @@ std::string HexEncode(std::string_view bytes);
 std::string HmacSha256(std::string_view key, std::string_view data);
 bool ConstantTimeEqual(std::string_view a, std::string_view b);
 
-std::string LauncherProof(std::string_view secret, std::string_view client_nonce,
+std::string LauncherProof(std::string_view secret,
+                          std::string_view client_nonce,
                           std::string_view server_nonce);
 std::string AgentProof(std::string_view secret, std::string_view client_nonce,
                        std::string_view server_nonce);

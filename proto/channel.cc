@@ -68,7 +68,8 @@ Status Channel::Send(const wire::Envelope& msg) {
   std::string frame = EncodeFrame(msg);
   if (frame.size() - kFrameHeaderBytes > limits_.max_frame_bytes) {
     return Internal("message " + MessageName(msg) + " of " +
-                    std::to_string(frame.size()) + " bytes exceeds frame limit");
+                    std::to_string(frame.size()) +
+                    " bytes exceeds frame limit");
   }
   if (queued_bytes_ + frame.size() > limits_.hard_queue_bytes) {
     Status st = Unavailable("write queue to " + peer_ + " overflowed (" +

@@ -14,7 +14,8 @@ Status ValidateProgressRecord(std::string_view line) {
                      " bytes (limit " +
                      std::to_string(kMaxProgressRecordBytes) + ")");
   }
-  auto parsed = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  auto parsed =
+      nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) return DataError("progress record is not JSON");
   if (!parsed.is_object()) {
     return DataError("progress record is not a JSON object");

@@ -69,7 +69,7 @@ Status ErrnoStatus(const std::string& what, int err);
 template <typename T>
 class [[nodiscard]] StatusOr {
  public:
-  StatusOr(T value) : value_(std::move(value)) {}  // NOLINT: implicit
+  StatusOr(T value) : value_(std::move(value)) {}         // NOLINT: implicit
   StatusOr(Status status) : status_(std::move(status)) {  // NOLINT: implicit
     if (status_.ok()) std::abort();  // an OK status carries no value
   }
@@ -93,10 +93,10 @@ class [[nodiscard]] StatusOr {
 #define DSL_CONCAT_INNER(a, b) a##b
 #define DSL_CONCAT(a, b) DSL_CONCAT_INNER(a, b)
 
-#define RETURN_IF_ERROR(expr)                     \
-  do {                                            \
-    ::dslaunch::Status dsl_status_ = (expr);      \
-    if (!dsl_status_.ok()) return dsl_status_;    \
+#define RETURN_IF_ERROR(expr)                  \
+  do {                                         \
+    ::dslaunch::Status dsl_status_ = (expr);   \
+    if (!dsl_status_.ok()) return dsl_status_; \
   } while (0)
 
 #define ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
@@ -109,9 +109,9 @@ class [[nodiscard]] StatusOr {
   ASSIGN_OR_RETURN_IMPL(DSL_CONCAT(dsl_statusor_, __LINE__), lhs, expr)
 
 // Broken invariants abort with file:line and a message.
-#define DSL_CHECK(cond)                                                  \
-  do {                                                                   \
-    if (!(cond)) ::dslaunch::CheckFailed(__FILE__, __LINE__, #cond);     \
+#define DSL_CHECK(cond)                                              \
+  do {                                                               \
+    if (!(cond)) ::dslaunch::CheckFailed(__FILE__, __LINE__, #cond); \
   } while (0)
 
 namespace dslaunch {

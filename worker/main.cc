@@ -10,7 +10,8 @@ static void PrintUsage() {
       "usage: dsworker <command> [options]\n"
       "\n"
       "commands:\n"
-      "  train --config FILE   train a GPT-style model (coming with the CPU engine)\n"
+      "  train --config FILE   train a GPT-style model (coming with the CPU "
+      "engine)\n"
       "  --version             print the version and exit\n"
       "  --help                print this help and exit\n");
 }
@@ -22,15 +23,18 @@ int main(int argc, char** argv) {
                 dslaunch::kProtocolVersion);
     return 0;
   }
-  if (argc >= 2 && (!std::strcmp(argv[1], "--help") ||
-                    !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help"))) {
+  if (argc >= 2 &&
+      (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
+       !std::strcmp(argv[1], "help"))) {
     PrintUsage();
     return 0;
   }
   PrintUsage();
   if (argc >= 2) {
-    std::fprintf(stderr, "dsworker: unknown command '%s' (the training engine "
-                         "is not built yet)\n", argv[1]);
+    std::fprintf(stderr,
+                 "dsworker: unknown command '%s' (the training engine "
+                 "is not built yet)\n",
+                 argv[1]);
   }
   return 64;
 }

@@ -300,6 +300,12 @@ class Usage(LaunchTest):
                      "--kill_grace", "--log_dir", "--env", "--dry-run"]:
             self.assertIn(flag, p.stdout.decode())
 
+    def test_missing_agent_fails_69_naming_the_node(self):
+        p = self.run_job(self.args(extra=["--agent_path", "/nonexistent/dsagent"]) + ["true"])
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 69, err)
+        self.assertIn("was lost: its agent exited with code 127 before connecting", err)
+
     def test_no_program_is_usage_error(self):
         p = self.run_job([DSLAUNCH, "-H", self.hostfile()])
         self.assertEqual(p.returncode, 64)

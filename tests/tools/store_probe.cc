@@ -18,7 +18,8 @@ static int Fail(const char* what, const dslaunch::Status& st) {
 int main() {
   const char* address = std::getenv("DSLAUNCH_STORE");
   const int rank = std::atoi(std::getenv("RANK") ? std::getenv("RANK") : "0");
-  const int world = std::atoi(std::getenv("WORLD_SIZE") ? std::getenv("WORLD_SIZE") : "1");
+  const int world =
+      std::atoi(std::getenv("WORLD_SIZE") ? std::getenv("WORLD_SIZE") : "1");
   if (!address) return Fail("env", dslaunch::NotFound("DSLAUNCH_STORE unset"));
   StoreClient store;
   if (auto st = store.Connect(address); !st.ok()) return Fail("connect", st);
@@ -42,10 +43,13 @@ int main() {
     }
   }
   auto missing = store.Get("never-set", std::chrono::milliseconds(50));
-  if (missing.ok() || missing.status().code() != dslaunch::StatusCode::kDeadlineExceeded) {
-    std::fprintf(stderr, "store_probe: get of a missing key did not time out\n");
+  if (missing.ok() ||
+      missing.status().code() != dslaunch::StatusCode::kDeadlineExceeded) {
+    std::fprintf(stderr,
+                 "store_probe: get of a missing key did not time out\n");
     return 1;
   }
-  std::printf("store ok %d arrived=%lld\n", rank, static_cast<long long>(*added));
+  std::printf("store ok %d arrived=%lld\n", rank,
+              static_cast<long long>(*added));
   return 0;
 }
