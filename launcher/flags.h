@@ -20,6 +20,8 @@ struct LaunchOptions {
       "auto";                    // auto, local, ssh, pdsh, slurm, openmpi, join
   std::string agent_path;        // empty = this binary's sibling dsagent
   std::vector<std::string> env;  // --env K=V, in order
+  std::vector<std::string> env_files;       // --env_file, in order
+  std::vector<std::string> export_prefixes;  // --export; empty = defaults
   std::string log_dir;
   double kill_grace_s = 5;
   bool no_local_rank = false;

@@ -54,9 +54,10 @@ static ControlServer::Options ServerOptions(const LaunchOptions& o,
   return s;
 }
 
-Launcher::Launcher(LaunchOptions options, Plan plan)
+Launcher::Launcher(LaunchOptions options, Plan plan, EnvList job_env)
     : options_(std::move(options)),
       plan_(std::move(plan)),
+      job_env_(std::move(job_env)),
       job_id_(proto::HexEncode(proto::RandomBytes(8))),
       secret_(proto::HexEncode(proto::RandomBytes(proto::kSecretBytes))),
       console_(stdout, stderr),
@@ -151,11 +152,10 @@ wire::JobSpec Launcher::MakeJobSpec(int node_rank) const {
   wire::JobSpec job;
   job.set_job_id(job_id_);
   for (const auto& a : options_.program) job.add_argv(a);
-  for (const auto& kv : options_.env) {
+  for (const auto& [key, value] : job_env_) {
     auto* var = job.add_env();
-    const size_t eq = kv.find('=');
-    var->set_key(kv.substr(0, eq));
-    var->set_value(kv.substr(eq + 1));
+    var->set_key(key);
+    var->set_value(value);
   }
   char cwd[PATH_MAX] = {0};
   if (::getcwd(cwd, sizeof(cwd))) job.set_cwd(cwd);

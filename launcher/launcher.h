@@ -23,6 +23,7 @@
 #include "launcher/console.h"
 #include "launcher/control_server.h"
 #include "launcher/flags.h"
+#include "launcher/job_env.h"
 #include "launcher/kv_store.h"
 #include "launcher/plan.h"
 #include "launcher/starter.h"
@@ -33,7 +34,8 @@ class Launcher : public ControlServer::Delegate, public Starter::Delegate {
  public:
   enum class State { kStarting, kRunning, kStopping, kDone };
 
-  Launcher(LaunchOptions options, Plan plan);
+  // `job_env`: what every rank gets on top of its agent's environment.
+  Launcher(LaunchOptions options, Plan plan, EnvList job_env);
   ~Launcher() override;
 
   // Runs the job; returns the process exit status (design section 3).
@@ -86,6 +88,7 @@ class Launcher : public ControlServer::Delegate, public Starter::Delegate {
 
   LaunchOptions options_;
   Plan plan_;
+  EnvList job_env_;
   boost::asio::io_context io_;
   State state_ = State::kStarting;
   std::string job_id_;

@@ -3,7 +3,10 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>  // environ
+
 #include <cstdio>
+#include <cstdlib>
 
 #include "launcher/flags.h"
 #include "launcher/hostfile.h"
@@ -36,6 +39,16 @@ int main(int argc, char** argv) {
     std::printf("%s", dsl::FormatPlanTable(*plan).c_str());
     return 0;
   }
-  dsl::Launcher launcher(std::move(options).value(), std::move(plan).value());
+  dsl::JobEnvSources env_sources;
+  env_sources.environ = environ;
+  env_sources.export_prefixes = options->export_prefixes;
+  if (const char* home = std::getenv("HOME")) env_sources.env_file_dirs.push_back(home);
+  env_sources.env_file_dirs.push_back(".");
+  env_sources.env_files = options->env_files;
+  env_sources.env = options->env;
+  auto job_env = dsl::CollectJobEnv(env_sources);
+  if (!job_env.ok()) return ExitFor(job_env.status());
+  dsl::Launcher launcher(std::move(options).value(), std::move(plan).value(),
+                         std::move(job_env).value());
   return launcher.Run();
 }

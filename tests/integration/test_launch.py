@@ -4,6 +4,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 import unittest
@@ -47,6 +48,31 @@ class EnvContract(LaunchTest):
             job_ids.add(env["DSLAUNCH_JOB_ID"])
         self.assertEqual(len(job_ids), 1)
         self.assertFalse(os.path.exists("/tmp/pwned"))
+
+    def test_env_files_and_deepspeed_env_reach_every_rank(self):
+        env_file = os.path.join(self.dir, "job.env")
+        with open(env_file, "w") as f:
+            f.write("# job settings\nexport FROM_FILE='a b'\nUSER_VAR=file\n")
+        with open(os.path.join(self.dir, ".deepspeed_env"), "w") as f:
+            f.write("FROM_DS=\"x\\\"y\"\n")
+        keys = ["FROM_FILE", "FROM_DS", "USER_VAR"]
+        p = subprocess.run(self.args(nodes=2, slots=1, extra=["--env_file", env_file,
+                                                              "--env", "USER_VAR=flag"])
+                           + [PY, RANK_PY, "env"], capture_output=True, timeout=60,
+                           cwd=self.dir, env=self.env(ENV_KEYS=json.dumps(keys)))
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        for rank in range(2):
+            with open(os.path.join(self.out, "env-%d.json" % rank)) as f:
+                env = json.load(f)
+            self.assertEqual(env, {"FROM_FILE": "a b", "FROM_DS": 'x"y', "USER_VAR": "flag"})
+
+    def test_bad_env_file_names_the_line_and_exits_65(self):
+        env_file = os.path.join(self.dir, "bad.env")
+        with open(env_file, "w") as f:
+            f.write("A=1\nnot a var\n")
+        p = self.run_job(self.args(extra=["--env_file", env_file]) + ["true"])
+        self.assertEqual(p.returncode, 65)
+        self.assertIn(env_file + ":2: expected KEY=VALUE", p.stderr.decode())
 
     def test_local_rank_flag_is_appended_unless_disabled(self):
         argv = [a for a in self.args(nodes=1, slots=2) if a != "--no_local_rank"]
