@@ -47,6 +47,24 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
                "print the rank plan and exit");
   app.add_option("--log_level", o.log_level,
                  "launcher and agent logging: debug, info, warn, error");
+  app.add_option("--ssh_port", o.ssh_port, "SSH port (hostfile port= wins)");
+  app.add_option("--ssh_user", o.ssh_user, "SSH user (hostfile user= wins)");
+  app.add_option("--ssh_identity", o.ssh_identity,
+                 "SSH private key (default: your keys and ssh-agent)");
+  app.add_option("--ssh_known_hosts", o.ssh_known_hosts,
+                 "known_hosts file (default ~/.ssh/known_hosts)");
+  app.add_option("--ssh_config", o.ssh_config,
+                 "ssh config file (default ~/.ssh/config)");
+  app.add_option("--ssh_host_key_check", o.ssh_host_key_check,
+                 "strict (default), accept-new or off")
+      ->check(CLI::IsMember({"strict", "accept-new", "off"}));
+  app.add_option("--ssh_fanout", o.ssh_fanout,
+                 "SSH connections opened at once (default 32)");
+  app.add_option("--ssh_timeout", o.ssh_timeout_s,
+                 "seconds for each SSH connect and check (default 10)");
+  app.add_option(
+      "--control_addr", o.control_addr,
+      "address agents dial back to (default: the route to each node)");
   app.add_option("--heartbeat_interval", o.heartbeat_interval_s,
                  "seconds between heartbeats (default 1)");
   app.add_option(
@@ -57,7 +75,7 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
 }
 
 static Status Validate(const LaunchOptions& o) {
-  if (o.program.empty() && !o.dry_run) {
+  if (o.program.empty() && !o.dry_run && !o.doctor) {
     return InvalidArgument(
         "no program given: dslaunch [options] PROGRAM [ARGS...]");
   }
@@ -73,10 +91,12 @@ static Status Validate(const LaunchOptions& o) {
       return InvalidArgument("--env '" + kv + "': expected KEY=VALUE");
     }
   }
-  if (o.launcher != "auto" && o.launcher != "local") {
-    return InvalidArgument("--launcher " + o.launcher +
-                           " is not available in this build yet; use local");
+  if (o.launcher != "auto" && o.launcher != "local" && o.launcher != "ssh") {
+    return InvalidArgument(
+        "--launcher " + o.launcher +
+        " is not available in this build yet; use local or ssh");
   }
+  if (o.ssh_fanout < 1) return InvalidArgument("--ssh_fanout must be >= 1");
   return Status::Ok();
 }
 
@@ -91,6 +111,12 @@ StatusOr<LaunchOptions> ParseFlags(int argc, const char* const* argv,
   LaunchOptions o;
   AddOptions(app, o);
   bool version = false;
+  // `dslaunch doctor [options]`: the preflight alone, as a table.
+  if (argc >= 2 && std::string(argv[1]) == "doctor") {
+    o.doctor = true;
+    ++argv;
+    --argc;
+  }
   app.add_flag("--version", version, "print the version and exit");
   app.prefix_command();  // everything from PROGRAM on is the rank's argv
   try {

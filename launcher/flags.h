@@ -20,7 +20,7 @@ struct LaunchOptions {
       "auto";                    // auto, local, ssh, pdsh, slurm, openmpi, join
   std::string agent_path;        // empty = this binary's sibling dsagent
   std::vector<std::string> env;  // --env K=V, in order
-  std::vector<std::string> env_files;       // --env_file, in order
+  std::vector<std::string> env_files;        // --env_file, in order
   std::vector<std::string> export_prefixes;  // --export; empty = defaults
   std::string log_dir;
   double kill_grace_s = 5;
@@ -31,7 +31,18 @@ struct LaunchOptions {
   double heartbeat_timeout_s = 10;
   double start_timeout_s = 60;
   std::string bind_addr = "0.0.0.0";  // where the control server listens
-  std::vector<std::string> program;   // PROGRAM ARGS..., byte-exact
+  std::string control_addr;  // what agents dial; empty = the route to each node
+  // SSH (the ssh starter); port 0 and empty strings mean libssh's defaults.
+  int ssh_port = 0;
+  std::string ssh_user;
+  std::string ssh_identity;
+  std::string ssh_known_hosts;
+  std::string ssh_config;
+  std::string ssh_host_key_check = "strict";
+  int ssh_fanout = 32;
+  double ssh_timeout_s = 10;
+  bool doctor = false;               // `dslaunch doctor`: the preflight alone
+  std::vector<std::string> program;  // PROGRAM ARGS..., byte-exact
 };
 
 // Parses argv. Returns the options, or a Status: kInvalidArgument for bad

@@ -11,13 +11,14 @@ namespace dslaunch::launcher {
 
 const std::vector<std::string>& DefaultExportPrefixes() {
   static const std::vector<std::string> kPrefixes = {
-      "NCCL_", "PYTHON", "UCX_", "OMP_", "CUDA", "LD_LIBRARY_PATH",
+      "NCCL_", "PYTHON", "UCX_", "OMP_",  "CUDA",         "LD_LIBRARY_PATH",
       "MV2_",  "MLFLOW", "HF_",  "TORCH", "TRANSFORMERS_"};
   return kPrefixes;
 }
 
 static bool ValidKey(std::string_view key) {
-  if (key.empty() || std::isdigit(static_cast<unsigned char>(key[0]))) return false;
+  if (key.empty() || std::isdigit(static_cast<unsigned char>(key[0])))
+    return false;
   for (char c : key) {
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
   }
@@ -25,7 +26,8 @@ static bool ValidKey(std::string_view key) {
 }
 
 // Parses the value after '=' up to the end of the line.
-static StatusOr<std::string> ParseValue(std::string_view s, const std::string& where) {
+static StatusOr<std::string> ParseValue(std::string_view s,
+                                        const std::string& where) {
   std::string out;
   size_t i = 0;
   while (i < s.size()) {
@@ -81,10 +83,12 @@ StatusOr<EnvList> ParseEnvFile(std::string_view text, const std::string& path) {
     }
     const size_t eq = line.find('=');
     if (eq == std::string_view::npos) {
-      return DataError(where + ": expected KEY=VALUE, got '" + std::string(line) + "'");
+      return DataError(where + ": expected KEY=VALUE, got '" +
+                       std::string(line) + "'");
     }
     const std::string key(line.substr(0, eq));
-    if (!ValidKey(key)) return DataError(where + ": invalid variable name '" + key + "'");
+    if (!ValidKey(key))
+      return DataError(where + ": invalid variable name '" + key + "'");
     ASSIGN_OR_RETURN(std::string value, ParseValue(line.substr(eq + 1), where));
     out.emplace_back(key, std::move(value));
   }
@@ -94,14 +98,16 @@ StatusOr<EnvList> ParseEnvFile(std::string_view text, const std::string& path) {
 StatusOr<EnvList> LoadEnvFile(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) {
-    return DataError("cannot read env file '" + path + "': " + std::strerror(errno));
+    return DataError("cannot read env file '" + path +
+                     "': " + std::strerror(errno));
   }
   std::stringstream buf;
   buf << f.rdbuf();
   return ParseEnvFile(buf.str(), path);
 }
 
-static bool Exported(const std::string& key, const std::vector<std::string>& prefixes) {
+static bool Exported(const std::string& key,
+                     const std::vector<std::string>& prefixes) {
   for (const auto& p : prefixes) {
     if (key.compare(0, p.size(), p) == 0) return true;
   }
@@ -110,13 +116,15 @@ static bool Exported(const std::string& key, const std::vector<std::string>& pre
 
 StatusOr<EnvList> CollectJobEnv(const JobEnvSources& sources) {
   EnvList all;
-  const auto& prefixes = sources.export_prefixes.empty() ? DefaultExportPrefixes()
-                                                         : sources.export_prefixes;
+  const auto& prefixes = sources.export_prefixes.empty()
+                             ? DefaultExportPrefixes()
+                             : sources.export_prefixes;
   for (const char* const* p = sources.environ; p && *p; ++p) {
     const std::string kv(*p);
     const size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) continue;
-    if (Exported(kv.substr(0, eq), prefixes)) all.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+    if (Exported(kv.substr(0, eq), prefixes))
+      all.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
   }
   for (const auto& dir : sources.env_file_dirs) {
     const std::string path = dir + "/.deepspeed_env";
@@ -140,8 +148,10 @@ StatusOr<EnvList> CollectJobEnv(const JobEnvSources& sources) {
   EnvList out;
   for (auto& [k, v] : all) {
     auto [it, fresh] = index.emplace(k, out.size());
-    if (fresh) out.emplace_back(k, v);
-    else out[it->second].second = v;
+    if (fresh)
+      out.emplace_back(k, v);
+    else
+      out[it->second].second = v;
   }
   return out;
 }

@@ -28,7 +28,7 @@ StatusOr<EnvList> ParseEnvFile(std::string_view text, const std::string& path);
 StatusOr<EnvList> LoadEnvFile(const std::string& path);
 
 struct JobEnvSources {
-  const char* const* environ = nullptr;  // the launcher's environment
+  const char* const* environ = nullptr;      // the launcher's environment
   std::vector<std::string> export_prefixes;  // empty = the defaults
   std::vector<std::string> env_file_dirs;    // where .deepspeed_env may be
   std::vector<std::string> env_files;        // --env_file, in order

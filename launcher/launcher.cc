@@ -33,14 +33,6 @@ static std::chrono::milliseconds Ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
-static std::string SiblingAgentPath() {
-  char buf[PATH_MAX] = {0};
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return "dsagent";
-  std::string self(buf, static_cast<size_t>(n));
-  return self.substr(0, self.rfind('/') + 1) + "dsagent";
-}
-
 static ControlServer::Options ServerOptions(const LaunchOptions& o,
                                             const std::string& secret,
                                             const std::string& job_id,
@@ -95,7 +87,7 @@ int Launcher::Run() {
   StatusOr<int> port = server_.Listen(options_.bind_addr, 0);
   if (port.ok()) {
     spdlog::info("job {}: control server on port {}", job_id_, *port);
-    st = StartAgents(*port);
+    st = StartAgents(*port);  // launcher_start.cc
   } else
     st = port.status();
   if (!st.ok()) {
@@ -121,30 +113,6 @@ int Launcher::Run() {
   PrintReport();
   console_.Flush();
   return ExitCode();
-}
-
-Status Launcher::StartAgents(int port) {
-  std::vector<AgentLaunch> launches;
-  const std::string agent =
-      options_.agent_path.empty() ? SiblingAgentPath() : options_.agent_path;
-  for (const auto& node : plan_.nodes) {
-    if (!IsLocalHost(node.host)) {
-      return InvalidArgument(
-          "host " + node.host +
-          " is not this machine; remote nodes need the ssh starter, which "
-          "this build does not have yet (use --launcher local with hosts "
-          "that are this machine)");
-    }
-    launches.push_back(AgentLaunch{
-        node.node_rank,
-        node.host,
-        {agent, "--connect", "127.0.0.1:" + std::to_string(port), "--node_rank",
-         std::to_string(node.node_rank), "--job_id", job_id_, "--log_level",
-         options_.log_level, "--connect_timeout",
-         std::to_string(options_.start_timeout_s)}});
-  }
-  starter_ = std::make_unique<LocalStarter>(io_, this);
-  return starter_->Start(launches, secret_);
 }
 
 wire::JobSpec Launcher::MakeJobSpec(int node_rank) const {
@@ -396,6 +364,7 @@ void Launcher::WatchSignals() {
 }
 
 int Launcher::ExitCode() const {
+  if (preflight_failed_) return 69;
   if (first_failed_rank_) {
     const RankState& r = ranks_.at(*first_failed_rank_);
     return ExitStatusFor(r.exit_code, r.signal);

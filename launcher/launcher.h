@@ -26,9 +26,14 @@
 #include "launcher/job_env.h"
 #include "launcher/kv_store.h"
 #include "launcher/plan.h"
+#include "launcher/ssh_starter.h"
 #include "launcher/starter.h"
 
 namespace dslaunch::launcher {
+
+// One SSH target per node of `plan`: hostfile port=/user= over the flags.
+std::vector<SshTarget> SshTargets(const LaunchOptions& options,
+                                  const Plan& plan);
 
 class Launcher : public ControlServer::Delegate, public Starter::Delegate {
  public:
@@ -69,7 +74,13 @@ class Launcher : public ControlServer::Delegate, public Starter::Delegate {
   };
 
   void SetState(State next);
+  // launcher_start.cc: picks the starter (local or ssh), runs the ssh
+  // preflight, and starts one agent per node.
   Status StartAgents(int port);
+  void OnPreflightDone(int port, const std::vector<NodeCheck>& checks);
+  std::vector<AgentLaunch> MakeLaunches(
+      int port, const std::vector<std::string>& connect_hosts);
+  bool UseSsh() const;
   wire::JobSpec MakeJobSpec(int node_rank) const;
   void HandleWorkerExited(int node_rank, const wire::WorkerExited& exited);
   void HandleStore(int node_rank, const wire::StoreRequest& request);
@@ -106,6 +117,7 @@ class Launcher : public ControlServer::Delegate, public Starter::Delegate {
   std::optional<int> lost_node_;
   std::string stop_reason_;
   bool interrupted_ = false;
+  bool preflight_failed_ = false;
   int interrupts_ = 0;
   int interrupt_signal_ = 0;
   size_t started_ranks_ = 0;

@@ -68,6 +68,10 @@ void Launcher::PrintReport() {
                   " malformed progress record(s) dropped");
   }
   const int code = ExitCode();
+  if (preflight_failed_) {
+    console_.Note("started nothing: the preflight failed (exit status 69)");
+    return;
+  }
   const double elapsed =
       Seconds(std::chrono::steady_clock::now() - start_time_);
   if (code == 0) {

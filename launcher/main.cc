@@ -2,12 +2,12 @@
 //   dslaunch [options] [--] PROGRAM [ARGS...]
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
-
 #include <unistd.h>  // environ
 
 #include <cstdio>
 #include <cstdlib>
 
+#include "launcher/doctor.h"
 #include "launcher/flags.h"
 #include "launcher/hostfile.h"
 #include "launcher/launcher.h"
@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   if (!hostfile.ok()) return ExitFor(hostfile.status());
   auto plan = dsl::MakePlan(*hostfile, options->plan);
   if (!plan.ok()) return ExitFor(plan.status());
+  if (options->doctor) return dsl::RunDoctor(*options, *plan);
   if (options->dry_run) {
     std::printf("%s", dsl::FormatPlanTable(*plan).c_str());
     return 0;
@@ -42,7 +43,8 @@ int main(int argc, char** argv) {
   dsl::JobEnvSources env_sources;
   env_sources.environ = environ;
   env_sources.export_prefixes = options->export_prefixes;
-  if (const char* home = std::getenv("HOME")) env_sources.env_file_dirs.push_back(home);
+  if (const char* home = std::getenv("HOME"))
+    env_sources.env_file_dirs.push_back(home);
   env_sources.env_file_dirs.push_back(".");
   env_sources.env_files = options->env_files;
   env_sources.env = options->env;

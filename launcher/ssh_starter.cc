@@ -1,0 +1,192 @@
+#include "launcher/ssh_starter.h"
+
+#include <poll.h>
+
+#include <boost/asio/post.hpp>
+#include <chrono>
+#include <cstdio>
+
+#include "proto/version.h"
+
+namespace dslaunch::launcher {
+
+namespace asio = boost::asio;
+
+struct SshStarter::Node {
+  SshConnection conn;
+  int node_rank = 0;
+  bool running = false;           // agent started, channel not ended
+  std::atomic<bool> kill{false};  // set by Kill(), acted on by Monitor()
+  std::string err_tail;           // agent stderr bytes without newline yet
+};
+
+std::string ExpectedAgentVersion() {
+  return std::string("dsagent ") + kVersion + " (protocol " +
+         std::to_string(kProtocolVersion) + ")";
+}
+
+SshStarter::SshStarter(asio::io_context& io, Delegate* delegate, int fanout)
+    : io_(io), delegate_(delegate), pool_(static_cast<size_t>(fanout)) {}
+
+SshStarter::~SshStarter() {
+  *alive_ = false;
+  stop_ = true;
+  pool_.join();
+  if (monitor_.joinable()) monitor_.join();
+}
+
+static NodeCheck CheckNode(SshConnection& conn, const SshTarget& target,
+                           const std::string& agent_path,
+                           const std::string& expected) {
+  const auto start = std::chrono::steady_clock::now();
+  NodeCheck c;
+  c.host = target.host;
+  c.ok = conn.Open(target, &c.failure);
+  if (c.ok) {
+    c.local_address = conn.local_address();
+    c.peer_address = conn.peer_address();
+    auto out =
+        conn.Run(ShellQuote(agent_path) + " --version", target.timeout_s);
+    if (!out.ok()) {
+      c.ok = false;
+      c.failure = {"agent", out.status().message(), "check the node's sshd"};
+    } else if (out->first != 0) {
+      c.ok = false;
+      c.failure = {
+          "agent",
+          agent_path + " is missing or does not run there (exit " +
+              std::to_string(out->first) + ")",
+          "install dsagent on the node at the same path, or pass --agent_path"};
+    } else {
+      c.agent_version = out->second.substr(0, out->second.find('\n'));
+      if (c.agent_version != expected) {
+        c.ok = false;
+        c.failure = {"agent",
+                     "version mismatch: node has '" + c.agent_version +
+                         "', launcher needs '" + expected + "'",
+                     "install the same dslaunch version on every node"};
+      }
+    }
+  }
+  c.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  return c;
+}
+
+void SshStarter::Preflight(std::vector<SshTarget> targets,
+                           const std::string& agent_path,
+                           const std::string& expected_version,
+                           PreflightDone done) {
+  const size_t n = targets.size();
+  checks_.assign(n, NodeCheck{});
+  nodes_.clear();
+  for (size_t i = 0; i < n; ++i) {
+    nodes_.push_back(std::make_unique<Node>());
+    nodes_[i]->node_rank = static_cast<int>(i);
+  }
+  auto remaining = std::make_shared<size_t>(n);
+  auto shared_done = std::make_shared<PreflightDone>(std::move(done));
+  for (size_t i = 0; i < n; ++i) {
+    asio::post(
+        pool_, [this, i, target = targets[i], agent_path, expected_version,
+                remaining, shared_done, alive = alive_] {
+          if (stop_) return;
+          NodeCheck c =
+              CheckNode(nodes_[i]->conn, target, agent_path, expected_version);
+          c.node_rank = static_cast<int>(i);
+          asio::post(io_, [this, i, c, remaining, shared_done, alive] {
+            if (!*alive) return;
+            checks_[i] = c;
+            if (--*remaining == 0) (*shared_done)(checks_);
+          });
+        });
+  }
+}
+
+Status SshStarter::Start(const std::vector<AgentLaunch>& launches,
+                         const std::string& secret) {
+  std::vector<std::string> commands(nodes_.size());
+  for (const auto& launch : launches) {
+    std::string cmd;
+    for (const auto& word : launch.argv)
+      cmd += (cmd.empty() ? "" : " ") + ShellQuote(word);
+    commands.at(static_cast<size_t>(launch.node_rank)) = cmd;
+  }
+  // Starting is a round trip per node; the monitor starts them one after the
+  // other (channel open and exec are pipelined per session by libssh) and
+  // then watches them.
+  monitor_ = std::thread([this, commands, secret] {
+    for (auto& node : nodes_) {
+      Status st = node->conn.Start(commands[node->node_rank], secret + "\n");
+      if (st.ok()) {
+        node->running = true;
+        continue;
+      }
+      const int rank = node->node_rank;
+      asio::post(io_, [this, rank, st, alive = alive_] {
+        if (*alive)
+          delegate_->OnAgentProcessExited(
+              rank, "could not be started: " + st.message());
+      });
+    }
+    Monitor();
+  });
+  return Status::Ok();
+}
+
+void SshStarter::Kill(int node_rank) {
+  if (node_rank >= 0 && static_cast<size_t>(node_rank) < nodes_.size()) {
+    nodes_[node_rank]->kill = true;
+  }
+}
+
+void SshStarter::Monitor() {
+  while (!stop_) {
+    std::vector<pollfd> fds;
+    for (auto& node : nodes_) {
+      if (node->running)
+        fds.push_back({ssh_get_fd(node->conn.session()), POLLIN, 0});
+    }
+    if (fds.empty()) return;
+    ::poll(fds.data(), fds.size(), 100);
+    for (auto& node : nodes_) {
+      if (node->running) PumpNode(*node);
+    }
+  }
+}
+
+void SshStarter::PumpNode(Node& node) {
+  ssh_channel ch = node.conn.channel();
+  if (node.kill.exchange(false)) {
+    ssh_channel_request_send_signal(ch, "KILL");
+    ssh_channel_send_eof(ch);  // closes the agent's lifeline too
+  }
+  char buf[4096];
+  int n;
+  while ((n = ssh_channel_read_nonblocking(ch, buf, sizeof(buf), 1)) > 0) {
+    node.err_tail.append(buf, static_cast<size_t>(n));
+  }
+  while (ssh_channel_read_nonblocking(ch, buf, sizeof(buf), 0) > 0) {
+  }
+  size_t nl;
+  while ((nl = node.err_tail.find('\n')) != std::string::npos) {
+    std::string line = "[" + node.conn.host() + " agent] " +
+                       node.err_tail.substr(0, nl) + "\n";
+    node.err_tail.erase(0, nl + 1);
+    std::fwrite(line.data(), 1, line.size(), stderr);
+  }
+  if (!ssh_channel_is_eof(ch) && !ssh_channel_is_closed(ch) && n != SSH_ERROR)
+    return;
+  node.running = false;
+  const int status = ssh_channel_get_exit_status(ch);
+  const int rank = node.node_rank;
+  const std::string how = status < 0
+                              ? "ended (connection lost)"
+                              : "exited with code " + std::to_string(status);
+  asio::post(io_, [this, rank, how, alive = alive_] {
+    if (*alive) delegate_->OnAgentProcessExited(rank, how);
+  });
+}
+
+}  // namespace dslaunch::launcher
