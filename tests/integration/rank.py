@@ -14,8 +14,11 @@ OUT = os.environ.get("OUT_DIR", "/tmp")
 
 
 def record_start():
-    with open(os.path.join(OUT, "start-%d" % RANK), "w") as f:
+    # Written under a temporary name and renamed: readers never see half a file.
+    tmp = os.path.join(OUT, ".start-%d.tmp" % RANK)
+    with open(tmp, "w") as f:
         f.write("%d %d\n" % (time.time_ns(), os.getpid()))
+    os.rename(tmp, os.path.join(OUT, "start-%d" % RANK))
 
 
 def mode_env(_args):
