@@ -33,9 +33,10 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
   app.add_option("--env_file", o.env_files,
                  "KEY=VALUE lines for every rank (repeatable)")
       ->allow_extra_args(false);
-  app.add_option("--export", o.export_prefixes,
-                 "export launcher variables with this prefix (repeatable; "
-                 "default NCCL_ PYTHON UCX_ OMP_ CUDA LD_LIBRARY_PATH ...)")
+  app.add_option(
+         "--export", o.export_prefixes,
+         "export launcher variables with this prefix (repeatable; "
+         "default NCCL_ GLOO_ PYTHON UCX_ OMP_ CUDA LD_LIBRARY_PATH ...)")
       ->allow_extra_args(false);
   app.add_option("--log_dir", o.log_dir,
                  "write rank-<r>.log and metrics.jsonl here");

@@ -11,8 +11,8 @@ namespace dslaunch::launcher {
 
 const std::vector<std::string>& DefaultExportPrefixes() {
   static const std::vector<std::string> kPrefixes = {
-      "NCCL_", "PYTHON", "UCX_", "OMP_",  "CUDA",         "LD_LIBRARY_PATH",
-      "MV2_",  "MLFLOW", "HF_",  "TORCH", "TRANSFORMERS_"};
+      "NCCL_",           "GLOO_", "PYTHON", "UCX_", "OMP_",  "CUDA",
+      "LD_LIBRARY_PATH", "MV2_",  "MLFLOW", "HF_",  "TORCH", "TRANSFORMERS_"};
   return kPrefixes;
 }
 

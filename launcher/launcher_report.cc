@@ -43,7 +43,9 @@ void Launcher::PrintConsequences() {
     const std::string who = "rank " + std::to_string(rank) + " (" +
                             Node(r.node_rank).host + ", pid " +
                             std::to_string(r.pid) + ")";
-    if (!r.exited) {
+    if (!r.started) {
+      still.push_back(who + " was never started");
+    } else if (!r.exited) {
       still.push_back(who + " no exit reported");
     } else if (r.exited_at >= stop_time_ && (r.signal || r.exit_code)) {
       stopped.push_back(who + " " +

@@ -21,10 +21,22 @@ def record_start():
     os.rename(tmp, os.path.join(OUT, "start-%d" % RANK))
 
 
+def my_address():
+    """The address this rank's node uses toward MASTER_ADDR (its namespace's)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect((os.environ.get("MASTER_ADDR", "127.0.0.1"), 9))
+        return s.getsockname()[0]
+    finally:
+        s.close()
+
+
 def mode_env(_args):
     keys = json.loads(os.environ["ENV_KEYS"])
+    record = {k: os.environ.get(k) for k in keys}
+    record["__address__"] = my_address()
     with open(os.path.join(OUT, "env-%d.json" % RANK), "w") as f:
-        json.dump({k: os.environ.get(k) for k in keys}, f)
+        json.dump(record, f)
     with open(os.path.join(OUT, "argv-%d.json" % RANK), "w") as f:
         json.dump(sys.argv[2:], f)
 

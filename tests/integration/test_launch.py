@@ -64,6 +64,7 @@ class EnvContract(LaunchTest):
         for rank in range(2):
             with open(os.path.join(self.out, "env-%d.json" % rank)) as f:
                 env = json.load(f)
+            env.pop("__address__")
             self.assertEqual(env, {"FROM_FILE": "a b", "FROM_DS": 'x"y', "USER_VAR": "flag"})
 
     def test_bad_env_file_names_the_line_and_exits_65(self):

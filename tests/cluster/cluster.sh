@@ -1,0 +1,545 @@
+#!/usr/bin/env bash
+# A real multi-node test cluster on one machine: one network namespace per node,
+# joined by a bridge in the root namespace, one sshd per node.  See README.md.
+#
+#   cluster.sh up N DIR          build N nodes, state in DIR (created)
+#   cluster.sh down DIR          tear down everything recorded in DIR, remove DIR
+#   cluster.sh status DIR        print what is up (exit 1 if something is not)
+#   cluster.sh pids DIR I        pids running in node I's namespace, one per line
+#   cluster.sh link DIR I down|up  cut / restore node I's link
+#   cluster.sh exec DIR I CMD... run CMD inside node I's namespace
+#
+# Exit 77 when the machine cannot host a cluster (not root, no netns, no sshd),
+# so that callers can skip.
+set -euo pipefail
+
+PROG=${0##*/}
+SSHD=${SSHD:-/usr/sbin/sshd}
+SLOTS=${SLOTS:-2}
+UP_TIMEOUT=${CLUSTER_UP_TIMEOUT:-20}
+LOCK_FILE=/run/lock/dslaunch-cluster.lock
+MARKER=.dslaunch-cluster
+SKIP=77
+
+die() {
+  echo "$PROG: error: $*" >&2
+  exit 1
+}
+warn() { echo "$PROG: warning: $*" >&2; }
+skip() {
+  echo "$PROG: skipping: $*" >&2
+  exit "$SKIP"
+}
+
+usage() {
+  cat >&2 <<EOF
+usage: $PROG up N DIR | down DIR | status DIR | pids DIR I | link DIR I down|up | exec DIR I CMD...
+EOF
+  exit 2
+}
+
+need_root() {
+  [[ $(id -u) -eq 0 ]] || skip "needs root (network namespaces, bridge, sshd); run as root"
+}
+
+need_tools() {
+  local t missing=()
+  for t in ip ssh ssh-keygen flock timeout "$SSHD"; do
+    command -v "$t" >/dev/null 2>&1 || missing+=("$t")
+  done
+  if ((${#missing[@]})); then
+    skip "missing ${missing[*]} (apt-get install -y iproute2 openssh-server openssh-client util-linux coreutils)"
+  fi
+  unshare --net true 2>/dev/null || skip "cannot create network namespaces here (no CAP_SYS_ADMIN?)"
+}
+
+# DIR must be quotable without quoting: it goes into sshd_config, ssh_config and env.
+check_dir_name() {
+  [[ $1 =~ ^[A-Za-z0-9._/@+,:=-]+$ ]] || die "DIR '$1' may only contain [A-Za-z0-9._/@+,:=-]"
+}
+
+# ---------------------------------------------------------------- state
+# DIR/state is an intent log: a line is written *before* the thing it names is
+# created, so that `down` can undo a half-finished `up`.  Lines:
+#   tag T | x X | n N | uts 0|1 | bridge B | node I NS VETH | iptables B
+record() { echo "$*" >>"$DIR/state"; }
+
+load_state() {
+  TAG='' X='' N=0 UTS=0 BRIDGE='' IPT=''
+  NODE_NS=() NODE_VETH=()
+  [[ -f $DIR/state ]] || return 0
+  local k a b c
+  while read -r k a b c; do
+    case $k in
+      tag) TAG=$a ;;
+      x) X=$a ;;
+      n) N=$a ;;
+      uts) UTS=$a ;;
+      bridge) BRIDGE=$a ;;
+      iptables) IPT=$a ;;
+      node)
+        NODE_NS[a]=$b
+        NODE_VETH[a]=$c
+        ;;
+    esac
+  done <"$DIR/state"
+}
+
+open_dir() { # DIR (must be an existing cluster dir)
+  check_dir_name "$1"
+  [[ -f $1/$MARKER ]] || die "$1 is not a cluster directory (no $MARKER)"
+  DIR=$(cd "$1" && pwd -P)
+  load_state
+  [[ -n $TAG ]] || die "$DIR: cluster state is empty"
+}
+
+node_index() { # I -> validated
+  if ! [[ $1 =~ ^[0-9]+$ && -n ${NODE_NS[$1]:-} ]]; then die "no node '$1' in $DIR (nodes 1..$N)"; fi
+}
+
+ns_exists() { [[ -e /run/netns/$1 ]]; }
+link_exists() { ip link show dev "$1" >/dev/null 2>&1; }
+
+# pid of node I's sshd, if that process is alive and really is in node I's namespace
+sshd_pid() {
+  local i=$1 pid
+  pid=$(cat "$DIR/node$i/sshd.pid" 2>/dev/null) || return 1
+  [[ $pid =~ ^[0-9]+$ ]] && alive "$pid" || return 1
+  [[ $(ip netns identify "$pid" 2>/dev/null) == "${NODE_NS[i]}" ]] || return 1
+  echo "$pid"
+}
+
+# ---------------------------------------------------------------- teardown
+# alive = exists and is not a zombie (PID 1 of a container may be slow to reap)
+alive() {
+  local st
+  st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  st=${st##*) }
+  [[ ${st%% *} != [ZX] ]]
+}
+
+wait_gone() { # timeout_s pid...
+  local t=$1 p left
+  shift
+  local end=$((SECONDS + t))
+  while :; do
+    left=()
+    for p in "$@"; do
+      if alive "$p"; then left+=("$p"); fi
+    done
+    ((${#left[@]})) || return 0
+    ((SECONDS < end)) || return 1
+    sleep 0.05
+  done
+}
+
+cmdline_of() { # pid -> short command line (or [comm])
+  local c
+  c=$(tr '\0\n' '  ' <"/proc/$1/cmdline" 2>/dev/null | cut -c1-60 | sed 's/[[:space:]]*$//') || true
+  [[ -n $c ]] || c="[$(cat "/proc/$1/comm" 2>/dev/null || echo gone)]"
+  printf '%s' "$c"
+}
+
+teardown() { # uses DIR; removes everything recorded in DIR/state, then DIR
+  load_state
+  local i ns pid pids p desc
+  # 1. the sshd daemons we started
+  pids=()
+  for i in "${!NODE_NS[@]}"; do
+    if pid=$(sshd_pid "$i"); then
+      kill -TERM "$pid" 2>/dev/null || true
+      pids+=("$pid")
+    fi
+  done
+  if ((${#pids[@]})) && ! wait_gone 3 "${pids[@]}"; then
+    kill -KILL "${pids[@]}" 2>/dev/null || true
+  fi
+  # 2. anything else still running inside our namespaces: list, TERM, then KILL
+  #    (re-listing each round catches children forked meanwhile)
+  local round sig
+  for i in "${!NODE_NS[@]}"; do
+    ns=${NODE_NS[i]}
+    for round in 1 2 3 4; do
+      ns_exists "$ns" || break
+      mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null)
+      ((${#pids[@]})) || break
+      if ((round == 1)); then
+        desc=()
+        for p in "${pids[@]}"; do desc+=("$p($(cmdline_of "$p"))"); done
+        warn "node $i ($ns): leftover processes, killing: ${desc[*]}"
+      fi
+      sig=KILL
+      ((round > 1)) || sig=TERM
+      kill -"$sig" "${pids[@]}" 2>/dev/null || true
+      wait_gone 2 "${pids[@]}" || ((round < 4)) || warn "node $i: still alive after SIGKILL: ${pids[*]}"
+    done
+  done
+  # 3. links and namespaces
+  for i in "${!NODE_NS[@]}"; do
+    if link_exists "${NODE_VETH[i]}"; then ip link del dev "${NODE_VETH[i]}" 2>/dev/null || true; fi
+    if ns_exists "${NODE_NS[i]}"; then ip netns del "${NODE_NS[i]}" || warn "could not delete netns ${NODE_NS[i]}"; fi
+  done
+  if [[ -n $IPT ]] && command -v iptables >/dev/null 2>&1; then
+    iptables -w -D FORWARD -i "$IPT" -o "$IPT" -j ACCEPT 2>/dev/null || true
+  fi
+  if [[ -n $BRIDGE ]] && link_exists "$BRIDGE"; then
+    ip link del dev "$BRIDGE" || warn "could not delete bridge $BRIDGE"
+  fi
+  rm -rf -- "$DIR"
+}
+
+cmd_down() {
+  [[ $# -eq 1 ]] || usage
+  need_root
+  check_dir_name "$1"
+  if [[ ! -e $1 ]]; then
+    echo "$PROG: $1: nothing to tear down"
+    return 0
+  fi
+  [[ -f $1/$MARKER ]] || die "$1 is not a cluster directory (no $MARKER); not touching it"
+  DIR=$(cd "$1" && pwd -P)
+  teardown
+  echo "$PROG: cluster in $DIR is down"
+}
+
+# ---------------------------------------------------------------- up
+UP_DONE=0
+WAITERS=()
+on_up_exit() {
+  local rc=$?
+  if ((${#WAITERS[@]})); then kill "${WAITERS[@]}" 2>/dev/null || true; fi
+  if ((rc != 0 && UP_DONE == 0)) && [[ -n ${DIR:-} && -f $DIR/$MARKER ]]; then
+    echo "$PROG: up failed (exit $rc); tearing down what was built" >&2
+    local f
+    for f in "$DIR"/node*/sshd.log; do
+      grep -qiE 'fatal|error|cannot|fail|exiting' "$f" 2>/dev/null || continue
+      echo "--- ${f#"$DIR"/}:" >&2
+      grep -iE 'fatal|error|cannot|fail|exiting' "$f" | tail -n 5 >&2
+    done
+    teardown || true
+  fi
+  exit "$rc"
+}
+
+subnet_busy() { # X
+  ip -4 -o addr show 2>/dev/null | grep -q " 10\.213\.$1\." && return 0
+  [[ -n $(ip -4 route show "10.213.$1.0/24" 2>/dev/null) ]]
+}
+
+tag_busy() { # TAG
+  link_exists "${1}br" && return 0
+  compgen -G "/run/netns/${1}n*" >/dev/null
+}
+
+# Pick a free tag and subnet (hash of DIR, then probe) and claim them by creating
+# the bridge, under a machine-wide lock so that concurrent `up`s never collide.
+allocate_and_make_bridge() {
+  local h k hh lockfd
+  h=$((16#$(printf '%s' "$DIR" | sha1sum | cut -c1-4)))
+  mkdir -p "${LOCK_FILE%/*}"
+  exec {lockfd}>"$LOCK_FILE"
+  flock -w 60 "$lockfd" || die "could not take $LOCK_FILE"
+  for ((k = 0; k < 250; k++)); do
+    hh=$(((h + k * 257) % 65536)) # 257: moves the tag and X at the same time
+    TAG=$(printf 'dslc%04x' "$hh")
+    X=$((hh % 250 + 1))
+    tag_busy "$TAG" || subnet_busy "$X" || break
+    TAG=''
+  done
+  [[ -n $TAG ]] || die "no free tag/subnet in 10.213.1-250.0/24"
+  BRIDGE=${TAG}br
+  record "tag $TAG"
+  record "x $X"
+  record "bridge $BRIDGE"
+  ip link add name "$BRIDGE" type bridge stp_state 0 forward_delay 0
+  ip addr add "10.213.$X.254/24" dev "$BRIDGE"
+  ip link set dev "$BRIDGE" up
+  flock -u "$lockfd"
+  exec {lockfd}>&-
+}
+
+# If br_netfilter is active, bridged node<->node traffic goes through the
+# iptables FORWARD chain, which Docker & co. set to DROP. Let our bridge through.
+open_forward() {
+  [[ $(sysctl -n net.bridge.bridge-nf-call-iptables 2>/dev/null || echo 0) == 1 ]] || return 0
+  command -v iptables >/dev/null 2>&1 || return 0
+  record "iptables $BRIDGE"
+  iptables -w -I FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT ||
+    warn "could not add iptables FORWARD rule for $BRIDGE; node<->node traffic may be dropped"
+}
+
+make_node() { # I
+  local i=$1 ns=${TAG}n$1 veth=${TAG}v$1
+  record "node $i $ns $veth"
+  ip netns add "$ns"
+  ip link add name "$veth" type veth peer name eth0 netns "$ns"
+  ip link set dev "$veth" master "$BRIDGE" up
+  ip -n "$ns" link set dev lo up
+  ip -n "$ns" addr add "10.213.$X.$i/24" dev eth0
+  ip -n "$ns" link set dev eth0 up
+  ip -n "$ns" route add default via "10.213.$X.254"
+  NODE_NS[i]=$ns
+  NODE_VETH[i]=$veth
+}
+
+write_node_sshd() { # I
+  local i=$1 d=$DIR/node$1
+  mkdir -p "$d"
+  ssh-keygen -q -t ed25519 -N '' -C "${TAG}n$i" -f "$d/ssh_host_ed25519_key"
+  cat >"$d/sshd_config" <<EOF
+# sshd for test-cluster node $i (${TAG}n$i), written by $PROG
+ListenAddress 10.213.$X.$i:22
+HostKey $d/ssh_host_ed25519_key
+PidFile $d/sshd.pid
+AuthorizedKeysFile $DIR/authorized_keys
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+UseDNS no
+MaxStartups 100:30:200
+MaxSessions 50
+PrintMotd no
+PrintLastLog no
+X11Forwarding no
+Subsystem sftp internal-sftp
+LogLevel VERBOSE
+EOF
+  printf '10.213.%s.%s %s\n' "$X" "$i" "$(cut -d' ' -f1,2 "$d/ssh_host_ed25519_key.pub")" >>"$DIR/known_hosts"
+}
+
+start_sshd() { # I
+  local i=$1 d=$DIR/node$1 ns=${NODE_NS[$1]}
+  if ((UTS)); then
+    # own UTS namespace too: `hostname` on node I says <tag>n<I>
+    # shellcheck disable=SC2016
+    ip netns exec "$ns" unshare --uts -- /bin/sh -c 'hostname "$0" && exec "$@"' "$ns" \
+      "$SSHD" -f "$d/sshd_config" -E "$d/sshd.log"
+  else
+    ip netns exec "$ns" "$SSHD" -f "$d/sshd_config" -E "$d/sshd.log"
+  fi
+}
+
+wait_ssh() { # I deadline
+  local i=$1 end=$2 ip=10.213.$X.$1
+  while :; do
+    if ssh -F "$DIR/ssh_config" -o ConnectTimeout=2 "$ip" true </dev/null >/dev/null 2>&1; then
+      return 0
+    fi
+    # sshd -E logs fatal errors without a "fatal:" prefix; a dead sshd leaves an empty namespace
+    if grep -qE 'Cannot bind|exiting' "$DIR/node$i/sshd.log" 2>/dev/null ||
+      [[ -z $(ip netns pids "${NODE_NS[i]}") ]] || ((SECONDS >= end)); then
+      echo "$PROG: node $i: sshd on $ip does not answer" >&2
+      return 1
+    fi
+    sleep 0.1
+  done
+}
+
+# node I -> node I+1's sshd through the bridge (bash /dev/tcp, no ping needed)
+check_node_to_node() {
+  local i j banner
+  ((N > 1)) || return 0
+  for ((i = 1; i <= N; i++)); do
+    j=$((i % N + 1))
+    # shellcheck disable=SC2016
+    banner=$(ip netns exec "${NODE_NS[i]}" timeout 3 bash -c \
+      'exec 3<>"/dev/tcp/$0/22" && head -c 7 <&3' "10.213.$X.$j" 2>/dev/null) || banner=''
+    [[ $banner == SSH-2.0 ]] ||
+      die "node $i cannot reach node $j (10.213.$X.$j:22) through bridge $BRIDGE" \
+        "(a firewall FORWARD chain with br_netfilter may drop bridged traffic)"
+  done
+}
+
+cmd_up() {
+  [[ $# -eq 2 ]] || usage
+  local n=$1 i nodes=() nslist=()
+  need_root
+  need_tools
+  if ! [[ $n =~ ^[0-9]+$ ]] || ((n < 1 || n > 253)); then die "N must be 1..253, got '$n'"; fi
+  [[ $SLOTS =~ ^[0-9]+$ ]] || die "SLOTS must be a number, got '$SLOTS'"
+  check_dir_name "$2"
+  if [[ -e $2 ]]; then
+    [[ -d $2 ]] || die "$2 exists and is not a directory"
+    [[ -z $(ls -A "$2") ]] || die "$2 exists and is not empty (a cluster still up? '$PROG down $2')"
+  fi
+  mkdir -p "$2"
+  DIR=$(cd "$2" && pwd -P)
+  check_dir_name "$DIR"
+  : >"$DIR/$MARKER"
+  trap on_up_exit EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  N=$n
+  UTS=0
+  if [[ ${CLUSTER_UTS:-0} == 1 ]]; then UTS=1; fi
+  NODE_NS=() NODE_VETH=()
+
+  allocate_and_make_bridge
+  record "n $N"
+  record "uts $UTS"
+  open_forward
+  for ((i = 1; i <= N; i++)); do
+    make_node "$i"
+    nodes+=("10.213.$X.$i")
+    nslist+=("${NODE_NS[i]}")
+  done
+
+  ssh-keygen -q -t ed25519 -N '' -C "dslaunch-test-cluster-$TAG" -f "$DIR/id_ed25519"
+  cp "$DIR/id_ed25519.pub" "$DIR/authorized_keys"
+  : >"$DIR/known_hosts"
+  : >"$DIR/hostfile"
+  for ((i = 1; i <= N; i++)); do
+    write_node_sshd "$i"
+    echo "10.213.$X.$i slots=$SLOTS" >>"$DIR/hostfile"
+  done
+  {
+    echo "# ssh -F $DIR/ssh_config 10.213.$X.<i>   (or ${TAG}n<i>)"
+    for ((i = 1; i <= N; i++)); do
+      printf 'Host %s\n  HostName 10.213.%s.%s\n' "${NODE_NS[i]}" "$X" "$i"
+    done
+    cat <<EOF
+Host *
+  User root
+  IdentityFile $DIR/id_ed25519
+  IdentitiesOnly yes
+  UserKnownHostsFile $DIR/known_hosts
+  GlobalKnownHostsFile /dev/null
+  StrictHostKeyChecking yes
+  CheckHostIP no
+  BatchMode yes
+  ConnectTimeout 5
+  LogLevel ERROR
+EOF
+  } >"$DIR/ssh_config"
+  cat >"$DIR/env" <<EOF
+CLUSTER_DIR="$DIR"
+CLUSTER_TAG="$TAG"
+CLUSTER_N="$N"
+CLUSTER_SUBNET="10.213.$X.0/24"
+CLUSTER_GATEWAY="10.213.$X.254"
+CLUSTER_BRIDGE="$BRIDGE"
+CLUSTER_NODES="${nodes[*]}"
+CLUSTER_NS="${nslist[*]}"
+CLUSTER_SLOTS="$SLOTS"
+CLUSTER_KEY="$DIR/id_ed25519"
+CLUSTER_KNOWN_HOSTS="$DIR/known_hosts"
+CLUSTER_HOSTFILE="$DIR/hostfile"
+CLUSTER_SSH_CONFIG="$DIR/ssh_config"
+CLUSTER_PDSH_SSH_ARGS_APPEND="-F $DIR/ssh_config"
+EOF
+
+  # privilege-separation chroot: the mount namespace is shared, so /run/sshd is too
+  mkdir -p /run/sshd
+  chmod 0755 /run/sshd
+  for ((i = 1; i <= N; i++)); do
+    start_sshd "$i" || die "node $i: sshd failed to start"
+  done
+
+  local end=$((SECONDS + UP_TIMEOUT)) failed=0 w
+  for ((i = 1; i <= N; i++)); do
+    wait_ssh "$i" "$end" &
+    WAITERS+=($!)
+  done
+  for w in "${WAITERS[@]}"; do wait "$w" || failed=1; done
+  WAITERS=()
+  ((failed == 0)) || die "not every node's sshd came up (timeout ${UP_TIMEOUT}s)"
+  check_node_to_node
+
+  UP_DONE=1
+  cat "$DIR/env"
+}
+
+# ---------------------------------------------------------------- status & helpers
+cmd_status() {
+  [[ $# -eq 1 ]] || usage
+  need_root
+  open_dir "$1"
+  local i ok=0 st pid nproc
+  if [[ -n $BRIDGE ]] && link_exists "$BRIDGE"; then
+    st=$(cat "/sys/class/net/$BRIDGE/operstate")
+  else
+    st=missing
+    ok=1
+  fi
+  echo "cluster $TAG  dir $DIR  subnet 10.213.$X.0/24  bridge $BRIDGE ($st)  nodes $N"
+  for ((i = 1; i <= N; i++)); do
+    [[ -n ${NODE_NS[i]:-} ]] || {
+      echo "node $i  not created"
+      ok=1
+      continue
+    }
+    local ns=${NODE_NS[i]} veth=${NODE_VETH[i]} link sshd
+    if ! ns_exists "$ns"; then
+      echo "node $i  ns $ns missing"
+      ok=1
+      continue
+    fi
+    if link_exists "$veth"; then
+      link=$(ip -o link show dev "$veth" | grep -q '[<,]UP[,>]' && echo up || echo down)
+    else
+      link=missing
+    fi
+    [[ $link == up ]] || ok=1
+    if pid=$(sshd_pid "$i"); then sshd="sshd $pid"; else
+      sshd="sshd not running"
+      ok=1
+    fi
+    nproc=$(ip netns pids "$ns" | wc -l)
+    echo "node $i  10.213.$X.$i  ns $ns  link $link  $sshd  procs $nproc"
+  done
+  return "$ok"
+}
+
+cmd_pids() {
+  [[ $# -eq 2 ]] || usage
+  need_root
+  open_dir "$1"
+  node_index "$2"
+  ns_exists "${NODE_NS[$2]}" || die "node $2: namespace ${NODE_NS[$2]} does not exist"
+  ip netns pids "${NODE_NS[$2]}"
+}
+
+cmd_link() {
+  [[ $# -eq 3 ]] || usage
+  need_root
+  open_dir "$1"
+  node_index "$2"
+  [[ $3 == up || $3 == down ]] || usage
+  # the bridge-side end: the node keeps its address and routes, its NIC just
+  # loses carrier, like a pulled cable / dead switch port
+  ip link set dev "${NODE_VETH[$2]}" "$3"
+}
+
+cmd_exec() {
+  [[ $# -ge 3 ]] || usage
+  need_root
+  open_dir "$1"
+  node_index "$2"
+  local i=$2 pid
+  shift 2
+  if ((UTS)) && pid=$(sshd_pid "$i"); then
+    exec ip netns exec "${NODE_NS[i]}" nsenter --uts="/proc/$pid/ns/uts" -- "$@"
+  fi
+  exec ip netns exec "${NODE_NS[i]}" "$@"
+}
+
+main() {
+  [[ $# -ge 1 ]] || usage
+  local c=$1
+  shift
+  case $c in
+    up) cmd_up "$@" ;;
+    down) cmd_down "$@" ;;
+    status) cmd_status "$@" ;;
+    pids) cmd_pids "$@" ;;
+    link) cmd_link "$@" ;;
+    exec) cmd_exec "$@" ;;
+    -h | --help | help) usage ;;
+    *) usage ;;
+  esac
+}
+
+main "$@"

@@ -1,0 +1,226 @@
+"""Cluster tests: 3 nodes (network namespaces with an sshd each, built by
+cluster.sh) x 2 ranks, started over SSH by dslaunch. Needs root; skips itself
+with a message otherwise. Every test checks that nothing is left running on
+any node afterwards."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../integration"))
+from harness import DSLAUNCH, PY, RANK_PY, LaunchTest  # noqa: E402
+
+CLUSTER_SH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster.sh")
+CLUSTER = {}
+
+
+def setUpModule():
+    if os.geteuid() != 0:
+        raise unittest.SkipTest("cluster tests need root (network namespaces, sshd)")
+    CLUSTER["dir"] = os.path.join(tempfile.mkdtemp(prefix="dsl-cluster-"), "c")
+    p = subprocess.run([CLUSTER_SH, "up", "3", CLUSTER["dir"]], capture_output=True, timeout=120)
+    if p.returncode == 77:
+        raise unittest.SkipTest("cannot build a test cluster here: " + p.stderr.decode())
+    if p.returncode != 0:
+        raise RuntimeError("cluster.sh up failed:\n" + p.stderr.decode())
+    with open(os.path.join(CLUSTER["dir"], "env")) as f:
+        for line in f:
+            key, _, value = line.strip().partition("=")
+            CLUSTER[key] = value.strip('"')
+    CLUSTER["nodes"] = CLUSTER["CLUSTER_NODES"].split()
+
+
+def tearDownModule():
+    if "dir" in CLUSTER:
+        subprocess.run([CLUSTER_SH, "down", CLUSTER["dir"]], timeout=120)
+        shutil.rmtree(os.path.dirname(CLUSTER["dir"]), ignore_errors=True)
+
+
+class ClusterTest(LaunchTest):
+    def ssh_args(self, hostfile=None, extra=(), **env):
+        """Over SSH only exported variables travel: the test's go as --env."""
+        env.setdefault("OUT_DIR", self.out)
+        env_flags = [x for k, v in env.items() for x in ("--env", "%s=%s" % (k, v))]
+        return [DSLAUNCH, "--hostfile", hostfile or CLUSTER["CLUSTER_HOSTFILE"],
+                "--launcher", "ssh", "--ssh_identity", CLUSTER["CLUSTER_KEY"],
+                "--ssh_known_hosts", CLUSTER["CLUSTER_KNOWN_HOSTS"], "--ssh_user", "root",
+                "--no_local_rank", *env_flags, *extra]
+
+    def node_pids(self, i):
+        """Live pids in node i's namespace, other than its sshd."""
+        with open(os.path.join(CLUSTER["dir"], "node%d" % i, "sshd.pid")) as f:
+            sshd = int(f.read())
+        p = subprocess.run([CLUSTER_SH, "pids", CLUSTER["dir"], str(i)],
+                           capture_output=True, timeout=30)
+        pids = [int(x) for x in p.stdout.split()]
+        return [x for x in pids if x != sshd and self.alive(x)]
+
+    def tearDown(self):
+        deadline = time.monotonic() + 10
+        for i in range(1, 4):
+            while self.node_pids(i):
+                if time.monotonic() > deadline:
+                    left = self.node_pids(i)
+                    self.fail("processes left on node %d: %s" % (i, left))
+                time.sleep(0.1)
+        super().tearDown()
+
+
+class Placement(ClusterTest):
+    def test_ranks_run_on_their_nodes_with_the_contract_and_exact_argv(self):
+        hostile = ["a b", "'q'", '"dq"', "$(touch /tmp/pwned-c)", "`id`", "*", "x\ny", "", "\\"]
+        keys = ["RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR",
+                "CUDA_VISIBLE_DEVICES", "DSLAUNCH_JOB_ID", "HOSTILE", "NCCL_DEBUG"]
+        p = self.run_job(self.ssh_args(extra=["--env", "HOSTILE=$(id) 'q' \"d\" *"],
+                                       ENV_KEYS=json.dumps(keys)) +
+                         [PY, RANK_PY, "env", *hostile], NCCL_DEBUG="INFO")
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        nodes = CLUSTER["nodes"]
+        for rank in range(6):
+            with open(os.path.join(self.out, "env-%d.json" % rank)) as f:
+                env = json.load(f)
+            with open(os.path.join(self.out, "argv-%d.json" % rank)) as f:
+                self.assertEqual(json.load(f), hostile)
+            node = rank // 2
+            self.assertEqual(env["__address__"], nodes[node], "rank %d placement" % rank)
+            self.assertEqual(env["NODE_RANK"], str(node))
+            self.assertEqual(env["LOCAL_RANK"], str(rank % 2))
+            self.assertEqual(env["WORLD_SIZE"], "6")
+            self.assertEqual(env["MASTER_ADDR"], nodes[0])
+            self.assertEqual(env["CUDA_VISIBLE_DEVICES"], "0,1")
+            self.assertEqual(env["HOSTILE"], "$(id) 'q' \"d\" *")
+            self.assertEqual(env["NCCL_DEBUG"], "INFO", "NCCL_ is exported by default")
+        self.assertFalse(os.path.exists("/tmp/pwned-c"))
+
+
+class FailureAcrossNodes(ClusterTest):
+    def test_rank_failing_on_node_3_tears_down_nodes_1_and_2_within_a_second(self):
+        p = self.run_job(self.ssh_args() + [PY, RANK_PY, "fail", "5", "exit9"], timeout=60)
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 9, err)
+        self.assertIn("FAILED: rank 5 on %s" % CLUSTER["nodes"][2], err)
+        with open(os.path.join(self.out, "start-5")) as f:
+            start_ns = int(f.read().split()[0])
+        # The failing rank waited for every start file, then exited: the job
+        # (all ranks on every node gone, launcher exited) ends soon after.
+        last_start = max(int(open(os.path.join(self.out, n)).read().split()[0])
+                         for n in os.listdir(self.out) if n.startswith("start-"))
+        self.assertGreater(last_start, 0)
+        self.assertGreaterEqual(last_start, start_ns - 10**10)
+        self.assertIn("all gone", err)
+        gone_ms = float(err.split("all gone ")[1].split(" ms")[0])
+        self.assertLess(gone_ms, 1000, err)
+
+    def test_launcher_sigkill_leaves_nothing_on_any_node(self):
+        job = self.start_job(self.ssh_args() + [PY, RANK_PY, "sleep"])
+        self.wait_started(6)
+        job.kill()
+        job.communicate(timeout=10)
+        self.assert_no_leftovers(within=10)
+
+    def test_cut_link_is_detected_and_reported(self):
+        hb = ["--heartbeat_interval", "0.3", "--heartbeat_timeout", "2", "--kill_grace", "1"]
+        job = self.start_job(self.ssh_args(extra=hb) + [PY, RANK_PY, "sleep"])
+        self.wait_started(6)
+        subprocess.run([CLUSTER_SH, "link", CLUSTER["dir"], "2", "down"], check=True, timeout=30)
+        try:
+            out, err = job.communicate(timeout=60)
+            # The cut node's agent lost the launcher too and stopped its ranks.
+            self.assert_no_leftovers(within=15)
+        finally:
+            subprocess.run([CLUSTER_SH, "link", CLUSTER["dir"], "2", "up"], timeout=30)
+        self.assertEqual(job.returncode, 69, err.decode())
+        self.assertIn("node 1 (%s) was lost" % CLUSTER["nodes"][1], err.decode())
+
+
+class Preflight(ClusterTest):
+    def hostfile_with(self, extra_host):
+        path = os.path.join(self.dir, "hosts")
+        with open(path, "w") as f:
+            for n in CLUSTER["nodes"][:2]:
+                f.write("%s slots=2\n" % n)
+            f.write("%s slots=2\n" % extra_host)
+        return path
+
+    def assert_fails_fast(self, argv, needle):
+        p = self.run_job(argv + ["sleep", "60"], timeout=60)
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 69, err)
+        self.assertIn(needle, err)
+        self.assertIn("started nothing", err)
+        self.assertLess(p.elapsed, 15, err)
+        return err
+
+    def test_unreachable_node(self):
+        gateway = CLUSTER["CLUSTER_GATEWAY"]
+        dead = gateway.rsplit(".", 1)[0] + ".200"
+        self.assert_fails_fast(self.ssh_args(self.hostfile_with(dead), ["--ssh_timeout", "2"]),
+                               "node 2 (%s): connect failed" % dead)
+
+    def test_bad_key(self):
+        key = os.path.join(self.dir, "other_key")
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
+        argv = self.ssh_args()
+        argv[argv.index("--ssh_identity") + 1] = key
+        self.assert_fails_fast(argv, "auth failed")
+
+    def test_host_key_mismatch_names_host_and_file(self):
+        known = os.path.join(self.dir, "known_hosts")
+        with open(CLUSTER["CLUSTER_KNOWN_HOSTS"]) as f:
+            lines = f.read().splitlines()
+        other = os.path.join(self.dir, "other_host_key")
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", other], check=True)
+        with open(other + ".pub") as f:
+            fake = f.read().split()[:2]
+        victim = CLUSTER["nodes"][1]
+        with open(known, "w") as f:
+            for line in lines:
+                f.write((victim + " " + " ".join(fake)) if line.startswith(victim + " ") else line)
+                f.write("\n")
+        argv = self.ssh_args()
+        argv[argv.index("--ssh_known_hosts") + 1] = known
+        err = self.assert_fails_fast(argv, "host key of %s does not match the one in %s"
+                                     % (victim, known))
+        self.assertIn("node 1 (%s)" % victim, err)
+
+    def test_missing_remote_agent(self):
+        self.assert_fails_fast(self.ssh_args(extra=["--agent_path", "/nonexistent/dsagent"]),
+                               "/nonexistent/dsagent is missing")
+
+    def test_doctor_prints_a_table_per_node(self):
+        argv = self.ssh_args()
+        argv[1:1] = []
+        p = self.run_job([DSLAUNCH, "doctor"] + argv[1:])
+        self.assertEqual(p.returncode, 0, p.stdout.decode() + p.stderr.decode())
+        out = p.stdout.decode()
+        for n in CLUSTER["nodes"]:
+            self.assertRegex(out, n + r"\s+" + n + r"\s+ok\s+ok\s+ok\s+ok\s+ok")
+        self.assertIn("3 of 3 nodes ready", out)
+
+
+class PyTorchAcrossNamespaces(ClusterTest):
+    def test_ddp_gloo_allreduce_across_three_nodes(self):
+        if subprocess.run(["/usr/bin/python3", "-c", "import torch.distributed"],
+                          capture_output=True).returncode != 0:
+            if os.environ.get("CI"):
+                self.fail("python3-torch is missing")
+            self.skipTest("Debian's python3-torch is not installed")
+        script = os.path.join(os.path.dirname(RANK_PY), "ddp_allreduce.py")
+        argv = [a for a in self.ssh_args() if a != "--no_local_rank"]
+        p = self.run_job(argv + ["--master_port", "29641", "/usr/bin/python3", script],
+                         timeout=300, OMP_NUM_THREADS="1",
+                         # The nodes share one hostname (only the network
+                         # namespace differs), which resolves to loopback.
+                         GLOO_SOCKET_IFNAME="eth0")
+        self.assertEqual(p.returncode, 0, p.stderr.decode()[-3000:])
+        for rank in range(6):
+            self.assertIn("rank %d/6 allreduce ok sum=21.0 ddp ok" % rank, p.stdout.decode())
+
+
+if __name__ == "__main__":
+    unittest.main()
