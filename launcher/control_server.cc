@@ -16,6 +16,7 @@ struct ControlServer::Handshake {
   std::string peer_addr;
   wire::Hello hello;
   std::string server_nonce;
+  std::string secret;  // the node's, once known
   bool welcomed = false;
   asio::steady_timer timer;
 };
@@ -126,19 +127,12 @@ void ControlServer::HandleHandshake(const std::shared_ptr<Handshake>& hs,
     Status st = CheckHello(msg.hello());
     if (!st.ok()) return hs->channel->Close(st);
     hs->hello = std::move(*msg.mutable_hello());
-    hs->server_nonce = proto::RandomBytes(proto::kNonceBytes);
-    wire::Envelope welcome;
-    welcome.mutable_welcome()->set_protocol_version(kProtocolVersion);
-    welcome.mutable_welcome()->set_server_nonce(hs->server_nonce);
-    welcome.mutable_welcome()->set_launcher_proof(proto::LauncherProof(
-        options_.secret, hs->hello.client_nonce(), hs->server_nonce));
     hs->welcomed = true;
-    (void)hs->channel->Send(welcome);
-    return;
+    return SendWelcome(hs);
   }
-  if (hs->welcomed && msg.has_auth()) {
+  if (hs->welcomed && !hs->secret.empty() && msg.has_auth()) {
     const std::string expected = proto::AgentProof(
-        options_.secret, hs->hello.client_nonce(), hs->server_nonce);
+        hs->secret, hs->hello.client_nonce(), hs->server_nonce);
     if (!proto::ConstantTimeEqual(expected, msg.auth().agent_proof())) {
       return hs->channel->Close(ProtocolError("authentication failed"));
     }
@@ -146,6 +140,32 @@ void ControlServer::HandleHandshake(const std::shared_ptr<Handshake>& hs,
   }
   hs->channel->Close(ProtocolError("unexpected " + proto::MessageName(msg) +
                                    " before authentication"));
+}
+
+void ControlServer::SendWelcome(const std::shared_ptr<Handshake>& hs) {
+  if (hs->channel->closed()) return;
+  const int node = hs->hello.node_rank();
+  std::optional<std::string> secret =
+      options_.node_secret ? options_.node_secret(node) : options_.secret;
+  if (!secret) {
+    // The node's secret is still on its way (through the starter's output):
+    // ask again shortly; the handshake timeout bounds the wait.
+    auto retry =
+        std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(5));
+    retry->async_wait(
+        [this, hs, retry, alive = alive_](const boost::system::error_code& ec) {
+          if (!ec && *alive) SendWelcome(hs);
+        });
+    return;
+  }
+  hs->secret = *secret;
+  hs->server_nonce = proto::RandomBytes(proto::kNonceBytes);
+  wire::Envelope welcome;
+  welcome.mutable_welcome()->set_protocol_version(kProtocolVersion);
+  welcome.mutable_welcome()->set_server_nonce(hs->server_nonce);
+  welcome.mutable_welcome()->set_launcher_proof(proto::LauncherProof(
+      hs->secret, hs->hello.client_nonce(), hs->server_nonce));
+  (void)hs->channel->Send(welcome);
 }
 
 void ControlServer::Promote(const std::shared_ptr<Handshake>& hs) {

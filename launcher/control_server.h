@@ -10,8 +10,10 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "proto/channel.h"
@@ -34,7 +36,10 @@ class ControlServer {
   };
 
   struct Options {
-    std::string secret;
+    std::string secret;  // the job's secret, shared by every agent
+    // Set when each node has its own secret that arrives later (pdsh):
+    // nullopt while it is not known yet.
+    std::function<std::optional<std::string>(int node_rank)> node_secret;
     std::string job_id;
     int num_nodes = 0;
     double heartbeat_interval_s = 1;
@@ -64,6 +69,7 @@ class ControlServer {
   void HandleHandshake(const std::shared_ptr<Handshake>& hs,
                        wire::Envelope&& msg);
   Status CheckHello(const wire::Hello& hello) const;
+  void SendWelcome(const std::shared_ptr<Handshake>& hs);
   void Promote(const std::shared_ptr<Handshake>& hs);
   void ArmHeartbeat();
 

@@ -92,10 +92,12 @@ static Status Validate(const LaunchOptions& o) {
       return InvalidArgument("--env '" + kv + "': expected KEY=VALUE");
     }
   }
-  if (o.launcher != "auto" && o.launcher != "local" && o.launcher != "ssh") {
+  if (o.launcher == "slurm" || o.launcher == "openmpi" ||
+      o.launcher == "join") {
     return InvalidArgument(
         "--launcher " + o.launcher +
-        " is not available in this build yet; use local or ssh");
+        " is not available in this build yet; use local, ssh "
+        "or pdsh");
   }
   if (o.ssh_fanout < 1) return InvalidArgument("--ssh_fanout must be >= 1");
   return Status::Ok();

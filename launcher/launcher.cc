@@ -33,11 +33,12 @@ static std::chrono::milliseconds Ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
-static ControlServer::Options ServerOptions(const LaunchOptions& o,
-                                            const std::string& secret,
-                                            const std::string& job_id,
-                                            int num_nodes) {
+static ControlServer::Options ServerOptions(
+    const LaunchOptions& o, const std::string& secret,
+    const std::string& job_id, int num_nodes,
+    std::function<std::optional<std::string>(int)> node_secret) {
   ControlServer::Options s;
+  s.node_secret = std::move(node_secret);
   s.secret = secret;
   s.job_id = job_id;
   s.num_nodes = num_nodes;
@@ -56,7 +57,8 @@ Launcher::Launcher(LaunchOptions options, Plan plan, EnvList job_env)
       store_(io_),
       server_(io_,
               ServerOptions(options_, secret_, job_id_,
-                            static_cast<int>(plan_.nodes.size())),
+                            static_cast<int>(plan_.nodes.size()),
+                            [this](int node) { return NodeSecret(node); }),
               this),
       signals_(io_, SIGINT, SIGTERM, SIGHUP),
       start_timer_(io_),
@@ -70,6 +72,22 @@ Launcher::Launcher(LaunchOptions options, Plan plan, EnvList job_env)
 }
 
 Launcher::~Launcher() = default;
+
+std::optional<std::string> Launcher::NodeSecret(int node_rank) const {
+  if (options_.launcher != "pdsh") return secret_;
+  auto it = node_secrets_.find(node_rank);
+  if (it == node_secrets_.end()) return std::nullopt;
+  return it->second;
+}
+
+void Launcher::OnAgentSecret(int node_rank, std::string secret) {
+  if (node_secrets_.count(node_rank)) {
+    // A second secret for one node: something else printed it. Refuse both.
+    node_secrets_[node_rank] = "";
+    return OnNodeGone(node_rank, "two agents claimed the node");
+  }
+  node_secrets_[node_rank] = std::move(secret);
+}
 
 void Launcher::SetState(State next) {
   spdlog::info("state {} -> {}", StateName(state_), StateName(next));

@@ -53,6 +53,7 @@ class Launcher : public ControlServer::Delegate, public Starter::Delegate {
   void OnAgentDisconnected(int node_rank, const Status& why) override;
   // Starter::Delegate
   void OnAgentProcessExited(int node_rank, const std::string& how) override;
+  void OnAgentSecret(int node_rank, std::string secret) override;
 
  private:
   struct RankState {
@@ -74,9 +75,13 @@ class Launcher : public ControlServer::Delegate, public Starter::Delegate {
   };
 
   void SetState(State next);
+  // The secret node_rank's agent must prove: the job's, or with pdsh the one
+  // that agent made and printed; nullopt while it has not arrived.
+  std::optional<std::string> NodeSecret(int node_rank) const;
   // launcher_start.cc: picks the starter (local or ssh), runs the ssh
   // preflight, and starts one agent per node.
   Status StartAgents(int port);
+  Status StartPdsh(int port);
   void OnPreflightDone(int port, const std::vector<NodeCheck>& checks);
   std::vector<AgentLaunch> MakeLaunches(
       int port, const std::vector<std::string>& connect_hosts);
@@ -112,6 +117,7 @@ class Launcher : public ControlServer::Delegate, public Starter::Delegate {
   boost::asio::steady_timer start_timer_;
   boost::asio::steady_timer stop_timer_;
   std::map<int, RankState> ranks_;
+  std::map<int, std::string> node_secrets_;  // pdsh only
   std::vector<NodeState> nodes_;
   std::optional<int> first_failed_rank_;
   std::optional<int> lost_node_;

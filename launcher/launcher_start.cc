@@ -4,7 +4,10 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>  // readlink
 
+#include <boost/asio/post.hpp>
+
 #include "launcher/launcher.h"
+#include "launcher/pdsh_starter.h"
 
 namespace dslaunch::launcher {
 
@@ -71,7 +74,35 @@ std::vector<AgentLaunch> Launcher::MakeLaunches(
   return launches;
 }
 
+Status Launcher::StartPdsh(int port) {
+  std::vector<std::string> hosts;
+  for (const auto& node : plan_.nodes) {
+    if (node.ssh_port || node.ssh_user) {
+      return InvalidArgument("--launcher pdsh: per-host port= or user= (host " +
+                             node.host +
+                             ") cannot be passed through pdsh; use "
+                             "--ssh_port/--ssh_user or --launcher ssh");
+    }
+    hosts.push_back(node.host);
+  }
+  PdshSettings settings;
+  settings.fanout = options_.ssh_fanout;
+  settings.timeout_s = options_.ssh_timeout_s;
+  settings.ssh_args = PdshSshArgs(SshTargets(options_, plan_).at(0));
+  auto pdsh = std::make_unique<PdshStarter>(io_, this, settings, hosts);
+  const std::string agent =
+      options_.agent_path.empty() ? DefaultAgentPath() : options_.agent_path;
+  std::vector<NodeCheck> checks =
+      pdsh->Preflight(agent, ExpectedAgentVersion());
+  starter_ = std::move(pdsh);
+  // Runs on the loop, like the ssh preflight's answer.
+  boost::asio::post(io_,
+                    [this, port, checks] { OnPreflightDone(port, checks); });
+  return Status::Ok();
+}
+
 Status Launcher::StartAgents(int port) {
+  if (options_.launcher == "pdsh") return StartPdsh(port);
   if (!UseSsh()) {
     for (const auto& node : plan_.nodes) {
       if (!IsLocalHost(node.host)) {

@@ -32,6 +32,11 @@ class Starter {
     // The agent process of `node_rank` ended; `how` says with what status.
     virtual void OnAgentProcessExited(int node_rank,
                                       const std::string& how) = 0;
+    // Starters whose agents make their own secret (pdsh) report it here.
+    virtual void OnAgentSecret(int node_rank, std::string secret) {
+      (void)node_rank;
+      (void)secret;
+    }
   };
   virtual ~Starter() = default;
   // Starts one agent per entry, writing `secret` + "\n" to its stdin.

@@ -203,6 +203,38 @@ class Preflight(ClusterTest):
         self.assertIn("3 of 3 nodes ready", out)
 
 
+class Pdsh(ClusterTest):
+    def pdsh_args(self, extra=(), **env):
+        argv = self.ssh_args(extra=extra, **env)
+        argv[argv.index("ssh")] = "pdsh"
+        return argv
+
+    def test_pdsh_places_every_rank_and_authenticates_each_agent(self):
+        keys = ["RANK", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE"]
+        p = self.run_job(self.pdsh_args(ENV_KEYS=json.dumps(keys)) +
+                         [PY, RANK_PY, "env", "a b", "$(x)"])
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        for rank in range(6):
+            with open(os.path.join(self.out, "env-%d.json" % rank)) as f:
+                env = json.load(f)
+            self.assertEqual(env["__address__"], CLUSTER["nodes"][rank // 2])
+            self.assertEqual(env["NODE_RANK"], str(rank // 2))
+            with open(os.path.join(self.out, "argv-%d.json" % rank)) as f:
+                self.assertEqual(json.load(f), ["a b", "$(x)"])
+
+    def test_pdsh_job_fails_fast_across_nodes(self):
+        p = self.run_job(self.pdsh_args() + [PY, RANK_PY, "fail", "1", "exit4"], timeout=60)
+        self.assertEqual(p.returncode, 4, p.stderr.decode())
+        self.assertIn("stopped in consequence: 5 rank(s)", p.stderr.decode())
+
+    def test_pdsh_preflight_finds_a_missing_agent(self):
+        p = self.run_job(self.pdsh_args(extra=["--agent_path", "/nonexistent/dsagent"]) +
+                         ["true"], timeout=60)
+        self.assertEqual(p.returncode, 69, p.stderr.decode())
+        self.assertIn("/nonexistent/dsagent is missing on the node", p.stderr.decode())
+        self.assertIn("started nothing", p.stderr.decode())
+
+
 class PyTorchAcrossNamespaces(ClusterTest):
     def test_ddp_gloo_allreduce_across_three_nodes(self):
         if subprocess.run(["/usr/bin/python3", "-c", "import torch.distributed"],

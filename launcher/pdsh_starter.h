@@ -1,0 +1,67 @@
+// PdshStarter: starts the agents through pdsh, for sites that mandate it.
+// pdsh runs one command on every node and cannot write to the remote
+// commands' stdin, so each agent finds its node from `--node_host %h` and
+// makes its own secret, printing it on stdout; pdsh relays that output to
+// the launcher only, which then authenticates that node's agent with it.
+// The control connection is the same as with every starter. Owned by the
+// Launcher; io_context thread only (the preflight blocks the caller).
+#pragma once
+
+#include <sys/types.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "launcher/ssh_starter.h"  // NodeCheck
+#include "launcher/starter.h"
+
+namespace dslaunch::launcher {
+
+struct PdshSettings {
+  std::string pdsh = "pdsh";
+  int fanout = 32;
+  std::string ssh_args;  // PDSH_SSH_ARGS_APPEND: port, user, identity, ...
+  double timeout_s = 10;
+};
+
+class PdshStarter : public Starter {
+ public:
+  PdshStarter(boost::asio::io_context& io, Delegate* delegate,
+              PdshSettings settings, std::vector<std::string> hosts);
+  ~PdshStarter() override;
+
+  // Runs `agent --version` on every node through pdsh (blocking).
+  std::vector<NodeCheck> Preflight(const std::string& agent_path,
+                                   const std::string& expected_version);
+  // Starts pdsh with launches[0]'s argv made node-independent.
+  Status Start(const std::vector<AgentLaunch>& launches,
+               const std::string& secret) override;
+  void Kill(int node_rank) override;
+
+ private:
+  void Read(bool is_stderr);
+  void HandleLine(bool is_stderr, const std::string& line);
+  void WaitForSigchld();
+  int NodeOf(const std::string& host) const;
+
+  boost::asio::io_context& io_;
+  Delegate* delegate_;
+  PdshSettings settings_;
+  std::vector<std::string> hosts_;
+  boost::asio::signal_set sigchld_;
+  pid_t pid_ = -1;
+  std::unique_ptr<boost::asio::posix::stream_descriptor> out_, err_;
+  std::string out_buf_, err_buf_;
+  std::vector<bool> exited_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+// PDSH_SSH_ARGS_APPEND for the launcher's --ssh_* settings.
+std::string PdshSshArgs(const SshTarget& target);
+
+}  // namespace dslaunch::launcher
