@@ -304,6 +304,7 @@ void Agent::OnLauncherLost(const std::string& why) {
   spdlog::warn("launcher lost: {}", why);
   exit_code_ = 69;
   if (channel_) channel_->Close(Unavailable(why));
+  workers_.ResumeOutput();
   if (state_ == State::kConnecting) {
     SetState(State::kExited);
     io_.stop();
@@ -345,6 +346,11 @@ void Agent::Finish() {
     env.mutable_agent_done();
     Send(env);
     channel_->CloseAfterFlush();  // on_close stops the loop
+    // A launcher that stopped reading must not keep this agent alive.
+    grace_timer_.expires_after(std::chrono::seconds(5));
+    grace_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (!ec) io_.stop();
+    });
   } else {
     io_.stop();
   }
@@ -398,7 +404,11 @@ void Agent::Flush() {
   pending_logs_.Clear();
   pending_progress_.Clear();
   pending_log_bytes_ = 0;
-  if (channel_ && channel_->congested()) workers_.PauseOutput();
+  // Backpressure only toward a live launcher: without one, output is read
+  // (and dropped) so that workers can finish.
+  if (channel_ && !channel_->closed() && channel_->congested()) {
+    workers_.PauseOutput();
+  }
 }
 
 void Agent::OnWorkerExited(int rank, pid_t pid, const ExitInfo& info) {

@@ -216,8 +216,17 @@ void WorkerSet::ReapAll() {
   std::vector<std::shared_ptr<Worker>> reaped;
   for (auto& [pid, w] : workers_) {
     if (w->reaped) continue;
+    // Look without reaping: while the leader is a zombie its pid, and so its
+    // process group id, cannot be reused, so what is left of its group (a
+    // rank's own children) can be killed safely before the reap.
+    siginfo_t si{};
+    if (::waitid(P_PID, static_cast<id_t>(pid), &si, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+        si.si_pid != pid) {
+      continue;
+    }
+    ::kill(-pid, SIGKILL);
     int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) != pid) continue;
+    if (::waitpid(pid, &status, 0) != pid) continue;
     w->reaped = true;
     if (WIFSIGNALED(status))
       w->info.signal = WTERMSIG(status);
@@ -238,7 +247,7 @@ void WorkerSet::ArmDrainTimer(const std::shared_ptr<Worker>& w) {
   w->drain_timer.async_wait(
       [this, w, alive = alive_](const boost::system::error_code& ec) {
         if (ec || !*alive) return;
-        if (paused_) return ArmDrainTimer(w);
+        if (paused_) return ArmDrainTimer(w);  // the owner resumes or stops us
         CloseStream(w, false);
         CloseStream(w, true);
       });

@@ -388,8 +388,9 @@ EOF
 cluster_up() {  # N: builds the cluster, loads its env
   local n=$1
   CLUSTER_DIR=$WORK/c$n
-  if ! "$CLUSTER_SH" up "$n" "$CLUSTER_DIR" >"$WORK/up.log" 2>&1; then
-    local rc=$?
+  local rc=0
+  "$CLUSTER_SH" up "$n" "$CLUSTER_DIR" >"$WORK/up.log" 2>&1 || rc=$?
+  if ((rc != 0)); then
     cat "$WORK/up.log" >&2
     CLUSTER_DIR=""   # a failed up tears itself down
     echo "cluster.sh up $n failed (exit $rc)" >&2

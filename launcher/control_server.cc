@@ -21,6 +21,9 @@ struct ControlServer::Handshake {
   asio::steady_timer timer;
 };
 
+static constexpr size_t kHandshakeMaxFrameBytes = 64 * 1024;
+static constexpr size_t kMaxHandshakesBase = 16;
+
 static std::chrono::milliseconds Ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
@@ -34,7 +37,7 @@ ControlServer::ControlServer(asio::io_context& io, Options options,
       heartbeat_timer_(io) {}
 
 ControlServer::~ControlServer() {
-  *alive_ = false;
+  *alive_ = false;  // from here on, handlers do not touch the maps
   for (auto& [n, link] : agents_) link.channel->Close(Status::Ok());
   for (auto& [p, hs] : handshakes_) hs->channel->Close(Status::Ok());
 }
@@ -75,16 +78,26 @@ void ControlServer::OnAccepted(tcp::socket socket) {
   hs->peer_addr = local.address().to_string();
   const std::string peer =
       remote.address().to_string() + ":" + std::to_string(remote.port());
-  hs->channel =
-      proto::Channel::Create(proto::Channel::Socket(std::move(socket)), peer);
+  // Before authentication a peer gets small frames and a bounded number of
+  // concurrent handshakes, so an unauthenticated client cannot make the
+  // launcher buffer much.
+  if (handshakes_.size() >= kMaxHandshakesBase + 2 * static_cast<size_t>(options_.num_nodes)) {
+    spdlog::warn("rejected connection from {}: too many unauthenticated connections", peer);
+    return;  // the socket closes here
+  }
+  proto::Channel::Limits limits;
+  limits.max_frame_bytes = kHandshakeMaxFrameBytes;
+  hs->channel = proto::Channel::Create(proto::Channel::Socket(std::move(socket)),
+                                       peer, limits);
   handshakes_[hs.get()] = hs;
   Handshake* key = hs.get();
   hs->channel->Start({
       .on_message =
           [this, key](wire::Envelope&& m) {
             auto it = handshakes_.find(key);
-            if (it != handshakes_.end())
-              HandleHandshake(it->second, std::move(m));
+            if (it == handshakes_.end()) return;
+            auto hs = it->second;  // a copy: Promote erases the map's entry
+            HandleHandshake(hs, std::move(m));
           },
       .on_close =
           [this, key, peer, alive = alive_](const Status& st) {
@@ -177,6 +190,7 @@ void ControlServer::Promote(const std::shared_ptr<Handshake>& hs) {
         ProtocolError("a second agent for node " + std::to_string(node)));
   }
   agents_[node] = AgentLink{hs->channel, std::chrono::steady_clock::now()};
+  hs->channel->SetMaxFrameBytes(proto::kDefaultMaxFrameBytes);
   hs->channel->SetHandlers({
       .on_message =
           [this, node](wire::Envelope&& m) {
@@ -235,9 +249,14 @@ void ControlServer::Shutdown() {
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   heartbeat_timer_.cancel();
-  for (auto& [p, hs] : handshakes_) hs->channel->Close(Status::Ok());
+  // Closing runs on_close handlers that erase from these maps: iterate
+  // over copies.
+  auto handshakes = std::move(handshakes_);
   handshakes_.clear();
-  for (auto& [node, link] : agents_) link.channel->CloseAfterFlush();
+  for (auto& [p, hs] : handshakes) hs->channel->Close(Status::Ok());
+  std::vector<std::shared_ptr<proto::Channel>> agents;
+  for (auto& [node, link] : agents_) agents.push_back(link.channel);
+  for (auto& c : agents) c->CloseAfterFlush();
 }
 
 }  // namespace dslaunch::launcher

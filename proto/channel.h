@@ -50,6 +50,12 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // Replaces the handlers of a started channel (e.g. after a handshake);
   // safe to call from inside on_message.
   void SetHandlers(Handlers handlers) { handlers_ = std::move(handlers); }
+  // Raises or lowers the largest frame accepted from now on (e.g. small
+  // before authentication, the full size after).
+  void SetMaxFrameBytes(size_t n) {
+    limits_.max_frame_bytes = n;
+    decoder_.set_max_frame_bytes(n);
+  }
   // Queues `msg`. Fails when the channel is closed or the queue is over the
   // hard limit (which also closes the channel).
   Status Send(const wire::Envelope& msg);

@@ -35,6 +35,7 @@ class FrameDecoder {
   Status Feed(std::string_view data, std::vector<std::string>* frames);
   // Bytes of an unfinished frame held back, header included.
   size_t buffered() const { return buffer_.size(); }
+  void set_max_frame_bytes(size_t n) { max_frame_bytes_ = n; }
   bool failed() const { return failed_; }
 
  private:
