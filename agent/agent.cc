@@ -226,6 +226,17 @@ void Agent::HandleJobSpec(const wire::JobSpec& job) {
   if (!st.ok()) {
     spdlog::error("cannot start workers: {}", st.message());
     exit_code_ = 70;
+    // The launcher learns why: every rank not started "exits" 70 with it.
+    for (const auto& r : job_.ranks()) {
+      if (spawned_.count(r.rank())) continue;
+      wire::Envelope env;
+      auto* exited = env.mutable_worker_exited();
+      exited->set_rank(r.rank());
+      exited->set_exit_code(70);
+      exited->set_error("the agent could not start it: " + st.message());
+      exited->set_time(Now());
+      Send(env);
+    }
     return Drain(true, st.message());
   }
   SetState(State::kRunning);
@@ -262,6 +273,7 @@ Status Agent::SpawnWorkers() {
         .cwd = job_.cwd(),
     };
     ASSIGN_OR_RETURN(pid_t pid, workers_.Spawn(spec));
+    spawned_.insert(r.rank());
     wire::Envelope env;
     auto* started = env.mutable_worker_started();
     started->set_rank(r.rank());

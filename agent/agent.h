@@ -8,9 +8,8 @@
 // States (each transition logged once):
 //   Connecting -> Spawning -> Running -> Draining -> Exited
 //   Connecting -> Exited            (launcher unreachable or auth failed)
-//   Spawning/Running -> Draining    (abort, launcher lost,
-//   SIGTERM/SIGINT/SIGHUP) Running -> Exited               (Shutdown after
-//   every worker is done)
+//   Spawning/Running -> Draining    (abort, launcher lost, SIGTERM/INT/HUP)
+//   Running -> Exited               (Shutdown after every worker is done)
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -18,6 +17,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "agent/progress_server.h"
@@ -92,6 +92,7 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   bool auth_sent_ = false;
   bool launcher_lost_ = false;
   wire::JobSpec job_;
+  std::set<int> spawned_;  // ranks started
   std::string run_dir_;
   WorkerSet workers_;
   ProgressServer progress_;

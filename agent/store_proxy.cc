@@ -66,10 +66,11 @@ void StoreProxy::HandleRequest(const std::shared_ptr<proto::Channel>& client,
   request.set_id(id);
   Status st = forward_(request);
   if (st.ok()) return;
+  const uint64_t client_id = pending_[id].client_id;
   pending_.erase(id);
   wire::Envelope reply;
   auto* r = reply.mutable_store_response();
-  r->set_id(pending_[id].client_id);
+  r->set_id(client_id);
   r->set_ok(false);
   r->set_error("store unreachable: " + st.message());
   (void)client->Send(reply);

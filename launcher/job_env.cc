@@ -79,7 +79,11 @@ StatusOr<EnvList> ParseEnvFile(std::string_view text, const std::string& path) {
     if (first == std::string_view::npos || line[first] == '#') continue;
     line.remove_prefix(first);
     if (line.substr(0, 7) == "export " || line.substr(0, 7) == "export\t") {
-      line.remove_prefix(line.find_first_not_of(" \t", 6));
+      const size_t name = line.find_first_not_of(" \t", 6);
+      if (name == std::string_view::npos) {
+        return DataError(where + ": 'export' without a variable");
+      }
+      line.remove_prefix(name);
     }
     const size_t eq = line.find('=');
     if (eq == std::string_view::npos) {

@@ -79,41 +79,44 @@ void KvStore::Handle(const wire::StoreRequest& request, Reply reply) {
 }
 
 void KvStore::Park(const wire::StoreRequest& request, Reply reply) {
-  waiters_.push_back(Waiter{request, std::move(reply), nullptr});
-  auto it = std::prev(waiters_.end());
+  const uint64_t id = next_waiter_++;
+  Waiter& w = waiters_[id];
+  w.request = request;
+  w.reply = std::move(reply);
   if (request.timeout_ms() <= 0) return;
-  it->timer = std::make_unique<boost::asio::steady_timer>(
+  w.timer = std::make_unique<boost::asio::steady_timer>(
       io_, std::chrono::milliseconds(request.timeout_ms()));
-  it->timer->async_wait([this, it](const boost::system::error_code& ec) {
-    if (ec) return;  // answered or failed meanwhile
-    Reply r = std::move(it->reply);
-    const std::string missing = it->request.keys(0);
-    const uint64_t id = it->request.id();
-    const int64_t ms = it->request.timeout_ms();
+  w.timer->async_wait([this, id](const boost::system::error_code& ec) {
+    auto it = waiters_.find(id);
+    if (ec || it == waiters_.end()) return;  // answered or failed meanwhile
+    Waiter expired = std::move(it->second);
     waiters_.erase(it);
-    r(Error(id, "timeout after " + std::to_string(ms) +
-                    " ms waiting for key '" + missing + "'"));
+    expired.reply(Error(expired.request.id(),
+                        "timeout after " + std::to_string(expired.request.timeout_ms()) +
+                            " ms waiting for key '" + expired.request.keys(0) + "'"));
   });
 }
 
 void KvStore::WakeWaiters() {
+  std::vector<Waiter> ready;
   for (auto it = waiters_.begin(); it != waiters_.end();) {
-    if (!Ready(it->request)) {
+    if (!Ready(it->second.request)) {
       ++it;
       continue;
     }
-    Reply r = std::move(it->reply);
-    wire::StoreResponse answer = Answer(it->request);
-    if (it->timer) it->timer->cancel();
+    ready.push_back(std::move(it->second));
     it = waiters_.erase(it);
-    r(answer);
+  }
+  for (auto& w : ready) {
+    if (w.timer) w.timer->cancel();
+    w.reply(Answer(w.request));
   }
 }
 
 void KvStore::FailAll(const std::string& why) {
   auto waiters = std::move(waiters_);
   waiters_.clear();
-  for (auto& w : waiters) {
+  for (auto& [id, w] : waiters) {
     if (w.timer) w.timer->cancel();
     w.reply(Error(w.request.id(), why));
   }

@@ -8,7 +8,6 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <functional>
-#include <list>
 #include <map>
 #include <memory>
 #include <string>
@@ -43,7 +42,10 @@ class KvStore {
 
   boost::asio::io_context& io_;
   std::map<std::string, std::string> data_;
-  std::list<Waiter> waiters_;
+  // By park order. A timer's handler looks its waiter up by id: an expired
+  // timer's queued handler may run after the waiter was answered.
+  std::map<uint64_t, Waiter> waiters_;
+  uint64_t next_waiter_ = 1;
 };
 
 }  // namespace dslaunch::launcher

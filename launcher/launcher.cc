@@ -54,12 +54,12 @@ Launcher::Launcher(LaunchOptions options, Plan plan, EnvList job_env)
       job_id_(proto::HexEncode(proto::RandomBytes(8))),
       secret_(proto::HexEncode(proto::RandomBytes(proto::kSecretBytes))),
       console_(stdout, stderr),
-      store_(io_),
       server_(io_,
               ServerOptions(options_, secret_, job_id_,
                             static_cast<int>(plan_.nodes.size()),
                             [this](int node) { return NodeSecret(node); }),
               this),
+      store_(io_),
       signals_(io_, SIGINT, SIGTERM, SIGHUP),
       start_timer_(io_),
       stop_timer_(io_) {
@@ -110,7 +110,9 @@ int Launcher::Run() {
     st = port.status();
   if (!st.ok()) {
     console_.Note(st.message());
-    return st.code() == StatusCode::kInvalidArgument ? 64 : 69;
+    return st.code() == StatusCode::kInvalidArgument ? 64
+           : st.code() == StatusCode::kInternal      ? 70
+                                                     : 69;
   }
   WatchSignals();
   start_timer_.expires_after(Ms(options_.start_timeout_s));
@@ -197,7 +199,13 @@ void Launcher::OnAgentMessage(int node_rank, wire::Envelope&& msg) {
       }
       return;
     case wire::Envelope::kWorkerStarted: {
-      auto& r = ranks_[msg.worker_started().rank()];
+      auto it = ranks_.find(msg.worker_started().rank());
+      if (it == ranks_.end() || it->second.node_rank != node_rank || it->second.started) {
+        spdlog::warn("node {}: start of unknown rank {}", node_rank,
+                     msg.worker_started().rank());
+        return;
+      }
+      auto& r = it->second;
       r.pid = msg.worker_started().pid();
       r.started = true;
       ++started_ranks_;

@@ -110,8 +110,10 @@ class Launcher : public ControlServer::Delegate, public Starter::Delegate {
   std::string job_id_;
   std::string secret_;
   Console console_;
-  KvStore store_;
+  // server_ before store_: parked store requests are failed (answered
+  // through server_) when store_ is destroyed.
   ControlServer server_;
+  KvStore store_;
   std::unique_ptr<Starter> starter_;
   boost::asio::signal_set signals_;
   boost::asio::steady_timer start_timer_;
