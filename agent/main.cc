@@ -59,7 +59,9 @@ int main(int argc, char** argv) {
   // and makes the secret itself, printing it on stdout, which only the
   // launcher reads (through pdsh).
   std::string hosts, node_host;
-  bool secret_stdout = false;
+  bool secret_stdout = false, announce = false;
+  app.add_flag("--announce", announce,
+               "print the version line on stdout before reading the secret");
   app.add_option("--hosts", hosts, "the plan's hosts, comma-separated");
   app.add_option("--node_host", node_host, "this node's name in --hosts");
   app.add_flag("--secret_stdout", secret_stdout,
@@ -93,6 +95,11 @@ int main(int argc, char** argv) {
                       std::to_string(options.node_rank) + " %^%l%$] %v");
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(log_level));
+  if (announce) {
+    std::printf("dsagent %s (protocol %u)\n", dslaunch::kVersion,
+                dslaunch::kProtocolVersion);
+    std::fflush(stdout);
+  }
   if (secret_stdout) {
     options.secret =
         dslaunch::proto::HexEncode(dslaunch::proto::RandomBytes(32));

@@ -220,7 +220,8 @@ void WorkerSet::ReapAll() {
     // process group id, cannot be reused, so what is left of its group (a
     // rank's own children) can be killed safely before the reap.
     siginfo_t si{};
-    if (::waitid(P_PID, static_cast<id_t>(pid), &si, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+    if (::waitid(P_PID, static_cast<id_t>(pid), &si,
+                 WEXITED | WNOHANG | WNOWAIT) != 0 ||
         si.si_pid != pid) {
       continue;
     }

@@ -81,14 +81,17 @@ void ControlServer::OnAccepted(tcp::socket socket) {
   // Before authentication a peer gets small frames and a bounded number of
   // concurrent handshakes, so an unauthenticated client cannot make the
   // launcher buffer much.
-  if (handshakes_.size() >= kMaxHandshakesBase + 2 * static_cast<size_t>(options_.num_nodes)) {
-    spdlog::warn("rejected connection from {}: too many unauthenticated connections", peer);
+  if (handshakes_.size() >=
+      kMaxHandshakesBase + 2 * static_cast<size_t>(options_.num_nodes)) {
+    spdlog::warn(
+        "rejected connection from {}: too many unauthenticated connections",
+        peer);
     return;  // the socket closes here
   }
   proto::Channel::Limits limits;
   limits.max_frame_bytes = kHandshakeMaxFrameBytes;
-  hs->channel = proto::Channel::Create(proto::Channel::Socket(std::move(socket)),
-                                       peer, limits);
+  hs->channel = proto::Channel::Create(
+      proto::Channel::Socket(std::move(socket)), peer, limits);
   handshakes_[hs.get()] = hs;
   Handshake* key = hs.get();
   hs->channel->Start({

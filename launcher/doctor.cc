@@ -49,7 +49,10 @@ int RunDoctor(const LaunchOptions& options, const Plan& plan) {
   auto work = boost::asio::make_work_guard(io);
   const std::string agent =
       options.agent_path.empty() ? DefaultAgentPath() : options.agent_path;
-  ssh.Preflight(SshTargets(options, plan), agent, ExpectedAgentVersion(),
+  auto command_for = [agent](int, const std::string&) {
+    return ShellQuote(agent) + " --version";
+  };
+  ssh.Preflight(SshTargets(options, plan), command_for, ExpectedAgentVersion(),
                 [&](std::vector<NodeCheck> result) {
                   checks = std::move(result);
                   work.reset();

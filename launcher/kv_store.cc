@@ -91,9 +91,10 @@ void KvStore::Park(const wire::StoreRequest& request, Reply reply) {
     if (ec || it == waiters_.end()) return;  // answered or failed meanwhile
     Waiter expired = std::move(it->second);
     waiters_.erase(it);
-    expired.reply(Error(expired.request.id(),
-                        "timeout after " + std::to_string(expired.request.timeout_ms()) +
-                            " ms waiting for key '" + expired.request.keys(0) + "'"));
+    expired.reply(
+        Error(expired.request.id(),
+              "timeout after " + std::to_string(expired.request.timeout_ms()) +
+                  " ms waiting for key '" + expired.request.keys(0) + "'"));
   });
 }
 

@@ -200,7 +200,8 @@ void Launcher::OnAgentMessage(int node_rank, wire::Envelope&& msg) {
       return;
     case wire::Envelope::kWorkerStarted: {
       auto it = ranks_.find(msg.worker_started().rank());
-      if (it == ranks_.end() || it->second.node_rank != node_rank || it->second.started) {
+      if (it == ranks_.end() || it->second.node_rank != node_rank ||
+          it->second.started) {
         spdlog::warn("node {}: start of unknown rank {}", node_rank,
                      msg.worker_started().rank());
         return;

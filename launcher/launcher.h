@@ -83,6 +83,8 @@ class Launcher : public ControlServer::Delegate, public Starter::Delegate {
   Status StartAgents(int port);
   Status StartPdsh(int port);
   void OnPreflightDone(int port, const std::vector<NodeCheck>& checks);
+  std::vector<std::string> AgentArgv(int node_rank, std::string connect_host,
+                                     int port) const;
   std::vector<AgentLaunch> MakeLaunches(
       int port, const std::vector<std::string>& connect_hosts);
   bool UseSsh() const;

@@ -53,23 +53,34 @@ bool Launcher::UseSsh() const {
   return false;
 }
 
-std::vector<AgentLaunch> Launcher::MakeLaunches(
-    int port, const std::vector<std::string>& connect_hosts) {
+std::vector<std::string> Launcher::AgentArgv(int node_rank,
+                                             std::string connect_host,
+                                             int port) const {
   const std::string agent =
       options_.agent_path.empty() ? DefaultAgentPath() : options_.agent_path;
+  if (!options_.control_addr.empty()) connect_host = options_.control_addr;
+  if (connect_host.find(':') != std::string::npos)
+    connect_host = "[" + connect_host + "]";
+  return {agent,
+          "--connect",
+          connect_host + ":" + std::to_string(port),
+          "--node_rank",
+          std::to_string(node_rank),
+          "--job_id",
+          job_id_,
+          "--log_level",
+          options_.log_level,
+          "--connect_timeout",
+          std::to_string(options_.start_timeout_s)};
+}
+
+std::vector<AgentLaunch> Launcher::MakeLaunches(
+    int port, const std::vector<std::string>& connect_hosts) {
   std::vector<AgentLaunch> launches;
   for (const auto& node : plan_.nodes) {
-    std::string host = options_.control_addr.empty()
-                           ? connect_hosts[node.node_rank]
-                           : options_.control_addr;
-    if (host.find(':') != std::string::npos) host = "[" + host + "]";
     launches.push_back(AgentLaunch{
-        node.node_rank,
-        node.host,
-        {agent, "--connect", host + ":" + std::to_string(port), "--node_rank",
-         std::to_string(node.node_rank), "--job_id", job_id_, "--log_level",
-         options_.log_level, "--connect_timeout",
-         std::to_string(options_.start_timeout_s)}});
+        node.node_rank, node.host,
+        AgentArgv(node.node_rank, connect_hosts[node.node_rank], port)});
   }
   return launches;
 }
@@ -117,9 +128,20 @@ Status Launcher::StartAgents(int port) {
   auto ssh = std::make_unique<SshStarter>(io_, this, options_.ssh_fanout);
   SshStarter* raw = ssh.get();
   starter_ = std::move(ssh);
-  const std::string agent =
-      options_.agent_path.empty() ? DefaultAgentPath() : options_.agent_path;
-  raw->Preflight(SshTargets(options_, plan_), agent, ExpectedAgentVersion(),
+  // One command per node: the agent announces its version (the preflight's
+  // check) and then waits for the secret, which comes only once every node
+  // has passed. A node that fails leaves nothing: its agent ends when the
+  // connection closes.
+  auto command_for = [this, port](int node, const std::string& local_addr) {
+    std::vector<std::string> argv = AgentArgv(node, local_addr, port);
+    argv.push_back("--announce");
+    std::string command;
+    for (const auto& w : argv)
+      command += (command.empty() ? "" : " ") + ShellQuote(w);
+    return command;
+  };
+  raw->Preflight(SshTargets(options_, plan_), command_for,
+                 ExpectedAgentVersion(),
                  [this, port](std::vector<NodeCheck> checks) {
                    OnPreflightDone(port, checks);
                  });

@@ -160,49 +160,51 @@ bool SshConnection::Authenticate(const SshTarget& target, SshFailure* failure) {
   return false;
 }
 
-StatusOr<std::pair<int, std::string>> SshConnection::Run(
+StatusOr<StartResult> SshConnection::StartAndReadLine(
     const std::string& command, double timeout_s) {
-  ssh_channel ch = ssh_channel_new(session_);
-  if (!ch || ssh_channel_open_session(ch) != SSH_OK ||
-      ssh_channel_request_exec(ch, command.c_str()) != SSH_OK) {
-    if (ch) ssh_channel_free(ch);
+  channel_ = ssh_channel_new(session_);
+  if (!channel_ || ssh_channel_open_session(channel_) != SSH_OK ||
+      ssh_channel_request_exec(channel_, command.c_str()) != SSH_OK) {
     return Unavailable(std::string("cannot run a command: ") +
                        ssh_get_error(session_));
   }
+  StartResult result;
   std::string out;
   char buf[4096];
   const auto deadline =
       std::chrono::steady_clock::now() +
       std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  while (!ssh_channel_is_eof(ch)) {
-    int n = ssh_channel_read_timeout(ch, buf, sizeof(buf), 0, 100);
+  while (true) {
+    const int n = ssh_channel_read_timeout(channel_, buf, sizeof(buf), 0, 50);
     if (n > 0) out.append(buf, static_cast<size_t>(n));
-    if (n < 0) break;
-    ssh_channel_read_timeout(ch, buf, sizeof(buf), 1, 0);  // drain stderr
+    if (const size_t nl = out.find('\n'); nl != std::string::npos) {
+      result.first_line = out.substr(0, nl);
+      return result;  // still running, channel open
+    }
+    int e;
+    while ((e = ssh_channel_read_nonblocking(channel_, buf, sizeof(buf), 1)) >
+           0) {
+      result.errors.append(buf, static_cast<size_t>(e));
+    }
+    if (n < 0 || ssh_channel_is_eof(channel_)) break;
     if (std::chrono::steady_clock::now() > deadline) {
-      ssh_channel_free(ch);
-      return DeadlineExceeded("command timed out");
+      return DeadlineExceeded("no answer within " + std::to_string(timeout_s) +
+                              " s");
     }
   }
-  ssh_channel_send_eof(ch);
-  int status = ssh_channel_get_exit_status(ch);
-  ssh_channel_close(ch);
-  ssh_channel_free(ch);
-  return std::make_pair(status, out);
+  result.first_line = out;
+  result.exit_status = ssh_channel_get_exit_status(channel_);
+  while (!result.errors.empty() && result.errors.back() == '\n')
+    result.errors.pop_back();
+  return result;
 }
 
-Status SshConnection::Start(const std::string& command,
-                            const std::string& stdin_data) {
-  channel_ = ssh_channel_new(session_);
-  if (!channel_ || ssh_channel_open_session(channel_) != SSH_OK ||
-      ssh_channel_request_exec(channel_, command.c_str()) != SSH_OK) {
-    return Unavailable(std::string("cannot start the agent: ") +
-                       ssh_get_error(session_));
-  }
-  const int n = ssh_channel_write(channel_, stdin_data.data(),
-                                  static_cast<uint32_t>(stdin_data.size()));
-  if (n != static_cast<int>(stdin_data.size())) {
-    return Unavailable(std::string("cannot hand the agent its secret: ") +
+Status SshConnection::WriteStdin(const std::string& data) {
+  if (!channel_) return Internal("no command running");
+  const int n = ssh_channel_write(channel_, data.data(),
+                                  static_cast<uint32_t>(data.size()));
+  if (n != static_cast<int>(data.size())) {
+    return Unavailable(std::string("cannot write to the agent: ") +
                        ssh_get_error(session_));
   }
   return Status::Ok();

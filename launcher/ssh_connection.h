@@ -34,6 +34,12 @@ struct SshFailure {
   std::string hint;     // what to do about it
 };
 
+struct StartResult {
+  std::string first_line;  // the command's first line of stdout
+  int exit_status = -1;    // -1 while it runs; else how it ended
+  std::string errors;      // its stderr, when it ended
+};
+
 class SshConnection {
  public:
   SshConnection() = default;
@@ -44,12 +50,13 @@ class SshConnection {
   // Resolves, connects, verifies the host key and authenticates. On failure
   // fills *failure and returns false.
   bool Open(const SshTarget& target, SshFailure* failure);
-  // Runs `command` to completion; returns its exit status and stdout.
-  StatusOr<std::pair<int, std::string>> Run(const std::string& command,
-                                            double timeout_s);
-  // Starts `command`, writes `stdin_data` to its stdin and keeps stdin open
-  // (the remote agent's lifeline) until Close().
-  Status Start(const std::string& command, const std::string& stdin_data);
+  // Starts `command` and reads its stdout up to the first newline. If the
+  // command ends first, the result carries its exit status and stderr.
+  // The channel stays open: its stdin is the remote agent's lifeline.
+  StatusOr<StartResult> StartAndReadLine(const std::string& command,
+                                         double timeout_s);
+  // Writes to the running command's stdin (the job secret).
+  Status WriteStdin(const std::string& data);
   void Close();
 
   ssh_session session() const { return session_; }

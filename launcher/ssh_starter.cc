@@ -15,9 +15,11 @@ namespace asio = boost::asio;
 struct SshStarter::Node {
   SshConnection conn;
   int node_rank = 0;
-  bool running = false;           // agent started, channel not ended
-  std::atomic<bool> kill{false};  // set by Kill(), acted on by Monitor()
-  std::string err_tail;           // agent stderr bytes without newline yet
+  bool running = false;                // agent started, channel not ended
+  std::atomic<bool> kill{false};       // set by Kill(), acted on by Monitor()
+  std::atomic<bool> cancelled{false};  // Kill() before the start
+  bool started = false;                // io thread only
+  std::string err_tail;                // agent stderr bytes without newline yet
 };
 
 std::string ExpectedAgentVersion() {
@@ -35,8 +37,10 @@ SshStarter::~SshStarter() {
   if (monitor_.joinable()) monitor_.join();
 }
 
+// Connects, then runs the node's command (the agent, which first prints its
+// version line) and checks that line.
 static NodeCheck CheckNode(SshConnection& conn, const SshTarget& target,
-                           const std::string& agent_path,
+                           const SshStarter::CommandFor& command_for, int node,
                            const std::string& expected) {
   const auto start = std::chrono::steady_clock::now();
   NodeCheck c;
@@ -45,27 +49,26 @@ static NodeCheck CheckNode(SshConnection& conn, const SshTarget& target,
   if (c.ok) {
     c.local_address = conn.local_address();
     c.peer_address = conn.peer_address();
-    auto out =
-        conn.Run(ShellQuote(agent_path) + " --version", target.timeout_s);
-    if (!out.ok()) {
-      c.ok = false;
-      c.failure = {"agent", out.status().message(), "check the node's sshd"};
-    } else if (out->first != 0) {
-      c.ok = false;
+    auto result = conn.StartAndReadLine(command_for(node, c.local_address),
+                                        target.timeout_s);
+    c.ok = false;
+    if (!result.ok()) {
+      c.failure = {"agent", result.status().message(), "check the node's sshd"};
+    } else if (result->exit_status > 0) {
       c.failure = {
           "agent",
-          agent_path + " is missing or does not run there (exit " +
-              std::to_string(out->first) + ")",
+          "the agent is missing or does not run there (exit " +
+              std::to_string(result->exit_status) + ": " + result->errors + ")",
           "install dsagent on the node at the same path, or pass --agent_path"};
+    } else if (result->first_line != expected) {
+      c.agent_version = result->first_line;
+      c.failure = {"agent",
+                   "version mismatch: node has '" + c.agent_version +
+                       "', launcher needs '" + expected + "'",
+                   "install the same dslaunch version on every node"};
     } else {
-      c.agent_version = out->second.substr(0, out->second.find('\n'));
-      if (c.agent_version != expected) {
-        c.ok = false;
-        c.failure = {"agent",
-                     "version mismatch: node has '" + c.agent_version +
-                         "', launcher needs '" + expected + "'",
-                     "install the same dslaunch version on every node"};
-      }
+      c.agent_version = result->first_line;
+      c.ok = true;
     }
   }
   c.seconds =
@@ -75,7 +78,7 @@ static NodeCheck CheckNode(SshConnection& conn, const SshTarget& target,
 }
 
 void SshStarter::Preflight(std::vector<SshTarget> targets,
-                           const std::string& agent_path,
+                           CommandFor command_for,
                            const std::string& expected_version,
                            PreflightDone done) {
   const size_t n = targets.size();
@@ -88,37 +91,35 @@ void SshStarter::Preflight(std::vector<SshTarget> targets,
   auto remaining = std::make_shared<size_t>(n);
   auto shared_done = std::make_shared<PreflightDone>(std::move(done));
   for (size_t i = 0; i < n; ++i) {
-    asio::post(
-        pool_, [this, i, target = targets[i], agent_path, expected_version,
+    asio::post(pool_,
+               [this, i, target = targets[i], command_for, expected_version,
                 remaining, shared_done, alive = alive_] {
-          if (stop_) return;
-          NodeCheck c =
-              CheckNode(nodes_[i]->conn, target, agent_path, expected_version);
-          c.node_rank = static_cast<int>(i);
-          asio::post(io_, [this, i, c, remaining, shared_done, alive] {
-            if (!*alive) return;
-            checks_[i] = c;
-            if (--*remaining == 0) (*shared_done)(checks_);
-          });
-        });
+                 NodeCheck c;
+                 if (stop_ || nodes_[i]->cancelled) {
+                   c.host = target.host;
+                   c.failure = {"connect", "cancelled", "the job was stopped"};
+                 } else {
+                   c = CheckNode(nodes_[i]->conn, target, command_for,
+                                 static_cast<int>(i), expected_version);
+                 }
+                 c.node_rank = static_cast<int>(i);
+                 asio::post(io_, [this, i, c, remaining, shared_done, alive] {
+                   if (!*alive) return;
+                   checks_[i] = c;
+                   if (--*remaining == 0) (*shared_done)(checks_);
+                 });
+               });
   }
 }
 
-Status SshStarter::Start(const std::vector<AgentLaunch>& launches,
+Status SshStarter::Start(const std::vector<AgentLaunch>&,
                          const std::string& secret) {
-  std::vector<std::string> commands(nodes_.size());
-  for (const auto& launch : launches) {
-    std::string cmd;
-    for (const auto& word : launch.argv)
-      cmd += (cmd.empty() ? "" : " ") + ShellQuote(word);
-    commands.at(static_cast<size_t>(launch.node_rank)) = cmd;
-  }
-  // Starting is a round trip per node; the monitor starts them one after the
-  // other (channel open and exec are pipelined per session by libssh) and
-  // then watches them.
-  monitor_ = std::thread([this, commands, secret] {
+  // The agents were started by the preflight and wait for the secret on
+  // stdin; handing it over is one write per node.
+  for (auto& node : nodes_) node->started = true;
+  monitor_ = std::thread([this, secret] {
     for (auto& node : nodes_) {
-      Status st = node->conn.Start(commands[node->node_rank], secret + "\n");
+      Status st = node->conn.WriteStdin(secret + "\n");
       if (st.ok()) {
         node->running = true;
         continue;
@@ -136,9 +137,18 @@ Status SshStarter::Start(const std::vector<AgentLaunch>& launches,
 }
 
 void SshStarter::Kill(int node_rank) {
-  if (node_rank >= 0 && static_cast<size_t>(node_rank) < nodes_.size()) {
-    nodes_[node_rank]->kill = true;
+  if (node_rank < 0 || static_cast<size_t>(node_rank) >= nodes_.size()) return;
+  Node& node = *nodes_[node_rank];
+  if (node.started) {
+    node.kill = true;  // the monitor thread acts on it
+    return;
   }
+  // Still in the preflight: nothing runs there for us to stop (an agent
+  // waiting for its secret exits when its connection closes).
+  if (node.cancelled.exchange(true)) return;
+  asio::post(io_, [this, node_rank, alive = alive_] {
+    if (*alive) delegate_->OnAgentProcessExited(node_rank, "was never started");
+  });
 }
 
 void SshStarter::Monitor() {

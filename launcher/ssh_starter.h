@@ -36,16 +36,21 @@ struct NodeCheck {
 class SshStarter : public Starter {
  public:
   using PreflightDone = std::function<void(std::vector<NodeCheck>)>;
+  // The command to run on node_rank, given this side's address toward it.
+  // It must print the agent's version line first; a job's agent then waits
+  // for its secret on stdin.
+  using CommandFor =
+      std::function<std::string(int node_rank, const std::string& local_addr)>;
 
   SshStarter(boost::asio::io_context& io, Delegate* delegate, int fanout);
   ~SshStarter() override;
 
-  // Connects to every target and checks that `agent_path --version` prints
-  // `expected_version`. `done` runs on the io_context thread with one result
-  // per target, in target order.
-  void Preflight(std::vector<SshTarget> targets, const std::string& agent_path,
+  // Connects to every target, runs its command and checks that the first
+  // line it prints is `expected_version`. `done` runs on the io_context
+  // thread with one result per target, in target order.
+  void Preflight(std::vector<SshTarget> targets, CommandFor command_for,
                  const std::string& expected_version, PreflightDone done);
-  // Starts the agents on the connections the preflight opened.
+  // Hands every agent the preflight started its secret (`launches` unused).
   Status Start(const std::vector<AgentLaunch>& launches,
                const std::string& secret) override;
   void Kill(int node_rank) override;

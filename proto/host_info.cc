@@ -1,10 +1,10 @@
 #include "proto/host_info.h"
 
 #include <arpa/inet.h>          // inet_ntop
+#include <fcntl.h>              // fcntl
 #include <ifaddrs.h>            // getifaddrs
 #include <linux/close_range.h>  // CLOSE_RANGE_CLOEXEC
 #include <net/if.h>             // IFF_LOOPBACK
-#include <fcntl.h>              // fcntl
 #include <signal.h>             // sigprocmask, signal
 #include <sys/resource.h>       // getrlimit
 #include <unistd.h>             // close_range
@@ -43,8 +43,10 @@ void PrepareChildForExec() {
   if (::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
     // Kernels before 5.11: mark each descriptor (async-signal-safe calls).
     rlimit lim{};
-    const int max_fd = ::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < 65536
-                           ? static_cast<int>(lim.rlim_cur) : 65536;
+    const int max_fd =
+        ::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < 65536
+            ? static_cast<int>(lim.rlim_cur)
+            : 65536;
     for (int fd = 3; fd < max_fd; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   }
 }

@@ -190,7 +190,7 @@ class Preflight(ClusterTest):
 
     def test_missing_remote_agent(self):
         self.assert_fails_fast(self.ssh_args(extra=["--agent_path", "/nonexistent/dsagent"]),
-                               "/nonexistent/dsagent is missing")
+                               "/nonexistent/dsagent: No such file")
 
     def test_doctor_prints_a_table_per_node(self):
         argv = self.ssh_args()
