@@ -43,7 +43,7 @@ void Console::Line(int rank, bool is_stderr, std::string_view line,
   std::string text = prefix_[rank];
   text.append(line);
   text.push_back('\n');
-  std::fwrite(text.data(), 1, text.size(), is_stderr ? err_ : out_);
+  terminal_.Write(is_stderr ? err_ : out_, std::move(text));
   if (auto it = logs_.find(rank); it != logs_.end()) {
     std::fwrite(line.data(), 1, line.size(), it->second);
     if (!partial) std::fputc('\n', it->second);
@@ -75,7 +75,7 @@ void Console::Progress(int rank, std::string_view json, double time) {
   if (rank == 0) {
     std::string text =
         "[" + host_[rank] + ":0 progress] " + ProgressSummary(json) + "\n";
-    std::fwrite(text.data(), 1, text.size(), err_);
+    terminal_.Write(err_, std::move(text));
   }
 }
 
@@ -83,12 +83,11 @@ void Console::Note(std::string_view message) {
   std::string text = "dslaunch: ";
   text.append(message);
   text.push_back('\n');
-  std::fwrite(text.data(), 1, text.size(), err_);
+  terminal_.Write(err_, std::move(text));
 }
 
 void Console::Flush() {
-  std::fflush(out_);
-  std::fflush(err_);
+  // Log files here; the terminal flushes on its own thread.
   for (auto& [rank, f] : logs_) std::fflush(f);
   if (metrics_) std::fflush(metrics_);
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "launcher/plan.h"
+#include "launcher/terminal_writer.h"
 #include "proto/status.h"
 
 namespace dslaunch::launcher {
@@ -32,12 +33,15 @@ class Console {
   // The launcher's own message, to stderr, prefixed "dslaunch: ".
   void Note(std::string_view message);
   void Flush();
+  // Returns once every console line so far has reached stdout/stderr.
+  void DrainTerminal() { terminal_.Drain(); }
   const std::deque<std::string>& LastLines(int rank) { return last_[rank]; }
   int64_t progress_records() const { return progress_records_; }
 
  private:
   FILE* out_;
   FILE* err_;
+  TerminalWriter terminal_;
   std::map<int, std::string> prefix_;  // rank -> "[host:rank] "
   std::map<int, std::string> host_;
   std::map<int, FILE*> logs_;

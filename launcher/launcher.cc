@@ -132,6 +132,7 @@ int Launcher::Run() {
   console_.Flush();
   PrintReport();
   console_.Flush();
+  console_.DrainTerminal();
   return ExitCode();
 }
 

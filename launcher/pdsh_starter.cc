@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -10,6 +11,8 @@
 
 #include <array>
 #include <boost/asio/buffer.hpp>
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 
@@ -134,6 +137,42 @@ int PdshStarter::NodeOf(const std::string& host) const {
   return -1;
 }
 
+// Reads both pipes to their end, together (so neither can fill up and stall
+// pdsh), for at most `timeout_s`; then kills pdsh's process group.
+static void ReadBoth(int out_fd, int err_fd, double timeout_s, pid_t pid,
+                     std::string* out, std::string* err) {
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  pollfd fds[2] = {{out_fd, POLLIN, 0}, {err_fd, POLLIN, 0}};
+  std::string* sinks[2] = {out, err};
+  std::array<char, 4096> buf;
+  int open = 2;
+  while (open > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      ::kill(-pid, SIGKILL);
+      break;
+    }
+    if (::poll(fds, 2, static_cast<int>(left.count())) < 0 && errno != EINTR)
+      break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR)))
+        continue;
+      const ssize_t n = ::read(fds[i].fd, buf.data(), buf.size());
+      if (n > 0) {
+        sinks[i]->append(buf.data(), static_cast<size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        fds[i].fd = -1;
+        --open;
+      }
+    }
+  }
+  ::close(out_fd);
+  ::close(err_fd);
+}
+
 // What one line of pdsh output says about a node that has not passed yet;
 // `before` is what an earlier line said (the remote shell's own complaint).
 static SshFailure PdshFailure(bool is_err, const std::string& said,
@@ -176,14 +215,7 @@ std::vector<NodeCheck> PdshStarter::Preflight(const std::string& agent_path,
                 &out_fd, &err_fd);
   if (pid < 0) return checks;
   std::string out, err;
-  std::array<char, 4096> buf;
-  for (int fd : {out_fd, err_fd}) {
-    ssize_t n;
-    while ((n = ::read(fd, buf.data(), buf.size())) > 0) {
-      (fd == out_fd ? out : err).append(buf.data(), static_cast<size_t>(n));
-    }
-    ::close(fd);
-  }
+  ReadBoth(out_fd, err_fd, settings_.timeout_s + 5, pid, &out, &err);
   int status = 0;
   ::waitpid(pid, &status, 0);
   auto scan = [&](const std::string& text, bool is_err) {

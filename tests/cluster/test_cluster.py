@@ -188,6 +188,21 @@ class Preflight(ClusterTest):
                                      % (victim, known))
         self.assertIn("node 1 (%s)" % victim, err)
 
+    def test_unknown_host_key_is_refused_unless_accept_new(self):
+        known = os.path.join(self.dir, "empty_known_hosts")
+        open(known, "w").close()
+        argv = self.ssh_args()
+        argv[argv.index("--ssh_known_hosts") + 1] = known
+        self.assert_fails_fast(argv, "is not in %s" % known)
+        p = self.run_job(argv + ["--ssh_host_key_check", "accept-new", "true"], timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        with open(known) as f:
+            learned = f.read()
+        for n in CLUSTER["nodes"]:
+            self.assertIn(n, learned)
+        p = self.run_job(argv + ["true"], timeout=60)  # strict now passes
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+
     def test_missing_remote_agent(self):
         self.assert_fails_fast(self.ssh_args(extra=["--agent_path", "/nonexistent/dsagent"]),
                                "/nonexistent/dsagent: No such file")
