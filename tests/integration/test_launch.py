@@ -92,6 +92,18 @@ class EnvContract(LaunchTest):
         self.assertEqual(arrived, [1, 2, 3, 4, 5, 6])
 
 
+class Collectives(LaunchTest):
+    def test_gloo_comm_rendezvous_through_the_store(self):
+        probe = os.path.join(os.path.dirname(DSLAUNCH), "comm_probe")
+        for nodes, slots in [(3, 1), (2, 2)]:
+            with self.subTest(shape="%dx%d" % (nodes, slots)):
+                p = self.run_job(self.args(nodes=nodes, slots=slots) + [probe], timeout=120)
+                self.assertEqual(p.returncode, 0, p.stderr.decode())
+                world = nodes * slots
+                for r in range(world):
+                    self.assertIn("comm ok %d/%d" % (r, world), p.stdout.decode())
+
+
 class FailFast(LaunchTest):
     def fail_job(self, how, victim=3):
         return self.run_job(self.args(extra=["--kill_grace", "5"]) +
