@@ -1,0 +1,40 @@
+#include "worker/progress_reporter.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+#include "proto/progress.h"
+
+namespace dslaunch::worker {
+namespace {
+
+TEST(ProgressReporter, RecordIsValidJsonAndTheLossRoundTrips) {
+  StepReport r;
+  r.step = 42;
+  r.loss = 2.3456789f;
+  r.lr = 6e-4;
+  r.grad_norm = 1.25f;
+  r.tokens_per_s = 51200.5;
+  r.samples_per_s = 50;
+  r.model_state_bytes = 16 * 124439808LL;
+  const std::string json = FormatStepReport(r, 123456789);
+  ASSERT_TRUE(proto::ValidateProgressRecord(json).ok()) << json;
+  auto parsed = nlohmann::json::parse(json);
+  EXPECT_EQ(parsed["step"], 42);
+  EXPECT_EQ(static_cast<float>(parsed["loss"].get<double>()), r.loss);  // bit-exact
+  EXPECT_EQ(parsed["model_state_bytes"], 16 * 124439808LL);
+  EXPECT_EQ(parsed["rss_bytes"], 123456789);
+}
+
+TEST(ProgressReporter, WithoutALauncherReportingIsANoOp) {
+  ::unsetenv("DSLAUNCH_PROGRESS");
+  ProgressReporter reporter;
+  EXPECT_FALSE(reporter.connected());
+  reporter.Report(StepReport{});
+  EXPECT_GT(ResidentBytes(), 0);
+}
+
+}  // namespace
+}  // namespace dslaunch::worker
