@@ -20,9 +20,10 @@ class Comm {
   virtual int size() const = 0;
   // Sum over ranks, in place.
   virtual Status AllReduceSum(float* data, size_t n) = 0;
-  // `in` holds size() chunks of `chunk` floats; rank r gets the sum of every
-  // rank's chunk r in `out`.
-  virtual Status ReduceScatterSum(const float* in, float* out, size_t chunk) = 0;
+  // `data` holds size() chunks of `chunk` floats; rank r gets the sum of
+  // every rank's chunk r in `out`. `data` is the working buffer and is
+  // clobbered (no copy of it is made); `out` may be data + rank() * chunk.
+  virtual Status ReduceScatterSum(float* data, float* out, size_t chunk) = 0;
   // Every rank's `chunk` floats of `in`, in rank order, into `out`
   // (size() * chunk floats).
   virtual Status AllGather(const float* in, float* out, size_t chunk) = 0;

@@ -30,8 +30,8 @@ class SingleRankComm : public Comm {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   Status AllReduceSum(float*, size_t) override { return Status::Ok(); }
-  Status ReduceScatterSum(const float* in, float* out, size_t chunk) override {
-    if (in != out) std::memmove(out, in, chunk * sizeof(float));
+  Status ReduceScatterSum(float* data, float* out, size_t chunk) override {
+    if (data != out) std::memmove(out, data, chunk * sizeof(float));
     return Status::Ok();
   }
   Status AllGather(const float* in, float* out, size_t chunk) override {
@@ -49,7 +49,8 @@ std::string AddressToward(const std::string& peer) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* res = nullptr;
-  if (peer.empty() || ::getaddrinfo(peer.c_str(), "9", &hints, &res) != 0) return "";
+  if (peer.empty() || ::getaddrinfo(peer.c_str(), "9", &hints, &res) != 0)
+    return "";
   std::string out;
   int fd = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   sockaddr_storage a{};
@@ -57,10 +58,11 @@ std::string AddressToward(const std::string& peer) {
   if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
     char buf[INET6_ADDRSTRLEN] = {0};
-    const void* ip =
-        a.ss_family == AF_INET
-            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&a)->sin_addr)
-            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&a)->sin6_addr);
+    const void* ip = a.ss_family == AF_INET
+                         ? static_cast<const void*>(
+                               &reinterpret_cast<sockaddr_in*>(&a)->sin_addr)
+                         : static_cast<const void*>(
+                               &reinterpret_cast<sockaddr_in6*>(&a)->sin6_addr);
     if (::inet_ntop(a.ss_family, ip, buf, sizeof(buf))) out = buf;
   }
   if (fd >= 0) ::close(fd);
@@ -73,7 +75,8 @@ std::string AddressToward(const std::string& peer) {
 // Gloo's Store on the launcher's key/value store (through the agent).
 class LauncherStore : public gloo::rendezvous::Store {
  public:
-  LauncherStore(std::unique_ptr<proto::StoreClient> client, std::chrono::milliseconds timeout)
+  LauncherStore(std::unique_ptr<proto::StoreClient> client,
+                std::chrono::milliseconds timeout)
       : client_(std::move(client)), timeout_(timeout) {}
   void set(const std::string& key, const std::vector<char>& data) override {
     Check(client_->Set(key, std::string(data.begin(), data.end())), key);
@@ -83,7 +86,9 @@ class LauncherStore : public gloo::rendezvous::Store {
     Check(value.status(), key);
     return std::vector<char>(value->begin(), value->end());
   }
-  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys) override {
+    wait(keys, timeout_);
+  }
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override {
     Check(client_->Wait(keys, timeout), keys.empty() ? "" : keys[0]);
@@ -93,7 +98,8 @@ class LauncherStore : public gloo::rendezvous::Store {
   // Gloo's Store interface reports failure by exception; ConnectGloo
   // catches it at the edge.
   static void Check(const Status& st, const std::string& key) {
-    if (!st.ok()) throw std::runtime_error("store key '" + key + "': " + st.message());
+    if (!st.ok())
+      throw std::runtime_error("store key '" + key + "': " + st.message());
   }
   std::unique_ptr<proto::StoreClient> client_;
   std::chrono::milliseconds timeout_;
@@ -110,13 +116,14 @@ class GlooComm : public Comm {
     return Guard("all-reduce", [&] {
       gloo::AllreduceOptions opts(context_);
       opts.setOutput(data, n);
-      opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
-          &gloo::sum<float>));
+      opts.setReduceFunction(
+          static_cast<void (*)(void*, const void*, const void*, size_t)>(
+              &gloo::sum<float>));
       gloo::allreduce(opts);
     });
   }
 
-  Status ReduceScatterSum(const float* in, float* out, size_t chunk) override;
+  Status ReduceScatterSum(float* data, float* out, size_t chunk) override;
 
   Status AllGather(const float* in, float* out, size_t chunk) override {
     return Guard("all-gather", [&] {
@@ -155,52 +162,57 @@ class GlooComm : public Comm {
   }
 
   std::shared_ptr<gloo::rendezvous::Context> context_;
-  std::vector<float> scratch_;
+  std::vector<float> incoming_;  // one chunk from the left neighbour
 };
 
 // Ring reduce-scatter: in size()-1 steps every rank passes one partial chunk
 // to its right neighbour and adds the one from its left; each link carries
 // (size()-1)/size() of the data, as in NCCL's ring.
-Status GlooComm::ReduceScatterSum(const float* in, float* out, size_t chunk) {
+Status GlooComm::ReduceScatterSum(float* data, float* out, size_t chunk) {
   const int n = size(), r = rank();
-  if (n == 1) {
-    std::memmove(out, in, chunk * sizeof(float));
-    return Status::Ok();
+  if (n > 1) {
+    Status st = Guard("reduce-scatter", [&] {
+      incoming_.resize(chunk);
+      const size_t bytes = chunk * sizeof(float);
+      auto send_buf = context_->createUnboundBuffer(data, bytes * n);
+      auto recv_buf = context_->createUnboundBuffer(incoming_.data(), bytes);
+      const int right = (r + 1) % n, left = (r + n - 1) % n;
+      const auto timeout = context_->getTimeout();
+      for (int step = 0; step < n - 1; ++step) {
+        // Pass on the partial sum that ends `step + 1` ranks to the right;
+        // add the one coming from the left into its chunk.
+        const int send_chunk = (r - step - 1 + 2 * n) % n;
+        const int recv_chunk = (r - step - 2 + 2 * n) % n;
+        const uint64_t slot = context_->nextSlot();
+        send_buf->send(right, slot, send_chunk * bytes, bytes);
+        recv_buf->recv(left, slot, 0, bytes);
+        recv_buf->waitRecv(timeout);
+        send_buf->waitSend(timeout);
+        float* acc = data + recv_chunk * chunk;
+        for (size_t i = 0; i < chunk; ++i) acc[i] += incoming_[i];
+      }
+    });
+    RETURN_IF_ERROR(st);
   }
-  return Guard("reduce-scatter", [&] {
-    scratch_.assign(in, in + chunk * n);  // partial sums, chunk by chunk
-    std::vector<float> incoming(chunk);
-    auto send_buf = context_->createUnboundBuffer(scratch_.data(), scratch_.size() * sizeof(float));
-    auto recv_buf = context_->createUnboundBuffer(incoming.data(), chunk * sizeof(float));
-    const int right = (r + 1) % n, left = (r + n - 1) % n;
-    const auto timeout = context_->getTimeout();
-    for (int step = 0; step < n - 1; ++step) {
-      // Send the chunk whose reduction ends up `step + 1` ranks to the right.
-      const int send_chunk = (r - step - 1 + 2 * n) % n;
-      const int recv_chunk = (r - step - 2 + 2 * n) % n;
-      const uint64_t slot = context_->nextSlot();
-      send_buf->send(right, slot, send_chunk * chunk * sizeof(float), chunk * sizeof(float));
-      recv_buf->recv(left, slot, 0, chunk * sizeof(float));
-      recv_buf->waitRecv(timeout);
-      send_buf->waitSend(timeout);
-      float* acc = scratch_.data() + recv_chunk * chunk;
-      for (size_t i = 0; i < chunk; ++i) acc[i] += incoming[i];
-    }
-    std::memcpy(out, scratch_.data() + r * chunk, chunk * sizeof(float));
-  });
+  if (out != data + r * chunk)
+    std::memmove(out, data + r * chunk, chunk * sizeof(float));
+  return Status::Ok();
 }
 
 #endif  // DSL_HAVE_GLOO
 
 }  // namespace
 
-std::unique_ptr<Comm> MakeSingleRankComm() { return std::make_unique<SingleRankComm>(); }
+std::unique_ptr<Comm> MakeSingleRankComm() {
+  return std::make_unique<SingleRankComm>();
+}
 
 StatusOr<std::unique_ptr<Comm>> ConnectGloo(const GlooOptions& o) {
 #if DSL_HAVE_GLOO
   auto client = std::make_unique<proto::StoreClient>();
   RETURN_IF_ERROR(client->Connect(o.store_address));
-  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
+  const auto timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = o.bind_address;
@@ -210,7 +222,8 @@ StatusOr<std::unique_ptr<Comm>> ConnectGloo(const GlooOptions& o) {
     auto context = std::make_shared<gloo::rendezvous::Context>(o.rank, o.size);
     context->setTimeout(timeout);
     context->connectFullMesh(prefixed, device);
-    return std::unique_ptr<Comm>(std::make_unique<GlooComm>(std::move(context)));
+    return std::unique_ptr<Comm>(
+        std::make_unique<GlooComm>(std::move(context)));
   } catch (const std::exception& e) {
     return Unavailable(std::string("gloo rendezvous failed: ") + e.what());
   }
@@ -231,9 +244,12 @@ StatusOr<std::unique_ptr<Comm>> CommFromEnvironment() {
   if (o.size <= 1) return MakeSingleRankComm();
   o.store_address = env("DSLAUNCH_STORE");
   if (o.store_address.empty()) {
-    return InvalidArgument("WORLD_SIZE > 1 but DSLAUNCH_STORE is unset: start ranks with dslaunch");
+    return InvalidArgument(
+        "WORLD_SIZE > 1 but DSLAUNCH_STORE is unset: start ranks with "
+        "dslaunch");
   }
-  o.key_prefix = env("DSLAUNCH_JOB_ID") + "/" + env("TORCHELASTIC_RESTART_COUNT") + "/gloo";
+  o.key_prefix = env("DSLAUNCH_JOB_ID") + "/" +
+                 env("TORCHELASTIC_RESTART_COUNT") + "/gloo";
   o.bind_address = AddressToward(env("MASTER_ADDR"));
   return ConnectGloo(o);
 }

@@ -33,7 +33,8 @@ int main() {
   }
   // Reduce-scatter: my chunk of the same sums.
   std::vector<float> mine(chunk);
-  if (auto st = c.ReduceScatterSum(data.data(), mine.data(), chunk); !st.ok()) {
+  std::vector<float> work = data;  // clobbered
+  if (auto st = c.ReduceScatterSum(work.data(), mine.data(), chunk); !st.ok()) {
     return Fail("reduce-scatter", st);
   }
   for (size_t i = 0; i < chunk; ++i) {

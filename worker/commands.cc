@@ -1,0 +1,123 @@
+#include "worker/commands.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+
+#include "worker/bpe.h"
+#include "worker/comm.h"
+#include "worker/data_loader.h"
+#include "worker/model.h"
+#include "worker/train_config.h"
+#include "worker/trainer.h"
+
+namespace dslaunch::worker {
+
+static int Fail(const Status& st) {
+  std::fprintf(stderr, "dsworker: %s\n", st.message().c_str());
+  switch (st.code()) {
+    case StatusCode::kInvalidArgument:
+      return 64;
+    case StatusCode::kDataError:
+      return 65;
+    case StatusCode::kUnavailable:
+      return 69;
+    default:
+      return 70;
+  }
+}
+
+int RunTrain(const TrainArgs& args) {
+  const char* world_env = std::getenv("WORLD_SIZE");
+  const int world = world_env ? std::atoi(world_env) : 1;
+  auto config = LoadTrainConfig(args.config, world);
+  if (!config.ok()) return Fail(config.status());
+  for (const auto& o : args.overrides) {
+    if (Status st = ApplyOverride(&*config, o); !st.ok()) return Fail(st);
+  }
+  auto comm = CommFromEnvironment();
+  if (!comm.ok()) return Fail(comm.status());
+  if ((*comm)->rank() == 0) {
+    for (const auto& w : config->warnings)
+      std::fprintf(stderr, "dsworker: warning: %s\n", w.c_str());
+  }
+  TrainOptions options;
+  options.init_model = args.init_model;
+  auto trainer = Trainer::Create(*config, std::move(comm).value(), options);
+  if (!trainer.ok()) return Fail(trainer.status());
+  auto result = (*trainer)->Run();
+  if (!result.ok()) return Fail(result.status());
+  if (!args.save_model.empty()) {
+    Model& m = (*trainer)->model();
+    auto params = m.params().first(m.layout().num_params());
+    if (Status st = WriteModelFile(args.save_model, m.layout(), params);
+        !st.ok())
+      return Fail(st);
+  }
+  return 0;
+}
+
+int RunPrepare(const PrepareArgs& args) {
+  auto r = Prepare(args.options);
+  if (!r.ok()) return Fail(r.status());
+  std::printf(
+      "tokenizer: %d tokens; train %lld tokens, val %lld tokens in %s\n",
+      r->vocab_size, static_cast<long long>(r->train_tokens),
+      static_cast<long long>(r->val_tokens), args.options.out_dir.c_str());
+  return 0;
+}
+
+int RunEval(const EvalArgs& args) {
+  auto model = ReadModelFile(args.model);
+  if (!model.ok()) return Fail(model.status());
+  auto shard = OpenShard(args.data);
+  if (!shard.ok()) return Fail(shard.status());
+  const int64_t need = static_cast<int64_t>(args.batch) * args.seq + 1;
+  if (args.batch < 1 || args.seq < 1 ||
+      args.seq > (*model)->config().max_seq_len) {
+    return Fail(InvalidArgument(
+        "--batch and --seq must be >= 1, --seq <= the model's maxT"));
+  }
+  if (shard->num_tokens() < need)
+    return Fail(DataError(args.data + ": fewer tokens than B*T+1"));
+  if (Status st = shard->ValidateTokens((*model)->config().vocab_size);
+      !st.ok())
+    return Fail(st);
+  std::vector<int> in(need - 1), tgt(need - 1);
+  for (int64_t i = 0; i + 1 < need; ++i) {
+    in[i] = shard->tokens()[i];
+    tgt[i] = shard->tokens()[i + 1];
+  }
+  const float loss =
+      (*model)->Forward(in.data(), tgt.data(), args.batch, args.seq);
+  std::printf("{\"loss\": %.9g}\n", loss);
+  return 0;
+}
+
+int RunSample(const SampleArgs& args) {
+  auto model = ReadModelFile(args.model);
+  if (!model.ok()) return Fail(model.status());
+  auto tok = BpeTokenizer::Load(args.tokenizer);
+  if (!tok.ok()) return Fail(tok.status());
+  const ModelConfig& c = (*model)->config();
+  std::vector<int> ids = {BpeTokenizer::kEndOfText};
+  for (int id : tok->Encode(args.prompt)) ids.push_back(id);
+  std::mt19937_64 rng(args.seed);
+  std::string out = args.prompt;
+  for (int i = 0; i < args.tokens; ++i) {
+    const int T = std::min<int>(static_cast<int>(ids.size()), c.max_seq_len);
+    std::vector<int> window(ids.end() - T, ids.end());
+    (*model)->Forward(window.data(), nullptr, 1, T);
+    const float* p = (*model)->probs().data() +
+                     static_cast<size_t>(T - 1) * c.padded_vocab_size;
+    std::discrete_distribution<int> pick(p, p + c.vocab_size);
+    const int next = pick(rng);
+    if (next == BpeTokenizer::kEndOfText) break;
+    ids.push_back(next);
+    out += tok->TokenBytes(next);
+  }
+  std::printf("%s\n", out.c_str());
+  return 0;
+}
+
+}  // namespace dslaunch::worker

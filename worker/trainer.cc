@@ -1,0 +1,228 @@
+#include "worker/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "worker/cpu_adam.h"
+#include "worker/partition.h"
+
+namespace dslaunch::worker {
+
+Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Comm> comm)
+    : config_(config), comm_(std::move(comm)) {}
+
+StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    const TrainConfig& config, std::unique_ptr<Comm> comm,
+    const TrainOptions& options) {
+  if (config.zero.stage > 1) {
+    return InvalidArgument("zero_optimization.stage " +
+                           std::to_string(config.zero.stage) +
+                           ": the CPU engine runs stages 0 and 1 so far");
+  }
+  if (config.fp16.enabled || config.bf16) {
+    return InvalidArgument("fp16/bf16: the CPU engine trains in fp32");
+  }
+  std::unique_ptr<Trainer> t(new Trainer(config, std::move(comm)));
+  RETURN_IF_ERROR(t->Init(options));
+  return t;
+}
+
+Status Trainer::Init(const TrainOptions& options) {
+  const ModelSection& m = config_.model;
+  ModelConfig mc =
+      ModelConfig::Make(m.seq_len, m.vocab_size, m.n_layer, m.n_head, m.n_embd);
+  RETURN_IF_ERROR(mc.Validate());
+  if (!options.init_model.empty()) {
+    ASSIGN_OR_RETURN(model_, ReadModelFile(options.init_model));
+  } else {
+    ASSIGN_OR_RETURN(model_, Model::Create(mc));
+    model_->InitParams(config_.train.seed);
+  }
+  const int world = comm_->size(), rank = comm_->rank();
+  // Every rank holds whole parameters and gradients (stages 0 and 1), padded
+  // so the gradients split evenly for the reduce-scatter.
+  const Partition part = MakePartition(model_->layout().num_params(), world);
+  model_->PadFlatBuffers(part.padded());
+  shard_begin_ = config_.zero.stage == 0 ? 0 : part.begin(rank);
+  shard_size_ =
+      config_.zero.stage == 0 ? model_->layout().num_params() : part.shard;
+  m_.assign(shard_size_, 0.0f);
+  v_.assign(shard_size_, 0.0f);
+  DataLoaderOptions d;
+  d.pattern = config_.data.train;
+  d.batch_size = config_.batch.micro_batch_per_gpu;
+  d.seq_len = m.seq_len;
+  d.rank = rank;
+  d.world_size = world;
+  d.shuffle = config_.data.shuffle;
+  d.seed = config_.train.seed;
+  d.vocab_size = m.vocab_size;
+  ASSIGN_OR_RETURN(train_, DataLoader::Open(d));
+  if (!config_.data.val.empty()) {
+    d.pattern = config_.data.val;
+    d.shuffle = false;
+    ASSIGN_OR_RETURN(val_, DataLoader::Open(d));
+  }
+  return Status::Ok();
+}
+
+int64_t Trainer::model_state_bytes() const {
+  const int64_t n = static_cast<int64_t>(model_->params().size());
+  return 4 * (n + static_cast<int64_t>(model_->grads().size())) +
+         4 * static_cast<int64_t>(m_.size() + v_.size());
+}
+
+Status Trainer::ReduceGradients() {
+  const int world = comm_->size();
+  float* g = model_->grads().data();
+  if (world == 1) return Status::Ok();
+  const float scale = 1.0f / static_cast<float>(world);
+  if (config_.zero.stage == 0) {
+    const size_t n = model_->layout().num_params();
+    RETURN_IF_ERROR(comm_->AllReduceSum(g, n));
+    for (size_t i = 0; i < n; ++i) g[i] *= scale;
+    return Status::Ok();
+  }
+  // Stage 1: only this rank's part of the reduced gradients is needed.
+  RETURN_IF_ERROR(comm_->ReduceScatterSum(g, g + shard_begin_, shard_size_));
+  for (size_t i = 0; i < shard_size_; ++i) g[shard_begin_ + i] *= scale;
+  return Status::Ok();
+}
+
+StatusOr<float> Trainer::GlobalGradNorm() {
+  const float* g = model_->grads().data() + shard_begin_;
+  const size_t real = std::min(
+      shard_size_, model_->layout().num_params() -
+                       std::min(shard_begin_, model_->layout().num_params()));
+  double sum = 0;
+#pragma omp parallel for reduction(+ : sum)
+  for (size_t i = 0; i < real; ++i) sum += static_cast<double>(g[i]) * g[i];
+  if (config_.zero.stage > 0 && comm_->size() > 1) {
+    float partial = static_cast<float>(sum);
+    RETURN_IF_ERROR(comm_->AllReduceSum(&partial, 1));
+    sum = partial;
+  }
+  return static_cast<float>(std::sqrt(sum));
+}
+
+Status Trainer::UpdateParameters(double lr, float clip_scale) {
+  float* p = model_->params().data();
+  float* g = model_->grads().data();
+  if (clip_scale != 1.0f) {
+    for (size_t i = 0; i < shard_size_; ++i) g[shard_begin_ + i] *= clip_scale;
+  }
+  AdamParams a;
+  a.lr = lr;
+  a.beta1 = config_.optimizer.beta1;
+  a.beta2 = config_.optimizer.beta2;
+  a.eps = config_.optimizer.eps;
+  a.weight_decay = config_.optimizer.weight_decay;
+  a.adamw_mode = config_.optimizer.decoupled_weight_decay();
+  a.step = step_;
+  const size_t lo = shard_begin_, hi = shard_begin_ + shard_size_;
+  for (const DecaySegment& seg : model_->layout().DecaySegments()) {
+    const size_t b = std::max(lo, seg.range.begin),
+                 e = std::min(hi, seg.range.end);
+    if (b >= e) continue;
+    AdamStep(p + b, g + b, m_.data() + (b - lo), v_.data() + (b - lo), e - b, a,
+             seg.decay);
+  }
+  if (config_.zero.stage == 1 && comm_->size() > 1) {
+    std::vector<float> mine(p + shard_begin_, p + shard_begin_ + shard_size_);
+    RETURN_IF_ERROR(comm_->AllGather(mine.data(), p, shard_size_));
+  }
+  return Status::Ok();
+}
+
+StatusOr<StepResult> Trainer::Step() {
+  ++step_;
+  model_->ZeroGrad();
+  const int gas = config_.batch.gradient_accumulation_steps;
+  float loss = 0;
+  for (int micro = 0; micro < gas; ++micro) {
+    const Batch& b = train_->NextBatch();
+    loss += model_->Forward(b.inputs.data(), b.targets.data(), b.batch_size,
+                            b.seq_len);
+    model_->Backward(1.0f / static_cast<float>(gas));
+  }
+  loss /= static_cast<float>(gas);
+  RETURN_IF_ERROR(ReduceGradients());
+  StepResult r;
+  ASSIGN_OR_RETURN(r.grad_norm, GlobalGradNorm());
+  const double clip = config_.gradient_clipping;
+  const float clip_scale = clip > 0 && r.grad_norm > clip
+                               ? static_cast<float>(clip / (r.grad_norm + 1e-6))
+                               : 1.0f;
+  r.lr =
+      LearningRate(config_, step_ - 1);  // DeepSpeed steps its scheduler after
+  RETURN_IF_ERROR(UpdateParameters(r.lr, clip_scale));
+  if (comm_->size() > 1) {
+    RETURN_IF_ERROR(comm_->AllReduceSum(&loss, 1));
+    loss /= static_cast<float>(comm_->size());
+  }
+  r.loss = loss;
+  return r;
+}
+
+StatusOr<float> Trainer::Evaluate(int batches) {
+  if (!val_) return InvalidArgument("no data.val shard to evaluate on");
+  val_->Reset();
+  float loss = 0;
+  for (int i = 0; i < batches; ++i) {
+    const Batch& b = val_->NextBatch();
+    loss += model_->Forward(b.inputs.data(), b.targets.data(), b.batch_size,
+                            b.seq_len);
+  }
+  loss /= static_cast<float>(batches);
+  if (comm_->size() > 1) {
+    RETURN_IF_ERROR(comm_->AllReduceSum(&loss, 1));
+    loss /= static_cast<float>(comm_->size());
+  }
+  return loss;
+}
+
+StatusOr<StepResult> Trainer::Run() {
+  StepResult last;
+  const int every = std::max(1, config_.steps_per_print);
+  const int64_t tokens_per_step =
+      static_cast<int64_t>(config_.batch.train_batch_size) *
+      config_.model.seq_len;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int64_t s = 0; s < config_.train.steps; ++s) {
+    ASSIGN_OR_RETURN(last, Step());
+    if (step_ % every != 0 && s + 1 != config_.train.steps) continue;
+    const auto t1 = std::chrono::steady_clock::now();
+    const double dt = std::chrono::duration<double>(t1 - t0).count();
+    const int steps =
+        static_cast<int>(step_ % every == 0 ? every : step_ % every);
+    t0 = t1;
+    StepReport rep{
+        step_,
+        last.loss,
+        last.lr,
+        last.grad_norm,
+        tokens_per_step * steps / dt,
+        static_cast<double>(config_.batch.train_batch_size) * steps / dt,
+        model_state_bytes()};
+    progress_.Report(rep);
+    if (comm_->rank() == 0) {
+      std::printf(
+          "step %6lld  loss %.6f  lr %.3e  grad_norm %.4f  %.0f tok/s\n",
+          static_cast<long long>(step_), last.loss, last.lr, last.grad_norm,
+          rep.tokens_per_s);
+      std::fflush(stdout);
+    }
+    if (config_.train.eval_every > 0 && step_ % config_.train.eval_every == 0 &&
+        val_) {
+      ASSIGN_OR_RETURN(float val, Evaluate(4));
+      if (comm_->rank() == 0)
+        std::printf("step %6lld  val_loss %.6f\n",
+                    static_cast<long long>(step_), val);
+    }
+  }
+  return last;
+}
+
+}  // namespace dslaunch::worker

@@ -1,0 +1,66 @@
+// Trainer: one rank's training loop. It builds the model, the data loader
+// and the optimizer state for its ZeRO stage, runs steps (gradient
+// accumulation, gradient averaging across ranks, clipping by global norm,
+// AdamW with DeepSpeed's schedules), reports progress every steps_per_print
+// steps, and evaluates on the validation shard. Owned by dsworker's main;
+// single-threaded (the kernels use OpenMP inside).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/comm.h"
+#include "worker/data_loader.h"
+#include "worker/model.h"
+#include "worker/progress_reporter.h"
+#include "worker/train_config.h"
+
+namespace dslaunch::worker {
+
+struct TrainOptions {
+  std::string init_model;  // --init: an llm.c model file instead of random init
+  bool quiet = false;      // no per-step line on rank 0
+};
+
+struct StepResult {
+  float loss = 0;  // mean over ranks and micro-batches
+  float grad_norm = 0;
+  double lr = 0;
+};
+
+class Trainer {
+ public:
+  static StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
+                                                   std::unique_ptr<Comm> comm,
+                                                   const TrainOptions& options);
+  // Runs train.steps steps; returns the last step's result.
+  StatusOr<StepResult> Run();
+  StatusOr<StepResult> Step();  // one optimizer step
+  StatusOr<float> Evaluate(int batches);
+  // Parameters, gradients and optimizer state this rank holds, in bytes.
+  int64_t model_state_bytes() const;
+  Model& model() { return *model_; }
+  int64_t step() const { return step_; }
+
+ private:
+  Trainer(const TrainConfig& config, std::unique_ptr<Comm> comm);
+  Status Init(const TrainOptions& options);
+  Status ReduceGradients();
+  StatusOr<float> GlobalGradNorm();
+  Status UpdateParameters(double lr, float clip_scale);
+
+  TrainConfig config_;
+  std::unique_ptr<Comm> comm_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<DataLoader> train_;
+  std::unique_ptr<DataLoader> val_;
+  ProgressReporter progress_;
+  size_t shard_begin_ = 0, shard_size_ = 0;  // this rank's optimizer range
+  std::vector<float> m_, v_;                 // moments of that range
+  std::vector<float> grad_shard_;            // stage 1: the reduced gradients
+  int64_t step_ = 0;
+};
+
+}  // namespace dslaunch::worker
