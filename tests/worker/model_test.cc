@@ -4,6 +4,7 @@
 #include "worker/model.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>  // getpid
 
 #include <algorithm>
 #include <cmath>
@@ -65,8 +66,10 @@ void Perturb(Model& m, uint32_t seed) {
   for (float& p : m.params()) p += noise(rng);
 }
 
+// Unique per process: other runs of this binary may share the directory.
 std::string TempPath(const std::string& name) {
-  return ::testing::TempDir() + "/dsl_model_test_" + name + ".bin";
+  return ::testing::TempDir() + "/dsl_model_test_" + std::to_string(getpid()) +
+         "_" + name + ".bin";
 }
 
 std::vector<char> ReadBytes(const std::string& path) {

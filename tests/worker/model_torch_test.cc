@@ -2,7 +2,7 @@
 // tests/worker/torch_compare.py (float64 PyTorch under /usr/bin/python3) and
 // compares the loss and every gradient. Skips without PyTorch there.
 #include <gtest/gtest.h>
-#include <unistd.h>  // access
+#include <unistd.h>  // access, getpid
 
 #include <cmath>
 #include <cstdio>  // popen
@@ -67,7 +67,8 @@ TEST(ModelVsTorch, LossAndEveryGradientMatchPyTorch) {
   for (int& x : tokens) x = tok(rng);
   for (int& x : targets) x = tok(rng);
 
-  const std::string dir = ::testing::TempDir() + "/dsl_torch_";
+  const std::string dir =
+      ::testing::TempDir() + "/dsl_torch_" + std::to_string(getpid()) + "_";
   const std::string model_path = dir + "model.bin",
                     batch_path = dir + "batch.bin",
                     grads_path = dir + "grads.bin";
