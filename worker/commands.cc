@@ -5,6 +5,7 @@
 #include <random>
 
 #include "worker/bpe.h"
+#include "worker/checkpoint.h"
 #include "worker/comm.h"
 #include "worker/data_loader.h"
 #include "worker/model.h"
@@ -64,6 +65,20 @@ int RunPrepare(const PrepareArgs& args) {
       "tokenizer: %d tokens; train %lld tokens, val %lld tokens in %s\n",
       r->vocab_size, static_cast<long long>(r->train_tokens),
       static_cast<long long>(r->val_tokens), args.options.out_dir.c_str());
+  return 0;
+}
+
+int RunExport(const std::string& dir, const std::string& out) {
+  auto state = ReadCheckpointState(dir);
+  if (!state.ok()) return Fail(state.status());
+  ParamLayout layout(state->model);
+  std::vector<float> params(layout.num_params());
+  if (Status st = ReadCheckpointRange(dir, "params", 0, params); !st.ok())
+    return Fail(st);
+  if (Status st = WriteModelFile(out, layout, params); !st.ok())
+    return Fail(st);
+  std::printf("wrote %s (step %lld, %zu parameters)\n", out.c_str(),
+              static_cast<long long>(state->step), params.size());
   return 0;
 }
 

@@ -35,5 +35,7 @@ int RunTrain(const TrainArgs& args);
 int RunPrepare(const PrepareArgs& args);
 int RunEval(const EvalArgs& args);
 int RunSample(const SampleArgs& args);
+// Writes the parameters of checkpoint `dir` as an llm.c model file.
+int RunExport(const std::string& dir, const std::string& out);
 
 }  // namespace dslaunch::worker

@@ -51,6 +51,12 @@ int main(int argc, char** argv) {
   s->add_option("--prompt", sa.prompt, "text to continue");
   s->add_option("--tokens", sa.tokens, "tokens to generate (default 64)");
   s->add_option("--seed", sa.seed, "sampling seed");
+  std::string export_dir, export_out;
+  auto* x = app.add_subcommand(
+      "export", "write a checkpoint's model as an llm.c model file");
+  x->add_option("--checkpoint", export_dir, "checkpoint directory (step_*)")
+      ->required();
+  x->add_option("--out", export_out, "model file to write")->required();
   auto* v = app.add_subcommand("version", "print the version");
   app.set_version_flag("--version",
                        std::string("dsworker ") + dslaunch::kVersion +
@@ -65,5 +71,6 @@ int main(int argc, char** argv) {
   if (t->parsed()) return dslaunch::worker::RunTrain(train);
   if (p->parsed()) return dslaunch::worker::RunPrepare(prep);
   if (e->parsed()) return dslaunch::worker::RunEval(ev);
+  if (x->parsed()) return dslaunch::worker::RunExport(export_dir, export_out);
   return dslaunch::worker::RunSample(sa);
 }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "worker/checkpoint.h"
 #include "worker/cpu_adam.h"
 #include "worker/partition.h"
 
@@ -65,6 +66,65 @@ Status Trainer::Init(const TrainOptions& options) {
     d.shuffle = false;
     ASSIGN_OR_RETURN(val_, DataLoader::Open(d));
   }
+  return MaybeResume();
+}
+
+Status Trainer::MaybeResume() {
+  const CheckpointConfig& c = config_.checkpoint;
+  if (c.resume.empty()) return Status::Ok();
+  std::string dir = c.resume;
+  if (c.resume == "latest") {
+    auto latest = LatestCheckpoint(c.dir);
+    if (!latest) return Status::Ok();  // nothing saved yet: a fresh start
+    dir = *latest;
+  }
+  ASSIGN_OR_RETURN(CheckpointState s, ReadCheckpointState(dir));
+  const size_t n = model_->layout().num_params();
+  if (!(s.model == model_->config()) || s.num_params != n) {
+    return DataError(dir +
+                     ": the checkpoint's model differs from the config's");
+  }
+  RETURN_IF_ERROR(
+      ReadCheckpointRange(dir, "params", 0, model_->params().first(n)));
+  const size_t real =
+      shard_begin_ >= n ? 0 : std::min(shard_size_, n - shard_begin_);
+  std::fill(m_.begin(), m_.end(), 0.0f);
+  std::fill(v_.begin(), v_.end(), 0.0f);
+  RETURN_IF_ERROR(
+      ReadCheckpointRange(dir, "m", shard_begin_, std::span(m_).first(real)));
+  RETURN_IF_ERROR(
+      ReadCheckpointRange(dir, "v", shard_begin_, std::span(v_).first(real)));
+  RETURN_IF_ERROR(train_->Restore(s.loader));
+  step_ = s.step;
+  if (comm_->rank() == 0) {
+    std::printf("resumed from %s at step %lld\n", dir.c_str(),
+                static_cast<long long>(step_));
+  }
+  return Status::Ok();
+}
+
+Status Trainer::Save() {
+  const size_t n = model_->layout().num_params();
+  const Partition part = MakePartition(n, comm_->size());
+  const int rank = comm_->rank();
+  RankShard shard;
+  shard.begin = part.begin(rank);
+  const size_t count = part.real(rank);
+  // The moments this rank holds start at shard_begin_ (0 for stage 0).
+  const size_t m_off = shard.begin - shard_begin_;
+  shard.params =
+      std::span<const float>(model_->params().data() + shard.begin, count);
+  shard.m = std::span<const float>(m_.data() + m_off, count);
+  shard.v = std::span<const float>(v_.data() + m_off, count);
+  CheckpointState s;
+  s.step = step_;
+  s.num_params = n;
+  s.loader = train_->state();
+  s.model = model_->config();
+  ASSIGN_OR_RETURN(std::string dir,
+                   SaveCheckpoint(config_.checkpoint.dir, s, shard,
+                                  config_.checkpoint.keep, *comm_));
+  if (rank == 0) std::printf("saved checkpoint %s\n", dir.c_str());
   return Status::Ok();
 }
 
@@ -190,8 +250,12 @@ StatusOr<StepResult> Trainer::Run() {
       static_cast<int64_t>(config_.batch.train_batch_size) *
       config_.model.seq_len;
   auto t0 = std::chrono::steady_clock::now();
-  for (int64_t s = 0; s < config_.train.steps; ++s) {
+  const int64_t save_every =
+      config_.checkpoint.dir.empty() ? 0 : config_.checkpoint.every;
+  while (step_ < config_.train.steps) {
     ASSIGN_OR_RETURN(last, Step());
+    if (save_every > 0 && step_ % save_every == 0) RETURN_IF_ERROR(Save());
+    const int64_t s = step_ - 1;
     if (step_ % every != 0 && s + 1 != config_.train.steps) continue;
     const auto t1 = std::chrono::steady_clock::now();
     const double dt = std::chrono::duration<double>(t1 - t0).count();

@@ -47,6 +47,8 @@ class Trainer {
  private:
   Trainer(const TrainConfig& config, std::unique_ptr<Comm> comm);
   Status Init(const TrainOptions& options);
+  Status MaybeResume();  // checkpoint.resume: "latest" or a directory
+  Status Save();         // a checkpoint of this step
   Status ReduceGradients();
   StatusOr<float> GlobalGradNorm();
   Status UpdateParameters(double lr, float clip_scale);

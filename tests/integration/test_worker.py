@@ -14,7 +14,7 @@ CORPUS = ("In the beginning God created the heaven and the earth. And the earth 
           "without form, and void; and darkness was upon the face of the deep. ") * 300
 
 
-class Training(LaunchTest):
+class WorkerTest(LaunchTest):
     def setUp(self):
         super().setUp()
         with open(os.path.join(self.dir, "corpus.txt"), "w") as f:
@@ -24,9 +24,8 @@ class Training(LaunchTest):
                            capture_output=True, timeout=120)
         self.assertEqual(p.returncode, 0, p.stderr.decode())
 
-    def config(self, micro, stage):
+    def config(self, micro, stage, steps=4, checkpoint=None, batch=None):
         cfg = {
-            "train_micro_batch_size_per_gpu": micro,
             "gradient_accumulation_steps": 1,
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}},
             "gradient_clipping": 1.0,
@@ -34,22 +33,32 @@ class Training(LaunchTest):
             "zero_optimization": {"stage": stage},
             "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "seq_len": 16, "vocab_size": 300},
             "data": {"train": os.path.join(self.dir, "data", "train_000.bin"), "shuffle": False},
-            "train": {"steps": 4, "seed": 7},
+            "train": {"steps": steps, "seed": 7},
         }
-        path = os.path.join(self.dir, "ds-%d-%d.json" % (micro, stage))
+        if batch:
+            cfg["train_batch_size"] = batch
+        else:
+            cfg["train_micro_batch_size_per_gpu"] = micro
+        if checkpoint:
+            cfg["checkpoint"] = checkpoint
+        path = os.path.join(self.dir, "ds-%d-%d-%d.json" % (micro, stage, len(os.listdir(self.dir))))
         with open(path, "w") as f:
             json.dump(cfg, f)
         return path
 
-    def train(self, nodes, micro, stage):
-        logs = os.path.join(self.dir, "logs-%d-%d" % (nodes, stage))
+    def train(self, nodes, micro, stage, **kw):
+        logs = os.path.join(self.dir, "logs-%d" % len(os.listdir(self.dir)))
         p = self.run_job(self.args(nodes=nodes, slots=1) + ["--log_dir", logs, DSWORKER, "train",
-                                                             "--config", self.config(micro, stage)],
+                                                             "--config",
+                                                             self.config(micro, stage, **kw)],
                          timeout=300, OMP_NUM_THREADS="1")
         self.assertEqual(p.returncode, 0, p.stderr.decode()[-3000:])
         with open(os.path.join(logs, "metrics.jsonl")) as f:
             return [json.loads(l) for l in f]
 
+
+
+class Training(WorkerTest):
     def test_losses_match_across_world_sizes_and_stages(self):
         single = [r["loss"] for r in self.train(1, 8, 0)]
         self.assertEqual(len(single), 4)
@@ -66,6 +75,54 @@ class Training(LaunchTest):
         s1 = self.train(2, 4, 1)[0]["model_state_bytes"]
         psi = s0 / 16  # stage 0: params, grads, m, v in fp32 = 16 bytes/param
         self.assertAlmostEqual(s1, 8 * psi + 8 * psi / 2, delta=64 * 16)
+
+
+class Checkpoints(WorkerTest):
+    def losses(self, records, rank=0):
+        return {r["step"]: r["loss"] for r in records if r["rank"] == rank}
+
+    def test_resume_is_bit_exact(self):
+        ck = os.path.join(self.dir, "ck")
+        whole = self.losses(self.train(2, 4, 1, steps=6))
+        self.train(2, 4, 1, steps=3, checkpoint={"dir": ck, "every": 3})
+        resumed = self.losses(self.train(2, 4, 1, steps=6,
+                                         checkpoint={"dir": ck, "resume": "latest"}))
+        self.assertEqual(sorted(resumed), [4, 5, 6])
+        for step in (4, 5, 6):
+            self.assertEqual(resumed[step], whole[step], "step %d" % step)  # to the last bit
+
+    def test_resume_at_another_world_size_reshards(self):
+        ck = os.path.join(self.dir, "ck")
+        whole = self.losses(self.train(2, 0, 1, steps=6, batch=12))
+        self.train(2, 0, 1, steps=3, batch=12, checkpoint={"dir": ck, "every": 3})
+        resumed = self.losses(self.train(3, 0, 1, steps=6, batch=12,
+                                         checkpoint={"dir": ck, "resume": "latest"}))
+        for step in (4, 5, 6):
+            self.assertAlmostEqual(resumed[step], whole[step], delta=1e-5 * whole[step])
+
+    def test_incomplete_checkpoint_is_never_taken_and_keep_prunes(self):
+        ck = os.path.join(self.dir, "ck")
+        self.train(1, 4, 0, steps=6, checkpoint={"dir": ck, "every": 2, "keep": 2})
+        self.assertEqual(sorted(os.listdir(ck)), ["step_00000004", "step_00000006"])
+        os.unlink(os.path.join(ck, "step_00000006", "COMPLETE"))  # as if cut mid-write
+        p = self.run_job([DSWORKER, "train", "--config",
+                          self.config(4, 0, steps=5, checkpoint={"dir": ck, "resume": "latest"})],
+                         timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        self.assertIn("resumed from %s/step_00000004 at step 4" % ck, p.stdout.decode())
+        out = os.path.join(self.dir, "model.bin")
+        p = self.run_job([DSWORKER, "export", "--checkpoint", os.path.join(ck, "step_00000006"),
+                          "--out", out])
+        self.assertEqual(p.returncode, 65)
+        self.assertIn("incomplete", p.stderr.decode())
+        p = self.run_job([DSWORKER, "export", "--checkpoint", os.path.join(ck, "step_00000004"),
+                          "--out", out])
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        p = self.run_job([DSWORKER, "eval", "--model", out, "--data",
+                          os.path.join(self.dir, "data", "val_000.bin"), "--batch", "2",
+                          "--seq", "16"])
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        self.assertGreater(json.loads(p.stdout)["loss"], 0)
 
 
 if __name__ == "__main__":
