@@ -1,135 +1,25 @@
-// GPT-2 (llm.c's train_gpt2.c) on the CPU in fp32: configuration, the flat
-// parameter layout, GPT-2 initialisation, forward and backward over a batch
-// of tokens, and llm.c's model_*.bin import/export.
-// A Model owns its parameters, gradients and activations. It is not
-// thread-safe: one thread drives it; the kernels use OpenMP inside.
+// GPT-2 (llm.c's train_gpt2.c) on the CPU in fp32: forward and backward
+// over a batch of tokens, with per-layer hooks and, for ZeRO-2/3, parameters
+// and gradients supplied layer by layer through a ParamSource.
+// A Model owns its activations and, unless given a ParamSource, its
+// parameters and gradients. It is not thread-safe: one thread drives it; the
+// kernels use OpenMP inside.
 #pragma once
 
-#include <cstddef>      // size_t
-#include <cstdint>      // uint64_t
-#include <functional>   // LayerHooks callbacks
-#include <memory>       // unique_ptr
-#include <span>         // parameter and gradient views
-#include <string>       // file paths
-#include <string_view>  // preset names
-#include <vector>       // buffers, range lists
+#include <cstddef>     // size_t
+#include <cstdint>     // uint64_t
+#include <functional>  // LayerHooks callbacks
+#include <memory>      // unique_ptr
+#include <span>        // parameter and gradient views
+#include <string>      // file paths
+#include <utility>     // move
+#include <vector>      // buffers
 
-#include "proto/status.h"  // Status, StatusOr, DSL_CHECK
+#include "proto/status.h"         // Status, StatusOr, DSL_CHECK
+#include "worker/model_file.h"    // llm.c model files (kept for includers)
+#include "worker/param_layout.h"  // ModelConfig, ParamLayout, InitParamRange
 
 namespace dslaunch::worker {
-
-struct ModelConfig {
-  int max_seq_len = 0;        // maxT
-  int vocab_size = 0;         // V
-  int padded_vocab_size = 0;  // Vp: V rounded up to a multiple of 64
-  int num_layers = 0;         // L
-  int num_heads = 0;          // NH
-  int channels = 0;           // C
-
-  // padded_vocab_size is derived from vocab_size.
-  static ModelConfig Make(int max_seq_len, int vocab_size, int num_layers,
-                          int num_heads, int channels);
-  // llm.c's depth presets with GPT-2's tokenizer (maxT 1024, V 50257):
-  // "d12" (GPT-2 124M: 12 layers, 12 heads, 768), "d24" (350M), "d36",
-  // "d48"; smaller "d6" (6, 6, 384) and "d4" (4, 4, 256); and "tiny"
-  // (maxT 8, V 67, 2 layers, 2 heads, 16 channels) for tests.
-  static StatusOr<ModelConfig> Preset(std::string_view name);
-  // InvalidArgument unless every size is positive, C % NH == 0 and
-  // V <= Vp.
-  Status Validate() const;
-  bool operator==(const ModelConfig&) const = default;
-};
-
-// The 16 parameter tensors, in llm.c's order. The 12 from kLn1w to kFcprojb
-// exist once per transformer block.
-enum class ParamKind {
-  kWte,       // (Vp, C) token embedding, tied with the output projection
-  kWpe,       // (maxT, C) position embedding
-  kLn1w,      // (L, C)
-  kLn1b,      // (L, C)
-  kQkvw,      // (L, 3C, C)
-  kQkvb,      // (L, 3C)
-  kAttprojw,  // (L, C, C)
-  kAttprojb,  // (L, C)
-  kLn2w,      // (L, C)
-  kLn2b,      // (L, C)
-  kFcw,       // (L, 4C, C)
-  kFcb,       // (L, 4C)
-  kFcprojw,   // (L, C, 4C)
-  kFcprojb,   // (L, C)
-  kLnfw,      // (C)
-  kLnfb,      // (C)
-};
-inline constexpr int kNumParamKinds = 16;
-
-const char* ParamKindName(ParamKind kind);  // "wte", "qkvw", ...
-bool IsPerLayer(ParamKind kind);            // kLn1w .. kFcprojb
-// Weight decay applies to wte, wpe and the four weight matrices of a block;
-// not to biases or LayerNorm parameters.
-bool Decays(ParamKind kind);
-
-// Storage order of the flat buffer.
-//  kLlmc: llm.c's, tensor-major (all layers' ln1w, then all qkvw, ...): the
-//    model file's body verbatim.
-//  kLayerMajor: wte, wpe, then block 0's 12 tensors, block 1's, ..., lnfw,
-//    lnfb: every layer's parameters are one contiguous range (ZeRO-3 gathers
-//    one layer at a time).
-// Files are always written in llm.c's order; both orders hold identical
-// tensors.
-enum class ParamOrder { kLlmc, kLayerMajor };
-
-struct ParamRange {
-  size_t begin = 0, end = 0;  // [begin, end) in floats
-  size_t size() const { return end - begin; }
-  bool operator==(const ParamRange&) const = default;
-};
-
-// One instance of a tensor: `layer` is the block for per-layer kinds, -1 for
-// wte and wpe, L for lnfw and lnfb (the hook layer numbering below).
-struct TensorInfo {
-  ParamKind kind;
-  int layer;
-  ParamRange range;
-};
-
-// A run of the flat buffer with one weight-decay flag (for AdamStep).
-struct DecaySegment {
-  ParamRange range;
-  bool decay;
-};
-
-// Where each tensor sits in the flat parameter (and gradient) buffer.
-// Immutable value; any thread.
-class ParamLayout {
- public:
-  explicit ParamLayout(const ModelConfig& config,
-                       ParamOrder order = ParamOrder::kLlmc);
-
-  const ModelConfig& config() const { return config_; }
-  ParamOrder order() const { return order_; }
-  size_t num_params() const { return num_params_; }
-  // Floats in one instance of `kind` (one layer's share for per-layer kinds).
-  size_t Size(ParamKind kind) const;
-  // The instance of `kind` in block `layer`; `layer` is ignored for wte,
-  // wpe, lnfw, lnfb.
-  size_t Offset(ParamKind kind, int layer = 0) const;
-  ParamRange Range(ParamKind kind, int layer = 0) const;
-  // Every tensor instance in llm.c's file order (kind-major).
-  std::vector<TensorInfo> Tensors() const;
-  // The parameters owned by hook layer `layer` (-1: wte, wpe; 0..L-1: a
-  // block; L: lnfw, lnfb), ascending, adjacent ranges merged: exactly one
-  // range in kLayerMajor order, 12 per block in kLlmc order.
-  std::vector<ParamRange> LayerRanges(int layer) const;
-  // Covers [0, num_params()) in order, adjacent runs with the same flag
-  // merged.
-  std::vector<DecaySegment> DecaySegments() const;
-
- private:
-  ModelConfig config_;
-  ParamOrder order_;
-  size_t num_params_ = 0;
-  std::vector<size_t> offsets_[kNumParamKinds];  // per instance
-};
 
 // Callbacks around each hook layer, all optional: -1 is the embedding
 // (wte, wpe), 0..L-1 the transformer blocks, L the head (lnfw, lnfb and the
@@ -140,11 +30,44 @@ class ParamLayout {
 // layer's parameters just in time (ZeRO-3) and drop them afterwards.
 // When after_backward(l) runs, the gradients of layer l's parameters are
 // final for this pass, except dwte, which layer -1 completes.
+// With a ParamSource the hooks are where its engine gathers and releases
+// (see ParamSource for the exact windows).
 struct LayerHooks {
   std::function<void(int layer)> before_forward;
   std::function<void(int layer)> after_forward;
   std::function<void(int layer)> before_backward;
   std::function<void(int layer)> after_backward;
+};
+
+// Supplies a Model's parameters and takes its gradients one hook layer at a
+// time, so that a ZeRO engine need not hold whole parameters (stage 3) or
+// whole gradients (stages 2 and 3). Layer l's memory is laid out as the
+// flat kLayerMajor range layout.LayerRanges(l)[0]: float 0 of
+// LayerParams(l) is the flat buffer's float LayerRanges(l)[0].begin.
+// Called only by the thread driving the Model, between the hooks named
+// below (the Model calls the hooks itself, as without a source):
+//  LayerParams(l), l = 0..L: from before_forward(l) to after_forward(l) and
+//    from before_backward(l) to after_backward(l).
+//  LayerParams(-1) (wte, wpe): from before_forward(-1) to after_forward(-1),
+//    and inside layer L's two windows, because the head's logits use the
+//    tied wte: layer -1 must also be available from before_forward(L) to
+//    after_forward(L) and from before_backward(L) to after_backward(L).
+//    Layer -1's own backward reads no parameters.
+//  LayerGrads(l), l = 0..L: from before_backward(l) to after_backward(l);
+//    the gradients there are final for the pass at after_backward(l).
+//  LayerGrads(-1) (dwte, dwpe): the head adds into dwte, so it is first
+//    called inside layer L's backward window and last in layer -1's; its
+//    memory must stay valid, keeping what was added, from before_backward(L)
+//    to after_backward(-1), when dwte and dwpe are final.
+// Repeated calls within one window must return the same memory; the Model
+// keeps no pointer past a window. The Model only adds (+=) into gradient
+// memory: what it holds beforehand is the source's choice (zeros for a
+// fresh bucket, or earlier micro-batches' sum to accumulate).
+class ParamSource {
+ public:
+  virtual ~ParamSource() = default;
+  virtual float* LayerParams(int layer) = 0;
+  virtual float* LayerGrads(int layer) = 0;
 };
 
 class Model {
@@ -162,12 +85,9 @@ class Model {
   std::span<float> grads() { return grads_; }
   std::span<const float> grads() const { return grads_; }
 
-  // GPT-2 / llm.c initialisation: wte, wpe and the block weight matrices
-  // ~ N(0, 0.02), attprojw and fcprojw scaled by 1/sqrt(2L); LayerNorm
-  // weights 1; biases and wte's padding rows 0. Each tensor instance draws
-  // from its own counter-based stream (splitmix64 + Box-Muller) keyed by
-  // (seed, kind, layer): the same seed gives bit-identical parameters in
-  // either ParamOrder and for any thread count.
+  // GPT-2 / llm.c initialisation of params() (see InitParamRange): the
+  // same seed gives bit-identical parameters in either ParamOrder and for
+  // any thread count. REQUIRES: no ParamSource.
   void InitParams(uint64_t seed);
 
   // Allocates the activations for batches of B x T tokens. Forward calls it;
@@ -180,17 +100,29 @@ class Model {
   // cross-entropy loss over B*T, or -1 without targets. Afterwards probs()
   // holds the softmax over the real vocabulary (padding columns 0).
   float Forward(const int* tokens, const int* targets, int B, int T);
-  // Adds the gradient of loss_scale * (mean loss) to grads(); call ZeroGrad
-  // first unless accumulating. Consumes probs() (the buffer is reused for
-  // dlogits). REQUIRES: the last Forward had targets and was not yet
-  // followed by a Backward.
+  // Adds the gradient of loss_scale * (mean loss) to grads() (or the
+  // source's LayerGrads); call ZeroGrad first unless accumulating. Consumes
+  // probs() (the buffer is reused for dlogits). REQUIRES: the last Forward
+  // had targets and was not yet followed by a Backward.
   void Backward(float loss_scale = 1.0f);
+  // Zeroes grads(); does nothing with a ParamSource, whose gradient memory
+  // is its own to zero.
   void ZeroGrad();
   // Grows params() and grads() to `n` floats (zeros past num_params()), so
   // they split evenly across ranks for collectives. The layout is unchanged.
+  // REQUIRES: no ParamSource.
   void PadFlatBuffers(size_t n);
 
   void set_hooks(LayerHooks hooks) { hooks_ = std::move(hooks); }
+  // Hands parameter and gradient storage to `source` for good: from then on
+  // Forward and Backward read parameters and add gradients only through it,
+  // and the Model frees its own buffers, so params() and grads() are empty.
+  // Initialise a shard with InitParamRange; WriteModelFile(path, Model)
+  // needs the whole buffer, so write through the layout form instead.
+  // `source` must outlive every later Forward and Backward.
+  // REQUIRES: layout().order() == kLayerMajor, source not null, none set.
+  void set_param_source(ParamSource* source);
+  ParamSource* param_source() const { return source_; }
 
   int batch_size() const { return B_; }
   int seq_len() const { return T_; }
@@ -207,12 +139,19 @@ class Model {
   void HeadBackward(const float* res_in, float dloss);
   void BlockBackward(int l, const float* res_in);
   void CallHook(const std::function<void(int)>& hook, int layer);
+  // Tensor (kind, layer) of the parameters (P) or gradients (G): in the
+  // flat buffers, or with a source in its hook layer's memory.
+  float* Locate(ParamKind kind, int layer, bool grad);
   float* P(ParamKind kind, int layer = 0);
   float* G(ParamKind kind, int layer = 0);
 
   ParamLayout layout_;
-  std::vector<float> params_;
-  std::vector<float> grads_;
+  std::vector<float> params_;  // empty with a source
+  std::vector<float> grads_;   // empty with a source
+  ParamSource* source_ = nullptr;
+  // With a source: where each hook layer l starts in the flat buffer, at
+  // [l + 1].
+  std::vector<size_t> layer_begin_;
   std::vector<float> acts_;  // one allocation, carved by Acts
   std::unique_ptr<Acts> ptrs_;
   std::vector<int> tokens_, targets_;
@@ -221,26 +160,11 @@ class Model {
   LayerHooks hooks_;
 };
 
-// llm.c's model file: int32 header[256] = {20240326, 3 (fp32), maxT, V, L,
-// NH, C, Vp, 0...}, then every tensor in llm.c's order as fp32.
-inline constexpr int kModelFileMagic = 20240326;
-inline constexpr int kModelFileVersionFp32 = 3;
-
-// Writes `params` (laid out by `layout`) to path, through path + ".tmp" and
-// a rename.
-Status WriteModelFile(const std::string& path, const ParamLayout& layout,
-                      std::span<const float> params);
+// Model-level forms of worker/model_file.h's functions.
+// REQUIRES: no ParamSource.
 inline Status WriteModelFile(const std::string& path, const Model& model) {
   return WriteModelFile(path, model.layout(), model.params());
 }
-// The header's config. DataError naming the file on a short header, wrong
-// magic or version, or an invalid config.
-StatusOr<ModelConfig> ReadModelFileConfig(const std::string& path);
-// Header and parameters into `params` (laid out by `layout`, whose config
-// must match the file's). DataError naming the file if truncated or longer
-// than expected.
-Status ReadModelFileParams(const std::string& path, const ParamLayout& layout,
-                           std::span<float> params);
 // A new model from a file.
 StatusOr<std::unique_ptr<Model>> ReadModelFile(
     const std::string& path, ParamOrder order = ParamOrder::kLlmc);
