@@ -17,11 +17,6 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Comm> comm)
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const TrainConfig& config, std::unique_ptr<Comm> comm,
     const TrainOptions& options) {
-  if (config.zero.stage > 1) {
-    return InvalidArgument("zero_optimization.stage " +
-                           std::to_string(config.zero.stage) +
-                           ": the CPU engine runs stages 0 and 1 so far");
-  }
   if (config.fp16.enabled || config.bf16) {
     return InvalidArgument("fp16/bf16: the CPU engine trains in fp32");
   }
@@ -35,22 +30,26 @@ Status Trainer::Init(const TrainOptions& options) {
   ModelConfig mc =
       ModelConfig::Make(m.seq_len, m.vocab_size, m.n_layer, m.n_head, m.n_embd);
   RETURN_IF_ERROR(mc.Validate());
-  if (!options.init_model.empty()) {
-    ASSIGN_OR_RETURN(model_, ReadModelFile(options.init_model));
-  } else {
-    ASSIGN_OR_RETURN(model_, Model::Create(mc));
-    model_->InitParams(config_.train.seed);
-  }
   const int world = comm_->size(), rank = comm_->rank();
-  // Every rank holds whole parameters and gradients (stages 0 and 1), padded
-  // so the gradients split evenly for the reduce-scatter.
-  const Partition part = MakePartition(model_->layout().num_params(), world);
-  model_->PadFlatBuffers(part.padded());
-  shard_begin_ = config_.zero.stage == 0 ? 0 : part.begin(rank);
-  shard_size_ =
-      config_.zero.stage == 0 ? model_->layout().num_params() : part.shard;
-  m_.assign(shard_size_, 0.0f);
-  v_.assign(shard_size_, 0.0f);
+  if (config_.zero.stage >= 2) {
+    RETURN_IF_ERROR(InitSharded(mc, options));
+  } else {
+    if (!options.init_model.empty()) {
+      ASSIGN_OR_RETURN(model_, ReadModelFile(options.init_model));
+    } else {
+      ASSIGN_OR_RETURN(model_, Model::Create(mc));
+      model_->InitParams(config_.train.seed);
+    }
+    // Every rank holds whole parameters and gradients (stages 0 and 1),
+    // padded so the gradients split evenly for the reduce-scatter.
+    const Partition part = MakePartition(model_->layout().num_params(), world);
+    model_->PadFlatBuffers(part.padded());
+    shard_begin_ = config_.zero.stage == 0 ? 0 : part.begin(rank);
+    shard_size_ =
+        config_.zero.stage == 0 ? model_->layout().num_params() : part.shard;
+    m_.assign(shard_size_, 0.0f);
+    v_.assign(shard_size_, 0.0f);
+  }
   DataLoaderOptions d;
   d.pattern = config_.data.train;
   d.batch_size = config_.batch.micro_batch_per_gpu;
@@ -69,6 +68,26 @@ Status Trainer::Init(const TrainOptions& options) {
   return MaybeResume();
 }
 
+Status Trainer::InitSharded(const ModelConfig& mc,
+                            const TrainOptions& options) {
+  if (!options.init_model.empty()) {
+    ASSIGN_OR_RETURN(
+        model_, ReadModelFile(options.init_model, ParamOrder::kLayerMajor));
+  } else {
+    ASSIGN_OR_RETURN(model_, Model::Create(mc, ParamOrder::kLayerMajor));
+  }
+  zero_ = std::make_unique<ZeroState>(model_->layout(), config_.zero.stage,
+                                      comm_.get());
+  if (options.init_model.empty()) {
+    zero_->InitParams(config_.train.seed);
+  } else {
+    zero_->LoadParams(model_->params());
+  }
+  model_->set_hooks(zero_->Hooks());
+  model_->set_param_source(zero_.get());  // the model's own buffers go
+  return Status::Ok();
+}
+
 Status Trainer::MaybeResume() {
   const CheckpointConfig& c = config_.checkpoint;
   if (c.resume.empty()) return Status::Ok();
@@ -84,16 +103,13 @@ Status Trainer::MaybeResume() {
     return DataError(dir +
                      ": the checkpoint's model differs from the config's");
   }
-  RETURN_IF_ERROR(
-      ReadCheckpointRange(dir, "params", 0, model_->params().first(n)));
-  const size_t real =
-      shard_begin_ >= n ? 0 : std::min(shard_size_, n - shard_begin_);
-  std::fill(m_.begin(), m_.end(), 0.0f);
-  std::fill(v_.begin(), v_.end(), 0.0f);
-  RETURN_IF_ERROR(
-      ReadCheckpointRange(dir, "m", shard_begin_, std::span(m_).first(real)));
-  RETURN_IF_ERROR(
-      ReadCheckpointRange(dir, "v", shard_begin_, std::span(v_).first(real)));
+  if (zero_) {
+    RETURN_IF_ERROR(ResumeSharded(dir, n));
+  } else {
+    RETURN_IF_ERROR(
+        ReadCheckpointRange(dir, "params", 0, model_->params().first(n)));
+    RETURN_IF_ERROR(ResumeMoments(dir, n));
+  }
   RETURN_IF_ERROR(train_->Restore(s.loader));
   step_ = s.step;
   if (comm_->rank() == 0) {
@@ -103,6 +119,41 @@ Status Trainer::MaybeResume() {
   return Status::Ok();
 }
 
+// Checkpoints keep llm.c's order; stages 2 and 3 train in kLayerMajor.
+static std::vector<float> Reorder(const ParamLayout& from,
+                                  std::span<const float> src,
+                                  const ParamLayout& to) {
+  std::vector<float> dst(to.num_params());
+  for (const TensorInfo& t : from.Tensors()) {
+    const ParamRange r = to.Range(t.kind, t.layer < 0 ? 0 : t.layer);
+    std::copy(src.begin() + t.range.begin, src.begin() + t.range.end,
+              dst.begin() + r.begin);
+  }
+  return dst;
+}
+
+Status Trainer::ResumeSharded(const std::string& dir, size_t n) {
+  const ParamLayout llmc(model_->config(), ParamOrder::kLlmc);
+  std::vector<std::vector<float>> parts;
+  for (const char* which : {"params", "m", "v"}) {
+    std::vector<float> full(n);
+    RETURN_IF_ERROR(ReadCheckpointRange(dir, which, 0, full));
+    parts.push_back(Reorder(llmc, full, model_->layout()));
+  }
+  zero_->LoadState(parts[0], parts[1], parts[2]);
+  return Status::Ok();
+}
+
+Status Trainer::ResumeMoments(const std::string& dir, size_t n) {
+  const size_t real =
+      shard_begin_ >= n ? 0 : std::min(shard_size_, n - shard_begin_);
+  std::fill(m_.begin(), m_.end(), 0.0f);
+  std::fill(v_.begin(), v_.end(), 0.0f);
+  RETURN_IF_ERROR(
+      ReadCheckpointRange(dir, "m", shard_begin_, std::span(m_).first(real)));
+  return ReadCheckpointRange(dir, "v", shard_begin_, std::span(v_).first(real));
+}
+
 Status Trainer::Save() {
   const size_t n = model_->layout().num_params();
   const Partition part = MakePartition(n, comm_->size());
@@ -110,12 +161,25 @@ Status Trainer::Save() {
   RankShard shard;
   shard.begin = part.begin(rank);
   const size_t count = part.real(rank);
-  // The moments this rank holds start at shard_begin_ (0 for stage 0).
-  const size_t m_off = shard.begin - shard_begin_;
-  shard.params =
-      std::span<const float>(model_->params().data() + shard.begin, count);
-  shard.m = std::span<const float>(m_.data() + m_off, count);
-  shard.v = std::span<const float>(v_.data() + m_off, count);
+  std::vector<std::vector<float>> whole;  // stages 2, 3: gathered, llm.c order
+  if (zero_) {
+    const ParamLayout llmc(model_->config(), ParamOrder::kLlmc);
+    for (auto which : {ZeroState::Which::kParams, ZeroState::Which::kM,
+                       ZeroState::Which::kV}) {
+      ASSIGN_OR_RETURN(std::vector<float> full, zero_->GatherAll(which));
+      whole.push_back(Reorder(model_->layout(), full, llmc));
+    }
+    shard.params = std::span<const float>(whole[0].data() + shard.begin, count);
+    shard.m = std::span<const float>(whole[1].data() + shard.begin, count);
+    shard.v = std::span<const float>(whole[2].data() + shard.begin, count);
+  } else {
+    // The moments this rank holds start at shard_begin_ (0 for stage 0).
+    const size_t m_off = shard.begin - shard_begin_;
+    shard.params =
+        std::span<const float>(model_->params().data() + shard.begin, count);
+    shard.m = std::span<const float>(m_.data() + m_off, count);
+    shard.v = std::span<const float>(v_.data() + m_off, count);
+  }
   CheckpointState s;
   s.step = step_;
   s.num_params = n;
@@ -129,6 +193,7 @@ Status Trainer::Save() {
 }
 
 int64_t Trainer::model_state_bytes() const {
+  if (zero_) return zero_->state_bytes();
   const int64_t n = static_cast<int64_t>(model_->params().size());
   return 4 * (n + static_cast<int64_t>(model_->grads().size())) +
          4 * static_cast<int64_t>(m_.size() + v_.size());
@@ -173,14 +238,7 @@ Status Trainer::UpdateParameters(double lr, float clip_scale) {
   if (clip_scale != 1.0f) {
     for (size_t i = 0; i < shard_size_; ++i) g[shard_begin_ + i] *= clip_scale;
   }
-  AdamParams a;
-  a.lr = lr;
-  a.beta1 = config_.optimizer.beta1;
-  a.beta2 = config_.optimizer.beta2;
-  a.eps = config_.optimizer.eps;
-  a.weight_decay = config_.optimizer.weight_decay;
-  a.adamw_mode = config_.optimizer.decoupled_weight_decay();
-  a.step = step_;
+  const AdamParams a = Adam(lr);
   const size_t lo = shard_begin_, hi = shard_begin_ + shard_size_;
   for (const DecaySegment& seg : model_->layout().DecaySegments()) {
     const size_t b = std::max(lo, seg.range.begin),
@@ -196,9 +254,25 @@ Status Trainer::UpdateParameters(double lr, float clip_scale) {
   return Status::Ok();
 }
 
+AdamParams Trainer::Adam(double lr) const {
+  AdamParams a;
+  a.lr = lr;
+  a.beta1 = config_.optimizer.beta1;
+  a.beta2 = config_.optimizer.beta2;
+  a.eps = config_.optimizer.eps;
+  a.weight_decay = config_.optimizer.weight_decay;
+  a.adamw_mode = config_.optimizer.decoupled_weight_decay();
+  a.step = step_;
+  return a;
+}
+
 StatusOr<StepResult> Trainer::Step() {
   ++step_;
-  model_->ZeroGrad();
+  if (zero_) {
+    zero_->ZeroGrad();
+  } else {
+    model_->ZeroGrad();
+  }
   const int gas = config_.batch.gradient_accumulation_steps;
   float loss = 0;
   for (int micro = 0; micro < gas; ++micro) {
@@ -208,16 +282,25 @@ StatusOr<StepResult> Trainer::Step() {
     model_->Backward(1.0f / static_cast<float>(gas));
   }
   loss /= static_cast<float>(gas);
-  RETURN_IF_ERROR(ReduceGradients());
   StepResult r;
-  ASSIGN_OR_RETURN(r.grad_norm, GlobalGradNorm());
+  if (zero_) {
+    ASSIGN_OR_RETURN(r.grad_norm,
+                     zero_->FinishGradients());  // reduced layer by layer
+  } else {
+    RETURN_IF_ERROR(ReduceGradients());
+    ASSIGN_OR_RETURN(r.grad_norm, GlobalGradNorm());
+  }
   const double clip = config_.gradient_clipping;
   const float clip_scale = clip > 0 && r.grad_norm > clip
                                ? static_cast<float>(clip / (r.grad_norm + 1e-6))
                                : 1.0f;
   r.lr =
       LearningRate(config_, step_ - 1);  // DeepSpeed steps its scheduler after
-  RETURN_IF_ERROR(UpdateParameters(r.lr, clip_scale));
+  if (zero_) {
+    RETURN_IF_ERROR(zero_->Update(Adam(r.lr), clip_scale));
+  } else {
+    RETURN_IF_ERROR(UpdateParameters(r.lr, clip_scale));
+  }
   if (comm_->size() > 1) {
     RETURN_IF_ERROR(comm_->AllReduceSum(&loss, 1));
     loss /= static_cast<float>(comm_->size());

@@ -16,6 +16,7 @@
 #include "worker/model.h"
 #include "worker/progress_reporter.h"
 #include "worker/train_config.h"
+#include "worker/zero_state.h"
 
 namespace dslaunch::worker {
 
@@ -47,8 +48,14 @@ class Trainer {
  private:
   Trainer(const TrainConfig& config, std::unique_ptr<Comm> comm);
   Status Init(const TrainOptions& options);
-  Status MaybeResume();  // checkpoint.resume: "latest" or a directory
-  Status Save();         // a checkpoint of this step
+  Status InitSharded(const ModelConfig& mc,
+                     const TrainOptions& options);  // stages 2, 3
+  AdamParams Adam(double lr) const;
+  Status MaybeResume();
+  Status ResumeSharded(const std::string& dir, size_t n);
+  Status ResumeMoments(const std::string& dir,
+                       size_t n);  // checkpoint.resume: "latest" or a directory
+  Status Save();                   // a checkpoint of this step
   Status ReduceGradients();
   StatusOr<float> GlobalGradNorm();
   Status UpdateParameters(double lr, float clip_scale);
@@ -56,6 +63,7 @@ class Trainer {
   TrainConfig config_;
   std::unique_ptr<Comm> comm_;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<ZeroState> zero_;  // stages 2 and 3: the model's ParamSource
   std::unique_ptr<DataLoader> train_;
   std::unique_ptr<DataLoader> val_;
   ProgressReporter progress_;

@@ -1,0 +1,206 @@
+#include "worker/zero_state.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace dslaunch::worker {
+
+struct ZeroState::Layer {
+  ParamRange range;                // in the layout
+  Partition part;                  // of the range across ranks
+  size_t own_begin = 0, own = 0;   // this rank's real piece, relative to range
+  std::vector<float> params;       // stage 3: the owned piece
+  std::vector<float> grads, m, v;  // owned pieces
+};
+
+ZeroState::ZeroState(const ParamLayout& layout, int stage, Comm* comm)
+    : layout_(layout), stage_(stage), comm_(comm) {
+  DSL_CHECK(layout.order() == ParamOrder::kLayerMajor &&
+            (stage == 2 || stage == 3));
+  const int L = layout.config().num_layers, r = comm->rank();
+  size_t max_emb = 0, max_block = 0;
+  for (int l = -1; l <= L; ++l) {
+    auto layer = std::make_unique<Layer>();
+    layer->range = layout.LayerRanges(l).at(0);
+    layer->part = MakePartition(layer->range.size(), comm->size());
+    layer->own_begin = layer->part.begin(r);
+    layer->own = layer->part.real(r);
+    const size_t shard = layer->part.shard;
+    if (stage == 3) layer->params.assign(shard, 0.0f);
+    layer->grads.assign(shard, 0.0f);
+    layer->m.assign(shard, 0.0f);
+    layer->v.assign(shard, 0.0f);
+    (l == -1 ? max_emb : max_block) =
+        std::max(l == -1 ? max_emb : max_block, layer->part.padded());
+    layers_.push_back(std::move(layer));
+  }
+  if (stage == 2) full_params_.assign(layout.num_params(), 0.0f);
+  if (stage == 3) {
+    emb_params_.assign(max_emb, 0.0f);
+    block_params_.assign(max_block, 0.0f);
+  }
+  emb_grads_.assign(max_emb, 0.0f);
+  block_grads_.assign(max_block, 0.0f);
+  staging_.assign(std::max(max_emb, max_block) / comm->size() + 16, 0.0f);
+}
+
+ZeroState::~ZeroState() = default;
+
+void ZeroState::InitParams(uint64_t seed) {
+  if (stage_ == 2) {
+    InitParamRange(layout_, seed, {0, layout_.num_params()}, full_params_);
+    return;
+  }
+  for (auto& l : layers_) {
+    const size_t b = l->range.begin + l->own_begin;
+    InitParamRange(layout_, seed, {b, b + l->own},
+                   std::span(l->params).first(l->own));
+  }
+}
+
+void ZeroState::LoadParams(std::span<const float> full) {
+  if (stage_ == 2) {
+    std::copy(full.begin(), full.begin() + layout_.num_params(),
+              full_params_.begin());
+    return;
+  }
+  for (auto& l : layers_) {
+    const float* src = full.data() + l->range.begin + l->own_begin;
+    std::copy(src, src + l->own, l->params.begin());
+  }
+}
+
+void ZeroState::Fail(const Status& st) {
+  if (status_.ok() && !st.ok()) status_ = st;
+}
+
+// All-gathers layer's pieces into `window` (padded size).
+void ZeroState::Gather(int layer, float* window) {
+  Layer& l = L(layer);
+  Fail(comm_->AllGather(l.params.data(), window, l.part.shard));
+}
+
+// Reduce-scatters the layer's gradient window (clobbered) and adds this
+// rank's summed piece into its owned gradients (micro-batches accumulate).
+void ZeroState::ReduceInto(int layer, float* window) {
+  Layer& l = L(layer);
+  const size_t shard = l.part.shard;
+  std::fill(window + l.range.size(), window + l.part.padded(), 0.0f);
+  Fail(comm_->ReduceScatterSum(window, staging_.data(), shard));
+  for (size_t i = 0; i < shard; ++i) l.grads[i] += staging_[i];
+}
+
+LayerHooks ZeroState::Hooks() {
+  LayerHooks h;
+  const int last = layout_.config().num_layers;
+  h.before_forward = [this](int layer) {
+    if (stage_ == 3)
+      Gather(layer, layer == -1 ? emb_params_.data() : block_params_.data());
+  };
+  h.before_backward = [this, last](int layer) {
+    // The head's backward adds into dwte: layer -1's window opens with it.
+    if (layer == last) std::fill(emb_grads_.begin(), emb_grads_.end(), 0.0f);
+    if (layer >= 0) std::fill(block_grads_.begin(), block_grads_.end(), 0.0f);
+    if (stage_ == 3 && layer >= 0) Gather(layer, block_params_.data());
+  };
+  h.after_backward = [this](int layer) {
+    ReduceInto(layer, layer == -1 ? emb_grads_.data() : block_grads_.data());
+  };
+  return h;
+}
+
+float* ZeroState::LayerParams(int layer) {
+  if (stage_ == 2) return full_params_.data() + L(layer).range.begin;
+  return layer == -1 ? emb_params_.data() : block_params_.data();
+}
+
+float* ZeroState::LayerGrads(int layer) {
+  return layer == -1 ? emb_grads_.data() : block_grads_.data();
+}
+
+void ZeroState::ZeroGrad() {
+  for (auto& l : layers_) std::fill(l->grads.begin(), l->grads.end(), 0.0f);
+}
+
+StatusOr<float> ZeroState::FinishGradients() {
+  RETURN_IF_ERROR(status_);
+  const float scale = 1.0f / static_cast<float>(comm_->size());
+  double sum = 0;
+  for (auto& l : layers_) {
+    for (size_t i = 0; i < l->own; ++i) {
+      l->grads[i] *= scale;
+      sum += static_cast<double>(l->grads[i]) * l->grads[i];
+    }
+  }
+  float partial = static_cast<float>(sum);
+  RETURN_IF_ERROR(comm_->AllReduceSum(&partial, 1));
+  return std::sqrt(partial);
+}
+
+Status ZeroState::Update(const AdamParams& adam, float clip_scale) {
+  const auto segments = layout_.DecaySegments();
+  for (auto& l : layers_) {
+    if (clip_scale != 1.0f) {
+      for (size_t i = 0; i < l->own; ++i) l->grads[i] *= clip_scale;
+    }
+    const size_t lo = l->range.begin + l->own_begin, hi = lo + l->own;
+    float* p = stage_ == 2 ? full_params_.data() + lo : l->params.data();
+    for (const DecaySegment& seg : segments) {
+      const size_t b = std::max(lo, seg.range.begin),
+                   e = std::min(hi, seg.range.end);
+      if (b >= e) continue;
+      AdamStep(p + (b - lo), l->grads.data() + (b - lo), l->m.data() + (b - lo),
+               l->v.data() + (b - lo), e - b, adam, seg.decay);
+    }
+    if (stage_ != 2) continue;
+    // Every rank takes every rank's updated piece of this layer.
+    std::fill(staging_.begin(), staging_.end(), 0.0f);
+    std::copy(p, p + l->own, staging_.begin());
+    float* window =
+        (l.get() == layers_.front().get() ? emb_grads_ : block_grads_).data();
+    RETURN_IF_ERROR(comm_->AllGather(staging_.data(), window, l->part.shard));
+    std::copy(window, window + l->range.size(),
+              full_params_.begin() + l->range.begin);
+  }
+  return Status::Ok();
+}
+
+int64_t ZeroState::state_bytes() const {
+  int64_t floats = static_cast<int64_t>(full_params_.size());
+  for (const auto& l : layers_) {
+    floats += static_cast<int64_t>(l->params.size() + l->grads.size() +
+                                   l->m.size() + l->v.size());
+  }
+  return 4 * floats;
+}
+
+StatusOr<std::vector<float>> ZeroState::GatherAll(Which which) {
+  if (which == Which::kParams && stage_ == 2) return full_params_;
+  std::vector<float> full(layout_.num_params());
+  std::vector<float> window(std::max(emb_grads_.size(), block_grads_.size()));
+  for (auto& l : layers_) {
+    const std::vector<float>& piece = which == Which::kParams ? l->params
+                                      : which == Which::kM    ? l->m
+                                                              : l->v;
+    std::fill(staging_.begin(), staging_.end(), 0.0f);
+    std::copy(piece.begin(), piece.begin() + l->own, staging_.begin());
+    RETURN_IF_ERROR(
+        comm_->AllGather(staging_.data(), window.data(), l->part.shard));
+    std::copy(window.begin(), window.begin() + l->range.size(),
+              full.begin() + l->range.begin);
+  }
+  return full;
+}
+
+void ZeroState::LoadState(std::span<const float> params,
+                          std::span<const float> m, std::span<const float> v) {
+  LoadParams(params);
+  for (auto& l : layers_) {
+    const size_t b = l->range.begin + l->own_begin;
+    std::copy(m.begin() + b, m.begin() + b + l->own, l->m.begin());
+    std::copy(v.begin() + b, v.begin() + b + l->own, l->v.begin());
+  }
+}
+
+}  // namespace dslaunch::worker

@@ -1,0 +1,76 @@
+// ZeroState: the parameter, gradient and optimizer state of one rank under
+// ZeRO stage 2 or 3, served to the Model as its ParamSource. Every hook
+// layer's range (kLayerMajor: one contiguous range per layer) is split
+// evenly across ranks; a rank keeps its piece of every layer's gradients and
+// AdamW moments (stage 2) and of its parameters too (stage 3). Gradients are
+// reduce-scattered layer by layer as backward produces them, into a working
+// window reused for every layer; under stage 3 each layer's parameters are
+// all-gathered into a window just before the layer needs them. Owned by the
+// Trainer; single-threaded (the hooks run on the training thread).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "worker/comm.h"
+#include "worker/cpu_adam.h"
+#include "worker/model.h"
+#include "worker/partition.h"
+
+namespace dslaunch::worker {
+
+class ZeroState : public ParamSource {
+ public:
+  // REQUIRES: layout in kLayerMajor order, stage 2 or 3.
+  ZeroState(const ParamLayout& layout, int stage, Comm* comm);
+  ~ZeroState() override;
+
+  // Parameters from the GPT-2 init with `seed` (bit-identical to a whole
+  // model's), or from whole parameters in `layout` order.
+  void InitParams(uint64_t seed);
+  void LoadParams(std::span<const float> full);
+  // The hooks to install on the Model with this source.
+  LayerHooks Hooks();
+
+  float* LayerParams(int layer) override;
+  float* LayerGrads(int layer) override;
+
+  void ZeroGrad();  // the owned gradient pieces, before a step's micro-batches
+  // The first collective error inside a hook (hooks cannot return one).
+  const Status& status() const { return status_; }
+  // Averages the owned gradients over ranks and returns the global norm.
+  StatusOr<float> FinishGradients();
+  // AdamW on the owned pieces (gradients scaled by clip_scale first); under
+  // stage 2 the updated pieces are then all-gathered into every rank's
+  // whole parameters.
+  Status Update(const AdamParams& adam, float clip_scale);
+  // Parameters, gradients and moments this rank keeps (not the windows).
+  int64_t state_bytes() const;
+  // Every rank's pieces gathered into whole buffers in layout order (for
+  // checkpoints and export); collective, and holds one whole buffer.
+  enum class Which { kParams, kM, kV };
+  StatusOr<std::vector<float>> GatherAll(Which which);
+  // Takes this rank's pieces of whole parameters and moments (layout order).
+  void LoadState(std::span<const float> params, std::span<const float> m,
+                 std::span<const float> v);
+
+  struct Layer;  // defined in zero_state.cc
+
+ private:
+  Layer& L(int layer) { return *layers_[layer + 1]; }
+  void Gather(int layer, float* window);
+  void ReduceInto(int layer, float* window);
+  void Fail(const Status& st);
+
+  const ParamLayout& layout_;
+  int stage_;
+  Comm* comm_;
+  std::vector<std::unique_ptr<Layer>> layers_;    // hook layers -1..L
+  std::vector<float> full_params_;                // stage 2: every parameter
+  std::vector<float> emb_params_, block_params_;  // stage 3 windows
+  std::vector<float> emb_grads_, block_grads_;    // gradient windows
+  std::vector<float> staging_;                    // one padded piece
+  Status status_;
+};
+
+}  // namespace dslaunch::worker
