@@ -49,11 +49,14 @@ int RunTrain(const TrainArgs& args) {
   auto result = (*trainer)->Run();
   if (!result.ok()) return Fail(result.status());
   if (!args.save_model.empty()) {
-    Model& m = (*trainer)->model();
-    auto params = m.params().first(m.layout().num_params());
-    if (Status st = WriteModelFile(args.save_model, m.layout(), params);
-        !st.ok())
-      return Fail(st);
+    auto params = (*trainer)->WholeParams();  // collective
+    if (!params.ok()) return Fail(params.status());
+    if ((*trainer)->rank() == 0) {
+      const ParamLayout llmc((*trainer)->model().config(), ParamOrder::kLlmc);
+      if (Status st = WriteModelFile(args.save_model, llmc, *params); !st.ok())
+        return Fail(st);
+      std::printf("saved the model to %s\n", args.save_model.c_str());
+    }
   }
   return 0;
 }

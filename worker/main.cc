@@ -1,9 +1,12 @@
 // dsworker: the training engine of dslaunch (GPT-2 on the CPU, ZeRO over
 // Gloo). Commands: train, prepare, eval, export, sample, version.
 #include <cblas.h>  // openblas_set_num_threads
+#include <omp.h>    // omp_set_num_threads
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 #include "proto/version.h"
 #include "worker/commands.h"
@@ -12,6 +15,12 @@ int main(int argc, char** argv) {
   // Parallelism comes from OpenMP; OpenBLAS's own spinning threads would
   // fight the OpenMP team for the same cores (6x slower measured on 2 cores).
   openblas_set_num_threads(1);
+  // Ranks sharing a node share its cores: without OMP_NUM_THREADS, each
+  // takes its part (torchrun does the same with 1 thread per rank).
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  if (!std::getenv("OMP_NUM_THREADS") && local && std::atoi(local) > 1) {
+    omp_set_num_threads(std::max(1, omp_get_num_procs() / std::atoi(local)));
+  }
   CLI::App app("dsworker: GPT training engine (DeepSpeed configs, ZeRO stages)",
                "dsworker");
   app.require_subcommand(1);

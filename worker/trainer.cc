@@ -154,6 +154,18 @@ Status Trainer::ResumeMoments(const std::string& dir, size_t n) {
   return ReadCheckpointRange(dir, "v", shard_begin_, std::span(v_).first(real));
 }
 
+StatusOr<std::vector<float>> Trainer::WholeParams() {
+  const size_t n = model_->layout().num_params();
+  if (!zero_) {
+    auto p = model_->params().first(n);
+    return std::vector<float>(p.begin(), p.end());
+  }
+  ASSIGN_OR_RETURN(std::vector<float> full,
+                   zero_->GatherAll(ZeroState::Which::kParams));
+  return Reorder(model_->layout(), full,
+                 ParamLayout(model_->config(), ParamOrder::kLlmc));
+}
+
 Status Trainer::Save() {
   const size_t n = model_->layout().num_params();
   const Partition part = MakePartition(n, comm_->size());

@@ -43,6 +43,9 @@ class Trainer {
   // Parameters, gradients and optimizer state this rank holds, in bytes.
   int64_t model_state_bytes() const;
   Model& model() { return *model_; }
+  int rank() const { return comm_->rank(); }
+  // Every parameter in llm.c's order (gathered under stage 3); collective.
+  StatusOr<std::vector<float>> WholeParams();
   int64_t step() const { return step_; }
 
  private:
