@@ -260,8 +260,8 @@ Status Trainer::UpdateParameters(double lr, float clip_scale) {
              seg.decay);
   }
   if (config_.zero.stage == 1 && comm_->size() > 1) {
-    std::vector<float> mine(p + shard_begin_, p + shard_begin_ + shard_size_);
-    RETURN_IF_ERROR(comm_->AllGather(mine.data(), p, shard_size_));
+    gather_in_.assign(p + shard_begin_, p + shard_begin_ + shard_size_);  // no realloc
+    RETURN_IF_ERROR(comm_->AllGather(gather_in_.data(), p, shard_size_));
   }
   return Status::Ok();
 }

@@ -72,6 +72,7 @@ class Trainer {
   ProgressReporter progress_;
   size_t shard_begin_ = 0, shard_size_ = 0;  // this rank's optimizer range
   std::vector<float> m_, v_;                 // moments of that range
+  std::vector<float> gather_in_;             // stage 1: own updated piece
   std::vector<float> grad_shard_;            // stage 1: the reduced gradients
   int64_t step_ = 0;
 };

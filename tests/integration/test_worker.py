@@ -85,6 +85,43 @@ class Training(WorkerTest):
         self.assertAlmostEqual(size[3], 16 * psi / n, delta=slack)
 
 
+class AgainstPyTorch(WorkerTest):
+    def test_adamw_steps_match_pytorch_from_the_same_model_file(self):
+        if subprocess.run(["/usr/bin/python3", "-c", "import torch"],
+                          capture_output=True).returncode != 0:
+            if os.environ.get("CI"):
+                self.fail("python3-torch is missing")
+            self.skipTest("Debian's python3-torch is not installed")
+        ck = os.path.join(self.dir, "ck")
+        self.train(1, 4, 0, steps=1, checkpoint={"dir": ck, "every": 1})
+        model = os.path.join(self.dir, "init.bin")
+        p = self.run_job([DSWORKER, "export", "--checkpoint", os.path.join(ck, "step_00000001"),
+                          "--out", model])
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        with open(self.config(4, 0, steps=5)) as f:
+            cfg = json.load(f)
+        cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999],
+                                                         "eps": 1e-8, "weight_decay": 0.1}}
+        cfg["gradient_clipping"] = 0
+        path = os.path.join(self.dir, "adamw.json")
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        p = self.run_job([DSWORKER, "train", "--config", path, "--init", model], timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        ours = [float(m) for m in re.findall(r"loss ([0-9.]+)", p.stdout.decode())]
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                              "../worker/torch_adamw_steps.py")
+        t = subprocess.run(["/usr/bin/python3", script, model,
+                            os.path.join(self.dir, "data", "train_000.bin"), "4", "16", "5",
+                            "1e-3", "0.1"], capture_output=True, timeout=300)
+        self.assertEqual(t.returncode, 0, t.stderr.decode())
+        theirs = [float(x) for x in t.stdout.split()]
+        self.assertEqual(len(ours), 5)
+        self.assertEqual(len(theirs), 5)
+        for a, b in zip(ours, theirs):
+            self.assertAlmostEqual(a, b, delta=1e-4 * b)
+
+
 class Checkpoints(WorkerTest):
     def losses(self, records, rank=0):
         return {r["step"]: r["loss"] for r in records if r["rank"] == rank}
