@@ -70,7 +70,7 @@ bool UsesL2(const AdamParams& p, bool apply_decay) {
 using Kernel = void (*)(const StepConstants&, float*, const float*, float*,
                         float*, size_t);
 
-// ---- Scalar reference ------------------------------------------------------
+// ---- Scalar reference ----
 
 template <bool kL2>
 void ScalarKernel(const StepConstants& c, float* p, const float* g, float* m,
@@ -92,7 +92,7 @@ void ScalarKernel(const StepConstants& c, float* p, const float* g, float* m,
   }
 }
 
-// ---- AVX2 + FMA --------------------------------------------------------------
+// ---- AVX2 + FMA ----
 
 #define DSL_AVX2 __attribute__((target("avx2,fma")))
 
@@ -102,10 +102,10 @@ struct Avx2Constants {
 };
 
 DSL_AVX2 Avx2Constants Broadcast256(const StepConstants& c) {
-  return {_mm256_set1_ps(c.decay),           _mm256_set1_ps(c.l2),
-          _mm256_set1_ps(c.beta1),           _mm256_set1_ps(c.one_minus_beta1),
-          _mm256_set1_ps(c.beta2),           _mm256_set1_ps(c.one_minus_beta2),
-          _mm256_set1_ps(c.bc2_sqrt),        _mm256_set1_ps(c.eps),
+  return {_mm256_set1_ps(c.decay),        _mm256_set1_ps(c.l2),
+          _mm256_set1_ps(c.beta1),        _mm256_set1_ps(c.one_minus_beta1),
+          _mm256_set1_ps(c.beta2),        _mm256_set1_ps(c.one_minus_beta2),
+          _mm256_set1_ps(c.bc2_sqrt),     _mm256_set1_ps(c.eps),
           _mm256_set1_ps(c.neg_step_size)};
 }
 
@@ -123,8 +123,8 @@ DSL_AVX2 inline void Avx2Update(const Avx2Constants& k, __m256* p, __m256 g,
                        _mm256_mul_ps(*v, k.beta2));
   const __m256 denom =
       _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(*v), k.bc2_sqrt), k.eps);
-  *p = _mm256_add_ps(
-      *p, _mm256_div_ps(_mm256_mul_ps(k.neg_step_size, *m), denom));
+  *p = _mm256_add_ps(*p,
+                     _mm256_div_ps(_mm256_mul_ps(k.neg_step_size, *m), denom));
 }
 
 template <bool kL2>
@@ -156,7 +156,7 @@ DSL_AVX2 void Avx2Kernel(const StepConstants& c, float* p, const float* g,
   _mm256_maskstore_ps(v + i, mask, vv);
 }
 
-// ---- AVX-512F ----------------------------------------------------------------
+// ---- AVX-512F ----
 
 #define DSL_AVX512 __attribute__((target("avx512f")))
 
@@ -166,10 +166,10 @@ struct Avx512Constants {
 };
 
 DSL_AVX512 Avx512Constants Broadcast512(const StepConstants& c) {
-  return {_mm512_set1_ps(c.decay),           _mm512_set1_ps(c.l2),
-          _mm512_set1_ps(c.beta1),           _mm512_set1_ps(c.one_minus_beta1),
-          _mm512_set1_ps(c.beta2),           _mm512_set1_ps(c.one_minus_beta2),
-          _mm512_set1_ps(c.bc2_sqrt),        _mm512_set1_ps(c.eps),
+  return {_mm512_set1_ps(c.decay),        _mm512_set1_ps(c.l2),
+          _mm512_set1_ps(c.beta1),        _mm512_set1_ps(c.one_minus_beta1),
+          _mm512_set1_ps(c.beta2),        _mm512_set1_ps(c.one_minus_beta2),
+          _mm512_set1_ps(c.bc2_sqrt),     _mm512_set1_ps(c.eps),
           _mm512_set1_ps(c.neg_step_size)};
 }
 
@@ -193,8 +193,8 @@ DSL_AVX512 inline void Avx512Update(const Avx512Constants& k, __m512* p,
                        _mm512_mul_ps(*v, k.beta2));
   const __m512 denom =
       _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(*v), k.bc2_sqrt), k.eps);
-  *p = _mm512_add_ps(
-      *p, _mm512_div_ps(_mm512_mul_ps(k.neg_step_size, *m), denom));
+  *p = _mm512_add_ps(*p,
+                     _mm512_div_ps(_mm512_mul_ps(k.neg_step_size, *m), denom));
 }
 
 template <bool kL2>
@@ -223,7 +223,7 @@ DSL_AVX512 void Avx512Kernel(const StepConstants& c, float* p, const float* g,
 }
 #pragma GCC diagnostic pop
 
-// ---- Dispatch ------------------------------------------------------------------
+// ---- Dispatch ----
 
 Kernel PickKernel(AdamIsa isa, bool l2) {
   switch (isa) {
@@ -314,7 +314,8 @@ StatusOr<AdamIsa> ResolveAdamIsa(const char* forced) {
 
 AdamIsa ActiveAdamIsa() {
   static const AdamIsa isa = [] {
-    StatusOr<AdamIsa> resolved = ResolveAdamIsa(std::getenv("DSL_CPU_ADAM_ISA"));
+    StatusOr<AdamIsa> resolved =
+        ResolveAdamIsa(std::getenv("DSL_CPU_ADAM_ISA"));
     if (!resolved.ok()) {
       std::fprintf(stderr, "%s\n", resolved.status().message().c_str());
       std::abort();

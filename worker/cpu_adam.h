@@ -66,7 +66,6 @@ AdamIsa ActiveAdamIsa();
 // AdamStep with a given ISA (tests, benchmarks).
 // REQUIRES: CpuSupportsAdamIsa(isa).
 void AdamStepWithIsa(AdamIsa isa, float* params, const float* grads, float* m,
-                     float* v, size_t n, const AdamParams& p,
-                     bool apply_decay);
+                     float* v, size_t n, const AdamParams& p, bool apply_decay);
 
 }  // namespace dslaunch::worker

@@ -43,8 +43,8 @@ void Step(AdamIsa isa, State* s, const AdamParams& hp, bool apply_decay) {
 ::testing::AssertionResult SameBits(const std::vector<float>& got,
                                     const std::vector<float>& want) {
   if (got.size() != want.size()) {
-    return ::testing::AssertionFailure() << "sizes " << got.size() << " and "
-                                         << want.size();
+    return ::testing::AssertionFailure()
+           << "sizes " << got.size() << " and " << want.size();
   }
   for (size_t i = 0; i < got.size(); ++i) {
     if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
@@ -56,9 +56,9 @@ void Step(AdamIsa isa, State* s, const AdamParams& hp, bool apply_decay) {
 }
 
 ::testing::AssertionResult SameState(const State& got, const State& want) {
-  for (auto [a, b, name] : {std::tuple{&got.p, &want.p, "p"},
-                            std::tuple{&got.m, &want.m, "m"},
-                            std::tuple{&got.v, &want.v, "v"}}) {
+  for (auto [a, b, name] :
+       {std::tuple{&got.p, &want.p, "p"}, std::tuple{&got.m, &want.m, "m"},
+        std::tuple{&got.v, &want.v, "v"}}) {
     ::testing::AssertionResult r = SameBits(*a, *b);
     if (!r) return r << " (" << name << ")";
   }
@@ -73,7 +73,7 @@ std::vector<AdamIsa> SupportedVectorIsas() {
   return isas;
 }
 
-// ---- Double-precision reference of PyTorch's expressions -------------------
+// ---- Double-precision reference of PyTorch's expressions ----
 
 struct RefState {
   std::vector<double> p, m, v;
@@ -112,8 +112,8 @@ void ReferenceStep(RefState* s, const std::vector<float>& grads,
   for (size_t i = 0; i < got.size(); ++i) {
     const double err = std::fabs(got[i] - want[i]);
     if (err > rtol * std::fabs(want[i]) + atol) {
-      return ::testing::AssertionFailure() << "element " << i << ": " << got[i]
-                                           << " vs " << want[i];
+      return ::testing::AssertionFailure()
+             << "element " << i << ": " << got[i] << " vs " << want[i];
     }
   }
   return ::testing::AssertionSuccess();
@@ -157,7 +157,7 @@ TEST(CpuAdam, AdamL2ModeMatchesDoubleReference) {
                          false);
 }
 
-// ---- Bit-for-bit against torch 1.13 ----------------------------------------
+// ---- Bit-for-bit against torch 1.13 ----
 
 // Three steps of torch.optim.AdamW / Adam(lr=0.01, weight_decay=0.1) from zero
 // moments, Debian's torch 1.13.1 on an AVX2 CPU; inputs are exact in fp32:
@@ -174,14 +174,17 @@ constexpr float kTorchAdamV[kGoldenN] = {0x1.561056p-16f, 0x1.56388ep-16f, 0x1.a
 
 State GoldenRun(AdamIsa isa, bool adamw_mode) {
   State s{std::vector<float>(kGoldenN), std::vector<float>(kGoldenN),
-          std::vector<float>(kGoldenN, 0.0f), std::vector<float>(kGoldenN, 0.0f)};
+          std::vector<float>(kGoldenN, 0.0f),
+          std::vector<float>(kGoldenN, 0.0f)};
   for (size_t i = 0; i < kGoldenN; ++i) s.p[i] = (int(i % 7) - 3) / 8.0f;
   for (int64_t step = 1; step <= 3; ++step) {
     for (size_t i = 0; i < kGoldenN; ++i) {
       s.g[i] = (int((3 * i + 5 * step) % 11) - 5) / 32.0f;
     }
-    const AdamParams hp{.lr = 0.01, .weight_decay = 0.1,
-                        .adamw_mode = adamw_mode, .step = step};
+    const AdamParams hp{.lr = 0.01,
+                        .weight_decay = 0.1,
+                        .adamw_mode = adamw_mode,
+                        .step = step};
     Step(isa, &s, hp, true);
   }
   return s;
@@ -206,7 +209,7 @@ TEST(CpuAdam, EveryIsaReproducesTorchBitForBit) {
   }
 }
 
-// ---- ISAs, sizes and threads -----------------------------------------------
+// ---- ISAs, sizes and threads ----
 
 TEST(CpuAdam, VectorIsasMatchScalarBitForBit) {
   const std::vector<AdamIsa> isas = SupportedVectorIsas();
@@ -215,15 +218,15 @@ TEST(CpuAdam, VectorIsasMatchScalarBitForBit) {
   for (size_t n : sizes) {
     for (bool adamw : {true, false}) {
       for (bool decay : {true, false}) {
-        const AdamParams hp{.weight_decay = 0.05, .adamw_mode = adamw,
-                            .step = 3};
+        const AdamParams hp{
+            .weight_decay = 0.05, .adamw_mode = adamw, .step = 3};
         State want = RandomState(n, static_cast<uint32_t>(n));
         const State input = want;
         Step(AdamIsa::kScalar, &want, hp, decay);
         for (AdamIsa isa : isas) {
-          SCOPED_TRACE(::testing::Message() << AdamIsaName(isa) << " n=" << n
-                                            << " adamw=" << adamw
-                                            << " decay=" << decay);
+          SCOPED_TRACE(::testing::Message()
+                       << AdamIsaName(isa) << " n=" << n << " adamw=" << adamw
+                       << " decay=" << decay);
           State got = input;
           Step(isa, &got, hp, decay);
           EXPECT_TRUE(SameState(got, want));
@@ -271,16 +274,19 @@ TEST(CpuAdam, DecoupledDecayAloneScalesParams) {
   const AdamParams hp{.lr = 0.01, .weight_decay = 0.5};
   Step(AdamIsa::kScalar, &s, hp, true);
   const float decay = static_cast<float>(1.0 - 0.01 * 0.5);
-  for (size_t i = 0; i < s.p.size(); ++i) EXPECT_EQ(s.p[i], before.p[i] * decay);
+  for (size_t i = 0; i < s.p.size(); ++i)
+    EXPECT_EQ(s.p[i], before.p[i] * decay);
   Step(AdamIsa::kScalar, &s, hp, false);
-  for (size_t i = 0; i < s.p.size(); ++i) EXPECT_EQ(s.p[i], before.p[i] * decay);
+  for (size_t i = 0; i < s.p.size(); ++i)
+    EXPECT_EQ(s.p[i], before.p[i] * decay);
 }
 
 TEST(CpuAdam, NoDecayRangeEqualsZeroWeightDecay) {
   for (bool adamw : {true, false}) {
     State a = RandomState(1001, 2);
     State b = a;
-    Step(ActiveAdamIsa(), &a, {.weight_decay = 0.3, .adamw_mode = adamw}, false);
+    Step(ActiveAdamIsa(), &a, {.weight_decay = 0.3, .adamw_mode = adamw},
+         false);
     Step(ActiveAdamIsa(), &b, {.weight_decay = 0.0, .adamw_mode = adamw}, true);
     EXPECT_TRUE(SameState(a, b)) << "adamw=" << adamw;
   }
@@ -302,7 +308,7 @@ TEST(CpuAdam, ResultDoesNotDependOnThreadCount) {
   EXPECT_TRUE(SameState(results[2], results[0]));
 }
 
-// ---- Choosing the ISA ------------------------------------------------------
+// ---- Choosing the ISA ----
 
 TEST(CpuAdamIsa, ResolvePicksWidestOrTheNamedOne) {
   ASSERT_TRUE(ResolveAdamIsa(nullptr).ok());

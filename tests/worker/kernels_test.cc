@@ -1,12 +1,16 @@
 // Kernels of worker/kernels_cpu.h: each backward against central finite
-// differences of its forward, the BLAS matmul against plain loops, and
-// results independent of the OpenMP thread count.
+// differences of its forward, the BLAS matmul against plain loops, the tiled
+// GEMM against one cblas_sgemm call, and results independent of the OpenMP
+// thread count.
+#include <cblas.h>  // cblas_sgemm (the untiled yardstick), openblas_get_corename
 #include <gtest/gtest.h>
 #include <omp.h>  // omp_set_num_threads
 
 #include <cmath>
+#include <cstdlib>  // getenv, setenv, unsetenv
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "worker/kernels_cpu.h"
@@ -52,6 +56,97 @@ void ExpectGradMatchesFd(Vec& x, const Vec& grad,
         << what << "[" << i << "]: analytic " << grad[i] << ", fd " << fd;
   }
   ::testing::Test::RecordProperty(what, std::to_string(worst));
+}
+
+// Runs fn with `threads` OpenMP threads, restoring the previous count.
+template <typename Fn>
+auto WithThreads(int threads, const Fn& fn) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  auto result = fn();
+  omp_set_num_threads(saved);
+  return result;
+}
+
+// Shapes big enough for Gemm to cut C into several tiles (2 x 2 here).
+constexpr int kTiledM = 700, kTiledN = 650, kTiledK = 300;
+
+TEST(Gemm, TiledMatchesOneBlasCallForEveryTranspose) {
+  const int M = kTiledM, N = kTiledN, K = kTiledK;
+  for (Transpose ta : {Transpose::kNo, Transpose::kYes}) {
+    for (Transpose tb : {Transpose::kNo, Transpose::kYes}) {
+      // Leading dimensions with padding, as the model's strided views have.
+      const int lda = (ta == Transpose::kYes ? M : K) + 3;
+      const int ldb = (tb == Transpose::kYes ? K : N) + 5;
+      const int ldc = N + 7;
+      const Vec a = Random(static_cast<size_t>(lda) * std::max(M, K), 1);
+      const Vec b = Random(static_cast<size_t>(ldb) * std::max(N, K), 2);
+      Vec c = Random(static_cast<size_t>(ldc) * M, 3), ref = c;
+      Gemm(ta, tb, M, N, K, 0.5f, a.data(), lda, b.data(), ldb, 1.0f, c.data(),
+           ldc);
+      cblas_sgemm(CblasRowMajor,
+                  ta == Transpose::kYes ? CblasTrans : CblasNoTrans,
+                  tb == Transpose::kYes ? CblasTrans : CblasNoTrans, M, N, K,
+                  0.5f, a.data(), lda, b.data(), ldb, 1.0f, ref.data(), ldc);
+      for (size_t i = 0; i < c.size(); i++) {
+        ASSERT_NEAR(c[i], ref[i], 1e-4) << i;
+      }
+    }
+  }
+}
+
+TEST(Gemm, SameBitsForOneTwoAndThreeThreads) {
+  const int M = kTiledM, N = kTiledN, K = kTiledK;
+  const Vec a = Random(static_cast<size_t>(K) * M, 1);
+  const Vec b = Random(static_cast<size_t>(K) * N, 2);
+  auto run = [&](int threads) {
+    return WithThreads(threads, [&] {
+      Vec c = Random(static_cast<size_t>(M) * N, 3);
+      Gemm(Transpose::kYes, Transpose::kNo, M, N, K, 1.0f, a.data(), M,
+           b.data(), N, 1.0f, c.data(), N);
+      return c;
+    });
+  };
+  const Vec one = run(1);
+  EXPECT_EQ(one, run(2));
+  EXPECT_EQ(one, run(3));
+}
+
+// A qkv-like layer (several tiles in every GEMM): forward and all three
+// gradients have the same bits for 1 and 2 threads.
+TEST(MatmulKernel, SameBitsForOneAndTwoThreads) {
+  const int N = 512, C = 256, OC = 768;
+  const Vec inp = Random(N * C, 1), w = Random(OC * C, 2), b = Random(OC, 3);
+  const Vec dout = Random(N * OC, 4);
+  auto run = [&](int threads) {
+    return WithThreads(threads, [&] {
+      Vec out(N * OC), dinp = Random(N * C, 5), dw = Random(OC * C, 6),
+                       db = Random(OC, 7);
+      MatmulForward(out.data(), inp.data(), w.data(), b.data(), N, C, OC);
+      MatmulBackward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(),
+                     w.data(), N, C, OC);
+      return std::vector<Vec>{out, dinp, dw, db};
+    });
+  };
+  const std::vector<Vec> one = run(1), two = run(2);
+  for (size_t i = 0; i < one.size(); i++) EXPECT_EQ(one[i], two[i]) << i;
+}
+
+TEST(OpenBlasCoretype, NoOverrideWhenTheVariableIsSet) {
+  const char* saved = std::getenv("OPENBLAS_CORETYPE");
+  const std::string value = saved != nullptr ? saved : "";
+  setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+  EXPECT_EQ(OpenBlasCoretypeOverride(), nullptr);
+  if (saved != nullptr) {
+    setenv("OPENBLAS_CORETYPE", value.c_str(), 1);
+  } else {
+    unsetenv("OPENBLAS_CORETYPE");
+  }
+  // Unset, it names a core only after OpenBLAS fell back to Prescott.
+  const char* fix = OpenBlasCoretypeOverride();
+  if (fix != nullptr) {
+    EXPECT_STREQ(openblas_get_corename(), "Prescott");
+  }
 }
 
 TEST(MatmulKernel, BlasForwardMatchesPlainLoops) {
@@ -201,6 +296,41 @@ TEST(AttentionKernel, BackwardMatchesFiniteDifferences) {
   ExpectGradMatchesFd(qkv, dqkv, objective, "dqkv");
 }
 
+// T spans three query blocks of the blocked kernel.
+TEST(AttentionKernel, ForwardMatchesNaiveAcrossQueryBlocks) {
+  const int B = 1, T = 300, C = 16, NH = 2;
+  const Vec qkv = Random(B * T * 3 * C, 1, -2, 2);
+  Vec out(B * T * C), lse(B * NH * T);
+  AttentionForward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+  const Vec ref = NaiveAttention(qkv, B, T, C, NH);
+  for (size_t i = 0; i < out.size(); i++) EXPECT_NEAR(out[i], ref[i], 1e-5);
+}
+
+// Directional derivatives (a few random directions through all of qkv)
+// against central differences, with T spanning three query blocks.
+TEST(AttentionKernel, BackwardMatchesDirectionalDifferencesAcrossBlocks) {
+  const int B = 2, T = 260, C = 16, NH = 2;
+  Vec qkv = Random(B * T * 3 * C, 1, -1.5, 1.5);
+  const Vec dout = Random(B * T * C, 2);
+  Vec out(B * T * C), lse(B * NH * T), dqkv(B * T * 3 * C);
+  AttentionForward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+  AttentionBackward(dqkv.data(), dout.data(), qkv.data(), lse.data(), B, T, C,
+                    NH);
+  for (uint32_t seed = 10; seed < 13; seed++) {
+    const Vec dir = Random(qkv.size(), seed);
+    auto objective = [&](float eps) {
+      Vec x = qkv, l(B * NH * T);
+      for (size_t i = 0; i < x.size(); i++) x[i] += eps * dir[i];
+      AttentionForward(out.data(), l.data(), x.data(), B, T, C, NH);
+      return DotD(out, dout);
+    };
+    const float eps = 1e-2f;
+    const double fd = (objective(eps) - objective(-eps)) / (2.0 * eps);
+    const double analytic = DotD(dqkv, dir);
+    EXPECT_NEAR(analytic, fd, 1e-3 * std::fabs(fd) + 1e-2) << seed;
+  }
+}
+
 TEST(GeluKernel, ForwardMatchesTanhFormula) {
   const Vec x = {-3.0f, -1.0f, 0.0f, 0.5f, 1.0f, 4.0f};
   Vec y(x.size());
@@ -211,6 +341,22 @@ TEST(GeluKernel, ForwardMatchesTanhFormula) {
         0.5 * v *
         (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
     EXPECT_NEAR(y[i], ref, 1e-6);
+  }
+}
+
+// The vectorised tanh is within 2e-7 of the exact one, so GELU is within
+// about |x| * 1e-7.
+TEST(GeluKernel, ForwardMatchesTanhFormulaOnADenseGrid) {
+  Vec x;
+  for (double v = -12; v <= 12; v += 0.0037) x.push_back(static_cast<float>(v));
+  Vec y(x.size());
+  GeluForward(y.data(), x.data(), x.size());
+  for (size_t i = 0; i < x.size(); i++) {
+    const double v = x[i];
+    const double ref =
+        0.5 * v *
+        (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+    ASSERT_NEAR(y[i], ref, 1e-6 * std::max(1.0, std::fabs(v))) << v;
   }
 }
 
@@ -277,6 +423,28 @@ TEST(CrossEntropyKernel, SoftmaxIgnoresPaddingAndLossIsNegLogProb) {
   EXPECT_EQ(losses2, losses);
 }
 
+// Logits spread over [-100, 100]: most probabilities underflow, the rest
+// must match a double softmax.
+TEST(CrossEntropyKernel, MatchesDoubleSoftmaxOverAWideRange) {
+  const int N = 4, V = 3000, Vp = 3008;
+  const Vec logits = Random(N * Vp, 1, -100, 100);
+  std::vector<int> targets = {0, 1, 2, 3};
+  Vec probs(N * Vp), losses(N);
+  CrossEntropySoftmaxForward(probs.data(), losses.data(), logits.data(),
+                             targets.data(), N, V, Vp);
+  for (int i = 0; i < N; i++) {
+    const float* x = logits.data() + i * Vp;
+    const double maxv = *std::max_element(x, x + V);
+    double sum = 0;
+    for (int v = 0; v < V; v++) sum += std::exp(x[v] - maxv);
+    for (int v = 0; v < V; v++) {
+      const double ref = std::exp(x[v] - maxv) / sum;
+      ASSERT_NEAR(probs[i * Vp + v], ref, 1e-6 * ref + 1e-30) << i << " " << v;
+    }
+    EXPECT_NEAR(losses[i], std::log(sum) - (x[targets[i]] - maxv), 1e-5);
+  }
+}
+
 TEST(CrossEntropyKernel, BackwardMatchesFiniteDifferences) {
   const int N = 3, V = 6, Vp = 8;
   const float dloss = 0.7f;
@@ -302,34 +470,45 @@ TEST(CrossEntropyKernel, BackwardMatchesFiniteDifferences) {
 }
 
 // Every reduction is split by output element, so 1 and 3 threads agree to
-// the bit.
+// the bit. T spans several attention query blocks.
 TEST(Kernels, BackwardIsIndependentOfThreadCount) {
-  const int B = 2, T = 8, C = 200, NH = 4, V = 7;
+  const int B = 2, T = 200, C = 64, NH = 4, V = 7;
   const Vec x = Random(B * T * C, 1), w = Random(C, 2),
             dout = Random(B * T * C, 3);
   const Vec qkv = Random(B * T * 3 * C, 4);
   std::vector<int> tokens(B * T);
   for (int i = 0; i < B * T; i++) tokens[i] = (i * 5) % V;
   auto run = [&](int threads) {
-    omp_set_num_threads(threads);
-    Vec mean(B * T), rstd(B * T), out(B * T * C), lse(B * NH * T);
-    Vec dx(B * T * C), dw(C), db(C), dwte(V * C), dwpe(T * C);
-    Vec dqkv(B * T * 3 * C), attout(B * T * C);
-    LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(),
-                     w.data(), B * T, C);
-    LayerNormBackward(dx.data(), dw.data(), db.data(), dout.data(), x.data(),
-                      w.data(), mean.data(), rstd.data(), B * T, C);
-    EncoderBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T,
-                    C);
-    AttentionForward(attout.data(), lse.data(), qkv.data(), B, T, C, NH);
-    AttentionBackward(dqkv.data(), dout.data(), qkv.data(), lse.data(), B, T, C,
-                      NH);
-    return std::vector<Vec>{dx, dw, db, dwte, dwpe, dqkv, attout};
+    return WithThreads(threads, [&] {
+      Vec mean(B * T), rstd(B * T), out(B * T * C), lse(B * NH * T);
+      Vec dx(B * T * C), dw(C), db(C), dwte(V * C), dwpe(T * C);
+      Vec dqkv(B * T * 3 * C), attout(B * T * C);
+      Vec gelu(B * T * C), dgelu(B * T * C), probs(B * T * C),
+          dlogits(B * T * C);
+      Vec losses(B * T);
+      LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(),
+                       w.data(), B * T, C);
+      LayerNormBackward(dx.data(), dw.data(), db.data(), dout.data(), x.data(),
+                        w.data(), mean.data(), rstd.data(), B * T, C);
+      EncoderBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B,
+                      T, C);
+      AttentionForward(attout.data(), lse.data(), qkv.data(), B, T, C, NH);
+      AttentionBackward(dqkv.data(), dout.data(), qkv.data(), lse.data(), B, T,
+                        C, NH);
+      GeluForward(gelu.data(), x.data(), x.size());
+      GeluBackward(dgelu.data(), x.data(), dout.data(), x.size());
+      // Rows of C logits over a vocabulary of C - 3 (3 padding columns).
+      CrossEntropySoftmaxForward(probs.data(), losses.data(), x.data(),
+                                 tokens.data(), B * T, C - 3, C);
+      CrossEntropySoftmaxBackward(dlogits.data(), probs.data(), tokens.data(),
+                                  0.5f, B * T, C - 3, C);
+      return std::vector<Vec>{out,   mean,  rstd,   dx,     dw,  db,
+                              dwte,  dwpe,  dqkv,   attout, lse, gelu,
+                              dgelu, probs, losses, dlogits};
+    });
   };
-  const int saved = omp_get_max_threads();
   const std::vector<Vec> one = run(1);
   const std::vector<Vec> three = run(3);
-  omp_set_num_threads(saved);
   for (size_t i = 0; i < one.size(); i++) EXPECT_EQ(one[i], three[i]) << i;
 }
 
