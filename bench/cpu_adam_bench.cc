@@ -45,8 +45,8 @@ Buffers MakeBuffers(size_t n) {
 }
 
 double StepMs(AdamIsa isa, Buffers* b, int64_t step) {
-  const dslaunch::worker::AdamParams hp{.lr = 1e-3, .weight_decay = 0.01,
-                                        .step = step};
+  const dslaunch::worker::AdamParams hp{
+      .lr = 1e-3, .weight_decay = 0.01, .step = step};
   const auto start = std::chrono::steady_clock::now();
   dslaunch::worker::AdamStepWithIsa(isa, b->p.data(), b->g.data(), b->m.data(),
                                     b->v.data(), b->p.size(), hp, true);
@@ -83,7 +83,8 @@ int main(int argc, char** argv) {
     }
   }
   if (sizes.empty() || steps < 1 || warmup < 0) {
-    std::fprintf(stderr, "usage: %s [--warmup N] [--steps N] SIZE...\n", argv[0]);
+    std::fprintf(stderr, "usage: %s [--warmup N] [--steps N] SIZE...\n",
+                 argv[0]);
     return 2;
   }
   std::printf("# threads %d, active isa %s\n", omp_get_max_threads(),
@@ -91,7 +92,8 @@ int main(int argc, char** argv) {
   for (size_t n : sizes) {
     Buffers b = MakeBuffers(n);
     for (AdamIsa isa : {AdamIsa::kAvx512, AdamIsa::kAvx2, AdamIsa::kScalar}) {
-      if (dslaunch::worker::CpuSupportsAdamIsa(isa)) Bench(isa, &b, warmup, steps);
+      if (!dslaunch::worker::CpuSupportsAdamIsa(isa)) continue;
+      Bench(isa, &b, warmup, steps);
     }
   }
   return 0;

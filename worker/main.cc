@@ -2,6 +2,7 @@
 // Gloo). Commands: train, prepare, eval, export, sample, version.
 #include <cblas.h>  // openblas_set_num_threads
 #include <omp.h>    // omp_set_num_threads
+#include <unistd.h>  // execv
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -10,8 +11,19 @@
 
 #include "proto/version.h"
 #include "worker/commands.h"
+#include "worker/kernels_cpu.h"
 
 int main(int argc, char** argv) {
+  // OpenBLAS picks its kernels once, while loading, and on a CPU newer than
+  // it knows it falls back to SSE3 ones (4.5x slower GEMMs; see
+  // docs/performance.md). Start again with the right ones named; the pid,
+  // open descriptors and parent-death signal stay. OPENBLAS_CORETYPE set by
+  // the user (any value) is left alone, which also ends the loop.
+  if (const char* core = dslaunch::worker::OpenBlasCoretypeOverride()) {
+    setenv("OPENBLAS_CORETYPE", core, 1);
+    execv("/proc/self/exe", argv);
+    unsetenv("OPENBLAS_CORETYPE");  // exec failed: go on as installed
+  }
   // Parallelism comes from OpenMP; OpenBLAS's own spinning threads would
   // fight the OpenMP team for the same cores (6x slower measured on 2 cores).
   openblas_set_num_threads(1);
@@ -73,8 +85,9 @@ int main(int argc, char** argv) {
                            std::to_string(dslaunch::kProtocolVersion) + ")");
   CLI11_PARSE(app, argc, argv);
   if (v->parsed()) {
-    std::printf("dsworker %s (protocol %u)\n", dslaunch::kVersion,
-                dslaunch::kProtocolVersion);
+    std::printf("dsworker %s (protocol %u), OpenBLAS core %s, %d threads\n",
+                dslaunch::kVersion, dslaunch::kProtocolVersion,
+                openblas_get_corename(), omp_get_max_threads());
     return 0;
   }
   if (t->parsed()) return dslaunch::worker::RunTrain(train);

@@ -1,7 +1,5 @@
 #include "worker/model.h"
 
-#include <cblas.h>  // cblas_sgemm for the logits over the real vocabulary
-
 #include <algorithm>  // fill
 #include <cstring>    // memset
 
@@ -229,8 +227,8 @@ float Model::HeadForward(const float* res_in) {
                    P(K::kLnfb), N, C);
   // Logits for the real vocabulary only (ldc = Vp); the padding columns are
   // never read and the softmax writes them as 0.
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, V, C, 1.0f, a.lnf, C,
-              P(K::kWte), C, 0.0f, a.logits, Vp);
+  Gemm(Transpose::kNo, Transpose::kYes, N, V, C, 1.0f, a.lnf, C, P(K::kWte),
+       C, 0.0f, a.logits, Vp);
   const int* targets = targets_.empty() ? nullptr : targets_.data();
   CrossEntropySoftmaxForward(a.logits, a.losses, a.logits, targets, N, V, Vp);
   if (targets == nullptr) return -1.0f;
@@ -266,10 +264,10 @@ void Model::HeadBackward(const float* res_in, float dloss) {
   float* dlogits = a.logits;  // in place over the probabilities
   CrossEntropySoftmaxBackward(dlogits, a.logits, targets_.data(), dloss, N, V,
                               Vp);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, V, 1.0f, dlogits,
-              Vp, P(K::kWte), C, 0.0f, a.dbtc, C);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, N, 1.0f, dlogits,
-              Vp, a.lnf, C, 1.0f, G(K::kWte), C);
+  Gemm(Transpose::kNo, Transpose::kNo, N, C, V, 1.0f, dlogits, Vp, P(K::kWte),
+       C, 0.0f, a.dbtc, C);
+  Gemm(Transpose::kYes, Transpose::kNo, V, C, N, 1.0f, dlogits, Vp, a.lnf, C,
+       1.0f, G(K::kWte), C);
   Zero(a.dres, static_cast<size_t>(N) * C);
   LayerNormBackward(a.dres, G(K::kLnfw), G(K::kLnfb), a.dbtc, res_in,
                     P(K::kLnfw), a.lnf_mean, a.lnf_rstd, N, C);

@@ -2,153 +2,36 @@
 
 #include <yaml-cpp/yaml.h>  // YAML::Load, Node, convert, Exception
 
-#include <algorithm>  // max, transform
-#include <cctype>     // tolower
 #include <cerrno>     // errno
-#include <cmath>      // cos, floor, isfinite, log
 #include <cstring>    // strerror
 #include <fstream>    // ifstream
 #include <limits>     // numeric_limits
-#include <numbers>    // pi
 #include <set>        // set
 #include <sstream>    // ostringstream
 #include <utility>    // move
 
+#include "worker/config_values.h"
+#include "worker/lr_schedule.h"
+
 namespace dslaunch::worker {
 namespace {
 
+using config_values::Choice;
+using config_values::Describe;
+using config_values::Entry;
+using config_values::ReadBatchSize;
+using config_values::ReadBool;
+using config_values::ReadChoice;
+using config_values::ReadDouble;
+using config_values::ReadInt;
+using config_values::ReadInt64;
+using config_values::ReadOptionalDouble;
+using config_values::ReadString;
+using config_values::TypeError;
+using config_values::ValueError;
+
 constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
 constexpr int64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
-
-// One value being read: its node, its dotted key and where it was written.
-struct Entry {
-  const YAML::Node& node;
-  const std::string& key;
-  const std::string& where;
-};
-
-std::string Describe(const YAML::Node& node) {
-  if (node.IsScalar()) return "'" + node.Scalar() + "'";
-  if (node.IsMap()) return "a mapping";
-  if (node.IsSequence()) return "a list";
-  return "null";
-}
-
-Status TypeError(const Entry& e, const std::string& want) {
-  return DataError(e.where + ": " + e.key + ": expected " + want + ", got " +
-                   Describe(e.node));
-}
-
-Status ValueError(const Entry& e, const std::string& what) {
-  return DataError(e.where + ": " + e.key + ": " + what);
-}
-
-Status ReadDouble(const Entry& e, double* out) {
-  double v = 0;
-  if (!e.node.IsScalar() || !YAML::convert<double>::decode(e.node, v) ||
-      !std::isfinite(v)) {
-    return TypeError(e, "a number");
-  }
-  *out = v;
-  return Status::Ok();
-}
-
-// Integers may be written as floats with no fraction ("5e8"), as JSON
-// configs often do for bucket sizes.
-Status ReadInt64(const Entry& e, int64_t lo, int64_t hi, int64_t* out) {
-  int64_t v = 0;
-  double d = 0;
-  if (!e.node.IsScalar()) return TypeError(e, "an integer");
-  if (!YAML::convert<int64_t>::decode(e.node, v)) {
-    if (!YAML::convert<double>::decode(e.node, d) || d != std::floor(d) ||
-        std::fabs(d) > 9e18) {
-      return TypeError(e, "an integer");
-    }
-    v = static_cast<int64_t>(d);
-  }
-  if (v < lo || v > hi) {
-    const std::string range =
-        hi >= kMaxInt
-            ? ">= " + std::to_string(lo)
-            : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
-    return ValueError(
-        e, std::to_string(v) + " is out of range (must be " + range + ")");
-  }
-  *out = v;
-  return Status::Ok();
-}
-
-template <typename Int>
-Status ReadInt(const Entry& e, int64_t lo, int64_t hi, Int* out) {
-  int64_t v = 0;
-  RETURN_IF_ERROR(ReadInt64(e, lo, hi, &v));
-  *out = static_cast<Int>(v);
-  return Status::Ok();
-}
-
-Status ReadBatchSize(const Entry& e, std::optional<int>* out) {
-  int v = 0;
-  RETURN_IF_ERROR(ReadInt(e, 1, 1 << 30, &v));
-  *out = v;
-  return Status::Ok();
-}
-
-Status ReadOptionalDouble(const Entry& e, std::optional<double>* out) {
-  double v = 0;
-  RETURN_IF_ERROR(ReadDouble(e, &v));
-  *out = v;
-  return Status::Ok();
-}
-
-Status ReadBool(const Entry& e, bool* out) {
-  bool v = false;
-  if (!e.node.IsScalar() || !YAML::convert<bool>::decode(e.node, v)) {
-    return TypeError(e, "true or false");
-  }
-  *out = v;
-  return Status::Ok();
-}
-
-Status ReadString(const Entry& e, std::string* out) {
-  if (e.node.IsNull()) {
-    out->clear();
-    return Status::Ok();
-  }
-  if (!e.node.IsScalar()) return TypeError(e, "a string");
-  *out = e.node.Scalar();
-  return Status::Ok();
-}
-
-std::string Lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(),
-                 [](unsigned char ch) { return std::tolower(ch); });
-  return s;
-}
-
-template <typename T>
-struct Choice {
-  const char* name;
-  T value;
-};
-
-// Reads one of `choices` by name (ignoring case, as DeepSpeed does for
-// optimizer types, when `any_case`).
-template <typename T, size_t N>
-Status ReadChoice(const Entry& e, const Choice<T> (&choices)[N], T* out,
-                  bool any_case = false) {
-  std::string name;
-  RETURN_IF_ERROR(ReadString(e, &name));
-  std::string names;
-  for (const Choice<T>& choice : choices) {
-    if (name == choice.name ||
-        (any_case && Lower(name) == Lower(choice.name))) {
-      *out = choice.value;
-      return Status::Ok();
-    }
-    names += (names.empty() ? "" : ", ") + std::string(choice.name);
-  }
-  return ValueError(e, "'" + name + "' is not one of " + names);
-}
 
 constexpr Choice<OptimizerType> kOptimizers[] = {
     {"Adam", OptimizerType::kAdam}, {"AdamW", OptimizerType::kAdamW}};
@@ -416,24 +299,6 @@ Status ResolveBatch(TrainConfig* c) {
   return Status::Ok();
 }
 
-const char* SchedulerName(SchedulerType type) {
-  switch (type) {
-    case SchedulerType::kWarmupLR:
-      return "WarmupLR";
-    case SchedulerType::kWarmupDecayLR:
-      return "WarmupDecayLR";
-    case SchedulerType::kWarmupCosineLR:
-      return "WarmupCosineLR";
-    case SchedulerType::kNone:
-      break;
-  }
-  return "none";
-}
-
-int WarmupSteps(const SchedulerConfig& s) {
-  return std::max(2, s.warmup_num_steps);
-}
-
 Status CheckScheduler(const TrainConfig& c) {
   const SchedulerConfig& s = c.scheduler;
   if (s.type == SchedulerType::kNone) {
@@ -484,16 +349,6 @@ Status Finalize(TrainConfig* c) {
   }
   RETURN_IF_ERROR(CheckScheduler(*c));
   return ResolveModel(c);
-}
-
-bool SchedulerUses(SchedulerType type, std::string_view param) {
-  if (param == "warmup_num_steps" || param == "warmup_type") return true;
-  if (param == "warmup_min_lr" || param == "warmup_max_lr") {
-    return type == SchedulerType::kWarmupLR ||
-           type == SchedulerType::kWarmupDecayLR;
-  }
-  if (param == "total_num_steps") return type != SchedulerType::kWarmupLR;
-  return type == SchedulerType::kWarmupCosineLR;
 }
 
 // Settings that are legal but have no effect, as DeepSpeed warns of them.
@@ -581,49 +436,6 @@ Status ApplyOverride(TrainConfig* config, std::string_view assignment) {
   RETURN_IF_ERROR(Finalize(&copy));
   *config = std::move(copy);
   return Status::Ok();
-}
-
-double LearningRate(const TrainConfig& config, int64_t last_batch_iteration) {
-  const SchedulerConfig& s = config.scheduler;
-  const double lr = config.optimizer.lr;
-  const double min_lr = s.warmup_min_lr;
-  const double max_lr = s.warmup_max_lr.value_or(lr);
-  if (s.type == SchedulerType::kNone) return lr;
-  if (last_batch_iteration < 0) {
-    return s.type == SchedulerType::kWarmupCosineLR ? 0.0 : min_lr;
-  }
-  const double step = static_cast<double>(last_batch_iteration);
-  const int warmup = WarmupSteps(s);
-  if (last_batch_iteration < warmup) {
-    const double gamma = s.warmup_type == WarmupType::kLog
-                             ? (1.0 / std::log(warmup)) * std::log(step + 1)
-                             : step / warmup;
-    if (s.type != SchedulerType::kWarmupCosineLR) {
-      return min_lr + (max_lr - min_lr) * gamma;
-    }
-    return lr * (s.warmup_min_ratio + gamma * (1.0 - s.warmup_min_ratio));
-  }
-  const double total = s.total_num_steps;
-  switch (s.type) {
-    case SchedulerType::kWarmupLR:
-      return max_lr;
-    case SchedulerType::kWarmupDecayLR: {
-      const double gamma =
-          std::max(0.0, (total - step) / std::max(1.0, total - warmup));
-      return min_lr + (max_lr - min_lr) * gamma;
-    }
-    case SchedulerType::kWarmupCosineLR: {
-      const double real_step = step - warmup + 1;
-      const double cosine =
-          (1 + std::cos(std::numbers::pi * real_step / (total - warmup))) / 2;
-      const double ratio =
-          std::max(0.0, s.cos_min_ratio + (1.0 - s.cos_min_ratio) * cosine);
-      return lr * ratio;
-    }
-    case SchedulerType::kNone:
-      break;
-  }
-  return lr;
 }
 
 }  // namespace dslaunch::worker

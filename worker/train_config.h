@@ -163,13 +163,4 @@ StatusOr<TrainConfig> LoadTrainConfig(const std::string& path,
 // contradiction with the file is a DataError. On error *config is unchanged.
 Status ApplyOverride(TrainConfig* config, std::string_view assignment);
 
-// The learning rate DeepSpeed's scheduler computes when its
-// last_batch_iteration is `last_batch_iteration` (lr_schedules.py), or
-// optimizer.lr without a scheduler. Below 0 it is the value the scheduler
-// sets at construction (warmup_min_lr; 0 for WarmupCosineLR). DeepSpeed's
-// engine steps the scheduler after each optimizer step, so its optimizer
-// step k (0-based) runs at LearningRate(config, k - 1). Past total_num_steps
-// WarmupCosineLR rises again, as DeepSpeed's does.
-double LearningRate(const TrainConfig& config, int64_t last_batch_iteration);
-
 }  // namespace dslaunch::worker

@@ -1,5 +1,7 @@
 #include "worker/trainer.h"
 
+#include <omp.h>  // omp_get_max_threads
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -7,6 +9,7 @@
 
 #include "worker/checkpoint.h"
 #include "worker/cpu_adam.h"
+#include "worker/lr_schedule.h"
 #include "worker/partition.h"
 
 namespace dslaunch::worker {
@@ -77,7 +80,8 @@ Status Trainer::InitSharded(const ModelConfig& mc,
     ASSIGN_OR_RETURN(model_, Model::Create(mc, ParamOrder::kLayerMajor));
   }
   zero_ = std::make_unique<ZeroState>(model_->layout(), config_.zero.stage,
-                                      comm_.get());
+                                      comm_.get(),
+                                      config_.zero.reduce_bucket_size);
   if (options.init_model.empty()) {
     zero_->InitParams(config_.train.seed);
   } else {
@@ -338,8 +342,31 @@ StatusOr<float> Trainer::Evaluate(int batches) {
   return loss;
 }
 
+std::string Trainer::Summary() const {
+  const BatchConfig& b = config_.batch;
+  const int ranks = comm_->size(), threads = omp_get_max_threads();
+  std::string buckets;
+  if (zero_) {
+    const int n = zero_->num_buckets();
+    buckets = " (" + std::to_string(n) + " gradient bucket" +
+              (n == 1 ? ")" : "s)");
+  }
+  char line[320];
+  std::snprintf(
+      line, sizeof line,
+      "train: %.2fM parameters, ZeRO stage %d on %d rank%s%s, batch %d = "
+      "%d micro x %d accumulation x %d rank%s, seq %d, %d thread%s per rank",
+      static_cast<double>(model_->layout().num_params()) / 1e6,
+      config_.zero.stage, ranks, ranks == 1 ? "" : "s", buckets.c_str(),
+      b.train_batch_size, b.micro_batch_per_gpu, b.gradient_accumulation_steps,
+      ranks, ranks == 1 ? "" : "s", config_.model.seq_len, threads,
+      threads == 1 ? "" : "s");
+  return line;
+}
+
 StatusOr<StepResult> Trainer::Run() {
   StepResult last;
+  if (comm_->rank() == 0) std::printf("%s\n", Summary().c_str());
   const int every = std::max(1, config_.steps_per_print);
   const int64_t tokens_per_step =
       static_cast<int64_t>(config_.batch.train_batch_size) *

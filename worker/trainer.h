@@ -38,6 +38,8 @@ class Trainer {
                                                    const TrainOptions& options);
   // Runs train.steps steps; returns the last step's result.
   StatusOr<StepResult> Run();
+  // One line on what runs: model size, stage, ranks, batch, threads.
+  std::string Summary() const;
   StatusOr<StepResult> Step();  // one optimizer step
   StatusOr<float> Evaluate(int batches);
   // Parameters, gradients and optimizer state this rank holds, in bytes.

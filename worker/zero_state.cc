@@ -12,15 +12,34 @@ struct ZeroState::Layer {
   size_t own_begin = 0, own = 0;   // this rank's real piece, relative to range
   std::vector<float> params;       // stage 3: the owned piece
   std::vector<float> grads, m, v;  // owned pieces
+  int bucket = -1;                 // index in buckets_ (layers 0..L)
+  size_t window_offset = 0;        // where its gradients sit in block_grads_
 };
 
-ZeroState::ZeroState(const ParamLayout& layout, int stage, Comm* comm)
+std::vector<GradBucket> PlanGradBuckets(std::span<const size_t> sizes,
+                                        int64_t bucket_elems) {
+  std::vector<GradBucket> buckets;
+  const size_t cap = static_cast<size_t>(std::max<int64_t>(1, bucket_elems));
+  size_t filled = 0;
+  for (int l = static_cast<int>(sizes.size()) - 1; l >= 0; --l) {
+    if (buckets.empty() || filled + sizes[l] > cap) {
+      buckets.push_back({l, l});
+      filled = 0;
+    }
+    buckets.back().lo = l;
+    filled += sizes[l];
+  }
+  return buckets;
+}
+
+ZeroState::ZeroState(const ParamLayout& layout, int stage, Comm* comm,
+                     int64_t bucket_elems)
     : layout_(layout), stage_(stage), comm_(comm) {
   DSL_CHECK(layout.order() == ParamOrder::kLayerMajor &&
-            (stage == 2 || stage == 3));
-  const int L = layout.config().num_layers, r = comm->rank();
+            (stage == 2 || stage == 3) && bucket_elems >= 1);
+  const int last = layout.config().num_layers, r = comm->rank();
   size_t max_emb = 0, max_block = 0;
-  for (int l = -1; l <= L; ++l) {
+  for (int l = -1; l <= last; ++l) {
     auto layer = std::make_unique<Layer>();
     layer->range = layout.LayerRanges(l).at(0);
     layer->part = MakePartition(layer->range.size(), comm->size());
@@ -41,8 +60,34 @@ ZeroState::ZeroState(const ParamLayout& layout, int stage, Comm* comm)
     block_params_.assign(max_block, 0.0f);
   }
   emb_grads_.assign(max_emb, 0.0f);
-  block_grads_.assign(max_block, 0.0f);
-  staging_.assign(std::max(max_emb, max_block) / comm->size() + 16, 0.0f);
+  const size_t max_shard = PlanBuckets(bucket_elems, max_block);
+  staging_.assign(std::max(max_emb / comm->size(), max_shard) + 16, 0.0f);
+}
+
+// Fills buckets_ and each block layer's place in block_grads_, sizes the
+// gradient windows and returns the largest per-rank piece of a bucket.
+size_t ZeroState::PlanBuckets(int64_t bucket_elems, size_t max_block) {
+  std::vector<size_t> sizes;
+  const int last = layout_.config().num_layers;
+  for (int l = 0; l <= last; ++l) sizes.push_back(L(l).part.padded());
+  size_t max_window = max_block, max_shard = max_block / comm_->size();
+  bool any_multi = false;
+  for (const GradBucket& g : PlanGradBuckets(sizes, bucket_elems)) {
+    Bucket b{g};
+    for (int l = g.lo; l <= g.hi; ++l) {
+      L(l).bucket = static_cast<int>(buckets_.size());
+      L(l).window_offset = b.window;
+      b.window += L(l).part.padded();
+      b.shard += L(l).part.shard;
+    }
+    max_window = std::max(max_window, b.window);
+    max_shard = std::max(max_shard, b.shard);
+    any_multi = any_multi || g.lo != g.hi;
+    buckets_.push_back(b);
+  }
+  block_grads_.assign(max_window, 0.0f);
+  if (any_multi) rank_major_.assign(max_window, 0.0f);
+  return max_shard;
 }
 
 ZeroState::~ZeroState() = default;
@@ -91,6 +136,37 @@ void ZeroState::ReduceInto(int layer, float* window) {
   for (size_t i = 0; i < shard; ++i) l.grads[i] += staging_[i];
 }
 
+// Reduce-scatters a bucket of block layers from block_grads_. Each layer
+// stays split across ranks by its own partition: a bucket of several layers
+// is first laid out rank-major (rank r's pieces of every layer in turn, each
+// padded to its shard), so one reduce-scatter hands every rank its pieces.
+void ZeroState::ReduceBucket(const Bucket& b) {
+  const GradBucket& g = b.layers;
+  if (g.lo == g.hi) {
+    ReduceInto(g.lo, block_grads_.data());
+    return;
+  }
+  float* out = rank_major_.data();
+  for (int r = 0; r < comm_->size(); ++r) {
+    for (int l = g.lo; l <= g.hi; ++l) {
+      const Layer& layer = L(l);
+      const float* src =
+          block_grads_.data() + layer.window_offset + layer.part.begin(r);
+      const size_t real = layer.part.real(r);
+      std::copy(src, src + real, out);
+      std::fill(out + real, out + layer.part.shard, 0.0f);
+      out += layer.part.shard;
+    }
+  }
+  Fail(comm_->ReduceScatterSum(rank_major_.data(), staging_.data(), b.shard));
+  const float* piece = staging_.data();
+  for (int l = g.lo; l <= g.hi; ++l) {
+    Layer& layer = L(l);
+    for (size_t i = 0; i < layer.part.shard; ++i) layer.grads[i] += piece[i];
+    piece += layer.part.shard;
+  }
+}
+
 LayerHooks ZeroState::Hooks() {
   LayerHooks h;
   const int last = layout_.config().num_layers;
@@ -101,11 +177,21 @@ LayerHooks ZeroState::Hooks() {
   h.before_backward = [this, last](int layer) {
     // The head's backward adds into dwte: layer -1's window opens with it.
     if (layer == last) std::fill(emb_grads_.begin(), emb_grads_.end(), 0.0f);
-    if (layer >= 0) std::fill(block_grads_.begin(), block_grads_.end(), 0.0f);
+    if (layer >= 0) {
+      const Bucket& b = buckets_[L(layer).bucket];
+      if (layer == b.layers.hi) {  // the bucket's first layer in backward
+        std::fill(block_grads_.begin(), block_grads_.begin() + b.window, 0.0f);
+      }
+    }
     if (stage_ == 3 && layer >= 0) Gather(layer, block_params_.data());
   };
   h.after_backward = [this](int layer) {
-    ReduceInto(layer, layer == -1 ? emb_grads_.data() : block_grads_.data());
+    if (layer == -1) {
+      ReduceInto(-1, emb_grads_.data());
+      return;
+    }
+    const Bucket& b = buckets_[L(layer).bucket];
+    if (layer == b.layers.lo) ReduceBucket(b);  // its last layer is done
   };
   return h;
 }
@@ -116,7 +202,8 @@ float* ZeroState::LayerParams(int layer) {
 }
 
 float* ZeroState::LayerGrads(int layer) {
-  return layer == -1 ? emb_grads_.data() : block_grads_.data();
+  if (layer == -1) return emb_grads_.data();
+  return block_grads_.data() + L(layer).window_offset;
 }
 
 void ZeroState::ZeroGrad() {

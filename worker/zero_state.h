@@ -3,13 +3,17 @@
 // layer's range (kLayerMajor: one contiguous range per layer) is split
 // evenly across ranks; a rank keeps its piece of every layer's gradients and
 // AdamW moments (stage 2) and of its parameters too (stage 3). Gradients are
-// reduce-scattered layer by layer as backward produces them, into a working
-// window reused for every layer; under stage 3 each layer's parameters are
-// all-gathered into a window just before the layer needs them. Owned by the
-// Trainer; single-threaded (the hooks run on the training thread).
+// reduce-scattered in buckets (PlanGradBuckets) as backward produces them,
+// through a working window reused for every bucket; under stage 3 each
+// layer's parameters are all-gathered into a window just before the layer
+// needs them. Owned by the Trainer; single-threaded (the hooks run on the
+// training thread).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "worker/comm.h"
@@ -19,10 +23,29 @@
 
 namespace dslaunch::worker {
 
+// Layers lo..hi of the blocks (0..L-1) and the final LayerNorm (L), whose
+// gradients are reduce-scattered together.
+struct GradBucket {
+  int lo = 0, hi = 0;
+  bool operator==(const GradBucket&) const = default;
+};
+
+// DeepSpeed's reduce_bucket_size (elements) over the layers' gradient sizes
+// (sizes[l] for layer l = 0..L): backward finishes layers from L down to 0,
+// and a bucket closes when the next layer would take it past `bucket_elems`.
+// A layer larger than that is a bucket of its own: backward produces a
+// layer's gradients all at once, so cutting one finer saves nothing. The
+// embedding (layer -1) is never in a bucket with others: the head adds into
+// its gradients at the start of backward. Returned from the highest layers
+// down, in the order they are reduced.
+std::vector<GradBucket> PlanGradBuckets(std::span<const size_t> sizes,
+                                        int64_t bucket_elems);
+
 class ZeroState : public ParamSource {
  public:
-  // REQUIRES: layout in kLayerMajor order, stage 2 or 3.
-  ZeroState(const ParamLayout& layout, int stage, Comm* comm);
+  // REQUIRES: layout in kLayerMajor order, stage 2 or 3, bucket_elems >= 1.
+  ZeroState(const ParamLayout& layout, int stage, Comm* comm,
+            int64_t bucket_elems);
   ~ZeroState() override;
 
   // Parameters from the GPT-2 init with `seed` (bit-identical to a whole
@@ -54,22 +77,33 @@ class ZeroState : public ParamSource {
   void LoadState(std::span<const float> params, std::span<const float> m,
                  std::span<const float> v);
 
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+
   struct Layer;  // defined in zero_state.cc
+  struct Bucket {
+    GradBucket layers;
+    size_t window = 0;  // floats its layers take in block_grads_ (padded)
+    size_t shard = 0;   // floats of each rank's piece (its layers' shards)
+  };
 
  private:
   Layer& L(int layer) { return *layers_[layer + 1]; }
   void Gather(int layer, float* window);
   void ReduceInto(int layer, float* window);
+  void ReduceBucket(const Bucket& b);
+  size_t PlanBuckets(int64_t bucket_elems, size_t max_block);
   void Fail(const Status& st);
 
   const ParamLayout& layout_;
   int stage_;
   Comm* comm_;
   std::vector<std::unique_ptr<Layer>> layers_;    // hook layers -1..L
+  std::vector<Bucket> buckets_;                   // layers 0..L
   std::vector<float> full_params_;                // stage 2: every parameter
   std::vector<float> emb_params_, block_params_;  // stage 3 windows
   std::vector<float> emb_grads_, block_grads_;    // gradient windows
-  std::vector<float> staging_;                    // one padded piece
+  std::vector<float> rank_major_;  // a many-layer bucket, as it is sent
+  std::vector<float> staging_;     // a rank's piece of a layer or bucket
   Status status_;
 };
 

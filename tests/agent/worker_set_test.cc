@@ -15,21 +15,14 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/run_until.h"
+
 namespace dslaunch::agent {
 namespace {
 
 namespace asio = boost::asio;
 
-// Runs `io` until `done()` holds or `timeout` passes; returns done().
-bool RunUntil(asio::io_context& io, const std::function<bool()>& done,
-              std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!done() && std::chrono::steady_clock::now() < deadline) {
-    io.restart();
-    io.run_for(std::chrono::milliseconds(10));
-  }
-  return done();
-}
+using dslaunch::testing::RunUntil;
 
 struct Event {
   bool is_exit = false;

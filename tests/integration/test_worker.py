@@ -24,7 +24,7 @@ class WorkerTest(LaunchTest):
                            capture_output=True, timeout=120)
         self.assertEqual(p.returncode, 0, p.stderr.decode())
 
-    def config(self, micro, stage, steps=4, checkpoint=None, batch=None):
+    def config(self, micro, stage, steps=4, checkpoint=None, batch=None, zero=None):
         cfg = {
             "gradient_accumulation_steps": 1,
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}},
@@ -41,6 +41,7 @@ class WorkerTest(LaunchTest):
             cfg["train_micro_batch_size_per_gpu"] = micro
         if checkpoint:
             cfg["checkpoint"] = checkpoint
+        cfg["zero_optimization"].update(zero or {})
         path = os.path.join(self.dir, "ds-%d-%d-%d.json" % (micro, stage, len(os.listdir(self.dir))))
         with open(path, "w") as f:
             json.dump(cfg, f)
@@ -53,9 +54,36 @@ class WorkerTest(LaunchTest):
                                                              self.config(micro, stage, **kw)],
                          timeout=300, OMP_NUM_THREADS="1")
         self.assertEqual(p.returncode, 0, p.stderr.decode()[-3000:])
+        self.stdout = p.stdout.decode()
         with open(os.path.join(logs, "metrics.jsonl")) as f:
             return [json.loads(l) for l in f]
 
+
+
+class BlasKernels(unittest.TestCase):
+    """OpenBLAS falls back to SSE3 kernels ("Prescott") on CPUs newer than it
+    knows; dsworker restarts itself with the kernels the CPU can run, unless
+    the user named some."""
+
+    def core(self, **env):
+        e = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+        e.update(env)
+        out = subprocess.run([DSWORKER, "version"], capture_output=True, env=e, timeout=30,
+                             check=True).stdout.decode()
+        m = re.search(r"OpenBLAS core (\S+),", out)
+        self.assertIsNotNone(m, out)
+        return m.group(1)
+
+    def test_vector_kernels_are_used_where_the_cpu_has_them(self):
+        with open("/proc/cpuinfo") as f:
+            flags = set(next(l for l in f if l.startswith("flags")).split())
+        if not {"avx2", "fma"} <= flags:
+            self.skipTest("no AVX2 and FMA on this CPU")
+        self.assertNotEqual(self.core(), "Prescott")
+
+    def test_a_core_the_user_names_is_kept(self):
+        self.assertEqual(self.core(OPENBLAS_CORETYPE="Prescott"), "Prescott")
+        self.assertEqual(self.core(OPENBLAS_CORETYPE="Sandybridge"), "Sandybridge")
 
 
 class Training(WorkerTest):
@@ -70,6 +98,25 @@ class Training(WorkerTest):
                 with self.subTest(stage=stage, world=world):
                     records = self.train(world, 0, stage, batch=12)
                     for rank in range(world):
+                        losses = [r["loss"] for r in records if r["rank"] == rank]
+                        self.assertEqual(len(losses), 4)
+                        for a, b in zip(losses, reference):
+                            self.assertAlmostEqual(a, b, delta=1e-5 * abs(b))
+
+    def test_gradient_buckets_of_any_size_give_the_same_losses(self):
+        # 2 blocks of 12704 parameters and the final LayerNorm (64), each
+        # padded to 16 floats per rank: a bucket of 1 element holds one
+        # layer, 13000 holds the LayerNorm with block 1, the default all.
+        reference = [r["loss"] for r in self.train(1, 0, 0, batch=12)]
+        for stage in (2, 3):
+            for size, buckets in ((1, 3), (13000, 2), (500000000, 1)):
+                with self.subTest(stage=stage, reduce_bucket_size=size):
+                    records = self.train(3, 0, stage, batch=12,
+                                         zero={"reduce_bucket_size": size})
+                    self.assertIn("ZeRO stage %d on 3 ranks (%d gradient bucket%s)"
+                                  % (stage, buckets, "" if buckets == 1 else "s"),
+                                  self.stdout)
+                    for rank in range(3):
                         losses = [r["loss"] for r in records if r["rank"] == rank]
                         self.assertEqual(len(losses), 4)
                         for a, b in zip(losses, reference):

@@ -16,6 +16,7 @@
 
 #include "proto/dslaunch.pb.h"
 #include "proto/frame_codec.h"
+#include "tests/common/run_until.h"
 
 namespace dslaunch::proto {
 namespace {
@@ -23,16 +24,7 @@ namespace {
 namespace asio = boost::asio;
 using Local = asio::local::stream_protocol;
 
-// Runs `io` until `done()` holds or `timeout` passes; returns done().
-bool RunUntil(asio::io_context& io, const std::function<bool()>& done,
-              std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!done() && std::chrono::steady_clock::now() < deadline) {
-    io.restart();
-    io.run_for(std::chrono::milliseconds(10));
-  }
-  return done();
-}
+using dslaunch::testing::RunUntil;
 
 // Runs every handler that is ready now, without waiting for more.
 void RunReady(asio::io_context& io) {

@@ -8,6 +8,8 @@
 #include <numbers>     // pi
 #include <string>
 
+#include "worker/lr_schedule.h"
+
 namespace dslaunch::worker {
 namespace {
 
