@@ -21,10 +21,10 @@
 #
 # One run measures both numbers:
 #   launch    = (latest rank start) - (instant just before the launcher is
-#               fork()ed). Each rank is a tiny C program that, first thing in
-#               main(), writes clock_gettime(CLOCK_REALTIME) (shared by all
-#               namespaces) and its pid to DIR/start.<rank> (DIR is shared too:
-#               the nodes differ only in their network namespace).
+#               fork()ed). Each rank is a tiny C program (bench/benchhelper.c)
+#               that, first thing in main(), writes clock_gettime(CLOCK_REALTIME)
+#               (shared by all namespaces) and its pid to DIR/start.<rank> (DIR
+#               is shared too: the nodes differ only in their network namespace).
 #   teardown  = (launcher's waitpid() returned) - (instant the failing rank
 #               calls _exit(1)). The last rank (on the last node) waits until
 #               every rank has written its start file, sleeps BENCH_SETTLE_MS,
@@ -47,16 +47,18 @@
 # kills its local siblings and exits with that code.
 set -euo pipefail
 
+SCRIPT_DIR=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=bench/lib.sh
+. "$SCRIPT_DIR/lib.sh"
+
 usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
 
 RUNS=10
 NODES_LIST="1 3 8"
 while (($#)); do
   case "$1" in
-    --runs) [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]*$ ]] || { echo "--runs needs a positive integer" >&2; exit 2; }
-            RUNS=$2; shift 2 ;;
-    --runs=*) RUNS=${1#--runs=}; [[ "$RUNS" =~ ^[1-9][0-9]*$ ]] || { echo "--runs needs a positive integer" >&2; exit 2; }
-              shift ;;
+    --runs) need_positive_int --runs "${2-}"; RUNS=$2; shift 2 ;;
+    --runs=*) RUNS=${1#--runs=}; need_positive_int --runs "$RUNS"; shift ;;
     --quick) RUNS=3; shift ;;
     --nodes) [[ $# -ge 2 ]] || { echo "--nodes needs a list, e.g. \"1 3 8\"" >&2; exit 2; }
              NODES_LIST=$2; shift 2 ;;
@@ -82,47 +84,22 @@ PDSH_CAP_S=${BENCH_PDSH_CAP_S:-3}
 PDSH_CAP_MS=$(( PDSH_CAP_S * 1000 ))
 NODE_GRACE_S=${BENCH_NODE_GRACE_S:-3}
 
-SCRIPT_DIR=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$SCRIPT_DIR/.." && pwd)
 CLUSTER_SH=$REPO/tests/cluster/cluster.sh
 BUILD=${DSLAUNCH_BUILD:-$REPO/build}
-for b in "$BUILD/bin/dslaunch" "$BUILD/bin/dsagent"; do
-  [[ -x "$b" ]] || { echo "missing $b (build it or set DSLAUNCH_BUILD)" >&2; exit 2; }
-done
+need_build_bins "$BUILD"
 [[ $(id -u) -eq 0 ]] || { echo "needs root (tests/cluster/cluster.sh builds network namespaces)" >&2; exit 77; }
 PDSH=$(command -v pdsh || true)
 [[ -n "$PDSH" ]] || { echo "pdsh not found (apt-get install pdsh)" >&2; exit 2; }
-CC=${CC:-cc}
-command -v "$CC" >/dev/null || { echo "no C compiler ($CC)" >&2; exit 2; }
+need_cc
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/launch_cluster.XXXXXX")
-TAG="DSLAUNCH_BENCH_TAG=$$.$RANDOM.$RANDOM"   # marks every process of this bench
-HELPER=$WORK/benchhelper
-CURRENT_PID=""
 CLUSTER_DIR=""
-
-cleanup() {
-  local rc=$?
-  trap - EXIT INT TERM HUP
-  if [[ -n "$CURRENT_PID" ]]; then
-    kill -TERM "$CURRENT_PID" 2>/dev/null || true
-    wait "$CURRENT_PID" 2>/dev/null || true
-  fi
-  if [[ -x "$HELPER" ]]; then   # pid namespace is shared: this finds ranks on nodes too
-    "$HELPER" reap "$TAG" TERM >/dev/null 2>&1 || true
-    sleep 0.2
-    "$HELPER" reap "$TAG" KILL >/dev/null 2>&1 || true
-  fi
+bench_cleanup_more() {   # after the tagged processes are reaped
   if [[ -n "$CLUSTER_DIR" ]]; then
     "$CLUSTER_SH" down "$CLUSTER_DIR" >/dev/null || echo "warning: cluster.sh down $CLUSTER_DIR failed" >&2
   fi
-  rm -rf "$WORK"
-  exit "$rc"
 }
-trap cleanup EXIT
-trap 'echo "interrupted" >&2; exit 130' INT
-trap 'exit 143' TERM
-trap 'exit 129' HUP
+bench_init launch_cluster
 
 # The binaries are copied first: a rebuild while the bench runs must not mix
 # versions (dslaunch uses the dsagent next to itself; the nodes share files).
@@ -131,258 +108,7 @@ cp "$BUILD/bin/dslaunch" "$BUILD/bin/dsagent" "$WORK/bin/"
 DSLAUNCH=$WORK/bin/dslaunch
 BIN_TIME=$(date -u -r "$BUILD/bin/dslaunch" '+%Y-%m-%d %H:%M UTC')
 
-# ---------------------------------------------------------------- helper ---
-cat >"$WORK/benchhelper.c" <<'EOF'
-#define _GNU_SOURCE
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
-static long long now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static void sleep_ns(long long ns) {
-  struct timespec ts = {ns / 1000000000LL, ns % 1000000000LL};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
-}
-
-static int env_int(const char* name) {
-  const char* v = getenv(name);
-  return v && *v ? atoi(v) : -1;
-}
-
-static void write_file(const char* dir, const char* name, const char* text) {
-  char tmp[4096], dst[4096];
-  snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, name);
-  snprintf(dst, sizeof dst, "%s/%s", dir, name);
-  FILE* f = fopen(tmp, "w");
-  if (!f) { perror(tmp); _exit(3); }
-  fputs(text, f);
-  fclose(f);
-  rename(tmp, dst);  /* readers never see a half-written file */
-}
-
-static int count_starts(const char* dir) {
-  DIR* d = opendir(dir);
-  if (!d) return -1;
-  int n = 0;
-  struct dirent* e;
-  while ((e = readdir(d))) if (strncmp(e->d_name, "start.", 6) == 0) n++;
-  closedir(d);
-  return n;
-}
-
-/* rank DIR SETTLE_MS (RANK and WORLD_SIZE from the environment) */
-static int rank_main(char** argv) {
-  long long t = now_ns();
-  const char* dir = argv[0];
-  long long settle_ms = atoll(argv[1]);
-  int rank = env_int("RANK");
-  int size = env_int("WORLD_SIZE");
-  if (rank < 0 || size <= 0) { fprintf(stderr, "benchhelper: no rank env\n"); return 4; }
-  char name[64], text[128];
-  snprintf(name, sizeof name, "start.%d", rank);
-  snprintf(text, sizeof text, "%lld %d\n", t, (int)getpid());
-  write_file(dir, name, text);
-  if (rank != size - 1) {
-    sleep(60);
-    return 0;
-  }
-  long long deadline = t + 30LL * 1000000000LL;
-  while (count_starts(dir) < size) {
-    if (now_ns() > deadline) { fprintf(stderr, "benchhelper: ranks missing\n"); return 5; }
-    sleep_ns(200000);
-  }
-  sleep_ns(settle_ms * 1000000LL);
-  snprintf(text, sizeof text, "%lld\n", now_ns());
-  write_file(dir, "exit", text);
-  _exit(1);
-}
-
-static int alive(int pid) {
-  if (kill(pid, 0) != 0) return 0;
-  char path[64], buf[512];
-  snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  FILE* f = fopen(path, "r");
-  if (!f) return 0;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  char* p = strrchr(buf, ')');
-  return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
-}
-
-static long long read_exit(const char* dir) {
-  char path[4096];
-  long long t = 0;
-  snprintf(path, sizeof path, "%s/exit", dir);
-  FILE* f = fopen(path, "r");
-  if (f) { if (fscanf(f, "%lld", &t) != 1) t = 0; fclose(f); }
-  return t;
-}
-
-/* scan the start files: number started, latest start, number still alive */
-static void scan_ranks(const char* dir, int nranks, int* started, long long* last, int* live) {
-  *started = 0; *last = 0; *live = 0;
-  for (int r = 0; r < nranks; r++) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/start.%d", dir, r);
-    FILE* f = fopen(path, "r");
-    if (!f) continue;
-    long long ts = 0;
-    int rpid = 0;
-    if (fscanf(f, "%lld %d", &ts, &rpid) == 2) {
-      (*started)++;
-      if (ts > *last) *last = ts;
-      if (alive(rpid)) (*live)++;
-    }
-    fclose(f);
-  }
-}
-
-static void stop_child(pid_t pid, int* status) {
-  kill(pid, SIGTERM);
-  for (int i = 0; i < 200; i++) {  /* 2 s, then SIGKILL */
-    if (waitpid(pid, status, WNOHANG) == pid) return;
-    sleep_ns(10000000);
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, status, 0);
-}
-
-/* run DIR NRANKS TIMEOUT_MS CAP_MS CMD...
- * stdout, one line:
- *   OK launch_ns teardown_ns exitcode leftovers
- *   CAPPED launch_ns alive_at_cap alive_after_kill   (CAP_MS > 0: the command
- *          had not exited CAP_MS after the failing rank's exit; it was SIGTERMed)
- *   TIMEOUT ... | INCOMPLETE ... */
-static int run_main(char** argv) {
-  const char* dir = argv[0];
-  int nranks = atoi(argv[1]);
-  long long timeout_ms = atoll(argv[2]);
-  long long cap_ms = atoll(argv[3]);
-  char** cmd = argv + 4;
-  long long t0 = now_ns();
-  pid_t pid = fork();
-  if (pid < 0) { perror("fork"); return 10; }
-  if (pid == 0) {
-    signal(SIGINT, SIG_DFL);
-    execvp(cmd[0], cmd);
-    perror(cmd[0]);
-    _exit(127);
-  }
-  int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
-  int status = 0, started, live;
-  long long t1 = 0, last_start, t_exit = 0;
-  long long deadline = t0 + timeout_ms * 1000000LL;
-  for (;;) {
-    long long now = now_ns();
-    long long until = deadline;
-    if (cap_ms > 0 && t_exit != 0 && t_exit + cap_ms * 1000000LL < until)
-      until = t_exit + cap_ms * 1000000LL;
-    if (now >= until) {
-      if (now >= deadline) {
-        stop_child(pid, &status);
-        scan_ranks(dir, nranks, &started, &last_start, &live);
-        printf("TIMEOUT started=%d/%d exit_recorded=%d alive=%d\n", started, nranks,
-               t_exit != 0, live);
-        return 0;
-      }
-      /* capped: the command is still waiting for ranks on other nodes */
-      int live_at_cap, live_after;
-      scan_ranks(dir, nranks, &started, &last_start, &live_at_cap);
-      stop_child(pid, &status);
-      sleep_ns(300000000LL);  /* let ssh sessions close */
-      scan_ranks(dir, nranks, &started, &last_start, &live_after);
-      if (started < nranks) {
-        printf("INCOMPLETE started=%d/%d exit_recorded=1 code=capped leftovers=%d\n",
-               started, nranks, live_after);
-        return 0;
-      }
-      printf("CAPPED %lld %d %d\n", last_start - t0, live_at_cap, live_after);
-      return 0;
-    }
-    long long slice_ms = (until - now) / 1000000LL + 1;
-    if (cap_ms > 0 && t_exit == 0 && slice_ms > 10) slice_ms = 10;  /* look for the exit file */
-    if (pfd >= 0) {
-      struct pollfd p = {pfd, POLLIN, 0};
-      if (poll(&p, 1, (int)slice_ms) < 0 && errno != EINTR) { perror("poll"); return 10; }
-    } else {  /* old kernel: poll waitpid every millisecond */
-      sleep_ns(1000000LL);
-    }
-    if (waitpid(pid, &status, WNOHANG) == pid) { t1 = now_ns(); break; }
-    if (cap_ms > 0 && t_exit == 0) t_exit = read_exit(dir);
-  }
-  scan_ranks(dir, nranks, &started, &last_start, &live);
-  t_exit = read_exit(dir);
-  int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  if (started < nranks || t_exit == 0) {
-    printf("INCOMPLETE started=%d/%d exit_recorded=%d code=%d leftovers=%d\n",
-           started, nranks, t_exit != 0, code, live);
-    return 0;
-  }
-  printf("OK %lld %lld %d %d\n", last_start - t0, t1 - t_exit, code, live);
-  return 0;
-}
-
-/* reap MARKER SIG: signal every process (but us) whose environment holds
- * MARKER as an entry; print how many were found (zombies not counted) */
-static int reap_main(char** argv) {
-  const char* marker = argv[0];
-  int sig = strcmp(argv[1], "KILL") == 0 ? SIGKILL : strcmp(argv[1], "NONE") == 0 ? 0 : SIGTERM;
-  size_t mlen = strlen(marker);
-  DIR* d = opendir("/proc");
-  if (!d) return 1;
-  int found = 0;
-  struct dirent* e;
-  static char buf[1 << 20];
-  while ((e = readdir(d))) {
-    int pid = atoi(e->d_name);
-    if (pid <= 0 || pid == getpid()) continue;
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/environ", pid);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) continue;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) continue;
-    buf[n] = 0;
-    for (ssize_t i = 0; i < n; i += strlen(buf + i) + 1) {
-      if (strlen(buf + i) == mlen && memcmp(buf + i, marker, mlen) == 0) {
-        if (alive(pid)) {
-          found++;
-          if (sig) kill(pid, sig);
-        }
-        break;
-      }
-    }
-  }
-  closedir(d);
-  printf("%d\n", found);
-  return 0;
-}
-
-int main(int argc, char** argv) {
-  if (argc >= 4 && strcmp(argv[1], "rank") == 0) return rank_main(argv + 2);
-  if (argc >= 7 && strcmp(argv[1], "run") == 0) return run_main(argv + 2);
-  if (argc >= 4 && strcmp(argv[1], "reap") == 0) return reap_main(argv + 2);
-  fprintf(stderr, "usage: benchhelper rank DIR SETTLE_MS | run DIR NRANKS TIMEOUT_MS CAP_MS CMD... | reap MARKER TERM|KILL|NONE\n");
-  return 2;
-}
-EOF
-"$CC" -O2 -o "$HELPER" "$WORK/benchhelper.c"
+build_helper
 
 # --------------------------------------------------------------- cluster ---
 cluster_up() {  # N: builds the cluster, loads its env
@@ -472,13 +198,13 @@ cmd_for() {
     CMD=("$DSLAUNCH" --hostfile "$CLUSTER_HOSTFILE" --launcher ssh
          --ssh_identity "$CLUSTER_KEY" --ssh_known_hosts "$CLUSTER_KNOWN_HOSTS"
          --ssh_user root --no_local_rank --env "$TAG"
-         "$HELPER" rank "$dir" "$SETTLE_MS")
+         "$HELPER" rank "$dir" "$SETTLE_MS" ds)
   else
     # per node, like DeepSpeed's launch.py: start SLOTS ranks, wait; when one
     # fails, kill the local siblings and exit with its code (%n = node rank)
     local remote
     remote="export $TAG; cd /; pids=''; for l in \$(seq 0 $((SLOTS - 1))); do"
-    remote+=" RANK=\$((%n * $SLOTS + l)) WORLD_SIZE=$world $HELPER rank $dir $SETTLE_MS &"
+    remote+=" RANK=\$((%n * $SLOTS + l)) WORLD_SIZE=$world $HELPER rank $dir $SETTLE_MS ds &"
     remote+=" pids=\"\$pids \$!\"; done;"
     remote+=" for p in \$pids; do wait -n; rc=\$?;"
     remote+=" if [ \$rc -ne 0 ]; then kill \$pids 2>/dev/null; wait; exit \$rc; fi; done; exit 0"
@@ -489,24 +215,16 @@ cmd_for() {
   fi
 }
 
-ERRORS=0
 # one_run LAUNCHER -> sets RESULT to "OK launch_ns teardown_ns" or
 # "CAPPED launch_ns alive_at_cap alive_after_kill" or ""
 one_run() {
   local launcher=$1
-  local n=$((CLUSTER_N * SLOTS)) dir=$WORK/run out log line left cap=0
+  local n=$((CLUSTER_N * SLOTS)) dir=$WORK/run left cap=0
   local what="$launcher ${CLUSTER_N}x$SLOTS"
   rm -rf "$dir"; mkdir -p "$dir"
-  log=$WORK/last.$launcher.log
   cmd_for "$launcher" "$dir"
   [[ $launcher == pdsh ]] && cap=$PDSH_CAP_MS
-  out=$WORK/result
-  env "$TAG" "$HELPER" run "$dir" "$n" "$RUN_TIMEOUT_MS" "$cap" "${CMD[@]}" \
-      </dev/null >"$out" 2>"$log" &
-  CURRENT_PID=$!
-  wait "$CURRENT_PID" || true
-  CURRENT_PID=""
-  line=$(cat "$out")
+  timed_run "$dir" "$n" "$cap" "$WORK/last.$launcher.log" "${CMD[@]}"
   RESULT=""
   # nodes: dslaunch must leave nothing (but the sshd) on any node
   if [[ $launcher == dslaunch ]]; then
@@ -519,65 +237,27 @@ one_run() {
       echo clean >>"$WORK/ds.linger"
     fi
     if ! wait_nodes_clean "$NODE_GRACE_S"; then
-      echo "ERROR: $what: still on the nodes ${NODE_GRACE_S} s after dslaunch returned (node:pid:comm): $NODE_LEFT" >&2
-      ERRORS=$((ERRORS + 1))
+      error "$what: still on the nodes ${NODE_GRACE_S} s after dslaunch returned (node:pid:comm): $NODE_LEFT"
     fi
   fi
-  kill_everything_on_nodes "$dir" || {
-    echo "ERROR: $what: could not clean the nodes: $NODE_LEFT" >&2
-    ERRORS=$((ERRORS + 1))
-  }
+  kill_everything_on_nodes "$dir" || error "$what: could not clean the nodes: $NODE_LEFT"
   # anything of this run still alive on this side (launcher, ssh clients)
   left=$("$HELPER" reap "$TAG" KILL)
-  case "$line" in
-    OK*)
-      read -r _ launch teardown code leftovers <<<"$line"
-      if [[ $code -ne 1 ]]; then
-        echo "ERROR: $what: launcher exited $code, expected 1" >&2
-        ERRORS=$((ERRORS + 1))
-      fi
-      if [[ $leftovers -ne 0 ]]; then
-        echo "ERROR: $what: $leftovers rank(s) still alive when the launcher returned" >&2
-        ERRORS=$((ERRORS + 1))
-      fi
-      RESULT="OK $launch $teardown"
-      ;;
+  case "$LINE" in
+    OK*) ok_result "$what" "$LINE" ;;
     CAPPED*)
       if [[ $launcher != pdsh ]]; then
-        echo "ERROR: $what: unexpected result $line" >&2
-        ERRORS=$((ERRORS + 1))
+        error "$what: unexpected result $LINE"
       else
-        RESULT=$line
+        RESULT=$LINE
       fi
       ;;
-    *)
-      echo "ERROR: $what: run failed: $line; launcher output:" >&2
-      tail -n 15 "$log" | sed 's/^/    /' >&2
-      ERRORS=$((ERRORS + 1))
-      ;;
+    *) run_failed "$what" "$LINE" "$WORK/last.$launcher.log" ;;
   esac
   if [[ $left -ne 0 ]]; then
-    echo "ERROR: $what: $left tagged process(es) of the run left behind (killed)" >&2
-    ERRORS=$((ERRORS + 1))
+    error "$what: $left tagged process(es) of the run left behind (killed)"
   fi
   rm -rf "$dir"
-}
-
-median_ms() {  # stdin: ns values, one a line
-  sort -n | awk '{v[NR] = $1} END {
-    if (NR == 0) { print "n/a"; exit }
-    m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
-    printf "%.1f", m / 1e6 }'
-}
-range_ms() {  # stdin: ns values -> "min-max"
-  sort -n | awk '{v[NR] = $1} END {
-    if (NR == 0) { print "n/a"; exit }
-    printf "%.0f-%.0f", v[1] / 1e6, v[NR] / 1e6 }'
-}
-median_int() {  # stdin: integers
-  sort -n | awk '{v[NR] = $1} END {
-    if (NR == 0) { print "n/a"; exit }
-    print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
 # ----------------------------------------------------------------- header ---
@@ -592,7 +272,7 @@ bashrc_ms() {  # median of 5: sourcing root's ~/.bashrc (what every ssh login pa
   done | median_ms
 }
 echo "# dslaunch cluster (SSH) launch benchmark, $(date -u '+%Y-%m-%d %H:%M UTC')"
-echo "machine: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')), kernel $(uname -sr), $(awk '/MemTotal/ {printf "%.0f GiB RAM", $2/1048576}' /proc/meminfo)"
+machine_line
 DIRTY=""
 if [[ -n $(git -C "$REPO" --no-optional-locks status --porcelain --untracked-files=no 2>/dev/null) ]]; then
   DIRTY=" + uncommitted changes"
@@ -692,7 +372,4 @@ echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "launch = last rank started - launcher invoked; teardown = failing rank's exit(1) - launcher returned."
 echo "dslaunch: --launcher ssh; checked after every run: launcher exit code 1, no rank alive, nothing but sshd on any node."
 echo "pdsh: -S -f 1024 -R ssh; per node a shell starts $SLOTS ranks, waits, kills its siblings when one fails (like launch.py)."
-if ((ERRORS)); then
-  echo "ERRORS: $ERRORS (see messages above)" >&2
-  exit 1
-fi
+exit_on_errors

@@ -4,7 +4,9 @@ stage's formula. A tiny model on a tiny corpus, a few seconds."""
 import json
 import os
 import re
+import signal
 import subprocess
+import time
 import unittest
 
 from harness import DSLAUNCH, LaunchTest
@@ -130,6 +132,56 @@ class Training(WorkerTest):
         self.assertAlmostEqual(size[1], 8 * psi + 8 * psi / n, delta=slack)
         self.assertAlmostEqual(size[2], 4 * psi + 12 * psi / n, delta=slack)
         self.assertAlmostEqual(size[3], 16 * psi / n, delta=slack)
+
+
+class PeerDeath(WorkerTest):
+    def worker_pids(self):
+        """{RANK: pid} of this test's dsworker processes (found by OUT_DIR in
+        their environment, which the launcher passes on)."""
+        marker = ("OUT_DIR=%s" % self.out).encode()
+        found = {}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    if os.path.basename(f.read().split(b"\0")[0]) != b"dsworker":
+                        continue
+                with open("/proc/%s/environ" % pid, "rb") as f:
+                    env = f.read().split(b"\0")
+            except OSError:
+                continue
+            if marker in env and self.alive(int(pid)):
+                rank = [e for e in env if e.startswith(b"RANK=")]
+                found[int(rank[0][5:])] = int(pid)
+        return found
+
+    def test_a_killed_rank_stops_its_peers_inside_their_collectives(self):
+        logs = os.path.join(self.dir, "logs")
+        stderr = open(os.path.join(self.dir, "stderr"), "w+b")
+        self.addCleanup(stderr.close)
+        job = subprocess.Popen(self.args(nodes=3, slots=1) + [
+            "--log_dir", logs, DSWORKER, "train", "--config",
+            self.config(4, 2, steps=100000)], stdout=subprocess.DEVNULL, stderr=stderr,
+            env=self.env(OMP_NUM_THREADS="1"))
+        self.addCleanup(lambda: job.poll() is None and job.kill())
+        metrics = os.path.join(logs, "metrics.jsonl")
+        deadline = time.monotonic() + 60
+        while not (os.path.exists(metrics) and os.path.getsize(metrics) > 400):
+            self.assertIsNone(job.poll(), "the job ended before the kill")
+            self.assertLess(time.monotonic(), deadline, "training did not start")
+            time.sleep(0.05)
+        pids = self.worker_pids()
+        self.assertEqual(sorted(pids), [0, 1, 2])
+        os.kill(pids[1], signal.SIGKILL)
+        killed = time.monotonic()
+        job.wait(timeout=30)
+        elapsed = time.monotonic() - killed
+        stderr.seek(0)
+        err = stderr.read().decode()
+        self.assertEqual(job.returncode, 137, err[-2000:])
+        self.assertIn("FAILED: rank 1", err)
+        self.assertIn("was killed by SIGKILL", err)
+        self.assertLess(elapsed, 5, err[-2000:])  # not a collective's timeout
+        self.assertEqual(self.worker_pids(), {})
 
 
 class AgainstPyTorch(WorkerTest):
