@@ -3,42 +3,18 @@
 // secret from stdin, never from argv.
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
-#include <unistd.h>  // read
-
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
 #include "agent/agent.h"
+#include "agent/agent_args.h"
 #include "proto/auth.h"
 #include "proto/version.h"
 
-// The secret is one line of hex on stdin; the pipe then stays open as a
-// lifeline to the launcher.
-static bool ReadSecretLine(std::string* out) {
-  char c;
-  while (true) {
-    ssize_t n = ::read(0, &c, 1);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return !out->empty();
-    if (c == '\n') return true;
-    if (out->size() > 4096) return false;
-    out->push_back(c);
-  }
-}
-
-static bool NodeRankFromHosts(const std::string& hosts, const std::string& me,
-                              int* rank) {
-  size_t start = 0;
-  for (int i = 0; start <= hosts.size(); ++i) {
-    size_t end = hosts.find(',', start);
-    if (end == std::string::npos) end = hosts.size();
-    if (hosts.compare(start, end - start, me) == 0) {
-      *rank = i;
-      return true;
-    }
-    start = end + 1;
-  }
-  return false;
+// Bad flags: one line on stderr, exit 64 (EX_USAGE).
+static int Usage(const dslaunch::Status& st) {
+  std::fprintf(stderr, "dsagent: %s\n", st.message().c_str());
+  return 64;
 }
 
 int main(int argc, char** argv) {
@@ -72,23 +48,18 @@ int main(int argc, char** argv) {
                 dslaunch::kProtocolVersion);
     return 0;
   }
-  if (!node_host.empty() &&
-      !NodeRankFromHosts(hosts, node_host, &options.node_rank)) {
-    std::fprintf(stderr, "dsagent: --node_host %s is not in --hosts\n",
-                 node_host.c_str());
-    return 64;
+  if (!node_host.empty()) {
+    auto rank = dslaunch::agent::NodeRankInHosts(hosts, node_host);
+    if (!rank.ok()) return Usage(rank.status());
+    options.node_rank = *rank;
   }
-  const size_t colon = connect.rfind(':');
-  if (colon == std::string::npos || options.job_id.empty()) {
-    std::fprintf(stderr,
-                 "dsagent: --connect HOST:PORT and --job_id are required\n");
-    return 64;
+  if (options.job_id.empty()) {
+    return Usage(dslaunch::InvalidArgument("--job_id is required"));
   }
-  options.launcher_host = connect.substr(0, colon);
-  options.launcher_port = std::atoi(connect.c_str() + colon + 1);
-  if (!options.launcher_host.empty() && options.launcher_host.front() == '[') {
-    options.launcher_host =
-        options.launcher_host.substr(1, options.launcher_host.size() - 2);
+  if (auto st = dslaunch::agent::ParseConnect(connect, &options.launcher_host,
+                                              &options.launcher_port);
+      !st.ok()) {
+    return Usage(st);
   }
   auto logger = spdlog::stderr_color_mt("agent");
   logger->set_pattern("[%H:%M:%S.%e agent node" +
@@ -106,7 +77,8 @@ int main(int argc, char** argv) {
     std::printf("DSLAUNCH-SECRET %s\n", options.secret.c_str());
     std::fflush(stdout);
     options.stdin_is_lifeline = false;
-  } else if (!ReadSecretLine(&options.secret) || options.secret.empty()) {
+  } else if (!dslaunch::agent::ReadSecretLine(0, &options.secret) ||
+             options.secret.empty()) {
     spdlog::error("no job secret on stdin");
     return 64;
   }

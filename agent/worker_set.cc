@@ -13,6 +13,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <cerrno>
 #include <cstring>
+#include <utility>  // exchange
 
 #include "agent/line_splitter.h"
 #include "proto/host_info.h"
@@ -130,64 +131,84 @@ WorkerSet::~WorkerSet() {
   }
 }
 
+namespace {
+
+// The three pipes of a spawn (stdout, stderr, the child's exec report),
+// close-on-exec; closes whatever is still open when it goes.
+struct SpawnPipes {
+  int fds[6] = {-1, -1, -1, -1, -1, -1};
+  int* out = fds;
+  int* err = fds + 2;
+  int* report = fds + 4;
+  SpawnPipes() = default;
+  SpawnPipes(const SpawnPipes&) = delete;
+  SpawnPipes& operator=(const SpawnPipes&) = delete;
+  ~SpawnPipes() {
+    for (int fd : fds) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  Status Open() {
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 ||
+        ::pipe2(report, O_CLOEXEC) != 0) {
+      return ErrnoStatus("pipe", errno);
+    }
+    return Status::Ok();
+  }
+  // Hands the descriptor over: the destructor no longer closes it.
+  int Take(int* fd) { return std::exchange(*fd, -1); }
+};
+
+// Waits for the child's exec: end of file on the report pipe means it
+// succeeded; otherwise the child wrote {step, errno} (1 = chdir, 2 = exec).
+std::string ExecError(int report_fd, const WorkerSpec& spec,
+                      const std::string& path) {
+  int reported[2] = {0, 0};
+  ssize_t got;
+  do {
+    got = ::read(report_fd, reported, sizeof(reported));
+  } while (got < 0 && errno == EINTR);
+  if (got != sizeof(reported)) return "";
+  return std::string(reported[0] == 1
+                         ? "cannot change directory to '" + spec.cwd + "'"
+                         : "cannot execute '" + path + "'") +
+         ": " + std::strerror(reported[1]);
+}
+
+}  // namespace
+
 StatusOr<pid_t> WorkerSet::Spawn(const WorkerSpec& spec) {
   if (spec.argv.empty()) return InvalidArgument("empty argv");
-  std::string error;
-  std::string path = spec.argv[0];
+  std::string error, path = spec.argv[0];
   StatusOr<std::string> resolved =
       ResolveProgram(spec.argv[0], HasEnv(spec.env, "PATH")
                                        ? EnvValue(spec.env, "PATH")
                                        : "/bin:/usr/bin");  // as execvp does
-  if (resolved.ok())
+  if (resolved.ok()) {
     path = *resolved;
-  else
+  } else {
     error = resolved.status().message();
-
-  int fds[6] = {-1, -1, -1, -1, -1, -1};
-  int *out = fds, *err = fds + 2, *report = fds + 4;
-  auto close_all = [&fds] {
-    for (int fd : fds) {
-      if (fd >= 0) ::close(fd);
-    }
-  };
-  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 ||
-      ::pipe2(report, O_CLOEXEC) != 0) {
-    Status st = ErrnoStatus("pipe", errno);
-    close_all();
-    return st;
   }
+  SpawnPipes pipes;
+  RETURN_IF_ERROR(pipes.Open());
   auto argv = CStrings(spec.argv);
   auto envp = CStrings(spec.env);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
-  if (pid < 0) {
-    Status st = ErrnoStatus("fork", errno);
-    close_all();
-    return st;
-  }
+  if (pid < 0) return ErrnoStatus("fork", errno);
   if (pid == 0) {
     if (!error.empty()) ::_exit(127);
-    ExecChild(parent, out[1], err[1], report[1], path.c_str(), spec.cwd.c_str(),
-              argv.data(), envp.data());
+    ExecChild(parent, pipes.out[1], pipes.err[1], pipes.report[1],
+              path.c_str(), spec.cwd.c_str(), argv.data(), envp.data());
   }
   ::setpgid(pid, pid);  // also here, so kill(-pid) works at once
-  ::close(out[1]);
-  ::close(err[1]);
-  ::close(report[1]);
-  int reported[2] = {0, 0};
-  ssize_t got;
-  do {
-    got = ::read(report[0], reported, sizeof(reported));
-  } while (got < 0 && errno == EINTR);
-  ::close(report[0]);
-  if (got == sizeof(reported)) {
-    error = std::string(reported[0] == 1
-                            ? "cannot change directory to '" + spec.cwd + "'"
-                            : "cannot execute '" + path + "'") +
-            ": " + std::strerror(reported[1]);
-  }
+  ::close(pipes.Take(&pipes.out[1]));
+  ::close(pipes.Take(&pipes.err[1]));
+  ::close(pipes.Take(&pipes.report[1]));
+  if (error.empty()) error = ExecError(pipes.report[0], spec, path);
 
-  auto w = std::make_shared<Worker>(io_, out[0], err[0]);
+  auto w = std::make_shared<Worker>(io_, pipes.Take(&pipes.out[0]),
+                                    pipes.Take(&pipes.err[0]));
   w->rank = spec.rank;
   w->pid = pid;
   w->info.error = error;

@@ -1,0 +1,25 @@
+// What dsagent's main() makes of its command line and stdin before the Agent
+// starts: the launcher's address, the node's index in a --hosts list (pdsh
+// runs one command on every node) and the secret line.
+#pragma once
+
+#include <string>
+
+#include "proto/status.h"
+
+namespace dslaunch::agent {
+
+// "HOST:PORT" or "[IPV6]:PORT" into host (brackets removed) and port
+// (1-65535). InvalidArgument naming the value otherwise.
+Status ParseConnect(const std::string& connect, std::string* host, int* port);
+
+// The index of `me` in the comma-separated `hosts`; InvalidArgument when it
+// is not there.
+StatusOr<int> NodeRankInHosts(const std::string& hosts, const std::string& me);
+
+// One line (without its newline) from `fd`, at most 4096 bytes; false on a
+// longer line or on end of file before any byte. Reads byte by byte, so the
+// rest of the stream (the launcher's lifeline) stays unread.
+bool ReadSecretLine(int fd, std::string* out);
+
+}  // namespace dslaunch::agent
