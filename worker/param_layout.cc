@@ -114,6 +114,7 @@ ParamLayout::ParamLayout(const ModelConfig& config, ParamOrder order)
     place(ParamKind::kLnfb, 0);
   }
   num_params_ = off;
+  decay_segments_ = MakeDecaySegments();
 }
 
 size_t ParamLayout::Size(ParamKind kind) const {
@@ -189,7 +190,7 @@ std::vector<ParamRange> ParamLayout::LayerRanges(int layer) const {
   return merged;
 }
 
-std::vector<DecaySegment> ParamLayout::DecaySegments() const {
+std::vector<DecaySegment> ParamLayout::MakeDecaySegments() const {
   std::vector<DecaySegment> segs;
   for (const TensorInfo& t : Tensors())
     segs.push_back({t.range, Decays(t.kind)});

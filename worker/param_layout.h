@@ -119,14 +119,19 @@ class ParamLayout {
   // range in kLayerMajor order, 12 per block in kLlmc order.
   std::vector<ParamRange> LayerRanges(int layer) const;
   // Covers [0, num_params()) in order, adjacent runs with the same flag
-  // merged.
-  std::vector<DecaySegment> DecaySegments() const;
+  // merged. Made once (the optimizer step walks it every step).
+  const std::vector<DecaySegment>& DecaySegments() const {
+    return decay_segments_;
+  }
 
  private:
+  std::vector<DecaySegment> MakeDecaySegments() const;
+
   ModelConfig config_;
   ParamOrder order_;
   size_t num_params_ = 0;
   std::vector<size_t> offsets_[kNumParamKinds];  // per instance
+  std::vector<DecaySegment> decay_segments_;
 };
 
 // GPT-2 / llm.c initialisation of the flat buffer's floats [range.begin,

@@ -226,7 +226,7 @@ StatusOr<float> ZeroState::FinishGradients() {
 }
 
 Status ZeroState::Update(const AdamParams& adam, float clip_scale) {
-  const auto segments = layout_.DecaySegments();
+  const auto& segments = layout_.DecaySegments();
   for (auto& l : layers_) {
     if (clip_scale != 1.0f) {
       for (size_t i = 0; i < l->own; ++i) l->grads[i] *= clip_scale;
