@@ -10,8 +10,9 @@ struct ZeroState::Layer {
   ParamRange range;                // in the layout
   Partition part;                  // of the range across ranks
   size_t own_begin = 0, own = 0;   // this rank's real piece, relative to range
-  std::vector<float> params;       // stage 3: the owned piece
-  std::vector<float> grads, m, v;  // owned pieces
+  // The owned pieces (part.shard floats each), in the flat owned buffers.
+  std::span<float> params;  // stage 3 only
+  std::span<float> grads, m, v;
   int bucket = -1;                 // index in buckets_ (layers 0..L)
   size_t window_offset = 0;        // where its gradients sit in block_grads_
 };
@@ -38,21 +39,31 @@ ZeroState::ZeroState(const ParamLayout& layout, int stage, Comm* comm,
   DSL_CHECK(layout.order() == ParamOrder::kLayerMajor &&
             (stage == 2 || stage == 3) && bucket_elems >= 1);
   const int last = layout.config().num_layers, r = comm->rank();
-  size_t max_emb = 0, max_block = 0;
+  size_t max_emb = 0, max_block = 0, owned = 0;
   for (int l = -1; l <= last; ++l) {
     auto layer = std::make_unique<Layer>();
     layer->range = layout.LayerRanges(l).at(0);
     layer->part = MakePartition(layer->range.size(), comm->size());
     layer->own_begin = layer->part.begin(r);
     layer->own = layer->part.real(r);
-    const size_t shard = layer->part.shard;
-    if (stage == 3) layer->params.assign(shard, 0.0f);
-    layer->grads.assign(shard, 0.0f);
-    layer->m.assign(shard, 0.0f);
-    layer->v.assign(shard, 0.0f);
+    owned += layer->part.shard;
     (l == -1 ? max_emb : max_block) =
         std::max(l == -1 ? max_emb : max_block, layer->part.padded());
     layers_.push_back(std::move(layer));
+  }
+  // One flat buffer per kind; layer by layer, each piece padded to its shard.
+  if (stage == 3) own_params_.assign(owned, 0.0f);
+  own_grads_.assign(owned, 0.0f);
+  own_m_.assign(owned, 0.0f);
+  own_v_.assign(owned, 0.0f);
+  size_t at = 0;
+  for (auto& l : layers_) {
+    const size_t shard = l->part.shard;
+    if (stage == 3) l->params = std::span(own_params_).subspan(at, shard);
+    l->grads = std::span(own_grads_).subspan(at, shard);
+    l->m = std::span(own_m_).subspan(at, shard);
+    l->v = std::span(own_v_).subspan(at, shard);
+    at += shard;
   }
   if (stage == 2) full_params_.assign(layout.num_params(), 0.0f);
   if (stage == 3) {
@@ -100,7 +111,7 @@ void ZeroState::InitParams(uint64_t seed) {
   for (auto& l : layers_) {
     const size_t b = l->range.begin + l->own_begin;
     InitParamRange(layout_, seed, {b, b + l->own},
-                   std::span(l->params).first(l->own));
+                   l->params.first(l->own));
   }
 }
 
@@ -207,7 +218,7 @@ float* ZeroState::LayerGrads(int layer) {
 }
 
 void ZeroState::ZeroGrad() {
-  for (auto& l : layers_) std::fill(l->grads.begin(), l->grads.end(), 0.0f);
+  std::fill(own_grads_.begin(), own_grads_.end(), 0.0f);
 }
 
 StatusOr<float> ZeroState::FinishGradients() {
@@ -254,12 +265,9 @@ Status ZeroState::Update(const AdamParams& adam, float clip_scale) {
 }
 
 int64_t ZeroState::state_bytes() const {
-  int64_t floats = static_cast<int64_t>(full_params_.size());
-  for (const auto& l : layers_) {
-    floats += static_cast<int64_t>(l->params.size() + l->grads.size() +
-                                   l->m.size() + l->v.size());
-  }
-  return 4 * floats;
+  return 4 * static_cast<int64_t>(full_params_.size() + own_params_.size() +
+                                  own_grads_.size() + own_m_.size() +
+                                  own_v_.size());
 }
 
 StatusOr<std::vector<float>> ZeroState::GatherAll(Which which) {
@@ -267,9 +275,9 @@ StatusOr<std::vector<float>> ZeroState::GatherAll(Which which) {
   std::vector<float> full(layout_.num_params());
   std::vector<float> window(std::max(emb_grads_.size(), block_grads_.size()));
   for (auto& l : layers_) {
-    const std::vector<float>& piece = which == Which::kParams ? l->params
-                                      : which == Which::kM    ? l->m
-                                                              : l->v;
+    const std::span<const float> piece = which == Which::kParams ? l->params
+                                         : which == Which::kM    ? l->m
+                                                                 : l->v;
     std::fill(staging_.begin(), staging_.end(), 0.0f);
     std::copy(piece.begin(), piece.begin() + l->own, staging_.begin());
     RETURN_IF_ERROR(

@@ -2,7 +2,8 @@
 // ZeRO stage 2 or 3, served to the Model as its ParamSource. Every hook
 // layer's range (kLayerMajor: one contiguous range per layer) is split
 // evenly across ranks; a rank keeps its piece of every layer's gradients and
-// AdamW moments (stage 2) and of its parameters too (stage 3). Gradients are
+// AdamW moments (stage 2) and of its parameters too (stage 3), one flat
+// buffer per kind holding the pieces layer after layer. Gradients are
 // reduce-scattered in buckets (PlanGradBuckets) as backward produces them,
 // through a working window reused for every bucket; under stage 3 each
 // layer's parameters are all-gathered into a window just before the layer
@@ -100,6 +101,9 @@ class ZeroState : public ParamSource {
   std::vector<std::unique_ptr<Layer>> layers_;    // hook layers -1..L
   std::vector<Bucket> buckets_;                   // layers 0..L
   std::vector<float> full_params_;                // stage 2: every parameter
+  // What this rank owns: every layer's piece in turn (Layer's spans).
+  std::vector<float> own_params_;  // stage 3
+  std::vector<float> own_grads_, own_m_, own_v_;
   std::vector<float> emb_params_, block_params_;  // stage 3 windows
   std::vector<float> emb_grads_, block_grads_;    // gradient windows
   std::vector<float> rank_major_;  // a many-layer bucket, as it is sent
