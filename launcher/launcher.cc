@@ -262,6 +262,11 @@ void Launcher::HandleWorkerExited(int node_rank, const wire::WorkerExited& e) {
     Stop("rank " + std::to_string(e.rank()) + " on " + Node(node_rank).host +
              " " + DescribeExit(r.exit_code, r.signal),
          false);
+  } else if (failed && first_failed_rank_ &&
+             r.exit_time < ranks_.at(*first_failed_rank_).exit_time) {
+    // Reports race: a peer that failed because this rank died (a broken
+    // connection) may be heard of first. The earliest failure is the cause.
+    first_failed_rank_ = e.rank();
   } else if (exited_ranks_ == ranks_.size() && state_ != State::kStopping) {
     BeginStopping("every rank finished");
     wire::Envelope env;

@@ -47,7 +47,7 @@ void Launcher::PrintConsequences() {
       still.push_back(who + " was never started");
     } else if (!r.exited) {
       still.push_back(who + " no exit reported");
-    } else if (r.exited_at >= stop_time_ && (r.signal || r.exit_code)) {
+    } else if (r.signal || r.exit_code) {  // only the first fails on its own
       stopped.push_back(who + " " +
                         (r.signal ? SignalName(r.signal)
                                   : "exit " + std::to_string(r.exit_code)));

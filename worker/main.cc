@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 
@@ -19,11 +20,14 @@ int main(int argc, char** argv) {
   // docs/performance.md). Start again with the right ones named; the pid,
   // open descriptors and parent-death signal stay. OPENBLAS_CORETYPE set by
   // the user (any value) is left alone, which also ends the loop.
-  if (const char* core = dslaunch::worker::OpenBlasCoretypeOverride()) {
-    setenv("OPENBLAS_CORETYPE", core, 1);
+  if (const char* core = dslaunch::worker::OpenBlasCoretypeOverride();
+      core != nullptr && setenv("OPENBLAS_CORETYPE", core, 1) == 0) {
     execv("/proc/self/exe", argv);
     unsetenv("OPENBLAS_CORETYPE");  // exec failed: go on as installed
   }
+  // Gloo writes to its peers' sockets without MSG_NOSIGNAL: a peer that died
+  // must give an error to report, not a SIGPIPE that hides which rank failed.
+  std::signal(SIGPIPE, SIG_IGN);
   // Parallelism comes from OpenMP; OpenBLAS's own spinning threads would
   // fight the OpenMP team for the same cores (6x slower measured on 2 cores).
   openblas_set_num_threads(1);

@@ -253,8 +253,8 @@ Status ZeroState::Update(const AdamParams& adam, float clip_scale) {
     }
     if (stage_ != 2) continue;
     // Every rank takes every rank's updated piece of this layer.
-    std::fill(staging_.begin(), staging_.end(), 0.0f);
     std::copy(p, p + l->own, staging_.begin());
+    std::fill(staging_.begin() + l->own, staging_.begin() + l->part.shard, 0.0f);
     float* window =
         (l.get() == layers_.front().get() ? emb_grads_ : block_grads_).data();
     RETURN_IF_ERROR(comm_->AllGather(staging_.data(), window, l->part.shard));
@@ -278,8 +278,8 @@ StatusOr<std::vector<float>> ZeroState::GatherAll(Which which) {
     const std::span<const float> piece = which == Which::kParams ? l->params
                                          : which == Which::kM    ? l->m
                                                                  : l->v;
-    std::fill(staging_.begin(), staging_.end(), 0.0f);
     std::copy(piece.begin(), piece.begin() + l->own, staging_.begin());
+    std::fill(staging_.begin() + l->own, staging_.begin() + l->part.shard, 0.0f);
     RETURN_IF_ERROR(
         comm_->AllGather(staging_.data(), window.data(), l->part.shard));
     std::copy(window.begin(), window.begin() + l->range.size(),

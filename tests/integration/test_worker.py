@@ -26,9 +26,10 @@ class WorkerTest(LaunchTest):
                            capture_output=True, timeout=120)
         self.assertEqual(p.returncode, 0, p.stderr.decode())
 
-    def config(self, micro, stage, steps=4, checkpoint=None, batch=None, zero=None):
+    def config(self, micro, stage, steps=4, checkpoint=None, batch=None, zero=None,
+               accumulation=1):
         cfg = {
-            "gradient_accumulation_steps": 1,
+            "gradient_accumulation_steps": accumulation,
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}},
             "gradient_clipping": 1.0,
             "steps_per_print": 1,
@@ -109,20 +110,29 @@ class Training(WorkerTest):
         # 2 blocks of 12704 parameters and the final LayerNorm (64), each
         # padded to 16 floats per rank: a bucket of 1 element holds one
         # layer, 13000 holds the LayerNorm with block 1, the default all.
+        # The sums are the same whatever the bucketing: losses agree exactly.
         reference = [r["loss"] for r in self.train(1, 0, 0, batch=12)]
         for stage in (2, 3):
-            for size, buckets in ((1, 3), (13000, 2), (500000000, 1)):
-                with self.subTest(stage=stage, reduce_bucket_size=size):
-                    records = self.train(3, 0, stage, batch=12,
-                                         zero={"reduce_bucket_size": size})
-                    self.assertIn("ZeRO stage %d on 3 ranks (%d gradient bucket%s)"
-                                  % (stage, buckets, "" if buckets == 1 else "s"),
-                                  self.stdout)
-                    for rank in range(3):
-                        losses = [r["loss"] for r in records if r["rank"] == rank]
-                        self.assertEqual(len(losses), 4)
-                        for a, b in zip(losses, reference):
+            for accumulation in (1, 2):
+                first = None
+                for size, buckets in ((1, 3), (13000, 2), (500000000, 1)):
+                    with self.subTest(stage=stage, accumulation=accumulation,
+                                      reduce_bucket_size=size):
+                        records = self.train(3, 0, stage, batch=12, accumulation=accumulation,
+                                             zero={"reduce_bucket_size": size})
+                        self.assertIn("ZeRO stage %d on 3 ranks (%d gradient bucket%s), "
+                                      "batch 12 = %d micro x %d accumulation"
+                                      % (stage, buckets, "" if buckets == 1 else "s",
+                                         4 // accumulation, accumulation), self.stdout)
+                        losses = [[r["loss"] for r in records if r["rank"] == rank]
+                                  for rank in range(3)]
+                        for rank in range(3):
+                            self.assertEqual(losses[rank], losses[0])
+                        self.assertEqual(len(losses[0]), 4)
+                        for a, b in zip(losses[0], reference):
                             self.assertAlmostEqual(a, b, delta=1e-5 * abs(b))
+                        first = first or losses[0]
+                        self.assertEqual(losses[0], first)
 
     def test_model_state_bytes_follow_the_stage_formulas(self):
         n = 3
