@@ -198,8 +198,8 @@ StatusOr<pid_t> WorkerSet::Spawn(const WorkerSpec& spec) {
   if (pid < 0) return ErrnoStatus("fork", errno);
   if (pid == 0) {
     if (!error.empty()) ::_exit(127);
-    ExecChild(parent, pipes.out[1], pipes.err[1], pipes.report[1],
-              path.c_str(), spec.cwd.c_str(), argv.data(), envp.data());
+    ExecChild(parent, pipes.out[1], pipes.err[1], pipes.report[1], path.c_str(),
+              spec.cwd.c_str(), argv.data(), envp.data());
   }
   ::setpgid(pid, pid);  // also here, so kill(-pid) works at once
   ::close(pipes.Take(&pipes.out[1]));

@@ -20,7 +20,7 @@ build_pkgs=(build-essential cmake ninja-build pkg-config
   libprotobuf-dev protobuf-compiler libboost-dev libboost-system-dev
   libssl-dev libssh-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev
   nlohmann-json3-dev libgtest-dev libgmock-dev libgloo-dev libopenblas-dev python3
-  bible-kjv)
+  bible-kjv bible-kjv-text)
 test_pkgs=(python3 python3-torch openmpi-bin libopenmpi-dev
   iproute2 procps openssh-server openssh-client pdsh)
 

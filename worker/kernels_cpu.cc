@@ -337,7 +337,6 @@ void LayerNormBackward(float* dinp, float* dweight, float* dbias,
   }
 }
 
-
 // ------------------------------------------- GELU, residual, cross-entropy
 
 namespace {

@@ -1,7 +1,7 @@
 // dsworker: the training engine of dslaunch (GPT-2 on the CPU, ZeRO over
 // Gloo). Commands: train, prepare, eval, export, sample, version.
-#include <cblas.h>  // openblas_set_num_threads
-#include <omp.h>    // omp_set_num_threads
+#include <cblas.h>   // openblas_set_num_threads
+#include <omp.h>     // omp_set_num_threads
 #include <unistd.h>  // execv
 
 #include <CLI/CLI.hpp>

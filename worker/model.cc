@@ -227,8 +227,8 @@ float Model::HeadForward(const float* res_in) {
                    P(K::kLnfb), N, C);
   // Logits for the real vocabulary only (ldc = Vp); the padding columns are
   // never read and the softmax writes them as 0.
-  Gemm(Transpose::kNo, Transpose::kYes, N, V, C, 1.0f, a.lnf, C, P(K::kWte),
-       C, 0.0f, a.logits, Vp);
+  Gemm(Transpose::kNo, Transpose::kYes, N, V, C, 1.0f, a.lnf, C, P(K::kWte), C,
+       0.0f, a.logits, Vp);
   const int* targets = targets_.empty() ? nullptr : targets_.data();
   CrossEntropySoftmaxForward(a.logits, a.losses, a.logits, targets, N, V, Vp);
   if (targets == nullptr) return -1.0f;

@@ -9,9 +9,9 @@
 namespace dslaunch::worker {
 
 struct Partition {
-  size_t n = 0;       // real elements
-  int world = 1;      // ranks
-  size_t shard = 0;   // elements per rank, padding included
+  size_t n = 0;      // real elements
+  int world = 1;     // ranks
+  size_t shard = 0;  // elements per rank, padding included
   size_t padded() const { return shard * static_cast<size_t>(world); }
   size_t begin(int rank) const { return shard * static_cast<size_t>(rank); }
   size_t end(int rank) const { return begin(rank) + shard; }

@@ -10,13 +10,15 @@ namespace dslaunch::worker {
 
 std::string FormatStepReport(const StepReport& r, int64_t rss_bytes) {
   char buf[512];
-  std::snprintf(buf, sizeof(buf),
-                "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-                "\"tokens_per_s\": %.1f, \"samples_per_s\": %.3f, "
-                "\"model_state_bytes\": %lld, \"rss_bytes\": %lld}",
-                static_cast<long long>(r.step), static_cast<double>(r.loss), r.lr,
-                static_cast<double>(r.grad_norm), r.tokens_per_s, r.samples_per_s,
-                static_cast<long long>(r.model_state_bytes), static_cast<long long>(rss_bytes));
+  std::snprintf(
+      buf, sizeof(buf),
+      "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+      "\"tokens_per_s\": %.1f, \"samples_per_s\": %.3f, "
+      "\"model_state_bytes\": %lld, \"rss_bytes\": %lld}",
+      static_cast<long long>(r.step), static_cast<double>(r.loss), r.lr,
+      static_cast<double>(r.grad_norm), r.tokens_per_s, r.samples_per_s,
+      static_cast<long long>(r.model_state_bytes),
+      static_cast<long long>(rss_bytes));
   return buf;
 }
 
@@ -34,7 +36,8 @@ ProgressReporter::ProgressReporter() {
 
 void ProgressReporter::Report(const StepReport& r) {
   if (!connected_) return;
-  if (!client_.Report(FormatStepReport(r, ResidentBytes())).ok()) connected_ = false;
+  if (!client_.Report(FormatStepReport(r, ResidentBytes())).ok())
+    connected_ = false;
 }
 
 }  // namespace dslaunch::worker

@@ -2,13 +2,13 @@
 
 #include <yaml-cpp/yaml.h>  // YAML::Load, Node, convert, Exception
 
-#include <cerrno>     // errno
-#include <cstring>    // strerror
-#include <fstream>    // ifstream
-#include <limits>     // numeric_limits
-#include <set>        // set
-#include <sstream>    // ostringstream
-#include <utility>    // move
+#include <cerrno>   // errno
+#include <cstring>  // strerror
+#include <fstream>  // ifstream
+#include <limits>   // numeric_limits
+#include <set>      // set
+#include <sstream>  // ostringstream
+#include <utility>  // move
 
 #include "worker/config_values.h"
 #include "worker/lr_schedule.h"

@@ -79,9 +79,9 @@ Status Trainer::InitSharded(const ModelConfig& mc,
   } else {
     ASSIGN_OR_RETURN(model_, Model::Create(mc, ParamOrder::kLayerMajor));
   }
-  zero_ = std::make_unique<ZeroState>(model_->layout(), config_.zero.stage,
-                                      comm_.get(),
-                                      config_.zero.reduce_bucket_size);
+  zero_ =
+      std::make_unique<ZeroState>(model_->layout(), config_.zero.stage,
+                                  comm_.get(), config_.zero.reduce_bucket_size);
   if (options.init_model.empty()) {
     zero_->InitParams(config_.train.seed);
   } else {
@@ -264,7 +264,8 @@ Status Trainer::UpdateParameters(double lr, float clip_scale) {
              seg.decay);
   }
   if (config_.zero.stage == 1 && comm_->size() > 1) {
-    gather_in_.assign(p + shard_begin_, p + shard_begin_ + shard_size_);  // no realloc
+    gather_in_.assign(p + shard_begin_,
+                      p + shard_begin_ + shard_size_);  // no realloc
     RETURN_IF_ERROR(comm_->AllGather(gather_in_.data(), p, shard_size_));
   }
   return Status::Ok();
@@ -348,8 +349,8 @@ std::string Trainer::Summary() const {
   std::string buckets;
   if (zero_) {
     const int n = zero_->num_buckets();
-    buckets = " (" + std::to_string(n) + " gradient bucket" +
-              (n == 1 ? ")" : "s)");
+    buckets =
+        " (" + std::to_string(n) + " gradient bucket" + (n == 1 ? ")" : "s)");
   }
   char line[320];
   std::snprintf(

@@ -10,15 +10,14 @@
 
 namespace dslaunch::worker {
 
-// Row and range loops in the kernels are written so that GCC vectorises them without
-// -ffast-math: sums are `omp simd` reductions (vector partial sums combined
-// in an order fixed by the compiled code, the same on every call), maxima
-// run in explicit partial lanes, and exp has no branches. Each is compiled
-// twice, for AVX2+FMA and for the build's baseline, and picked at load time
-// (ifunc), so the last bits depend on the CPU, never on the thread count.
+// Row and range loops in the kernels are written so that GCC vectorises them
+// without -ffast-math: sums are `omp simd` reductions (vector partial sums
+// combined in an order fixed by the compiled code, the same on every call),
+// maxima run in explicit partial lanes, and exp has no branches. Each is
+// compiled twice, for AVX2+FMA and for the build's baseline, and picked at load
+// time (ifunc), so the last bits depend on the CPU, never on the thread count.
 #define DSL_SIMD_CLONES \
   __attribute__((target_clones("arch=x86-64-v3", "default")))
-
 
 // exp(x) within 2 ulp for x in [-87, 88]; x is clamped to that range first
 // (exp(-87) = 1.6e-38 stands in for 0, exp(88) = 1.65e38 for overflow). The

@@ -7,14 +7,14 @@
 namespace dslaunch::worker {
 
 struct ZeroState::Layer {
-  ParamRange range;                // in the layout
-  Partition part;                  // of the range across ranks
-  size_t own_begin = 0, own = 0;   // this rank's real piece, relative to range
+  ParamRange range;               // in the layout
+  Partition part;                 // of the range across ranks
+  size_t own_begin = 0, own = 0;  // this rank's real piece, relative to range
   // The owned pieces (part.shard floats each), in the flat owned buffers.
   std::span<float> params;  // stage 3 only
   std::span<float> grads, m, v;
-  int bucket = -1;                 // index in buckets_ (layers 0..L)
-  size_t window_offset = 0;        // where its gradients sit in block_grads_
+  int bucket = -1;           // index in buckets_ (layers 0..L)
+  size_t window_offset = 0;  // where its gradients sit in block_grads_
 };
 
 std::vector<GradBucket> PlanGradBuckets(std::span<const size_t> sizes,
@@ -110,8 +110,7 @@ void ZeroState::InitParams(uint64_t seed) {
   }
   for (auto& l : layers_) {
     const size_t b = l->range.begin + l->own_begin;
-    InitParamRange(layout_, seed, {b, b + l->own},
-                   l->params.first(l->own));
+    InitParamRange(layout_, seed, {b, b + l->own}, l->params.first(l->own));
   }
 }
 
@@ -254,7 +253,8 @@ Status ZeroState::Update(const AdamParams& adam, float clip_scale) {
     if (stage_ != 2) continue;
     // Every rank takes every rank's updated piece of this layer.
     std::copy(p, p + l->own, staging_.begin());
-    std::fill(staging_.begin() + l->own, staging_.begin() + l->part.shard, 0.0f);
+    std::fill(staging_.begin() + l->own, staging_.begin() + l->part.shard,
+              0.0f);
     float* window =
         (l.get() == layers_.front().get() ? emb_grads_ : block_grads_).data();
     RETURN_IF_ERROR(comm_->AllGather(staging_.data(), window, l->part.shard));
@@ -279,7 +279,8 @@ StatusOr<std::vector<float>> ZeroState::GatherAll(Which which) {
                                          : which == Which::kM    ? l->m
                                                                  : l->v;
     std::copy(piece.begin(), piece.begin() + l->own, staging_.begin());
-    std::fill(staging_.begin() + l->own, staging_.begin() + l->part.shard, 0.0f);
+    std::fill(staging_.begin() + l->own, staging_.begin() + l->part.shard,
+              0.0f);
     RETURN_IF_ERROR(
         comm_->AllGather(staging_.data(), window.data(), l->part.shard));
     std::copy(window.begin(), window.begin() + l->range.size(),

@@ -98,9 +98,9 @@ class ZeroState : public ParamSource {
   const ParamLayout& layout_;
   int stage_;
   Comm* comm_;
-  std::vector<std::unique_ptr<Layer>> layers_;    // hook layers -1..L
-  std::vector<Bucket> buckets_;                   // layers 0..L
-  std::vector<float> full_params_;                // stage 2: every parameter
+  std::vector<std::unique_ptr<Layer>> layers_;  // hook layers -1..L
+  std::vector<Bucket> buckets_;                 // layers 0..L
+  std::vector<float> full_params_;              // stage 2: every parameter
   // What this rank owns: every layer's piece in turn (Layer's spans).
   std::vector<float> own_params_;  // stage 3
   std::vector<float> own_grads_, own_m_, own_v_;

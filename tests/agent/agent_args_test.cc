@@ -22,9 +22,9 @@ TEST(ParseConnect, TakesHostAndPortIncludingBracketedIpv6) {
 }
 
 TEST(ParseConnect, RejectsMalformedAddressesNamingThem) {
-  for (const char* bad : {"", "host", ":29500", "host:", "host:0",
-                          "host:65536", "host:12ab", "host:-1", "[::1:80",
-                          "[]:80", "host: 80"}) {
+  for (const char* bad :
+       {"", "host", ":29500", "host:", "host:0", "host:65536", "host:12ab",
+        "host:-1", "[::1:80", "[]:80", "host: 80"}) {
     std::string host = "unchanged";
     int port = 7;
     const Status st = ParseConnect(bad, &host, &port);

@@ -9,9 +9,9 @@
 namespace dslaunch::testing {
 
 // Runs `io` until `done()` holds or `timeout` passes; returns done().
-inline bool RunUntil(boost::asio::io_context& io,
-                     const std::function<bool()>& done,
-                     std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+inline bool RunUntil(
+    boost::asio::io_context& io, const std::function<bool()>& done,
+    std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (!done() && std::chrono::steady_clock::now() < deadline) {
     io.restart();

@@ -89,7 +89,8 @@ TEST(JobEnv, MissingEnvFileIsADataError) {
   auto env = CollectJobEnv(s);
   ASSERT_FALSE(env.ok());
   EXPECT_EQ(env.status().code(), StatusCode::kDataError);
-  EXPECT_NE(env.status().message().find("/nonexistent/file.env"), std::string::npos);
+  EXPECT_NE(env.status().message().find("/nonexistent/file.env"),
+            std::string::npos);
 }
 
 }  // namespace

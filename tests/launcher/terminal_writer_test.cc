@@ -23,7 +23,8 @@ TEST(TerminalWriter, KeepsOrderAndDrainsEverything) {
   ASSERT_NE(f, nullptr);
   std::string want;
   {
-    TerminalWriter writer(/*limit=*/1024);  // small: Write must block and resume
+    TerminalWriter writer(
+        /*limit=*/1024);  // small: Write must block and resume
     for (int i = 0; i < 2000; ++i) {
       std::string line = "line " + std::to_string(i) + "\n";
       want += line;

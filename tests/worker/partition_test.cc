@@ -28,7 +28,8 @@ TEST(Partition, LastShardsMayBePartlyOrWhollyPadding) {
   EXPECT_EQ(p.real(0), 16u);
   EXPECT_EQ(p.real(1), 16u);
   EXPECT_EQ(p.real(2), 8u);
-  Partition q = MakePartition(17, 4);  // shards of 16: ranks 2 and 3 hold only padding
+  Partition q =
+      MakePartition(17, 4);  // shards of 16: ranks 2 and 3 hold only padding
   EXPECT_EQ(q.real(1), 1u);
   EXPECT_EQ(q.real(3), 0u);
 }

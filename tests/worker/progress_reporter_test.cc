@@ -23,7 +23,8 @@ TEST(ProgressReporter, RecordIsValidJsonAndTheLossRoundTrips) {
   ASSERT_TRUE(proto::ValidateProgressRecord(json).ok()) << json;
   auto parsed = nlohmann::json::parse(json);
   EXPECT_EQ(parsed["step"], 42);
-  EXPECT_EQ(static_cast<float>(parsed["loss"].get<double>()), r.loss);  // bit-exact
+  EXPECT_EQ(static_cast<float>(parsed["loss"].get<double>()),
+            r.loss);  // bit-exact
   EXPECT_EQ(parsed["model_state_bytes"], 16 * 124439808LL);
   EXPECT_EQ(parsed["rss_bytes"], 123456789);
 }

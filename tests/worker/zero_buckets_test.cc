@@ -21,7 +21,8 @@ TEST(PlanGradBuckets, FillsFromTheLastLayerDown) {
 
 TEST(PlanGradBuckets, ALayerLargerThanTheBucketStandsAlone) {
   const std::vector<size_t> sizes = {100, 500, 100, 10};
-  EXPECT_EQ(PlanGradBuckets(sizes, 1), (Buckets{{3, 3}, {2, 2}, {1, 1}, {0, 0}}));
+  EXPECT_EQ(PlanGradBuckets(sizes, 1),
+            (Buckets{{3, 3}, {2, 2}, {1, 1}, {0, 0}}));
   EXPECT_EQ(PlanGradBuckets(sizes, 200), (Buckets{{2, 3}, {1, 1}, {0, 0}}));
 }
 
