@@ -28,7 +28,8 @@
 set -euo pipefail
 
 usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; }
-need_int() { [[ "$2" =~ ^[0-9]+$ ]] || { echo "$1 needs a non-negative integer" >&2; exit 2; }; }
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 
 THREADS=2
 STEPS=10
@@ -37,13 +38,13 @@ ROUNDS=3
 SIZES=()
 while (($#)); do
   case "$1" in
-    --threads) need_int "$1" "${2:-}"; THREADS=$2; shift 2 ;;
-    --steps) need_int "$1" "${2:-}"; STEPS=$2; shift 2 ;;
-    --warmup) need_int "$1" "${2:-}"; WARMUP=$2; shift 2 ;;
-    --rounds) need_int "$1" "${2:-}"; ROUNDS=$2; shift 2 ;;
+    --threads) need_count "$1" "${2:-}"; THREADS=$2; shift 2 ;;
+    --steps) need_count "$1" "${2:-}"; STEPS=$2; shift 2 ;;
+    --warmup) need_count "$1" "${2:-}"; WARMUP=$2; shift 2 ;;
+    --rounds) need_count "$1" "${2:-}"; ROUNDS=$2; shift 2 ;;
     --quick) SIZES=(1048576 16777216); STEPS=5; ROUNDS=2; shift ;;
     -h|--help) usage; exit 0 ;;
-    [0-9]*) need_int size "$1"; SIZES+=("$1"); shift ;;
+    [0-9]*) need_count size "$1"; SIZES+=("$1"); shift ;;
     *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
   esac
 done

@@ -343,7 +343,7 @@ for nodes in "${NODE_COUNTS[@]}"; do
     else
       TEARDOWN[pdsh.$nodes]="never in $capped/$measured runs: ranks left running on other nodes"
     fi
-    NOTE[$nodes]="pdsh still running ${PDSH_CAP_S} s after the failure in $capped/$measured runs; ranks alive then (median): $(median_int <"$WORK/pdsh.atcap") of the $others on other nodes; still alive 0.3 s after pdsh was SIGTERMed: $(median_int <"$WORK/pdsh.afterkill") (killed by the bench)"
+    NOTE[$nodes]="pdsh still running ${PDSH_CAP_S} s after the failure in $capped/$measured runs; ranks alive then (median): $(median <"$WORK/pdsh.atcap") of the $others on other nodes; still alive 0.3 s after pdsh was SIGTERMed: $(median <"$WORK/pdsh.afterkill") (killed by the bench)"
   fi
 done
 

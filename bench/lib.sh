@@ -1,11 +1,12 @@
 # shellcheck shell=bash
-# Shared by the launch benchmarks (bench/launch_local.sh and
-# bench/launch_cluster.sh); sourced, not run. Needs bash with set -euo pipefail.
+# Shared by the benchmarks in bench/; sourced, not run. Needs bash with set
+# -euo pipefail. The training and CPU Adam benchmarks use the argument checks
+# and median only.
 #
-# A bench calls, in this order: need_positive_int while parsing its arguments,
+# A launch bench (launch_local.sh, launch_cluster.sh) calls, in this order: need_positive_int while parsing its arguments,
 # need_build_bins, need_cc, bench_init NAME (temp dir WORK, marker TAG, traps),
 # build_helper; then timed_run, ok_result, run_failed and error per run,
-# median_ms / range_ms / median_int for the tables, and exit_on_errors last.
+# median_ms / range_ms / median for the tables, and exit_on_errors last.
 # A bench that has more to undo on exit redefines bench_cleanup_more.
 
 BENCH_LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -14,6 +15,11 @@ ERRORS=0
 # need_positive_int OPTION VALUE: exit 2 unless VALUE is a positive integer
 need_positive_int() {
   [[ $2 =~ ^[1-9][0-9]*$ ]] || { echo "$1 needs a positive integer" >&2; exit 2; }
+}
+
+# need_count OPTION VALUE: exit 2 unless VALUE is a non-negative integer
+need_count() {
+  [[ $2 =~ ^[0-9]+$ ]] || { echo "$1 needs a non-negative integer" >&2; exit 2; }
 }
 
 # need_build_bins BUILD: exit 2 unless BUILD/bin holds dslaunch and dsagent
@@ -135,8 +141,8 @@ range_ms() {  # stdin: ns values -> "min-max"
     if (NR == 0) { print "n/a"; exit }
     printf "%.0f-%.0f", v[1] / 1e6, v[NR] / 1e6 }'
 }
-median_int() {  # stdin: integers
-  sort -n | awk '{v[NR] = $1} END {
+median() {  # stdin: numbers, one a line
+  sort -g | awk '{v[NR] = $1} END {
     if (NR == 0) { print "n/a"; exit }
     print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }

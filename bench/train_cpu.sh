@@ -27,7 +27,8 @@
 set -euo pipefail
 
 usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
-need_int() { [[ "$2" =~ ^[0-9]+$ ]] || { echo "$1 needs a non-negative integer" >&2; exit 2; }; }
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 
 THREADS=2
 STEPS=
@@ -37,9 +38,9 @@ QUICK=0
 CORETYPE=auto
 while (($#)); do
   case "$1" in
-    --threads) need_int "$1" "${2:-}"; THREADS=$2; shift 2 ;;
-    --steps) need_int "$1" "${2:-}"; STEPS=$2; shift 2 ;;
-    --warmup) need_int "$1" "${2:-}"; WARMUP=$2; shift 2 ;;
+    --threads) need_count "$1" "${2:-}"; THREADS=$2; shift 2 ;;
+    --steps) need_count "$1" "${2:-}"; STEPS=$2; shift 2 ;;
+    --warmup) need_count "$1" "${2:-}"; WARMUP=$2; shift 2 ;;
     --coretype) [[ -n "${2:-}" ]] || { echo "--coretype needs a value" >&2; exit 2; }
                 CORETYPE=$2; shift 2 ;;
     --quick) QUICK=1; shift ;;
@@ -74,8 +75,6 @@ with open(sys.argv[1], "wb") as f:
     f.write(struct.pack("<%dH" % n, *(rng.randrange(50257) for _ in range(n))))
 EOF
 
-median() { sort -g | awk '{v[NR] = $1} END {if (NR == 0) print "nan"; else
-  print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
 
 # The kernels OpenBLAS picks (it reads OPENBLAS_CORETYPE when it loads).
 blas_core() { "$PYTHON" -c 'import ctypes
@@ -136,6 +135,7 @@ EOF
     { cat "$TMP/$name.ours" >&2; exit 1; }
   ours=$(awk -v w="$WARMUP" '$1 == "step" && $NF == "tok/s" && $2 > w {print $(NF-1)}' \
     "$TMP/$name.ours" | median)
+  [[ $ours != n/a ]] || { echo "dsworker printed no step lines" >&2; cat "$TMP/$name.ours" >&2; exit 1; }
   OMP_NUM_THREADS="$THREADS" "$PYTHON" "$ROOT/bench/torch_gpt2.py" \
     --layers "$L" --heads "$NH" --channels "$C" --batch "$B" --seq "$T" \
     --steps "$steps" --warmup "$WARMUP" --threads "$THREADS" \

@@ -71,6 +71,7 @@ ZeroState::ZeroState(const ParamLayout& layout, int stage, Comm* comm,
     block_params_.assign(max_block, 0.0f);
   }
   emb_grads_.assign(max_emb, 0.0f);
+  emb_bucket_ = {{-1, -1}, L(-1).part.padded(), L(-1).part.shard};
   const size_t max_shard = PlanBuckets(bucket_elems, max_block);
   staging_.assign(std::max(max_emb / comm->size(), max_shard) + 16, 0.0f);
 }
@@ -82,7 +83,7 @@ size_t ZeroState::PlanBuckets(int64_t bucket_elems, size_t max_block) {
   const int last = layout_.config().num_layers;
   for (int l = 0; l <= last; ++l) sizes.push_back(L(l).part.padded());
   size_t max_window = max_block, max_shard = max_block / comm_->size();
-  bool any_multi = false;
+  bool needs_copy = false;  // a bucket of several layers on several ranks
   for (const GradBucket& g : PlanGradBuckets(sizes, bucket_elems)) {
     Bucket b{g};
     for (int l = g.lo; l <= g.hi; ++l) {
@@ -93,11 +94,11 @@ size_t ZeroState::PlanBuckets(int64_t bucket_elems, size_t max_block) {
     }
     max_window = std::max(max_window, b.window);
     max_shard = std::max(max_shard, b.shard);
-    any_multi = any_multi || g.lo != g.hi;
+    needs_copy = needs_copy || (g.lo != g.hi && comm_->size() > 1);
     buckets_.push_back(b);
   }
   block_grads_.assign(max_window, 0.0f);
-  if (any_multi) rank_major_.assign(max_window, 0.0f);
+  if (needs_copy) rank_major_.assign(max_window, 0.0f);
   return max_shard;
 }
 
@@ -136,39 +137,37 @@ void ZeroState::Gather(int layer, float* window) {
   Fail(comm_->AllGather(l.params.data(), window, l.part.shard));
 }
 
-// Reduce-scatters the layer's gradient window (clobbered) and adds this
-// rank's summed piece into its owned gradients (micro-batches accumulate).
-void ZeroState::ReduceInto(int layer, float* window) {
-  Layer& l = L(layer);
-  const size_t shard = l.part.shard;
-  std::fill(window + l.range.size(), window + l.part.padded(), 0.0f);
-  Fail(comm_->ReduceScatterSum(window, staging_.data(), shard));
-  for (size_t i = 0; i < shard; ++i) l.grads[i] += staging_[i];
-}
-
-// Reduce-scatters a bucket of block layers from block_grads_. Each layer
-// stays split across ranks by its own partition: a bucket of several layers
-// is first laid out rank-major (rank r's pieces of every layer in turn, each
-// padded to its shard), so one reduce-scatter hands every rank its pieces.
-void ZeroState::ReduceBucket(const Bucket& b) {
+// Reduce-scatters a bucket's gradient window (clobbered) and adds this
+// rank's summed pieces into its owned gradients (micro-batches accumulate).
+// Each layer
+// stays split across ranks by its own partition, so what is sent must be
+// rank-major: rank r's piece of every layer in turn, each padded to its
+// shard. A single layer (or any bucket on one rank) already is, once its
+// padding is zeroed; a bucket of several layers is copied into that order.
+void ZeroState::ReduceBucket(const Bucket& b, float* window) {
   const GradBucket& g = b.layers;
-  if (g.lo == g.hi) {
-    ReduceInto(g.lo, block_grads_.data());
-    return;
-  }
-  float* out = rank_major_.data();
-  for (int r = 0; r < comm_->size(); ++r) {
+  float* send = window;
+  if (g.lo == g.hi || comm_->size() == 1) {
     for (int l = g.lo; l <= g.hi; ++l) {
       const Layer& layer = L(l);
-      const float* src =
-          block_grads_.data() + layer.window_offset + layer.part.begin(r);
-      const size_t real = layer.part.real(r);
-      std::copy(src, src + real, out);
-      std::fill(out + real, out + layer.part.shard, 0.0f);
-      out += layer.part.shard;
+      std::fill(window + layer.window_offset + layer.range.size(),
+                window + layer.window_offset + layer.part.padded(), 0.0f);
+    }
+  } else {
+    send = rank_major_.data();
+    float* out = send;
+    for (int r = 0; r < comm_->size(); ++r) {
+      for (int l = g.lo; l <= g.hi; ++l) {
+        const Layer& layer = L(l);
+        const float* src = window + layer.window_offset + layer.part.begin(r);
+        const size_t real = layer.part.real(r);
+        std::copy(src, src + real, out);
+        std::fill(out + real, out + layer.part.shard, 0.0f);
+        out += layer.part.shard;
+      }
     }
   }
-  Fail(comm_->ReduceScatterSum(rank_major_.data(), staging_.data(), b.shard));
+  Fail(comm_->ReduceScatterSum(send, staging_.data(), b.shard));
   const float* piece = staging_.data();
   for (int l = g.lo; l <= g.hi; ++l) {
     Layer& layer = L(l);
@@ -197,11 +196,13 @@ LayerHooks ZeroState::Hooks() {
   };
   h.after_backward = [this](int layer) {
     if (layer == -1) {
-      ReduceInto(-1, emb_grads_.data());
+      ReduceBucket(emb_bucket_, emb_grads_.data());
       return;
     }
     const Bucket& b = buckets_[L(layer).bucket];
-    if (layer == b.layers.lo) ReduceBucket(b);  // its last layer is done
+    if (layer == b.layers.lo) {  // its last layer is done
+      ReduceBucket(b, block_grads_.data());
+    }
   };
   return h;
 }

@@ -83,15 +83,14 @@ class ZeroState : public ParamSource {
   struct Layer;  // defined in zero_state.cc
   struct Bucket {
     GradBucket layers;
-    size_t window = 0;  // floats its layers take in block_grads_ (padded)
+    size_t window = 0;  // floats its layers take in its window (padded)
     size_t shard = 0;   // floats of each rank's piece (its layers' shards)
   };
 
  private:
   Layer& L(int layer) { return *layers_[layer + 1]; }
   void Gather(int layer, float* window);
-  void ReduceInto(int layer, float* window);
-  void ReduceBucket(const Bucket& b);
+  void ReduceBucket(const Bucket& b, float* window);
   size_t PlanBuckets(int64_t bucket_elems, size_t max_block);
   void Fail(const Status& st);
 
@@ -100,6 +99,7 @@ class ZeroState : public ParamSource {
   Comm* comm_;
   std::vector<std::unique_ptr<Layer>> layers_;  // hook layers -1..L
   std::vector<Bucket> buckets_;                 // layers 0..L
+  Bucket emb_bucket_;                           // layer -1, on its own
   std::vector<float> full_params_;              // stage 2: every parameter
   // What this rank owns: every layer's piece in turn (Layer's spans).
   std::vector<float> own_params_;  // stage 3

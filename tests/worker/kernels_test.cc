@@ -261,13 +261,16 @@ Vec NaiveAttention(const Vec& qkv, int B, int T, int C, int NH) {
   return out;
 }
 
-TEST(AttentionKernel, ForwardMatchesNaiveSoftmaxAttention) {
-  const int B = 2, T = 6, C = 12, NH = 3;
+void ExpectForwardMatchesNaive(int B, int T, int C, int NH) {
   const Vec qkv = Random(B * T * 3 * C, 1, -2, 2);
   Vec out(B * T * C), lse(B * NH * T);
   AttentionForward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
   const Vec ref = NaiveAttention(qkv, B, T, C, NH);
   for (size_t i = 0; i < out.size(); i++) EXPECT_NEAR(out[i], ref[i], 1e-5);
+}
+
+TEST(AttentionKernel, ForwardMatchesNaiveSoftmaxAttention) {
+  ExpectForwardMatchesNaive(2, 6, 12, 3);
 }
 
 TEST(AttentionKernel, IsCausal) {
@@ -298,12 +301,7 @@ TEST(AttentionKernel, BackwardMatchesFiniteDifferences) {
 
 // T spans three query blocks of the blocked kernel.
 TEST(AttentionKernel, ForwardMatchesNaiveAcrossQueryBlocks) {
-  const int B = 1, T = 300, C = 16, NH = 2;
-  const Vec qkv = Random(B * T * 3 * C, 1, -2, 2);
-  Vec out(B * T * C), lse(B * NH * T);
-  AttentionForward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
-  const Vec ref = NaiveAttention(qkv, B, T, C, NH);
-  for (size_t i = 0; i < out.size(); i++) EXPECT_NEAR(out[i], ref[i], 1e-5);
+  ExpectForwardMatchesNaive(1, 300, 16, 2);
 }
 
 // Directional derivatives (a few random directions through all of qkv)
