@@ -15,6 +15,7 @@
 #include "agent/env_contract.h"
 #include "agent/node_facts.h"
 #include "proto/auth.h"
+#include "proto/exit_status.h"
 #include "proto/version.h"
 
 namespace dslaunch::agent {
@@ -91,7 +92,7 @@ void Agent::WatchSignals() {
     if (ec) return;
     spdlog::warn("received signal {}; stopping workers", sig);
     if (state_ == State::kConnecting) {
-      exit_code_ = 128 + sig;
+      exit_code_ = ExitStatusForProcess(0, sig);
       SetState(State::kExited);
       io_.stop();
       return;
@@ -225,7 +226,7 @@ void Agent::HandleJobSpec(const wire::JobSpec& job) {
   if (st.ok()) st = SpawnWorkers();
   if (!st.ok()) {
     spdlog::error("cannot start workers: {}", st.message());
-    exit_code_ = 70;
+    exit_code_ = kExitSoftware;
     // The launcher learns why: every rank not started "exits" 70 with it.
     for (const auto& r : job_.ranks()) {
       if (spawned_.count(r.rank())) continue;
@@ -314,7 +315,7 @@ void Agent::OnLauncherLost(const std::string& why) {
   if (state_ == State::kExited || launcher_lost_) return;
   launcher_lost_ = true;
   spdlog::warn("launcher lost: {}", why);
-  exit_code_ = 69;
+  exit_code_ = kExitUnavailable;
   if (channel_) channel_->Close(Unavailable(why));
   workers_.ResumeOutput();
   if (state_ == State::kConnecting) {

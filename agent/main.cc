@@ -10,12 +10,13 @@
 #include "agent/agent.h"
 #include "agent/agent_args.h"
 #include "proto/auth.h"
+#include "proto/exit_status.h"
 #include "proto/version.h"
 
 // Bad flags: one line on stderr, exit 64 (EX_USAGE).
 static int Usage(const dslaunch::Status& st) {
   std::fprintf(stderr, "dsagent: %s\n", st.message().c_str());
-  return 64;
+  return dslaunch::ExitStatusFor(st);
 }
 
 int main(int argc, char** argv) {
@@ -81,7 +82,7 @@ int main(int argc, char** argv) {
   } else if (!dslaunch::agent::ReadSecretLine(0, &options.secret) ||
              options.secret.empty()) {
     spdlog::error("no job secret on stdin");
-    return 64;
+    return dslaunch::kExitUsage;
   }
   dslaunch::agent::Agent agent(std::move(options));
   return agent.Run();

@@ -12,5 +12,8 @@ namespace dslaunch::agent {
 wire::NodeFacts CollectNodeFacts();
 // GPU indices from /proc/driver/nvidia/gpus (empty without the driver).
 std::vector<int> DetectGpus();
+// A TCP port free on every address of this node right now (0 if none could
+// be found): node 0's becomes MASTER_PORT unless --master_port is given.
+int FindFreePort();
 
 }  // namespace dslaunch::agent

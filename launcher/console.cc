@@ -86,6 +86,12 @@ void Console::Note(std::string_view message) {
   terminal_.Write(err_, std::move(text));
 }
 
+void Console::Relay(std::string_view line) {
+  std::string text(line);
+  text.push_back('\n');
+  terminal_.Write(err_, std::move(text));
+}
+
 void Console::Flush() {
   // Log files here; the terminal flushes on its own thread.
   for (auto& [rank, f] : logs_) std::fflush(f);

@@ -32,6 +32,9 @@ class Console {
   void Progress(int rank, std::string_view json, double time);
   // The launcher's own message, to stderr, prefixed "dslaunch: ".
   void Note(std::string_view message);
+  // A line from outside the ranks (an agent's own log over ssh, pdsh's
+  // messages), to stderr as it is.
+  void Relay(std::string_view line);
   void Flush();
   // Returns once every console line so far has reached stdout/stderr.
   void DrainTerminal() { terminal_.Drain(); }

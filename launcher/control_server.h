@@ -22,7 +22,17 @@
 
 namespace dslaunch::launcher {
 
-class ControlServer {
+// The agents' connections as the Job sees them: the ControlServer, or a fake
+// in tests.
+class AgentLinks {
+ public:
+  virtual ~AgentLinks() = default;
+  virtual Status Send(int node_rank, const wire::Envelope& msg) = 0;
+  // Stops accepting; closes every connection after what is queued.
+  virtual void Shutdown() = 0;
+};
+
+class ControlServer : public AgentLinks {
  public:
   class Delegate {
    public:
@@ -49,13 +59,13 @@ class ControlServer {
 
   ControlServer(boost::asio::io_context& io, Options options,
                 Delegate* delegate);
-  ~ControlServer();
+  ~ControlServer() override;
 
   // Binds (port 0 = any free port) and starts accepting; returns the port.
   StatusOr<int> Listen(const std::string& bind_addr, int port);
-  Status Send(int node_rank, const wire::Envelope& msg);
+  Status Send(int node_rank, const wire::Envelope& msg) override;
   // Stops accepting; closes every connection after flushing what is queued.
-  void Shutdown();
+  void Shutdown() override;
   bool connected(int node_rank) const { return agents_.count(node_rank) > 0; }
 
  private:

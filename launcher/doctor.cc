@@ -4,8 +4,8 @@
 #include <boost/asio/io_context.hpp>
 #include <cstdio>
 
-#include "launcher/launcher.h"  // SshTargets
 #include "launcher/ssh_starter.h"
+#include "proto/exit_status.h"
 
 namespace dslaunch::launcher {
 
@@ -16,6 +16,7 @@ const char* const kStages[] = {"resolve", "connect", "host key", "auth",
 
 class NoDelegate : public Starter::Delegate {
   void OnAgentProcessExited(int, const std::string&) override {}
+  void OnStarterOutput(const std::string&, std::string) override {}
 };
 
 // "ok" before the failed stage, "FAIL" at it, "-" after it.
@@ -47,8 +48,7 @@ int RunDoctor(const LaunchOptions& options, const Plan& plan) {
   std::vector<NodeCheck> checks;
   // The checks run on the pool; keep the loop alive until they report.
   auto work = boost::asio::make_work_guard(io);
-  const std::string agent =
-      options.agent_path.empty() ? DefaultAgentPath() : options.agent_path;
+  const std::string agent = AgentPath(options);
   auto command_for = [agent](int, const std::string&) {
     return ShellQuote(agent) + " --version";
   };
@@ -75,7 +75,7 @@ int RunDoctor(const LaunchOptions& options, const Plan& plan) {
   out += std::to_string(checks.size() - failed) + " of " +
          std::to_string(checks.size()) + " nodes ready\n";
   std::fputs(out.c_str(), stdout);
-  return failed ? 69 : 0;
+  return failed ? kExitUnavailable : kExitOk;
 }
 
 }  // namespace dslaunch::launcher

@@ -21,7 +21,7 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
   app.add_option("--master_addr", o.plan.master_addr,
                  "rendezvous address for the ranks (default: node 0)");
   app.add_option("--master_port", o.plan.master_port,
-                 "rendezvous port for the ranks (default 29500)");
+                 "rendezvous port for the ranks (default: a free port on node 0)");
   app.add_option("--launcher", o.launcher,
                  "how agents start: local, ssh, pdsh, slurm, openmpi, join")
       ->check(CLI::IsMember(
@@ -137,6 +137,7 @@ StatusOr<LaunchOptions> ParseFlags(int argc, const char* const* argv,
     return o;
   }
   o.hostfile_given = app.count("--hostfile") > 0;
+  o.master_port_given = app.count("--master_port") > 0;
   o.program = app.remaining();
   if (!o.program.empty() && o.program.front() == "--")
     o.program.erase(o.program.begin());

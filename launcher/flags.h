@@ -22,6 +22,7 @@ struct LaunchOptions {
   std::vector<std::string> env;  // --env K=V, in order
   std::vector<std::string> env_files;        // --env_file, in order
   std::vector<std::string> export_prefixes;  // --export; empty = defaults
+  bool master_port_given = false;  // else a free port on node 0
   std::string log_dir;
   double kill_grace_s = 5;
   bool no_local_rank = false;

@@ -1,3 +1,5 @@
+#include "launcher/local_starter.h"
+
 #include <arpa/inet.h>  // inet_ntop
 #include <fcntl.h>      // O_CLOEXEC
 #include <netdb.h>      // getaddrinfo
@@ -6,16 +8,20 @@
 #include <sys/wait.h>   // waitpid
 #include <unistd.h>
 
+#include <boost/asio/post.hpp>
 #include <cerrno>
 #include <cstring>
 #include <set>
 
 #include "launcher/report.h"
-#include "launcher/starter.h"
 #include "proto/host_info.h"
 #include "proto/unix_socket.h"
 
 namespace dslaunch::launcher {
+
+std::unique_ptr<Starter> NewLocalStarter(const StarterContext& context) {
+  return std::make_unique<LocalStarter>(context.io, context.delegate);
+}
 
 LocalStarter::LocalStarter(boost::asio::io_context& io, Delegate* delegate)
     : io_(io), delegate_(delegate), sigchld_(io, SIGCHLD) {
@@ -29,23 +35,41 @@ LocalStarter::~LocalStarter() {
   }
 }
 
-Status LocalStarter::Start(const std::vector<AgentLaunch>& launches,
-                           const std::string& secret) {
-  for (const auto& launch : launches) {
+void LocalStarter::Start(const AgentBootstrap& boot, StartDone done) {
+  Status st = StartAll(boot);
+  if (!st.ok()) {
+    for (auto& [pid, child] : children_) Kill(child.node_rank);
+  }
+  boost::asio::post(io_, [st, done = std::move(done), alive = alive_] {
+    if (!*alive) return;
+    if (st.ok()) return done(Started{});
+    done(st);
+  });
+}
+
+Status LocalStarter::StartAll(const AgentBootstrap& boot) {
+  for (const auto& node : boot.plan->nodes) {
+    if (!IsLocalHost(node.host)) {
+      return InvalidArgument("--launcher local: host " + node.host +
+                             " is not this machine");
+    }
+  }
+  for (const auto& node : boot.plan->nodes) {
     int lifeline = -1;
-    ASSIGN_OR_RETURN(pid_t pid, Spawn(launch, secret, &lifeline));
-    children_[pid] = Child{launch.node_rank, lifeline, false};
+    const auto argv = AgentArgv(boot, node.node_rank, "127.0.0.1");
+    ASSIGN_OR_RETURN(pid_t pid, Spawn(argv, boot.secret, &lifeline));
+    children_[pid] = Child{node.node_rank, lifeline, false};
   }
   return Status::Ok();
 }
 
-StatusOr<pid_t> LocalStarter::Spawn(const AgentLaunch& launch,
+StatusOr<pid_t> LocalStarter::Spawn(const std::vector<std::string>& args,
                                     const std::string& secret,
                                     int* lifeline_fd) {
   int in[2];
   if (::pipe2(in, O_CLOEXEC) != 0) return ErrnoStatus("pipe", errno);
   std::vector<char*> argv;
-  for (const auto& a : launch.argv)
+  for (const auto& a : args)
     argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   const pid_t parent = ::getpid();

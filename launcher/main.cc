@@ -12,13 +12,14 @@
 #include "launcher/hostfile.h"
 #include "launcher/launcher.h"
 #include "launcher/plan.h"
+#include "proto/exit_status.h"
 
 namespace dsl = dslaunch::launcher;
 
 // sysexits: 64 usage, 65 data.
 static int ExitFor(const dslaunch::Status& st) {
   std::fprintf(stderr, "dslaunch: %s\n", st.message().c_str());
-  return st.code() == dslaunch::StatusCode::kDataError ? 65 : 64;
+  return dslaunch::ExitStatusFor(st);
 }
 
 int main(int argc, char** argv) {

@@ -11,6 +11,7 @@
 
 #include <array>
 #include <boost/asio/buffer.hpp>
+#include <boost/asio/post.hpp>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -246,9 +247,54 @@ std::vector<NodeCheck> PdshStarter::Preflight(const std::string& agent_path,
   return checks;
 }
 
-Status PdshStarter::Start(const std::vector<AgentLaunch>& launches,
-                          const std::string&) {
-  std::vector<std::string> argv = launches.at(0).argv;
+std::unique_ptr<Starter> NewPdshStarter(const StarterContext& context) {
+  std::vector<std::string> hosts;
+  for (const auto& node : context.plan.nodes) hosts.push_back(node.host);
+  PdshSettings settings;
+  settings.fanout = context.options.ssh_fanout;
+  settings.timeout_s = context.options.ssh_timeout_s;
+  settings.ssh_args =
+      PdshSshArgs(SshTargets(context.options, context.plan).at(0));
+  return std::make_unique<PdshStarter>(context.io, context.delegate, settings,
+                                       hosts);
+}
+
+// pdsh runs one command line on every node: per-host settings cannot pass.
+static Status CheckPdshPlan(const Plan& plan) {
+  for (const auto& node : plan.nodes) {
+    if (node.ssh_port || node.ssh_user) {
+      return InvalidArgument("--launcher pdsh: per-host port= or user= (host " +
+                             node.host +
+                             ") cannot be passed through pdsh; use "
+                             "--ssh_port/--ssh_user or --launcher ssh");
+    }
+  }
+  return Status::Ok();
+}
+
+void PdshStarter::Start(const AgentBootstrap& boot, StartDone done) {
+  Status st = CheckPdshPlan(*boot.plan);
+  std::vector<NodeCheck> checks;
+  if (st.ok()) {
+    checks = Preflight(AgentPath(*boot.options), ExpectedAgentVersion());
+    std::string failures;
+    for (const auto& c : checks) {
+      if (!c.ok) failures += "\n" + DescribeCheckFailure(c);
+    }
+    if (!failures.empty())
+      st = Unavailable("the preflight failed; nothing was started:" + failures);
+  }
+  if (st.ok()) st = Launch(AgentArgv(boot, 0, checks.at(0).local_address));
+  Started started;
+  if (st.ok()) started.master_addr = checks.at(0).peer_address;
+  asio::post(io_, [st, started, done = std::move(done), alive = alive_] {
+    if (!*alive) return;
+    if (st.ok()) return done(started);
+    done(st);
+  });
+}
+
+Status PdshStarter::Launch(std::vector<std::string> argv) {
   for (size_t i = 0; i + 1 < argv.size(); ++i) {
     if (argv[i] == "--node_rank")
       argv.erase(argv.begin() + i, argv.begin() + i + 2);
@@ -300,9 +346,7 @@ void PdshStarter::HandleLine(bool is_stderr, const std::string& raw) {
   if (!is_stderr && node >= 0 && said.rfind(kSecret, 0) == 0) {
     return delegate_->OnAgentSecret(node, said.substr(kSecret.size()));
   }
-  std::string text = "[" + (node >= 0 ? hosts_[node] : std::string("pdsh")) +
-                     " agent] " + said + "\n";
-  std::fwrite(text.data(), 1, text.size(), stderr);
+  delegate_->OnStarterOutput(node >= 0 ? hosts_[node] : "pdsh", said);
   if (node >= 0 && said.find("exited with exit code") != std::string::npos &&
       !exited_[node]) {
     exited_[node] = true;

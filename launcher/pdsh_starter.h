@@ -38,12 +38,13 @@ class PdshStarter : public Starter {
   // Runs `agent --version` on every node through pdsh (blocking).
   std::vector<NodeCheck> Preflight(const std::string& agent_path,
                                    const std::string& expected_version);
-  // Starts pdsh with launches[0]'s argv made node-independent.
-  Status Start(const std::vector<AgentLaunch>& launches,
-               const std::string& secret) override;
+  // The preflight (blocking), then pdsh running node 0's agent command made
+  // node-independent on every node.
+  void Start(const AgentBootstrap& boot, StartDone done) override;
   void Kill(int node_rank) override;
 
  private:
+  Status Launch(std::vector<std::string> argv);
   void Read(bool is_stderr);
   void HandleLine(bool is_stderr, const std::string& line);
   void WaitForSigchld();

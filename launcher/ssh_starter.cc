@@ -112,8 +112,67 @@ void SshStarter::Preflight(std::vector<SshTarget> targets,
   }
 }
 
-Status SshStarter::Start(const std::vector<AgentLaunch>&,
-                         const std::string& secret) {
+std::vector<SshTarget> SshTargets(const LaunchOptions& o, const Plan& plan) {
+  std::vector<SshTarget> targets;
+  for (const auto& node : plan.nodes) {
+    SshTarget t;
+    t.host = node.host;
+    t.port = node.ssh_port.value_or(o.ssh_port);
+    t.user = node.ssh_user.value_or(o.ssh_user);
+    t.identity = o.ssh_identity;
+    t.config_file = o.ssh_config;
+    t.known_hosts = o.ssh_known_hosts;
+    t.check = o.ssh_host_key_check == "off"          ? HostKeyCheck::kOff
+              : o.ssh_host_key_check == "accept-new" ? HostKeyCheck::kAcceptNew
+                                                     : HostKeyCheck::kStrict;
+    t.timeout_s = o.ssh_timeout_s;
+    targets.push_back(std::move(t));
+  }
+  return targets;
+}
+
+std::string DescribeCheckFailure(const NodeCheck& c) {
+  return "node " + std::to_string(c.node_rank) + " (" + c.host +
+         "): " + c.failure.stage + " failed: " + c.failure.message + " -- " +
+         c.failure.hint;
+}
+
+std::unique_ptr<Starter> NewSshStarter(const StarterContext& context) {
+  return std::make_unique<SshStarter>(context.io, context.delegate,
+                                      context.options.ssh_fanout);
+}
+
+void SshStarter::Start(const AgentBootstrap& boot, StartDone done) {
+  // One command per node: the agent announces its version (the preflight's
+  // check) and then waits for the secret, which comes only once every node
+  // has passed. A node that fails leaves nothing: its agent ends when the
+  // connection closes.
+  auto command_for = [boot](int node, const std::string& local_addr) {
+    std::vector<std::string> argv = AgentArgv(boot, node, local_addr);
+    argv.push_back("--announce");
+    std::string command;
+    for (const auto& w : argv)
+      command += (command.empty() ? "" : " ") + ShellQuote(w);
+    return command;
+  };
+  Preflight(SshTargets(*boot.options, *boot.plan), command_for,
+            ExpectedAgentVersion(),
+            [this, secret = boot.secret,
+             done = std::move(done)](std::vector<NodeCheck> checks) {
+              std::string failures;
+              for (const auto& c : checks) {
+                if (!c.ok) failures += "\n" + DescribeCheckFailure(c);
+              }
+              if (!failures.empty()) {
+                return done(Unavailable("the preflight failed; nothing was "
+                                        "started:" + failures));
+              }
+              HandOverSecret(secret);
+              done(Started{checks.at(0).peer_address});
+            });
+}
+
+void SshStarter::HandOverSecret(const std::string& secret) {
   // The agents were started by the preflight and wait for the secret on
   // stdin; handing it over is one write per node.
   for (auto& node : nodes_) node->started = true;
@@ -133,7 +192,6 @@ Status SshStarter::Start(const std::vector<AgentLaunch>&,
     }
     Monitor();
   });
-  return Status::Ok();
 }
 
 void SshStarter::Kill(int node_rank) {
@@ -181,10 +239,12 @@ void SshStarter::PumpNode(Node& node) {
   }
   size_t nl;
   while ((nl = node.err_tail.find('\n')) != std::string::npos) {
-    std::string line = "[" + node.conn.host() + " agent] " +
-                       node.err_tail.substr(0, nl) + "\n";
+    std::string line = node.err_tail.substr(0, nl);
     node.err_tail.erase(0, nl + 1);
-    std::fwrite(line.data(), 1, line.size(), stderr);
+    asio::post(io_, [this, host = node.conn.host(), line = std::move(line),
+                     alive = alive_]() mutable {
+      if (*alive) delegate_->OnStarterOutput(host, std::move(line));
+    });
   }
   if (!ssh_channel_is_eof(ch) && !ssh_channel_is_closed(ch) && n != SSH_ERROR)
     return;

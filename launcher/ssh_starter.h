@@ -50,14 +50,15 @@ class SshStarter : public Starter {
   // thread with one result per target, in target order.
   void Preflight(std::vector<SshTarget> targets, CommandFor command_for,
                  const std::string& expected_version, PreflightDone done);
-  // Hands every agent the preflight started its secret (`launches` unused).
-  Status Start(const std::vector<AgentLaunch>& launches,
-               const std::string& secret) override;
+  // The preflight with the job's agent command, then the secret to every
+  // agent once all nodes passed.
+  void Start(const AgentBootstrap& boot, StartDone done) override;
   void Kill(int node_rank) override;
   const NodeCheck& check(int node_rank) const { return checks_[node_rank]; }
 
  private:
   struct Node;
+  void HandOverSecret(const std::string& secret);
   void Monitor();
   void PumpNode(Node& node);
 
@@ -75,7 +76,8 @@ class SshStarter : public Starter {
 std::string ExpectedAgentVersion();
 // "node 2 (host): connect failed: ... -- hint".
 std::string DescribeCheckFailure(const NodeCheck& check);
-// The agent next to this dslaunch binary.
-std::string DefaultAgentPath();
+// One SSH target per node of `plan`: hostfile port=/user= over the flags.
+std::vector<SshTarget> SshTargets(const LaunchOptions& options,
+                                  const Plan& plan);
 
 }  // namespace dslaunch::launcher

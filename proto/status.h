@@ -20,6 +20,7 @@ enum class StatusCode {
   kProtocol,         // a malformed or unauthenticated wire message
   kNotFound,
   kDeadlineExceeded,
+  kIoError,  // a file could not be written (74)
 };
 
 class [[nodiscard]] Status {
@@ -61,6 +62,9 @@ inline Status NotFound(std::string m) {
 }
 inline Status DeadlineExceeded(std::string m) {
   return Status(StatusCode::kDeadlineExceeded, std::move(m));
+}
+inline Status IoError(std::string m) {
+  return Status(StatusCode::kIoError, std::move(m));
 }
 // errno-based failure of an OS call: "what: strerror(err)".
 Status ErrnoStatus(const std::string& what, int err);

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <random>
 
+#include "proto/exit_status.h"
 #include "worker/bpe.h"
 #include "worker/checkpoint.h"
 #include "worker/comm.h"
@@ -16,16 +17,7 @@ namespace dslaunch::worker {
 
 static int Fail(const Status& st) {
   std::fprintf(stderr, "dsworker: %s\n", st.message().c_str());
-  switch (st.code()) {
-    case StatusCode::kInvalidArgument:
-      return 64;
-    case StatusCode::kDataError:
-      return 65;
-    case StatusCode::kUnavailable:
-      return 69;
-    default:
-      return 70;
-  }
+  return ExitStatusFor(st);
 }
 
 int RunTrain(const TrainArgs& args) {

@@ -240,7 +240,7 @@ class Pdsh(ClusterTest):
     def test_pdsh_job_fails_fast_across_nodes(self):
         p = self.run_job(self.pdsh_args() + [PY, RANK_PY, "fail", "1", "exit4"], timeout=60)
         self.assertEqual(p.returncode, 4, p.stderr.decode())
-        self.assertIn("stopped in consequence: 5 rank(s)", p.stderr.decode())
+        self.assertIn("stopped in consequence: 5 ranks", p.stderr.decode())
 
     def test_pdsh_preflight_finds_a_missing_agent(self):
         p = self.run_job(self.pdsh_args(extra=["--agent_path", "/nonexistent/dsagent"]) +

@@ -118,7 +118,7 @@ class FailFast(LaunchTest):
         self.assertIn("FAILED: rank 3 on 127.0.0.2", err)
         self.assertIn("exited with code 7", err)
         self.assertIn("| rank 3 about to fail with exit7", err)
-        self.assertIn("stopped in consequence: 5 rank(s)", err)
+        self.assertIn("stopped in consequence: 5 ranks", err)
         self.assertIn("SIGTERM", err)
 
     def test_exit_codes_for_exit_n_and_signals(self):

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "launcher/launcher.h"
+#include "launcher/ssh_starter.h"
 
 namespace dslaunch::launcher {
 namespace {
