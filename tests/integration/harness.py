@@ -46,6 +46,7 @@ class LaunchTest(unittest.TestCase):
         start = time.monotonic()
         p = subprocess.run(argv, capture_output=True, timeout=timeout, env=self.env(**env))
         p.elapsed = time.monotonic() - start
+        p.end_ns = time.time_ns()  # wall clock, comparable with rank.py's start files
         return p
 
     def start_job(self, argv, **env):
