@@ -33,8 +33,8 @@ namespace dslaunch::worker {
 
 class LocalWorld {
  public:
-  explicit LocalWorld(int size, std::chrono::milliseconds timeout =
-                                    std::chrono::seconds(10));
+  explicit LocalWorld(
+      int size, std::chrono::milliseconds timeout = std::chrono::seconds(10));
   ~LocalWorld();
   LocalWorld(const LocalWorld&) = delete;
   LocalWorld& operator=(const LocalWorld&) = delete;

@@ -3,14 +3,16 @@
 // io_context (this thread), while a real Agent runs its own loop in Run() on
 // a second thread; its workers are small /bin/sh programs. Every wait is for
 // a message or an exit, bounded by a deadline that fails the test.
+#include "agent/agent.h"
+
 #include <gtest/gtest.h>
 #include <signal.h>  // kill
-#include <unistd.h>  // getpid
 #include <spdlog/spdlog.h>
+#include <unistd.h>  // getpid
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
-#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <deque>
@@ -22,7 +24,6 @@
 #include <string>
 #include <vector>
 
-#include "agent/agent.h"
 #include "proto/auth.h"
 #include "proto/channel.h"
 #include "proto/version.h"
@@ -68,13 +69,12 @@ class AgentTest : public ::testing::Test {
     o.stdin_is_lifeline = false;
     o.connect_timeout_s = 10;
     agent_ = std::make_unique<Agent>(std::move(o));
-    agent_result_ = std::async(std::launch::async, [this] {
-      return agent_->Run();
-    });
+    agent_result_ =
+        std::async(std::launch::async, [this] { return agent_->Run(); });
     tcp::socket socket(io_);
     acceptor_.accept(socket);
-    channel_ = proto::Channel::Create(
-        proto::Channel::Socket(std::move(socket)), "agent");
+    channel_ = proto::Channel::Create(proto::Channel::Socket(std::move(socket)),
+                                      "agent");
     channel_->Start({
         .on_message = [this](wire::Envelope&& m) { OnMessage(std::move(m)); },
         .on_close = [this](const Status& st) { closed_ = st; },

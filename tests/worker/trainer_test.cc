@@ -2,10 +2,11 @@
 // 0-3 train to the same parameters, the bytes each stage keeps, a checkpoint
 // resumes exactly, and a lost peer is a Status. The tiny model (2 layers,
 // C 16, T 8) trains on a generated token shard.
-#include <stdlib.h>  // mkdtemp
+#include "worker/trainer.h"
 
 #include <gtest/gtest.h>
-#include <omp.h>  // omp_set_num_threads
+#include <omp.h>     // omp_set_num_threads
+#include <stdlib.h>  // mkdtemp
 
 #include <chrono>
 #include <cmath>
@@ -19,7 +20,6 @@
 #include "worker/data_loader.h"
 #include "worker/param_layout.h"
 #include "worker/partition.h"
-#include "worker/trainer.h"
 
 namespace dslaunch::worker {
 namespace {
@@ -165,8 +165,8 @@ TEST_F(TrainerTest, EveryStageTrainsToTheSameBitsAtOneAndTwoRanks) {
         const auto got = Train(w, Config(world, stage, 3, 1, bucket));
         for (int r = 0; r < world; ++r) {
           EXPECT_EQ(Differences(got[r].params, ref[0].params), 0u)
-              << "world " << world << " stage " << stage << " bucket "
-              << bucket << " rank " << r;
+              << "world " << world << " stage " << stage << " bucket " << bucket
+              << " rank " << r;
         }
       }
     }
@@ -199,7 +199,9 @@ TEST_F(TrainerTest, StagesAtFourRanksMatchOneRankAccumulatingTheSameBatches) {
 }
 
 TEST_F(TrainerTest, ModelStateBytesShrinkWithEachStage) {
-  const int64_t n = ParamLayout(ModelConfig::Make(8, 67, 2, 2, 16), ParamOrder::kLlmc).num_params();
+  const int64_t n =
+      ParamLayout(ModelConfig::Make(8, 67, 2, 2, 16), ParamOrder::kLlmc)
+          .num_params();
   std::vector<int64_t> bytes;
   for (int stage : {0, 1, 2, 3}) {
     LocalWorld w(4);
@@ -207,7 +209,7 @@ TEST_F(TrainerTest, ModelStateBytesShrinkWithEachStage) {
     bytes.push_back(got[0].state_bytes);
   }
   const int64_t padded = static_cast<int64_t>(MakePartition(n, 4).padded());
-  EXPECT_EQ(bytes[0], 4 * (2 * padded + 2 * n));  // all of everything
+  EXPECT_EQ(bytes[0], 4 * (2 * padded + 2 * n));           // all of everything
   EXPECT_EQ(bytes[1], 4 * (2 * padded + 2 * padded / 4));  // moments split
   EXPECT_LT(bytes[2], bytes[1]);  // gradients split too
   EXPECT_LT(bytes[3], bytes[2]);  // and parameters

@@ -2,6 +2,8 @@
 // owns which gradients, the bucketed reduce-scatter at several bucket sizes,
 // gathering sharded parameters and moments, the bytes each rank keeps, and
 // a failed collective becoming a Status on every rank.
+#include "worker/zero_state.h"
+
 #include <gtest/gtest.h>
 #include <omp.h>  // omp_set_num_threads
 
@@ -14,7 +16,6 @@
 #include "tests/worker/model_test_util.h"
 #include "worker/comm_local.h"
 #include "worker/partition.h"
-#include "worker/zero_state.h"
 
 namespace dslaunch::worker {
 namespace {
@@ -100,8 +101,8 @@ void ExpectBitEqual(const std::vector<float>& got,
 
 void ExpectAllOk(const std::vector<Status>& results) {
   for (size_t r = 0; r < results.size(); ++r)
-    EXPECT_TRUE(results[r].ok()) << "rank " << r << ": "
-                                 << results[r].ToString();
+    EXPECT_TRUE(results[r].ok())
+        << "rank " << r << ": " << results[r].ToString();
 }
 
 TEST(ZeroState, ReducedGradientsAreTheRingSumOfEveryRanksGradients) {
@@ -230,9 +231,9 @@ TEST(ZeroState, LoadStateThenGatherAllRoundTripsParamsAndMoments) {
       }));
       for (int r = 0; r < world; ++r)
         for (int k = 0; k < 3; ++k)
-          ExpectBitEqual(got[r][k], state[k],
-                         "world " + std::to_string(world) + " kind " +
-                             std::to_string(k));
+          ExpectBitEqual(
+              got[r][k], state[k],
+              "world " + std::to_string(world) + " kind " + std::to_string(k));
     }
   }
 }
