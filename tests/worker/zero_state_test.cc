@@ -5,7 +5,7 @@
 #include "worker/zero_state.h"
 
 #include <gtest/gtest.h>
-#include <omp.h>  // omp_set_num_threads
+#include <omp.h>  // omp_get_max_threads, omp_set_num_threads
 
 #include <chrono>
 #include <cstring>
@@ -46,11 +46,13 @@ struct RankModel {
 
 // Rank r's gradients from a plain model that owns whole buffers.
 std::vector<float> PlainGrads(int rank) {
-  omp_set_num_threads(1);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);  // as the ranks run (no oversubscribed team)
   auto m = NewModel(Tiny(), kSeed, ParamOrder::kLayerMajor);
   m->ZeroGrad();
   Forward(*m, MakeBatch(Tiny(), 2, 8, 100 + rank));
   m->Backward();
+  omp_set_num_threads(saved);
   auto g = m->grads().first(m->layout().num_params());
   return {g.begin(), g.end()};
 }
