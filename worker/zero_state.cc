@@ -44,7 +44,8 @@ ZeroState::ZeroState(const ParamLayout& layout, int stage, Comm* comm,
     auto layer = std::make_unique<Layer>();
     layer->range = layout.LayerRanges(l).at(0);
     layer->part = MakePartition(layer->range.size(), comm->size());
-    layer->own_begin = layer->part.begin(r);
+    // A rank past the layer's end owns nothing; its piece starts at the end.
+    layer->own_begin = std::min(layer->part.begin(r), layer->range.size());
     layer->own = layer->part.real(r);
     owned += layer->part.shard;
     (l == -1 ? max_emb : max_block) =

@@ -1,6 +1,8 @@
 """Shared helpers for the integration tests: run dslaunch on this machine with
 127.0.0.1-3 as three nodes, and check that nothing it started is left."""
 import os
+import re
+import select
 import signal
 import subprocess
 import sys
@@ -46,11 +48,42 @@ class LaunchTest(unittest.TestCase):
         start = time.monotonic()
         p = subprocess.run(argv, capture_output=True, timeout=timeout, env=self.env(**env))
         p.elapsed = time.monotonic() - start
+        p.end_ns = time.time_ns()  # wall clock, comparable with rank.py's start files
         return p
 
     def start_job(self, argv, **env):
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=self.env(**env))
+
+    def read_until(self, job, stream, pattern, count=1, timeout=20):
+        """Reads `job`'s `stream` ("stdout" or "stderr", a pipe) until the regex
+        `pattern` matches `count` times in what was read; returns all of it
+        (also kept for seen()). Fails the test at the deadline or at EOF."""
+        fd = getattr(job, stream).fileno()
+        buf = self.seen_buffers(job).setdefault(stream, bytearray())
+        rx = re.compile(pattern, re.M)
+        deadline = time.monotonic() + timeout
+        while len(rx.findall(buf.decode(errors="replace"))) < count:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.fail("no %d x %r on the job's %s within %g s; it wrote:\n%s"
+                          % (count, pattern, stream, timeout, buf.decode(errors="replace")[-3000:]))
+            if select.select([fd], [], [], left)[0]:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    self.fail("the job's %s ended before %d x %r:\n%s"
+                              % (stream, count, pattern, buf.decode(errors="replace")[-3000:]))
+                buf += chunk
+        return buf.decode(errors="replace")
+
+    def seen_buffers(self, job):
+        if not hasattr(job, "dsl_seen"):
+            job.dsl_seen = {}
+        return job.dsl_seen
+
+    def seen(self, job, stream):
+        """What read_until already took from `job`'s `stream` (bytes)."""
+        return bytes(self.seen_buffers(job).get(stream, b""))
 
     def started_pids(self):
         pids = []

@@ -155,11 +155,15 @@ class Interrupts(LaunchTest):
                              [PY, RANK_PY, "sleep", "ignore-term"])
         self.wait_started(6)
         job.send_signal(signal.SIGINT)
-        time.sleep(0.5)
+        # Every rank got SIGTERM and ignored it (the launcher said it is
+        # stopping); inside the 30 s grace the job must still run.
+        self.read_until(job, "stderr", r"again to kill at once")
+        self.read_until(job, "stdout", r"ignoring SIGTERM$", count=6)
         self.assertIsNone(job.poll(), "ranks ignore SIGTERM: the job must still run")
         start = time.monotonic()
         job.send_signal(signal.SIGINT)
         out, err = job.communicate(timeout=20)
+        err = self.seen(job, "stderr") + err
         self.assertLess(time.monotonic() - start, 10)
         self.assertEqual(job.returncode, 130, err.decode())
         self.assertIn("SIGKILL", err.decode())
@@ -279,13 +283,8 @@ class HostileClients(LaunchTest):
         import socket
         import struct
         job = self.start_job(self.args(extra=["--log_level", "info"]) + [PY, RANK_PY, "sleep"])
-        port = None
-        while port is None:
-            line = job.stderr.readline().decode()
-            self.assertTrue(line, "launcher ended before printing its port")
-            m = re.search(r"control server on port (\d+)", line)
-            if m:
-                port = int(m.group(1))
+        text = self.read_until(job, "stderr", r"control server on port \d+")
+        port = int(re.search(r"control server on port (\d+)", text).group(1))
         self.wait_started(6)
         payloads = [b"GET / HTTP/1.0\r\n\r\n", struct.pack(">I", 1 << 30) + b"x",
                     struct.pack(">I", 5) + b"\xff\xff\xff\xff\xff",
@@ -295,11 +294,13 @@ class HostileClients(LaunchTest):
                 s.sendall(data)
                 s.settimeout(5)
                 self.assertEqual(s.recv(100), b"", "the launcher must close the connection")
-        time.sleep(0.3)
+        # The launcher has dealt with every bad client once it logged them.
+        self.read_until(job, "stderr", r"rejected connection", count=len(payloads))
         self.assertIsNone(job.poll(), "bad clients must not end the job")
         job.send_signal(signal.SIGINT)
         out, err = job.communicate(timeout=20)
         self.assertEqual(job.returncode, 130)
+        err = self.seen(job, "stderr") + err
         self.assertGreaterEqual(err.decode().count("rejected connection"), 4)
 
 

@@ -164,6 +164,16 @@ class PeerDeath(WorkerTest):
                 found[int(rank[0][5:])] = int(pid)
         return found
 
+    @staticmethod
+    def ranks_reporting(metrics):
+        """Ranks with a progress record in metrics.jsonl (whole lines only)."""
+        try:
+            with open(metrics) as f:
+                text = f.read()
+        except FileNotFoundError:
+            return set()
+        return {json.loads(line)["rank"] for line in text.split("\n")[:-1] if line}
+
     def test_a_killed_rank_stops_its_peers_inside_their_collectives(self):
         logs = os.path.join(self.dir, "logs")
         stderr = open(os.path.join(self.dir, "stderr"), "w+b")
@@ -174,10 +184,12 @@ class PeerDeath(WorkerTest):
             env=self.env(OMP_NUM_THREADS="1"))
         self.addCleanup(lambda: job.poll() is None and job.kill())
         metrics = os.path.join(logs, "metrics.jsonl")
+        # Kill only once every rank is training (has reported a step), so its
+        # peers are inside their collectives.
         deadline = time.monotonic() + 60
-        while not (os.path.exists(metrics) and os.path.getsize(metrics) > 400):
+        while self.ranks_reporting(metrics) != {0, 1, 2}:
             self.assertIsNone(job.poll(), "the job ended before the kill")
-            self.assertLess(time.monotonic(), deadline, "training did not start")
+            self.assertLess(time.monotonic(), deadline, "training did not start on every rank")
             time.sleep(0.05)
         pids = self.worker_pids()
         self.assertEqual(sorted(pids), [0, 1, 2])

@@ -1,0 +1,306 @@
+// Agent against a fake launcher on loopback: the test plays the launcher's
+// side of Hello/Welcome/Auth with proto/channel.h and proto/auth.h on its own
+// io_context (this thread), while a real Agent runs its own loop in Run() on
+// a second thread; its workers are small /bin/sh programs. Every wait is for
+// a message or an exit, bounded by a deadline that fails the test.
+#include "agent/agent.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>  // kill
+#include <spdlog/spdlog.h>
+#include <unistd.h>  // getpid
+
+#include <algorithm>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <cerrno>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "proto/auth.h"
+#include "proto/channel.h"
+#include "proto/version.h"
+
+namespace dslaunch::agent {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+constexpr auto kDeadline = std::chrono::seconds(10);
+
+class AgentTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    spdlog::set_level(spdlog::level::warn);
+    acceptor_.open(tcp::v4());
+    acceptor_.bind({asio::ip::make_address("127.0.0.1"), 0});
+    acceptor_.listen();
+    secret_ = proto::HexEncode(proto::RandomBytes(32));
+  }
+
+  void TearDown() override {
+    if (!agent_result_.valid()) return;
+    // A test that failed may leave the agent running: stop it as a signal
+    // would, so the thread ends rather than hangs.
+    if (agent_result_.wait_for(kDeadline) != std::future_status::ready) {
+      ::kill(::getpid(), SIGTERM);
+      agent_result_.wait();
+    }
+  }
+
+  // Starts a real Agent toward this test's listener on another thread.
+  void StartAgent() {
+    AgentOptions o;
+    o.launcher_host = "127.0.0.1";
+    o.launcher_port = acceptor_.local_endpoint().port();
+    o.node_rank = 0;
+    o.job_id = "0123456789abcdef";
+    o.secret = secret_;
+    o.stdin_is_lifeline = false;
+    o.connect_timeout_s = 10;
+    agent_ = std::make_unique<Agent>(std::move(o));
+    agent_result_ =
+        std::async(std::launch::async, [this] { return agent_->Run(); });
+    tcp::socket socket(io_);
+    acceptor_.accept(socket);
+    channel_ = proto::Channel::Create(proto::Channel::Socket(std::move(socket)),
+                                      "agent");
+    channel_->Start({
+        .on_message = [this](wire::Envelope&& m) { OnMessage(std::move(m)); },
+        .on_close = [this](const Status& st) { closed_ = st; },
+        .on_drain = [] {},
+    });
+  }
+
+  // Runs this side's loop until `done` or the deadline (a test failure).
+  bool RunUntil(const std::function<bool()>& done, const std::string& what) {
+    const auto deadline = steady_clock::now() + kDeadline;
+    while (!done()) {
+      if (steady_clock::now() > deadline) {
+        ADD_FAILURE() << "timed out waiting for " << what;
+        return false;
+      }
+      io_.restart();
+      io_.run_for(milliseconds(20));
+    }
+    return true;
+  }
+
+  // Removes and returns the first message of `kind` received (waiting for
+  // it). Heartbeats are dropped and log lines collected as they arrive.
+  wire::Envelope Next(wire::Envelope::MsgCase kind) {
+    wire::Envelope out;
+    RunUntil(
+        [&] {
+          for (auto it = inbox_.begin(); it != inbox_.end(); ++it) {
+            if (it->msg_case() != kind) continue;
+            out = std::move(*it);
+            inbox_.erase(it);
+            return true;
+          }
+          return false;
+        },
+        "message " + std::to_string(kind));
+    return out;
+  }
+
+  void OnMessage(wire::Envelope&& m) {
+    if (m.msg_case() == wire::Envelope::kHeartbeat) return;
+    if (m.msg_case() == wire::Envelope::kLogBatch) {
+      for (const auto& e : m.log_batch().entries()) logs_.push_back(e);
+      return;
+    }
+    inbox_.push_back(std::move(m));
+  }
+
+  // Hello, then a Welcome proving `secret`; returns the agent's Hello.
+  wire::Envelope Handshake(const std::string& secret) {
+    wire::Envelope hello = Next(wire::Envelope::kHello);
+    server_nonce_ = proto::RandomBytes(proto::kNonceBytes);
+    wire::Envelope env;
+    auto* w = env.mutable_welcome();
+    w->set_protocol_version(kProtocolVersion);
+    w->set_server_nonce(server_nonce_);
+    w->set_launcher_proof(proto::LauncherProof(
+        secret, hello.hello().client_nonce(), server_nonce_));
+    EXPECT_TRUE(channel_->Send(env).ok());
+    return hello;
+  }
+
+  // Authenticates and sends a job of `ranks` running `sh -c script`.
+  void StartJob(const std::string& script, std::vector<int> ranks,
+                double kill_grace_s = 5) {
+    wire::Envelope hello = Handshake(secret_);
+    wire::Envelope auth = Next(wire::Envelope::kAuth);
+    EXPECT_EQ(auth.auth().agent_proof(),
+              proto::AgentProof(secret_, hello.hello().client_nonce(),
+                                server_nonce_));
+    wire::Envelope env;
+    auto* job = env.mutable_job_spec();
+    job->set_job_id("0123456789abcdef");
+    for (const char* a : {"/bin/sh", "-c"}) job->add_argv(a);
+    job->add_argv(script);
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      auto* r = job->add_ranks();
+      r->set_rank(ranks[i]);
+      r->set_local_rank(static_cast<int>(i));
+      r->set_slot(static_cast<int>(i));
+    }
+    job->set_world_size(8);
+    job->set_num_nodes(1);
+    job->set_master_addr("127.0.0.1");
+    job->set_master_port(29500);
+    job->set_kill_grace_s(kill_grace_s);
+    job->set_heartbeat_interval_s(0.2);
+    job->set_heartbeat_timeout_s(30);
+    ASSERT_TRUE(channel_->Send(env).ok());
+  }
+
+  // Waits for a log line `text` of `rank`.
+  void WaitForLine(int rank, const std::string& text) {
+    RunUntil(
+        [&] {
+          for (const auto& e : logs_)
+            if (e.rank() == rank && e.line() == text) return true;
+          return false;
+        },
+        "line '" + text + "'");
+  }
+
+  // Waits for the agent's Run() to return; its exit status.
+  int AgentExit() {
+    if (agent_result_.wait_for(kDeadline) != std::future_status::ready) {
+      ADD_FAILURE() << "agent did not exit";
+      return -1;
+    }
+    return agent_result_.get();
+  }
+
+  asio::io_context io_;
+  tcp::acceptor acceptor_{io_};
+  std::string secret_, server_nonce_;
+  std::unique_ptr<Agent> agent_;
+  std::future<int> agent_result_;
+  std::shared_ptr<proto::Channel> channel_;
+  std::deque<wire::Envelope> inbox_;  // all but heartbeats and logs
+  std::vector<wire::LogBatch::Entry> logs_;
+  std::optional<Status> closed_;
+};
+
+bool Alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno != ESRCH; }
+
+TEST_F(AgentTest, RunsTheJobRelaysOutputAndExitsZeroOnShutdown) {
+  StartAgent();
+  StartJob("echo hi $RANK; echo err $LOCAL_RANK >&2; exit 3", {4, 5});
+  std::map<int, wire::WorkerExited> exits;
+  std::map<int, int> pids;
+  for (int i = 0; i < 2; ++i) {
+    auto s = Next(wire::Envelope::kWorkerStarted).worker_started();
+    pids[s.rank()] = s.pid();
+    EXPECT_GT(s.pid(), 0);
+  }
+  for (int i = 0; i < 2; ++i) {
+    auto e = Next(wire::Envelope::kWorkerExited).worker_exited();
+    exits[e.rank()] = e;
+  }
+  for (int rank : {4, 5}) {
+    EXPECT_EQ(exits[rank].exit_code(), 3) << rank;
+    EXPECT_EQ(exits[rank].signal(), 0) << rank;
+    EXPECT_EQ(exits[rank].pid(), pids[rank]) << rank;
+  }
+  // Each rank's lines came before its exit, tagged with rank and stream.
+  std::vector<std::string> seen;
+  for (const auto& e : logs_) {
+    seen.push_back(std::to_string(e.rank()) +
+                   (e.stream() == wire::LogBatch::STDERR ? " err: " : ": ") +
+                   e.line());
+  }
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen, (std::vector<std::string>{"4 err: err 0", "4: hi 4",
+                                            "5 err: err 1", "5: hi 5"}));
+  wire::Envelope env;
+  env.mutable_shutdown();
+  ASSERT_TRUE(channel_->Send(env).ok());
+  Next(wire::Envelope::kAgentDone);
+  RunUntil([&] { return closed_.has_value(); }, "the agent to close");
+  EXPECT_EQ(AgentExit(), 0);
+}
+
+TEST_F(AgentTest, RefusesALauncherThatCannotProveTheSecret) {
+  StartAgent();
+  Handshake("not the job secret");
+  RunUntil([&] { return closed_.has_value(); }, "the agent to hang up");
+  EXPECT_EQ(AgentExit(), 69);
+  for (const auto& m : inbox_) {
+    EXPECT_NE(m.msg_case(), wire::Envelope::kAuth) << "agent proved itself";
+  }
+}
+
+TEST_F(AgentTest, ReportsTheSignalThatEndedAWorker) {
+  StartAgent();
+  StartJob("kill -KILL $$", {0});
+  auto e = Next(wire::Envelope::kWorkerExited).worker_exited();
+  EXPECT_EQ(e.signal(), SIGKILL);
+  wire::Envelope env;
+  env.mutable_shutdown();
+  ASSERT_TRUE(channel_->Send(env).ok());
+  Next(wire::Envelope::kAgentDone);
+  EXPECT_EQ(AgentExit(), 0);
+}
+
+TEST_F(AgentTest, AbortSendsSigtermThenSigkillAfterTheGrace) {
+  StartAgent();
+  // Rank 0 ignores SIGTERM (says so and goes on); rank 1 dies of it.
+  StartJob(
+      "if [ $RANK = 0 ]; then trap 'echo term' TERM; fi; echo ready; "
+      "while :; do sleep 0.05; done",
+      {0, 1}, /*kill_grace_s=*/0.5);
+  WaitForLine(0, "ready");
+  WaitForLine(1, "ready");
+  wire::Envelope env;
+  env.mutable_abort()->set_reason("test");
+  ASSERT_TRUE(channel_->Send(env).ok());
+  const auto t0 = steady_clock::now();
+  std::map<int, wire::WorkerExited> exits;
+  std::map<int, double> after;
+  for (int i = 0; i < 2; ++i) {
+    auto e = Next(wire::Envelope::kWorkerExited).worker_exited();
+    exits[e.rank()] = e;
+    after[e.rank()] =
+        std::chrono::duration<double>(steady_clock::now() - t0).count();
+  }
+  EXPECT_EQ(exits[1].signal(), SIGTERM);
+  EXPECT_LT(after[1], 0.45);  // at once, not after the grace
+  EXPECT_EQ(exits[0].signal(), SIGKILL);
+  EXPECT_GE(after[0], 0.45);  // only when the grace ran out
+  WaitForLine(0, "term");     // it did get SIGTERM first
+  Next(wire::Envelope::kAgentDone);
+  EXPECT_EQ(AgentExit(), 0);
+}
+
+TEST_F(AgentTest, LosingTheLauncherKillsTheWorkersAndExits69) {
+  StartAgent();
+  StartJob("echo ready; exec sleep 60", {0, 1});
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 2; ++i)
+    pids.push_back(Next(wire::Envelope::kWorkerStarted).worker_started().pid());
+  WaitForLine(0, "ready");
+  WaitForLine(1, "ready");
+  for (pid_t pid : pids) EXPECT_TRUE(Alive(pid));
+  channel_->Close(Status::Ok());  // the launcher goes away
+  EXPECT_EQ(AgentExit(), 69);
+  for (pid_t pid : pids) EXPECT_FALSE(Alive(pid)) << pid;
+}
+
+}  // namespace
+}  // namespace dslaunch::agent
