@@ -15,6 +15,25 @@ FAST = 10
 
 
 class InputTest(LaunchTest):
+    def setUp(self):
+        super().setUp()
+        self.outs = [self.out]
+
+    def started_pids(self):
+        """Ranks started by any case of this test (for the leftover check)."""
+        pids, current = [], self.out
+        for out in self.outs:
+            self.out = out
+            pids += super().started_pids()
+        self.out = current
+        return pids
+
+    def fresh_out(self):
+        """A new OUT_DIR, so each case's ranks are told apart."""
+        self.out = os.path.join(self.dir, "out%d" % len(self.outs))
+        os.mkdir(self.out)
+        self.outs.append(self.out)
+
     def write_hostfile(self, data):
         path = os.path.join(self.dir, "hosts.txt")
         with open(path, "wb") as f:
@@ -25,6 +44,8 @@ class InputTest(LaunchTest):
         return [PY, RANK_PY, "env"]
 
     def assert_refused(self, argv, code, *needles):
+        self.fresh_out()
+        out = self.out
         p = self.run_job(argv, timeout=FAST * 3, ENV_KEYS="[]")
         err = p.stderr.decode(errors="replace")
         self.assertEqual(p.returncode, code, err)
@@ -32,7 +53,8 @@ class InputTest(LaunchTest):
         for needle in needles:
             self.assertIn(needle, err)
         self.assertNotIn("Traceback", err)
-        self.assertEqual(self.started_pids(), [], "a rank started")
+        self.assertEqual([n for n in os.listdir(out) if n.startswith("start-")],
+                         [], "a rank started")
         return err
 
     def assert_bad_hostfile(self, data, *needles):
