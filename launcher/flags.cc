@@ -49,8 +49,8 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
                "print the rank plan and exit");
   app.add_option("--log_level", o.log_level,
                  "launcher and agent logging: debug, info, warn, error")
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error",
-                             "critical", "off"}));
+      ->check(CLI::IsMember(
+          {"trace", "debug", "info", "warn", "error", "critical", "off"}));
   app.add_option("--ssh_port", o.ssh_port, "SSH port (hostfile port= wins)");
   app.add_option("--ssh_user", o.ssh_user, "SSH user (hostfile user= wins)");
   app.add_option("--ssh_identity", o.ssh_identity,
@@ -99,10 +99,10 @@ struct SecondsFlag {
 Status CheckSeconds(const SecondsFlag& f) {
   const bool low_ok = f.min_inclusive ? f.value >= f.min : f.value > f.min;
   if (std::isfinite(f.value) && low_ok && f.value <= f.max) return Status::Ok();
-  return InvalidArgument(std::string(f.flag) + " must be a number of seconds in " +
-                         (f.min_inclusive ? "[" : "(") + FormatNumber(f.min) +
-                         ", " + FormatNumber(f.max) + "], got " +
-                         FormatNumber(f.value));
+  return InvalidArgument(
+      std::string(f.flag) + " must be a number of seconds in " +
+      (f.min_inclusive ? "[" : "(") + FormatNumber(f.min) + ", " +
+      FormatNumber(f.max) + "], got " + FormatNumber(f.value));
 }
 
 Status CheckDurations(const LaunchOptions& o) {
@@ -188,6 +188,18 @@ Status CheckUnknownOption(const std::vector<std::string>& remaining) {
       "starts with '-')");
 }
 
+// Sets o.program to what follows the options (without a leading `--`),
+// after checking the words before it: no unknown option, no empty value.
+Status TakeProgram(const CLI::App& app, int argc, const char* const* argv,
+                   LaunchOptions& o) {
+  o.program = app.remaining();
+  RETURN_IF_ERROR(CheckUnknownOption(o.program));
+  if (!o.program.empty() && o.program.front() == "--")
+    o.program.erase(o.program.begin());
+  return CheckNoEmptyValues(app, argv,
+                            static_cast<size_t>(argc) - app.remaining_size());
+}
+
 }  // namespace
 
 static Status Validate(const LaunchOptions& o) {
@@ -246,12 +258,7 @@ StatusOr<LaunchOptions> ParseFlags(int argc, const char* const* argv,
     return o;
   }
   o.hostfile_given = app.count("--hostfile") > 0;
-  o.program = app.remaining();
-  RETURN_IF_ERROR(CheckUnknownOption(o.program));
-  if (!o.program.empty() && o.program.front() == "--")
-    o.program.erase(o.program.begin());
-  RETURN_IF_ERROR(CheckNoEmptyValues(
-      app, argv, static_cast<size_t>(argc) - app.remaining_size()));
+  RETURN_IF_ERROR(TakeProgram(app, argc, argv, o));
   RETURN_IF_ERROR(CheckIntegers(app, o));
   RETURN_IF_ERROR(Validate(o));
   return o;

@@ -48,10 +48,11 @@ StepText TextOf(SshStep step) {
               "the node is down or unreachable, or a firewall drops the "
               "packets: check the address and the port (--ssh_port, port=)"};
     case SshStep::kHandshake:
-      return {"the SSH handshake (the TCP connection was accepted) did not "
-              "finish",
-              "what listens on that port may not be sshd, or sshd is "
-              "overloaded (MaxStartups): check the port and the node's sshd"};
+      return {
+          "the SSH handshake (the TCP connection was accepted) did not "
+          "finish",
+          "what listens on that port may not be sshd, or sshd is "
+          "overloaded (MaxStartups): check the port and the node's sshd"};
     case SshStep::kHostKey:
       return {"checking the host key did not finish",
               "check that the known_hosts file is on a responsive file system"};
@@ -60,10 +61,11 @@ StepText TextOf(SshStep step) {
               "ssh-agent may wait for a confirmation or PIN, or the node's "
               "PAM/LDAP or reverse DNS (UseDNS) is slow: try ssh -v to it"};
     case SshStep::kOpenChannel:
-      return {"opening a session to run the agent (login succeeded) did not "
-              "finish",
-              "the node is overloaded or its sshd limits sessions "
-              "(MaxSessions): check its sshd log"};
+      return {
+          "opening a session to run the agent (login succeeded) did not "
+          "finish",
+          "the node is overloaded or its sshd limits sessions "
+          "(MaxSessions): check its sshd log"};
     case SshStep::kRunAgent:
       return {"the agent's command started but printed no version line",
               "the node is overloaded, or its shell startup files wait for "
@@ -179,8 +181,8 @@ bool SshConnection::Connect(const SshTarget& target, SshFailure* failure) {
   // Whole seconds and the fraction: SSH_OPTIONS_TIMEOUT alone cuts 0.5 s to
   // 0, which libssh reads as its 10 s default.
   const long timeout = static_cast<long>(std::floor(target.timeout_s));
-  const long timeout_usec =
-      static_cast<long>((target.timeout_s - static_cast<double>(timeout)) * 1e6);
+  const long timeout_usec = static_cast<long>(
+      (target.timeout_s - static_cast<double>(timeout)) * 1e6);
   ssh_options_set(session_, SSH_OPTIONS_TIMEOUT, &timeout);
   ssh_options_set(session_, SSH_OPTIONS_TIMEOUT_USEC, &timeout_usec);
   if (ssh_connect(session_) == SSH_OK) return true;

@@ -77,8 +77,7 @@ class SshConnection {
   // The channel stays open: its stdin is the remote agent's lifeline. On
   // error fills *failure (stage "agent", naming the step that failed).
   StatusOr<StartResult> StartAndReadLine(const std::string& command,
-                                         double timeout_s,
-                                         SshFailure* failure);
+                                         double timeout_s, SshFailure* failure);
   // Writes to the running command's stdin (the job secret).
   Status WriteStdin(const std::string& data);
   void Close();

@@ -122,8 +122,8 @@ TEST(Flags, RejectsNanInfNegativeAndHugeSecondsNamingTheFlag) {
   EXPECT_EQ(UsageError({"--ssh_timeout", "1e300", "p"}),
             "--ssh_timeout must be a number of seconds in (0, 3600], got "
             "1e+300");
-  EXPECT_EQ(UsageError({"--heartbeat_interval", "5", "--heartbeat_timeout",
-                        "5", "p"}),
+  EXPECT_EQ(UsageError(
+                {"--heartbeat_interval", "5", "--heartbeat_timeout", "5", "p"}),
             "--heartbeat_timeout must be greater than --heartbeat_interval, "
             "got 5 <= 5");
 }
@@ -186,7 +186,8 @@ TEST(Flags, UnknownOptionBeforeProgramIsAnErrorNamingIt) {
       "starts with '-')";
   EXPECT_EQ(UsageError({"--hostfile", "h", "--bogus_flag", "python", "x.py"}),
             "unknown option '--bogus_flag" + rest);
-  EXPECT_EQ(UsageError({"--bogus=1", "python"}), "unknown option '--bogus" + rest);
+  EXPECT_EQ(UsageError({"--bogus=1", "python"}),
+            "unknown option '--bogus" + rest);
   EXPECT_EQ(UsageError({"-x", "python"}), "unknown option '-x" + rest);
   EXPECT_EQ(UsageError({"--no_python"}), "unknown option '--no_python" + rest);
 }
@@ -205,10 +206,9 @@ TEST(Flags, EverythingFromProgramOnIsByteExactEvenWhenItLooksLikeFlags) {
                   "nan", "-i", "", "--", "--bogus", "\xff\x01"},
                  &exit_now);
   ASSERT_TRUE(o.ok()) << o.status().message();
-  EXPECT_EQ(o->program,
-            (std::vector<std::string>{"python", "-m", "pkg", "--kill_grace",
-                                      "nan", "-i", "", "--", "--bogus",
-                                      "\xff\x01"}));
+  EXPECT_EQ(o->program, (std::vector<std::string>{
+                            "python", "-m", "pkg", "--kill_grace", "nan", "-i",
+                            "", "--", "--bogus", "\xff\x01"}));
   EXPECT_EQ(o->kill_grace_s, 5);
 }
 

@@ -306,7 +306,8 @@ TEST(Plan, RejectsNumGpusBelowOneOrAboveTheSlotLimit) {
   options.num_gpus = 0;
   EXPECT_EQ(PlanError(options), "--num_gpus must be in 1..1024, got 0");
   options.num_gpus = 2147483647;
-  EXPECT_EQ(PlanError(options), "--num_gpus must be in 1..1024, got 2147483647");
+  EXPECT_EQ(PlanError(options),
+            "--num_gpus must be in 1..1024, got 2147483647");
 }
 
 TEST(Plan, RejectsAHostfileBeyondTheLimitsBeforeAllocatingSlots) {

@@ -101,7 +101,8 @@ TEST(SshTimeoutFailure, BlamesSshdOnlyForStepsSshdCanCause) {
     SshFailure f = TimeoutFailure(step, "n", 1);
     EXPECT_FALSE(Contains(f.message + f.hint, "sshd")) << f.message << f.hint;
   }
-  EXPECT_TRUE(Contains(TimeoutFailure(SshStep::kHandshake, "n", 1).hint, "sshd"));
+  EXPECT_TRUE(
+      Contains(TimeoutFailure(SshStep::kHandshake, "n", 1).hint, "sshd"));
   EXPECT_TRUE(
       Contains(TimeoutFailure(SshStep::kOpenChannel, "n", 1).hint, "sshd"));
 }
@@ -154,9 +155,9 @@ SshFailure OpenFailure(int port, double timeout_s, double* seconds) {
   SshFailure f;
   const auto start = std::chrono::steady_clock::now();
   EXPECT_FALSE(c.Open(t, &f));
-  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                           start)
-                 .count();
+  *seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   return f;
 }
 
