@@ -31,48 +31,47 @@ const char* StageOf(SshStep step) {
 
 namespace {
 
-// What did not finish, and what can cause that, per step.
+// Per step: what timed out (followed by the host), what had worked before
+// it, and what can cause it.
 struct StepText {
   const char* what;
+  const char* worked;
   const char* hint;
 };
 
 StepText TextOf(SshStep step) {
   switch (step) {
     case SshStep::kResolve:
-      return {"resolving the name",
+      return {"resolving", "",
               "the DNS server is slow or unreachable: check /etc/resolv.conf, "
               "or list the node in /etc/hosts"};
     case SshStep::kTcpConnect:
-      return {"the TCP connect got no answer",
+      return {"TCP connect to", "no answer at all",
               "the node is down or unreachable, or a firewall drops the "
               "packets: check the address and the port (--ssh_port, port=)"};
     case SshStep::kHandshake:
-      return {
-          "the SSH handshake (the TCP connection was accepted) did not "
-          "finish",
-          "what listens on that port may not be sshd, or sshd is "
-          "overloaded (MaxStartups): check the port and the node's sshd"};
+      return {"SSH handshake with", "the TCP connection was accepted",
+              "what listens on that port may not be sshd, or sshd is "
+              "overloaded (MaxStartups): check the port and the node's sshd"};
     case SshStep::kHostKey:
-      return {"checking the host key did not finish",
+      return {"checking the host key of", "",
               "check that the known_hosts file is on a responsive file system"};
     case SshStep::kAuth:
-      return {"authentication did not finish",
+      return {"authentication on", "the SSH handshake succeeded",
               "ssh-agent may wait for a confirmation or PIN, or the node's "
               "PAM/LDAP or reverse DNS (UseDNS) is slow: try ssh -v to it"};
     case SshStep::kOpenChannel:
-      return {
-          "opening a session to run the agent (login succeeded) did not "
-          "finish",
-          "the node is overloaded or its sshd limits sessions "
-          "(MaxSessions): check its sshd log"};
+      return {"opening a session to run the agent on", "login succeeded",
+              "the node is overloaded or its sshd limits sessions "
+              "(MaxSessions): check its sshd log"};
     case SshStep::kRunAgent:
-      return {"the agent's command started but printed no version line",
+      return {"waiting for the agent's version line from",
+              "the command started",
               "the node is overloaded, or its shell startup files wait for "
               "input or a slow file system: try the command with ssh by hand, "
               "or raise --ssh_timeout"};
   }
-  return {"", ""};
+  return {"", "", ""};
 }
 
 }  // namespace
@@ -82,10 +81,10 @@ SshFailure TimeoutFailure(SshStep step, const std::string& host,
   char seconds[32];
   std::snprintf(seconds, sizeof(seconds), "%g", timeout_s);
   const StepText text = TextOf(step);
-  return {StageOf(step),
-          std::string(text.what) + " on " + host + " within " + seconds +
-              " s (timed out)",
-          text.hint};
+  std::string message = std::string(text.what) + " " + host +
+                        " timed out after " + seconds + " s";
+  if (*text.worked) message += std::string(" (") + text.worked + ")";
+  return {StageOf(step), message, text.hint};
 }
 
 std::string ShellQuote(const std::string& word) {

@@ -4,7 +4,9 @@ starts nothing and leaves nothing behind; never a crash, a hang or a silent
 "all"."""
 import json
 import os
+import socket
 import stat
+import threading
 import unittest
 
 from harness import DSLAUNCH, PY, RANK_PY, LaunchTest
@@ -14,7 +16,9 @@ from harness import DSLAUNCH, PY, RANK_PY, LaunchTest
 FAST = 10
 
 
-class InputTest(LaunchTest):
+class RefusalCase(LaunchTest):
+    """Helpers: run dslaunch and check that it refused, started nothing."""
+
     def setUp(self):
         super().setUp()
         self.outs = [self.out]
@@ -68,6 +72,8 @@ class InputTest(LaunchTest):
                 "local", *flags, *self.rank_program()]
         return self.assert_refused(argv, 64, *needles)
 
+
+class InputTest(RefusalCase):
     # Hostfile: exit 65 naming file:line.
 
     def test_huge_slots_is_an_error_naming_the_line_not_an_abort(self):
@@ -187,6 +193,60 @@ class InputTest(LaunchTest):
         self.assertEqual(p.returncode, 0, p.stderr.decode(errors="replace"))
         with open(os.path.join(self.out, "argv-0.json")) as f:
             self.assertEqual(json.load(f), args)
+
+
+class SshTimeoutTest(RefusalCase):
+    """The ssh preflight against loopback ports that stall at one step: the
+    message names that step (and does not blame sshd for a dropped connect)."""
+
+    def listener(self, backlog):
+        s = socket.socket()
+        self.addCleanup(s.close)
+        s.bind(("127.0.0.1", 0))
+        s.listen(backlog)
+        return s
+
+    def preflight(self, port, timeout, *needles):
+        path = self.write_hostfile(b"127.0.0.1 port=%d\n" % port)
+        argv = [DSLAUNCH, "--hostfile", path, "--launcher", "ssh",
+                "--ssh_timeout", timeout, *self.rank_program()]
+        err = self.assert_refused(argv, 69, "node 0 (127.0.0.1): connect failed: ",
+                                  "started nothing", *needles)
+        self.assertNotIn("Timeout connecting", err)
+        return err
+
+    def test_peer_that_never_speaks_is_named_a_handshake_timeout(self):
+        s = self.listener(16)
+        self.preflight(s.getsockname()[1], "0.5",
+                       "SSH handshake with 127.0.0.1 timed out after 0.5 s")
+
+    def test_peer_that_stalls_after_its_banner_is_a_handshake_timeout(self):
+        s = self.listener(16)
+        conns = []
+
+        def serve():  # accept, send a banner, then say nothing more
+            c, _ = s.accept()
+            conns.append(c)
+            c.sendall(b"SSH-2.0-Stall_1.0\r\n")
+        t = threading.Thread(target=serve)
+        t.start()
+        self.addCleanup(lambda: [c.close() for c in conns])
+        self.preflight(s.getsockname()[1], "0.5",
+                       "SSH handshake with 127.0.0.1 timed out after 0.5 s")
+        t.join(5)
+        self.assertEqual(len(conns), 1, "dslaunch never connected")
+
+    def test_port_that_drops_the_connect_is_named_a_tcp_timeout(self):
+        s = self.listener(0)
+        port = s.getsockname()[1]
+        for _ in range(4):  # fill the accept queue: later SYNs are dropped
+            c = socket.socket()
+            self.addCleanup(c.close)
+            c.setblocking(False)
+            c.connect_ex(("127.0.0.1", port))
+        err = self.preflight(port, "1",
+                             "TCP connect to 127.0.0.1 timed out after 1 s")
+        self.assertNotIn("sshd", err)
 
 
 if __name__ == "__main__":
