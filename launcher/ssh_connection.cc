@@ -153,8 +153,11 @@ bool SshConnection::Resolve(const SshTarget& target, SshFailure* failure) {
     return true;
   }
   if (rc == EAI_AGAIN) {
+    // The resolver's own timeout (resolv.conf), not --ssh_timeout.
     *failure = TimeoutFailure(SshStep::kResolve, target.host, target.timeout_s);
-    failure->message += ": " + std::string(gai_strerror(rc));
+    failure->message = "resolving " + target.host +
+                       " timed out: " + gai_strerror(rc) +
+                       " (no answer from the name server)";
     return false;
   }
   *failure = {"resolve", gai_strerror(rc),
