@@ -1,6 +1,7 @@
 #include "launcher/flags.h"
 
 #include <CLI/CLI.hpp>
+#include <cmath>  // isfinite
 #include <cstdio>
 #include <filesystem>
 
@@ -47,7 +48,9 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
   app.add_flag("--dry-run,--dry_run", o.dry_run,
                "print the rank plan and exit");
   app.add_option("--log_level", o.log_level,
-                 "launcher and agent logging: debug, info, warn, error");
+                 "launcher and agent logging: debug, info, warn, error")
+      ->check(CLI::IsMember(
+          {"trace", "debug", "info", "warn", "error", "critical", "off"}));
   app.add_option("--ssh_port", o.ssh_port, "SSH port (hostfile port= wins)");
   app.add_option("--ssh_user", o.ssh_user, "SSH user (hostfile user= wins)");
   app.add_option("--ssh_identity", o.ssh_identity,
@@ -75,17 +78,136 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
                  "seconds for every agent to connect (default 60)");
 }
 
+namespace {
+
+std::string FormatNumber(double value) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%g", value);
+  return buf;
+}
+
+// A duration flag: finite, above `min` (or at it when min_inclusive), at
+// most `max` (nan, inf and absurd values would break the timers).
+struct SecondsFlag {
+  const char* flag;
+  double value;
+  double min;
+  bool min_inclusive;
+  double max;
+};
+
+Status CheckSeconds(const SecondsFlag& f) {
+  const bool low_ok = f.min_inclusive ? f.value >= f.min : f.value > f.min;
+  if (std::isfinite(f.value) && low_ok && f.value <= f.max) return Status::Ok();
+  return InvalidArgument(
+      std::string(f.flag) + " must be a number of seconds in " +
+      (f.min_inclusive ? "[" : "(") + FormatNumber(f.min) + ", " +
+      FormatNumber(f.max) + "], got " + FormatNumber(f.value));
+}
+
+Status CheckDurations(const LaunchOptions& o) {
+  const SecondsFlag flags[] = {
+      {"--kill_grace", o.kill_grace_s, 0, true, kMaxKillGraceSeconds},
+      {"--heartbeat_interval", o.heartbeat_interval_s,
+       kMinHeartbeatIntervalSeconds, true, kMaxHeartbeatSeconds},
+      {"--heartbeat_timeout", o.heartbeat_timeout_s, 0, false,
+       kMaxHeartbeatSeconds},
+      {"--start_timeout", o.start_timeout_s, 0, false, kMaxStartSeconds},
+      {"--ssh_timeout", o.ssh_timeout_s, 0, false, kMaxSshTimeoutSeconds},
+  };
+  for (const SecondsFlag& f : flags) RETURN_IF_ERROR(CheckSeconds(f));
+  if (o.heartbeat_timeout_s <= o.heartbeat_interval_s) {
+    return InvalidArgument(
+        "--heartbeat_timeout must be greater than --heartbeat_interval, got " +
+        FormatNumber(o.heartbeat_timeout_s) +
+        " <= " + FormatNumber(o.heartbeat_interval_s));
+  }
+  return Status::Ok();
+}
+
+// An integer flag checked only when given (its default means "all" or
+// "libssh's default"): then it must be in [min, max].
+Status CheckGivenInt(const CLI::App& app, const char* flag, int value, int min,
+                     int max) {
+  if (app.count(flag) == 0 || (value >= min && value <= max))
+    return Status::Ok();
+  return InvalidArgument(std::string(flag) + " must be in " +
+                         std::to_string(min) + ".." + std::to_string(max) +
+                         ", got " + std::to_string(value));
+}
+
+Status CheckIntegers(const CLI::App& app, const LaunchOptions& o) {
+  RETURN_IF_ERROR(
+      CheckGivenInt(app, "--num_nodes", o.plan.num_nodes, 1, kMaxHosts));
+  RETURN_IF_ERROR(
+      CheckGivenInt(app, "--num_gpus", o.plan.num_gpus, 1, kMaxSlotsPerHost));
+  RETURN_IF_ERROR(
+      CheckGivenInt(app, "--master_port", o.plan.master_port, 1, 65535));
+  RETURN_IF_ERROR(CheckGivenInt(app, "--ssh_port", o.ssh_port, 1, 65535));
+  return CheckGivenInt(app, "--ssh_fanout", o.ssh_fanout, 1, kMaxSshFanout);
+}
+
+// A flag given with an empty value (`-i ''`, `--include=`) is an error, never
+// the default. CLI11 reads `--include= X` as `--include X`, so the words
+// before PROGRAM (`options` of them) are checked for `--name=` first.
+Status CheckNoEmptyValues(const CLI::App& app, const char* const* argv,
+                          size_t options) {
+  for (size_t i = 1; i < options; ++i) {
+    std::string word = argv[i];
+    if (word.size() > 1 && word.front() == '-' && word.back() == '=' &&
+        app.get_option_no_throw(word.substr(0, word.size() - 1)) != nullptr) {
+      return InvalidArgument(word.substr(0, word.size() - 1) +
+                             ": empty value (leave the flag out for its "
+                             "default)");
+    }
+  }
+  for (const CLI::Option* opt : app.get_options()) {
+    if (opt->get_expected_max() == 0) continue;  // a switch, no value
+    for (const std::string& value : opt->results()) {
+      if (value.empty()) {
+        return InvalidArgument(opt->get_name() +
+                               ": empty value (leave the flag out for its "
+                               "default)");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// PROGRAM is the first word CLI11 did not take as an option; one that starts
+// with '-' is an option dslaunch does not know (`--` ends the options).
+Status CheckUnknownOption(const std::vector<std::string>& remaining) {
+  if (remaining.empty() || remaining.front() == "--" ||
+      remaining.front().empty() || remaining.front().front() != '-') {
+    return Status::Ok();
+  }
+  const std::string& word = remaining.front();
+  return InvalidArgument(
+      "unknown option '" + word.substr(0, word.find('=')) +
+      "' (dslaunch --help lists the options; put -- before a PROGRAM that "
+      "starts with '-')");
+}
+
+// Sets o.program to what follows the options (without a leading `--`),
+// after checking the words before it: no unknown option, no empty value.
+Status TakeProgram(const CLI::App& app, int argc, const char* const* argv,
+                   LaunchOptions& o) {
+  o.program = app.remaining();
+  RETURN_IF_ERROR(CheckUnknownOption(o.program));
+  if (!o.program.empty() && o.program.front() == "--")
+    o.program.erase(o.program.begin());
+  return CheckNoEmptyValues(app, argv,
+                            static_cast<size_t>(argc) - app.remaining_size());
+}
+
+}  // namespace
+
 static Status Validate(const LaunchOptions& o) {
   if (o.program.empty() && !o.dry_run && !o.doctor) {
     return InvalidArgument(
         "no program given: dslaunch [options] PROGRAM [ARGS...]");
   }
-  if (o.kill_grace_s < 0) return InvalidArgument("--kill_grace must be >= 0");
-  if (o.heartbeat_interval_s <= 0 ||
-      o.heartbeat_timeout_s <= o.heartbeat_interval_s) {
-    return InvalidArgument(
-        "--heartbeat_timeout must be greater than --heartbeat_interval > 0");
-  }
+  RETURN_IF_ERROR(CheckDurations(o));
   for (const auto& kv : o.env) {
     const size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) {
@@ -99,7 +221,6 @@ static Status Validate(const LaunchOptions& o) {
         " is not available in this build yet; use local, ssh "
         "or pdsh");
   }
-  if (o.ssh_fanout < 1) return InvalidArgument("--ssh_fanout must be >= 1");
   return Status::Ok();
 }
 
@@ -138,9 +259,8 @@ StatusOr<LaunchOptions> ParseFlags(int argc, const char* const* argv,
   }
   o.hostfile_given = app.count("--hostfile") > 0;
   o.master_port_given = app.count("--master_port") > 0;
-  o.program = app.remaining();
-  if (!o.program.empty() && o.program.front() == "--")
-    o.program.erase(o.program.begin());
+  RETURN_IF_ERROR(TakeProgram(app, argc, argv, o));
+  RETURN_IF_ERROR(CheckIntegers(app, o));
   RETURN_IF_ERROR(Validate(o));
   return o;
 }

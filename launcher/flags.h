@@ -12,6 +12,15 @@
 
 namespace dslaunch::launcher {
 
+// Bounds of the numeric flags (documented in docs/decisions.md); values
+// outside them, nan and inf are usage errors naming the flag.
+inline constexpr double kMaxKillGraceSeconds = 3600;
+inline constexpr double kMinHeartbeatIntervalSeconds = 0.01;
+inline constexpr double kMaxHeartbeatSeconds = 3600;
+inline constexpr double kMaxStartSeconds = 86400;
+inline constexpr double kMaxSshTimeoutSeconds = 3600;
+inline constexpr int kMaxSshFanout = 1024;
+
 struct LaunchOptions {
   std::string hostfile;  // empty = none given
   bool hostfile_given = false;

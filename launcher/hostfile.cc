@@ -14,13 +14,26 @@
 namespace dslaunch::launcher {
 namespace {
 
-// A typo such as node[1-1000000] must not exhaust memory.
-constexpr long kMaxHostsPerRange = 65536;
 constexpr size_t kMaxHostNameLength = 253;
+constexpr size_t kMaxQuoted = 300;  // longer text is cut in messages
 constexpr char kWhitespace[] = " \t\r\f\v";
 constexpr char kExpectedKeys[] = "(expected slots=, max_slots=, port=, user=)";
 
-std::string Quote(std::string_view s) { return "'" + std::string(s) + "'"; }
+// Quotes `s` for a message: bytes outside printable ASCII as \xNN (no raw
+// control characters reach the terminal), cut after kMaxQuoted bytes.
+std::string Quote(std::string_view s) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out = "'";
+  for (size_t i = 0; i < s.size() && i < kMaxQuoted; ++i) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out += {'\\', 'x', kHex[c >> 4], kHex[c & 15]};
+    }
+  }
+  return out + (s.size() > kMaxQuoted ? "'..." : "'");
+}
 
 std::string Lower(std::string_view s) {
   std::string out(s);
@@ -43,10 +56,52 @@ std::optional<long> ParseNumber(std::string_view s) {
   return value;
 }
 
-std::optional<int> ParsePositiveInt(std::string_view s) {
+std::optional<int> ParseIntIn(std::string_view s, int lo, int hi) {
   std::optional<long> value = ParseNumber(s);
-  if (!value || *value < 1 || *value > 0x7fffffff) return std::nullopt;
+  if (!value || *value < lo || *value > hi) return std::nullopt;
   return static_cast<int>(*value);
+}
+
+// A byte that may not appear on a line: NUL and other control characters
+// (tab, and the CR of CRLF, are whitespace). Returns its column (1-based).
+std::optional<size_t> ControlCharacterColumn(std::string_view line) {
+  for (size_t i = 0; i < line.size(); ++i) {
+    unsigned char c = static_cast<unsigned char>(line[i]);
+    bool space = c != 0 && std::strchr(kWhitespace, c) != nullptr;
+    if ((c < 0x20 && !space) || c == 0x7f) return i + 1;
+  }
+  return std::nullopt;
+}
+
+Status CheckLine(std::string_view line) {
+  if (line.size() > kMaxLineBytes) {
+    return DataError("line is longer than " + std::to_string(kMaxLineBytes) +
+                     " bytes");
+  }
+  if (std::optional<size_t> column = ControlCharacterColumn(line)) {
+    return DataError("control character " + Quote(line.substr(*column - 1, 1)) +
+                     " in column " + std::to_string(*column) +
+                     " (is this a text file?)");
+  }
+  return Status::Ok();
+}
+
+// user= : a login name, not an option and nothing a shell or ssh would
+// interpret.
+Status ValidateUser(std::string_view user) {
+  if (user.empty()) return DataError("empty user");
+  auto allowed = [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' ||
+           c == '-' || c == '_' || c == '@';
+  };
+  if (user.front() == '-' || user.size() > kMaxUserLength ||
+      !std::all_of(user.begin(), user.end(), allowed)) {
+    return DataError("invalid user " + Quote(user) +
+                     " (allowed: letters, digits, '.', '-', '_', '@'; not "
+                     "starting with '-'; at most " +
+                     std::to_string(kMaxUserLength) + " characters)");
+  }
+  return Status::Ok();
 }
 
 // Splits on spaces and tabs (and a CR left over from CRLF).
@@ -103,9 +158,10 @@ Status ValidateHostName(std::string_view name) {
 
 // Appends the numbers of one range item ("7" or "01-04") to `out`, keeping
 // the zero-padding width of the lower bound.
+// At most `room` names may be added in all.
 Status ExpandRangeItem(std::string_view item, std::string_view range,
-                       std::vector<std::string>& out, const std::string& prefix,
-                       const std::string& suffix) {
+                       size_t room, std::vector<std::string>& out,
+                       const std::string& prefix, const std::string& suffix) {
   size_t dash = item.find('-');
   std::string_view lo_text = item.substr(0, dash);
   std::string_view hi_text =
@@ -113,16 +169,24 @@ Status ExpandRangeItem(std::string_view item, std::string_view range,
   std::optional<long> lo = ParseNumber(lo_text);
   std::optional<long> hi = ParseNumber(hi_text);
   std::string bad = "malformed range " + Quote(range) + ": ";
-  if (!lo || !hi || lo_text.size() > 9 || hi_text.size() > 9) {
+  if (!lo || !hi) {
     return DataError(bad + Quote(item) + " is not a number or number range");
+  }
+  if (lo_text.size() > kMaxRangeDigits || hi_text.size() > kMaxRangeDigits) {
+    return DataError(bad + Quote(item) + " has more than " +
+                     std::to_string(kMaxRangeDigits) + " digits");
   }
   if (*lo > *hi) {
     return DataError(bad + "lower bound " + std::string(lo_text) +
                      " is greater than upper bound " + std::string(hi_text));
   }
-  if (*hi - *lo + static_cast<long>(out.size()) >= kMaxHostsPerRange) {
-    return DataError(bad + "expands to more than " +
-                     std::to_string(kMaxHostsPerRange) + " hosts");
+  if (static_cast<size_t>(*hi - *lo) + out.size() >= room) {
+    return DataError(bad + "expands to more than " + std::to_string(room) +
+                     (room == static_cast<size_t>(kMaxHosts)
+                          ? " hosts (the limit per hostfile)"
+                          : " hosts, the room left under the limit of " +
+                                std::to_string(kMaxHosts) +
+                                " hosts per hostfile"));
   }
   for (long n = *lo; n <= *hi; ++n) {
     std::string digits = std::to_string(n);
@@ -133,9 +197,10 @@ Status ExpandRangeItem(std::string_view item, std::string_view range,
   return Status::Ok();
 }
 
-// Expands `prefix[items]suffix` into host names; a name without brackets is
-// returned as is.
-StatusOr<std::vector<std::string>> ExpandHostRange(std::string_view host) {
+// Expands `prefix[items]suffix` into at most `room` host names; a name
+// without brackets is returned as is.
+StatusOr<std::vector<std::string>> ExpandHostRange(std::string_view host,
+                                                   size_t room) {
   size_t open = host.find('[');
   size_t close = host.find(']');
   if (open == std::string_view::npos && close == std::string_view::npos) {
@@ -157,7 +222,7 @@ StatusOr<std::vector<std::string>> ExpandHostRange(std::string_view host) {
   while (true) {
     size_t comma = items.find(',');
     std::string_view item = items.substr(0, comma);
-    RETURN_IF_ERROR(ExpandRangeItem(item, host, names,
+    RETURN_IF_ERROR(ExpandRangeItem(item, host, room, names,
                                     std::string(host.substr(0, open)),
                                     std::string(suffix)));
     if (comma == std::string_view::npos) break;
@@ -179,17 +244,15 @@ Status ApplyKey(std::string_view token, std::set<std::string>& seen,
   if (!seen.insert(key).second) return DataError(Quote(key) + " given twice");
   std::string_view value = token.substr(eq + 1);
   if (key == "user") {
-    if (value.empty()) return DataError("empty user");
-    if (value.front() == '-') return DataError("invalid user " + Quote(value));
+    RETURN_IF_ERROR(ValidateUser(value));
     entry.user = std::string(value);
     return Status::Ok();
   }
-  std::optional<int> number = ParsePositiveInt(value);
+  const int max = key == "port" ? 65535 : kMaxSlotsPerHost;
+  std::optional<int> number = ParseIntIn(value, 1, max);
   if (!number) {
-    return DataError(key + " must be a positive integer, got " + Quote(value));
-  }
-  if (key == "port" && *number > 65535) {
-    return DataError("port must be in 1..65535, got " + Quote(value));
+    return DataError(key + " must be an integer in 1.." + std::to_string(max) +
+                     ", got " + Quote(value));
   }
   if (key == "slots") entry.slots = *number;
   if (key == "max_slots") entry.max_slots = *number;
@@ -199,7 +262,7 @@ Status ApplyKey(std::string_view token, std::set<std::string>& seen,
 
 // Parses the tokens of one non-blank line into `attrs` and the expanded host
 // names. Errors carry no file:line prefix; the caller adds it.
-Status ParseTokens(const std::vector<std::string_view>& tokens,
+Status ParseTokens(const std::vector<std::string_view>& tokens, size_t room,
                    HostEntry& attrs, std::vector<std::string>& names) {
   if (tokens[0].find('=') != std::string_view::npos) {
     return DataError("expected a host name before " + Quote(tokens[0]));
@@ -212,16 +275,25 @@ Status ParseTokens(const std::vector<std::string_view>& tokens,
     return DataError("max_slots=" + std::to_string(*attrs.max_slots) +
                      " is less than slots=" + std::to_string(attrs.slots));
   }
-  ASSIGN_OR_RETURN(names, ExpandHostRange(tokens[0]));
+  if (room == 0) {
+    return DataError("more than " + std::to_string(kMaxHosts) +
+                     " hosts (the limit per hostfile)");
+  }
+  ASSIGN_OR_RETURN(names, ExpandHostRange(tokens[0], room));
   for (const std::string& name : names) RETURN_IF_ERROR(ValidateHostName(name));
   return Status::Ok();
 }
 
 // Adds the hosts of one line, rejecting a host already seen (host names are
-// compared case-insensitively, as DNS does).
+// compared case-insensitively, as DNS does) and slots past kMaxTotalSlots.
 Status AddHosts(const std::vector<std::string>& names, const HostEntry& attrs,
                 std::unordered_map<std::string, int>& first_line,
-                Hostfile& hostfile) {
+                long& total_slots, Hostfile& hostfile) {
+  total_slots += static_cast<long>(names.size()) * attrs.slots;
+  if (total_slots > kMaxTotalSlots) {
+    return DataError("more than " + std::to_string(kMaxTotalSlots) +
+                     " slots in the hostfile (the limit on ranks in a job)");
+  }
   for (const std::string& name : names) {
     auto [it, inserted] = first_line.emplace(Lower(name), attrs.line);
     if (!inserted) {
@@ -242,6 +314,7 @@ StatusOr<Hostfile> ParseHostfile(std::string_view text,
   Hostfile hostfile;
   hostfile.path = path;
   std::unordered_map<std::string, int> first_line;
+  long total_slots = 0;
   int line_number = 0;
   while (!text.empty()) {
     size_t newline = text.find('\n');
@@ -249,14 +322,17 @@ StatusOr<Hostfile> ParseHostfile(std::string_view text,
     text.remove_prefix(newline == std::string_view::npos ? text.size()
                                                          : newline + 1);
     ++line_number;
+    Status status = CheckLine(line);
     std::vector<std::string_view> tokens =
         Tokenize(line.substr(0, line.find('#')));
-    if (tokens.empty()) continue;
+    if (status.ok() && tokens.empty()) continue;
     HostEntry attrs;
     attrs.line = line_number;
     std::vector<std::string> names;
-    Status status = ParseTokens(tokens, attrs, names);
-    if (status.ok()) status = AddHosts(names, attrs, first_line, hostfile);
+    const size_t room = kMaxHosts - hostfile.hosts.size();
+    if (status.ok()) status = ParseTokens(tokens, room, attrs, names);
+    if (status.ok())
+      status = AddHosts(names, attrs, first_line, total_slots, hostfile);
     if (!status.ok())
       return status.Annotate(path + ":" + std::to_string(line_number));
   }
@@ -283,6 +359,12 @@ StatusOr<Hostfile> LoadHostfile(const std::string& path) {
     }
     if (n == 0) break;
     text.append(buffer, static_cast<size_t>(n));
+    if (text.size() > kMaxHostfileBytes) {
+      ::close(fd);
+      return DataError(path + ": larger than " +
+                       std::to_string(kMaxHostfileBytes >> 20) +
+                       " MiB (the limit for a hostfile)");
+    }
   }
   ::close(fd);
   return ParseHostfile(text, path);

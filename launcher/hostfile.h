@@ -5,6 +5,7 @@
 // SLURM-style ranges `node[01-04,07]`; every error names `file:line`.
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -13,6 +14,17 @@
 #include "proto/status.h"  // Status, StatusOr
 
 namespace dslaunch::launcher {
+
+// Limits on what one hostfile may ask for, so that a typo (`slots=2147483647`,
+// `node[0-9999999]`) is an error naming the line instead of exhausting memory.
+// Documented in the README and docs/decisions.md.
+inline constexpr int kMaxSlotsPerHost = 1024;       // slots= and max_slots=
+inline constexpr int kMaxHosts = 65536;             // ranges expanded
+inline constexpr int kMaxTotalSlots = 1 << 20;      // = largest world size
+inline constexpr size_t kMaxLineBytes = 64 * 1024;  // one hostfile line
+inline constexpr size_t kMaxHostfileBytes = 16 * 1024 * 1024;
+inline constexpr size_t kMaxUserLength = 256;  // user=
+inline constexpr int kMaxRangeDigits = 9;      // each bound of node[lo-hi]
 
 struct HostEntry {
   std::string host;

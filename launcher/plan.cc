@@ -80,13 +80,35 @@ Status ValidateOptions(const PlanOptions& options) {
     return InvalidArgument("--num_nodes must be at least 1, got " +
                            std::to_string(options.num_nodes));
   }
-  if (options.num_gpus != -1 && options.num_gpus < 1) {
-    return InvalidArgument("--num_gpus must be at least 1, got " +
+  if (options.num_gpus != -1 &&
+      (options.num_gpus < 1 || options.num_gpus > kMaxSlotsPerHost)) {
+    return InvalidArgument("--num_gpus must be in 1.." +
+                           std::to_string(kMaxSlotsPerHost) + ", got " +
                            std::to_string(options.num_gpus));
   }
   if (options.master_port < 1 || options.master_port > 65535) {
     return InvalidArgument("--master_port must be in 1..65535, got " +
                            std::to_string(options.master_port));
+  }
+  return Status::Ok();
+}
+
+// The hostfile limits (hostfile.h), checked again for a Hostfile that did not
+// come from the parser, before any per-slot allocation.
+Status CheckLimits(const Hostfile& hostfile) {
+  if (hostfile.hosts.size() > static_cast<size_t>(kMaxHosts)) {
+    return DataError("more than " + std::to_string(kMaxHosts) + " hosts");
+  }
+  long total = 0;
+  for (const HostEntry& host : hostfile.hosts) {
+    if (host.slots < 1 || host.slots > kMaxSlotsPerHost) {
+      return DataError("host " + host.host + ": slots must be in 1.." +
+                       std::to_string(kMaxSlotsPerHost));
+    }
+    total += host.slots;
+  }
+  if (total > kMaxTotalSlots) {
+    return DataError("more than " + std::to_string(kMaxTotalSlots) + " slots");
   }
   return Status::Ok();
 }
@@ -230,6 +252,7 @@ StatusOr<std::vector<FilterTerm>> ParseFilterSpec(std::string_view spec,
 StatusOr<Plan> MakePlan(const Hostfile& hostfile, const PlanOptions& options) {
   RETURN_IF_ERROR(ValidateOptions(options));
   if (hostfile.hosts.empty()) return InvalidArgument("no hosts to run on");
+  RETURN_IF_ERROR(CheckLimits(hostfile));
   ASSIGN_OR_RETURN(Selection selection, SelectSlots(hostfile, options));
   Plan plan;
   ASSIGN_OR_RETURN(plan.nodes, MakeNodes(hostfile, selection, options));

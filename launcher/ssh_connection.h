@@ -34,6 +34,28 @@ struct SshFailure {
   std::string hint;     // what to do about it
 };
 
+// The steps of reaching a node and starting its agent, in order.
+enum class SshStep {
+  kResolve,      // name resolution
+  kTcpConnect,   // TCP connect to the ssh port
+  kHandshake,    // SSH banner and key exchange
+  kHostKey,      // the host key against known_hosts
+  kAuth,         // public-key authentication
+  kOpenChannel,  // opening the session channel and starting the command
+  kRunAgent,     // the command printing the agent's version line
+};
+
+// The preflight stage (doctor's column) a step belongs to: "resolve",
+// "connect" (TCP connect, handshake), "host key", "auth", "agent" (channel,
+// agent's version line).
+const char* StageOf(SshStep step);
+
+// The failure for `step` not finishing within `timeout_s` on `host`: the
+// message names the step, the hint lists causes of that step only (sshd is
+// named only where it can be the cause).
+SshFailure TimeoutFailure(SshStep step, const std::string& host,
+                          double timeout_s);
+
 struct StartResult {
   std::string first_line;  // the command's first line of stdout
   int exit_status = -1;    // -1 while it runs; else how it ended
@@ -52,9 +74,10 @@ class SshConnection {
   bool Open(const SshTarget& target, SshFailure* failure);
   // Starts `command` and reads its stdout up to the first newline. If the
   // command ends first, the result carries its exit status and stderr.
-  // The channel stays open: its stdin is the remote agent's lifeline.
+  // The channel stays open: its stdin is the remote agent's lifeline. On
+  // error fills *failure (stage "agent", naming the step that failed).
   StatusOr<StartResult> StartAndReadLine(const std::string& command,
-                                         double timeout_s);
+                                         double timeout_s, SshFailure* failure);
   // Writes to the running command's stdin (the job secret).
   Status WriteStdin(const std::string& data);
   void Close();
@@ -67,9 +90,13 @@ class SshConnection {
   const std::string& host() const { return host_; }
 
  private:
+  bool Resolve(const SshTarget& target, SshFailure* failure);
+  bool Connect(const SshTarget& target, SshFailure* failure);
   bool CheckHostKey(const SshTarget& target, SshFailure* failure);
   bool Authenticate(const SshTarget& target, SshFailure* failure);
   void ReadAddresses();
+  bool OpenChannel(const std::string& command, double timeout_s,
+                   SshFailure* failure);
 
   ssh_session session_ = nullptr;
   ssh_channel channel_ = nullptr;

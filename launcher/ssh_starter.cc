@@ -50,10 +50,10 @@ static NodeCheck CheckNode(SshConnection& conn, const SshTarget& target,
     c.local_address = conn.local_address();
     c.peer_address = conn.peer_address();
     auto result = conn.StartAndReadLine(command_for(node, c.local_address),
-                                        target.timeout_s);
+                                        target.timeout_s, &c.failure);
     c.ok = false;
     if (!result.ok()) {
-      c.failure = {"agent", result.status().message(), "check the node's sshd"};
+      // c.failure names the step that failed (channel or agent's answer).
     } else if (result->exit_status > 0) {
       c.failure = {
           "agent",

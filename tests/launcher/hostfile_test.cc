@@ -146,34 +146,50 @@ TEST(Hostfile, RejectsLineStartingWithKey) {
 
 TEST(Hostfile, RejectsNonNumericSlots) {
   EXPECT_EQ(ParseError("node1 slots=abc\n"),
-            "hosts.txt:1: slots must be a positive integer, got 'abc'");
+            "hosts.txt:1: slots must be an integer in 1..1024, got 'abc'");
 }
 
 TEST(Hostfile, RejectsZeroNegativeEmptyAndOverflowingSlots) {
-  EXPECT_EQ(ParseError("node1 slots=0"),
-            "hosts.txt:1: slots must be a positive integer, got '0'");
-  EXPECT_EQ(ParseError("node1 slots=-2"),
-            "hosts.txt:1: slots must be a positive integer, got '-2'");
-  EXPECT_EQ(ParseError("node1 slots="),
-            "hosts.txt:1: slots must be a positive integer, got ''");
-  EXPECT_EQ(ParseError("node1 slots=+3"),
-            "hosts.txt:1: slots must be a positive integer, got '+3'");
-  EXPECT_EQ(ParseError("node1 slots=99999999999"),
-            "hosts.txt:1: slots must be a positive integer, got '99999999999'");
+  const std::string in = "hosts.txt:1: slots must be an integer in 1..1024, ";
+  EXPECT_EQ(ParseError("node1 slots=0"), in + "got '0'");
+  EXPECT_EQ(ParseError("node1 slots=-2"), in + "got '-2'");
+  EXPECT_EQ(ParseError("node1 slots="), in + "got ''");
+  EXPECT_EQ(ParseError("node1 slots=+3"), in + "got '+3'");
+  EXPECT_EQ(ParseError("node1 slots=99999999999"), in + "got '99999999999'");
+  EXPECT_EQ(ParseError("node1 slots=99999999999999999999999999"),
+            in + "got '99999999999999999999999999'");
 }
 
-TEST(Hostfile, RejectsMaxSlotsBelowSlots) {
+TEST(Hostfile, RejectsSlotsAboveTheLimitInsteadOfAllocatingThem) {
+  EXPECT_EQ(ParseError("node1\nnode2 slots=2147483647\n"),
+            "hosts.txt:2: slots must be an integer in 1..1024, got "
+            "'2147483647'");
+  EXPECT_EQ(ParseError("node1 slots=1025\n"),
+            "hosts.txt:1: slots must be an integer in 1..1024, got '1025'");
+  StatusOr<Hostfile> ok = ParseHostfile("node1 slots=1024\n", "h");
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok->hosts[0].slots, kMaxSlotsPerHost);
+}
+
+TEST(Hostfile, RejectsMaxSlotsBelowSlotsOrAboveTheLimit) {
   EXPECT_EQ(ParseError("node1 slots=4 max_slots=2\n"),
             "hosts.txt:1: max_slots=2 is less than slots=4");
   EXPECT_EQ(ParseError("node1 max_slots=x\n"),
-            "hosts.txt:1: max_slots must be a positive integer, got 'x'");
+            "hosts.txt:1: max_slots must be an integer in 1..1024, got 'x'");
+  EXPECT_EQ(ParseError("node1 max_slots=2147483648\n"),
+            "hosts.txt:1: max_slots must be an integer in 1..1024, got "
+            "'2147483648'");
 }
 
 TEST(Hostfile, RejectsPortOutOfRange) {
   EXPECT_EQ(ParseError("node1 port=0\n"),
-            "hosts.txt:1: port must be a positive integer, got '0'");
+            "hosts.txt:1: port must be an integer in 1..65535, got '0'");
   EXPECT_EQ(ParseError("node1 port=65536\n"),
-            "hosts.txt:1: port must be in 1..65535, got '65536'");
+            "hosts.txt:1: port must be an integer in 1..65535, got '65536'");
+  EXPECT_EQ(ParseError("node1 port=-22\n"),
+            "hosts.txt:1: port must be an integer in 1..65535, got '-22'");
+  EXPECT_EQ(ParseError("node1 port=\n"),
+            "hosts.txt:1: port must be an integer in 1..65535, got ''");
   StatusOr<Hostfile> ok = ParseHostfile("node1 port=65535\n", "h");
   ASSERT_TRUE(ok.ok()) << ok.status().message();
   EXPECT_EQ(ok->hosts[0].port, 65535);
@@ -190,9 +206,21 @@ TEST(Hostfile, RejectsEmptyUser) {
   EXPECT_EQ(ParseError("node1\nnode2 user=\n"), "hosts.txt:2: empty user");
 }
 
-TEST(Hostfile, RejectsUserThatLooksLikeAnOption) {
+TEST(Hostfile, RejectsUserThatLooksLikeAnOptionOrHasStrangeCharacters) {
+  const std::string rule =
+      " (allowed: letters, digits, '.', '-', '_', '@'; not starting with '-'; "
+      "at most 256 characters)";
   EXPECT_EQ(ParseError("node1 user=-oProxyCommand\n"),
-            "hosts.txt:1: invalid user '-oProxyCommand'");
+            "hosts.txt:1: invalid user '-oProxyCommand'" + rule);
+  EXPECT_EQ(ParseError("node1 user=a;id\n"),
+            "hosts.txt:1: invalid user 'a;id'" + rule);
+  EXPECT_EQ(ParseError("node1 user=\xc3\xa9\n"),
+            "hosts.txt:1: invalid user '\\xc3\\xa9'" + rule);
+  EXPECT_EQ(ParseError("node1 user=" + std::string(257, 'u') + "\n"),
+            "hosts.txt:1: invalid user '" + std::string(257, 'u') + "'" + rule);
+  StatusOr<Hostfile> ok = ParseHostfile("n1 user=alice.b@corp\n", "h");
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok->hosts[0].user, "alice.b@corp");
 }
 
 TEST(Hostfile, RejectsDuplicateHostWithLineNumber) {
@@ -256,7 +284,75 @@ TEST(Hostfile, RejectsEmptyOrNestedOrSecondBracketGroup) {
 TEST(Hostfile, RejectsHugeRange) {
   EXPECT_EQ(ParseError("n[1-1000000]\n"),
             "hosts.txt:1: malformed range 'n[1-1000000]': expands to more than "
-            "65536 hosts");
+            "65536 hosts (the limit per hostfile)");
+  EXPECT_EQ(ParseError("a\nnode[0-9999999]\n"),
+            "hosts.txt:2: malformed range 'node[0-9999999]': expands to more "
+            "than 65535 hosts, the room left under the limit of 65536 hosts "
+            "per hostfile");
+  EXPECT_EQ(ParseError("n[0-9999999999]\n"),
+            "hosts.txt:1: malformed range 'n[0-9999999999]': '0-9999999999' "
+            "has more than 9 digits");
+  EXPECT_EQ(ParseError("n[99999999999999999999999]\n"),
+            "hosts.txt:1: malformed range 'n[99999999999999999999999]': "
+            "'99999999999999999999999' is not a number or number range");
+}
+
+TEST(Hostfile, AcceptsExactlyTheHostLimitAcrossLines) {
+  StatusOr<Hostfile> ok =
+      ParseHostfile("a[0-32767]\nb[0-32767]\n", "hosts.txt");
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok->hosts.size(), static_cast<size_t>(kMaxHosts));
+  EXPECT_EQ(ParseError("a[0-32767]\nb[0-32767]\nc\n"),
+            "hosts.txt:3: more than 65536 hosts (the limit per hostfile)");
+  EXPECT_EQ(ParseError("a[0-32767]\nb[0-32768]\n"),
+            "hosts.txt:2: malformed range 'b[0-32768]': expands to more than "
+            "32768 hosts, the room left under the limit of 65536 hosts per "
+            "hostfile");
+}
+
+TEST(Hostfile, RejectsMoreSlotsInTotalThanTheRankLimit) {
+  EXPECT_EQ(ParseError("a[0-1023] slots=1024\nb slots=1\n"),
+            "hosts.txt:2: more than 1048576 slots in the hostfile (the limit "
+            "on ranks in a job)");
+  EXPECT_EQ(ParseError("a[0-1024] slots=1024\n"),
+            "hosts.txt:1: more than 1048576 slots in the hostfile (the limit "
+            "on ranks in a job)");
+}
+
+TEST(Hostfile, RejectsNulAndControlBytesNamingTheColumn) {
+  EXPECT_EQ(ParseError(std::string("a\nno\0de1 slots=2\n", 17)),
+            "hosts.txt:2: control character '\\x00' in column 3 (is this a "
+            "text file?)");
+  EXPECT_EQ(ParseError("a\x1b[31m\n"),
+            "hosts.txt:1: control character '\\x1b' in column 2 (is this a "
+            "text file?)");
+  EXPECT_EQ(ParseError(std::string("a # \0 in a comment\n", 19)),
+            "hosts.txt:1: control character '\\x00' in column 5 (is this a "
+            "text file?)");
+}
+
+TEST(Hostfile, QuotesNonAsciiBytesEscapedInMessages) {
+  EXPECT_EQ(ParseError("n\xe9\x9b\n"),
+            "hosts.txt:1: invalid host name 'n\\xe9\\x9b' (allowed: letters, "
+            "digits, '.', '-', '_')");
+}
+
+TEST(Hostfile, RejectsOverlongLineNamingIt) {
+  std::string line = "a slots=1 " + std::string(kMaxLineBytes, ' ') + "\n";
+  EXPECT_EQ(ParseError("ok\n" + line),
+            "hosts.txt:2: line is longer than 65536 bytes");
+  std::string comment = "b # " + std::string(kMaxLineBytes - 10, 'x') + "\n";
+  EXPECT_TRUE(ParseHostfile(comment, "h").ok());
+}
+
+TEST(Hostfile, CrlfWithKeysAndCommentsParses) {
+  StatusOr<Hostfile> ok = ParseHostfile(
+      "a slots=2 port=22\r\n# c\r\n\r\nb user=u\r\n", "hosts.txt");
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  ASSERT_EQ(ok->hosts.size(), 2u);
+  EXPECT_EQ(ok->hosts[0].port, 22);
+  EXPECT_EQ(ok->hosts[1].user, "u");
+  EXPECT_EQ(ok->hosts[1].line, 4);
 }
 
 TEST(Hostfile, RejectsHostNameWithShellCharacters) {
@@ -333,6 +429,22 @@ TEST(Hostfile, LoadOfMissingFileIsDataErrorNamingPathAndReason) {
   EXPECT_EQ(result.status().message(),
             "cannot read hostfile '/nonexistent/dir/hosts.txt': No such file "
             "or directory");
+}
+
+TEST(Hostfile, LoadOfFileAboveTheSizeLimitIsDataErrorNamingIt) {
+  const std::string path = ::testing::TempDir() + "huge_hostfile.txt";
+  {
+    std::ofstream out(path);
+    std::string comments(1 << 16, '#');
+    comments.back() = '\n';
+    for (size_t i = 0; i <= kMaxHostfileBytes >> 16; ++i) out << comments;
+  }
+  StatusOr<Hostfile> result = LoadHostfile(path);
+  std::remove(path.c_str());
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), StatusCode::kDataError);
+  EXPECT_EQ(result.status().message(),
+            path + ": larger than 16 MiB (the limit for a hostfile)");
 }
 
 TEST(Hostfile, LoadOfDirectoryIsDataError) {

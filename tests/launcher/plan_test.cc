@@ -301,10 +301,26 @@ TEST(Plan, RejectsNumGpusAboveSelectedSlotsNamingHost) {
             "--num_gpus 3: host node1 has only 2 selected slots");
 }
 
-TEST(Plan, RejectsNumGpusBelowOne) {
+TEST(Plan, RejectsNumGpusBelowOneOrAboveTheSlotLimit) {
   PlanOptions options;
   options.num_gpus = 0;
-  EXPECT_EQ(PlanError(options), "--num_gpus must be at least 1, got 0");
+  EXPECT_EQ(PlanError(options), "--num_gpus must be in 1..1024, got 0");
+  options.num_gpus = 2147483647;
+  EXPECT_EQ(PlanError(options),
+            "--num_gpus must be in 1..1024, got 2147483647");
+}
+
+TEST(Plan, RejectsAHostfileBeyondTheLimitsBeforeAllocatingSlots) {
+  Hostfile hostfile;
+  hostfile.hosts.push_back({"big", 2147483647, {}, {}, {}, 1});
+  StatusOr<Plan> plan = MakePlan(hostfile, {});
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), StatusCode::kDataError);
+  EXPECT_EQ(plan.status().message(), "host big: slots must be in 1..1024");
+  hostfile.hosts.assign(1025, {"h", 1024, {}, {}, {}, 1});
+  plan = MakePlan(hostfile, {});
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().message(), "more than 1048576 slots");
 }
 
 TEST(Plan, RejectsEmptyHostfile) {
