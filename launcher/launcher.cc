@@ -129,7 +129,7 @@ int Launcher::Run() {
     }
   });
   io_.run();
-  console_.Flush();
+  console_.Close();
   PrintReport();
   console_.Flush();
   console_.DrainTerminal();
@@ -254,6 +254,7 @@ void Launcher::HandleWorkerExited(int node_rank, const wire::WorkerExited& e) {
   r.exit_time = e.time();
   r.exited_at = std::chrono::steady_clock::now();
   ++exited_ranks_;
+  console_.EndOfOutput(e.rank());
   if (!r.error.empty())
     console_.Note("rank " + std::to_string(e.rank()) + ": " + r.error);
   const bool failed = r.signal != 0 || r.exit_code != 0;
@@ -407,7 +408,7 @@ int Launcher::ExitCode() const {
   for (const auto& [rank, r] : ranks_) {
     if (!r.exited) return 70;  // should not happen: the job ended unaccounted
   }
-  return 0;
+  return console_.sink_status().ok() ? 0 : 74;  // EX_IOERR: logs incomplete
 }
 
 }  // namespace dslaunch::launcher
