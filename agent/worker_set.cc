@@ -304,7 +304,8 @@ void WorkerSet::OnRead(const std::shared_ptr<Worker>& w, bool is_stderr,
     lines.clear();
     s.lines.Feed(data.substr(0, take), &lines);
     for (size_t i = 0; i < lines.size(); ++i) {
-      const bool ends_line = nl != std::string_view::npos && i + 1 == lines.size();
+      const bool ends_line =
+          nl != std::string_view::npos && i + 1 == lines.size();
       delegate_->OnWorkerOutput(w->rank, is_stderr, std::move(lines[i]),
                                 /*partial=*/!ends_line);
     }
