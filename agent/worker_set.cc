@@ -293,10 +293,23 @@ void WorkerSet::OnRead(const std::shared_ptr<Worker>& w, bool is_stderr,
   s.reading = false;
   if (!s.open) return;
   if (ec) return CloseStream(w, is_stderr);
+  // Fed one line at a time: of what a line yields, only the last piece ends
+  // it; the splitter cuts a longer line into pieces, passed on as partial
+  // (no newline follows them) so the launcher can join them byte-exact.
+  std::string_view data(s.buffer.data(), n);
   std::vector<std::string> lines;
-  s.lines.Feed(std::string_view(s.buffer.data(), n), &lines);
-  for (auto& line : lines) {
-    delegate_->OnWorkerOutput(w->rank, is_stderr, std::move(line), false);
+  while (!data.empty()) {
+    const size_t nl = data.find('\n');
+    const size_t take = nl == std::string_view::npos ? data.size() : nl + 1;
+    lines.clear();
+    s.lines.Feed(data.substr(0, take), &lines);
+    for (size_t i = 0; i < lines.size(); ++i) {
+      const bool ends_line =
+          nl != std::string_view::npos && i + 1 == lines.size();
+      delegate_->OnWorkerOutput(w->rank, is_stderr, std::move(lines[i]),
+                                /*partial=*/!ends_line);
+    }
+    data.remove_prefix(take);
   }
   StartRead(w, is_stderr);
 }

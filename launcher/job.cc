@@ -216,6 +216,7 @@ void Job::HandleWorkerExited(int node_rank, const wire::WorkerExited& e) {
                                   e.signal(), e.time(), e.error());
   if (!action.ok())
     return spdlog::warn("node {}: {}", node_rank, action.status().message());
+  console_.EndOfOutput(e.rank());
   if (!e.error().empty())
     console_.Note("rank " + std::to_string(e.rank()) + ": " + e.error());
   Act(*action);

@@ -2,6 +2,7 @@
 // words, and what was stopped in consequence.
 #include "launcher/job.h"
 #include "launcher/report.h"
+#include "proto/exit_status.h"
 
 namespace dslaunch::launcher {
 
@@ -89,7 +90,7 @@ int Job::Finish() {
                   std::to_string(count) +
                   " malformed progress record(s) dropped");
   }
-  const int code = state_.ExitStatus();
+  int code = state_.ExitStatus();
   const Outcome& o = state_.outcome();
   if (o.cause == Outcome::Cause::kStartFailed) {
     console_.Note("started nothing: the start failed (exit status " +
@@ -100,7 +101,12 @@ int Job::Finish() {
     console_.Note("all " + Plural(state_.ranks().size(), "rank") + " on " +
                   Plural(plan_.nodes.size(), "node") + " exited 0 (" +
                   Fixed(Seconds(Clock::now() - start_time_), 2) + " s)");
-    return code;
+    if (console_.sink_status().ok()) return code;
+    // The job succeeded, its record did not: say so in the status.
+    console_.Note(
+        "FAILED: the job succeeded but its logs are incomplete (the first "
+        "write error is above); exit status 74");
+    return kExitIoError;
   }
   PrintOutcome();
   PrintConsequences();

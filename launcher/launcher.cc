@@ -55,7 +55,7 @@ int Launcher::Run() {
   WatchSignals();
   job_.Start(starter_.get(), &server_, *port);
   io_.run();
-  console_.Flush();
+  console_.Close();  // sink errors are known before the exit status
   const int code = job_.Finish();
   console_.Flush();
   console_.DrainTerminal();

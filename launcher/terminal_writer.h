@@ -1,44 +1,67 @@
-// TerminalWriter: writes the console's text to stdout/stderr from a thread
-// of its own, so that a slow reader (a pipe into `less`, Ctrl-S on a
-// terminal) never stalls the launcher's event loop, its heartbeats or its
-// handling of Ctrl-C. Order across both streams is kept. Past `limit`
-// bytes queued, Write blocks: memory stays bounded. Write and Drain may be
-// called from any one thread.
+// TerminalWriter: writes the console's text to stdout and stderr from threads
+// of its own, so that a slow or stopped reader (a pipe nobody reads, Ctrl-S)
+// never stalls the launcher's event loop, its heartbeats or its handling of
+// Ctrl-C. Write never blocks: past `limit` bytes queued for a stream, lines
+// are dropped and counted (drop newest) until the queue has drained to half
+// the limit. stdout and stderr share one queue (their order kept) when they
+// are the same file; otherwise each has its own, so a stalled stdout never
+// holds back stderr and the closing report. Owned by Console; its methods are
+// called from one thread (the launcher's main thread).
 #pragma once
 
-#include <condition_variable>
-#include <cstdio>
-#include <deque>
-#include <mutex>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <string>
-#include <thread>
-#include <utility>
 
 namespace dslaunch::launcher {
 
 class TerminalWriter {
  public:
-  explicit TerminalWriter(size_t limit = 64u << 20);
-  ~TerminalWriter();  // writes what is queued, then stops
+  enum class Stream { kOut = 0, kErr = 1 };
+  enum class Result {
+    kQueued,
+    kResumed,  // queued, and the lines before it had been dropped
+    kDropped,
+  };
+  static constexpr size_t kDefaultLimit = 64u << 20;
+  // Room past the limit kept for the launcher's own notes (WriteNote).
+  static constexpr size_t kNoteReserve = 1u << 20;
+  // At destruction: give up on a reader that took nothing for kExitStall,
+  // or that is still behind after kExitCap.
+  static constexpr auto kExitStall = std::chrono::seconds(2);
+  static constexpr auto kExitCap = std::chrono::seconds(30);
+
+  TerminalWriter(int out_fd, int err_fd, size_t limit = kDefaultLimit);
+  // Drain(kExitStall, kExitCap), then stops; a thread still blocked in
+  // write() on a reader that never reads is left behind, never waited for.
+  ~TerminalWriter();
   TerminalWriter(const TerminalWriter&) = delete;
   TerminalWriter& operator=(const TerminalWriter&) = delete;
 
-  void Write(FILE* stream, std::string text);
-  // Returns once everything queued so far is written and flushed.
-  void Drain();
+  // Queues one line (or piece of text) of rank output; never blocks.
+  Result Write(Stream stream, std::string text);
+  // Queues the launcher's own message even while lines are being dropped,
+  // up to limit + kNoteReserve; false when there is no room even so.
+  bool WriteNote(Stream stream, std::string text);
+  // Waits until everything queued is written, giving up when the reader took
+  // nothing for `stall` or `cap` has passed. Returns true when all was
+  // written; lines given up on are dropped and counted.
+  bool Drain(std::chrono::milliseconds stall, std::chrono::milliseconds cap);
+  // The same for one stream's queue only.
+  bool DrainStream(Stream stream, std::chrono::milliseconds stall,
+                   std::chrono::milliseconds cap);
+  // Lines dropped so far (given to Write, never written).
+  int64_t dropped(Stream stream) const;
+
+  struct Lane;  // a queue and its thread; defined in terminal_writer.cc
 
  private:
-  void Run();
+  Lane& LaneOf(Stream stream) const;
 
-  const size_t limit_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  // State below is protected by mu_.
-  std::deque<std::pair<FILE*, std::string>> queue_;
-  size_t queued_bytes_ = 0;
-  bool writing_ = false;
-  bool stop_ = false;
-  std::thread thread_;  // last: starts after the state above exists
+  int fds_[2];
+  std::shared_ptr<Lane> lanes_[2];  // one object twice when shared
 };
 
 }  // namespace dslaunch::launcher

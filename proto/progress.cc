@@ -2,11 +2,37 @@
 
 #include <unistd.h>  // close
 
+#include <cstdio>             // snprintf for escapes
 #include <nlohmann/json.hpp>  // parsing and re-serializing records
 
 #include "proto/unix_socket.h"
 
 namespace dslaunch::proto {
+
+Status CheckJsonNesting(std::string_view json, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < json.size(); ++i) {
+    const char c = json[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character cannot end the string
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) {
+        return DataError("progress record nests deeper than " +
+                         std::to_string(max_depth) + " levels");
+      }
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return Status::Ok();
+}
 
 Status ValidateProgressRecord(std::string_view line) {
   if (line.size() > kMaxProgressRecordBytes) {
@@ -14,6 +40,7 @@ Status ValidateProgressRecord(std::string_view line) {
                      " bytes (limit " +
                      std::to_string(kMaxProgressRecordBytes) + ")");
   }
+  RETURN_IF_ERROR(CheckJsonNesting(line, kMaxProgressDepth));
   auto parsed =
       nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) return DataError("progress record is not JSON");
@@ -25,13 +52,64 @@ Status ValidateProgressRecord(std::string_view line) {
 
 std::string AnnotateProgressRecord(std::string_view json, int rank,
                                    const std::string& node, double time) {
-  auto record = nlohmann::ordered_json::parse(json, nullptr, false);
+  nlohmann::ordered_json record;
+  if (json.size() <= kMaxProgressRecordBytes &&
+      CheckJsonNesting(json, kMaxProgressDepth).ok()) {
+    record = nlohmann::ordered_json::parse(json, nullptr, false);
+  }
   if (!record.is_object()) record = nlohmann::ordered_json::object();
   record["rank"] = rank;
   record["node"] = node;
   record["time"] = time;
   return record.dump(-1, ' ', false,
                      nlohmann::ordered_json::error_handler_t::replace);
+}
+
+// Length of the valid UTF-8 sequence at the start of `s`, or 0.
+static size_t Utf8SequenceLength(std::string_view s) {
+  const auto b = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
+  const unsigned char lead = b(0);
+  size_t n = lead >= 0xF0 && lead <= 0xF4   ? 4
+             : lead >= 0xE0                 ? 3
+             : lead >= 0xC2 && lead <= 0xDF ? 2
+                                            : 0;
+  if (lead > 0xF4 || n > s.size()) return 0;
+  for (size_t i = 1; i < n; ++i) {
+    if ((b(i) & 0xC0) != 0x80) return 0;
+  }
+  // Overlong three- and four-byte forms, surrogates, beyond U+10FFFF.
+  if ((lead == 0xE0 && b(1) < 0xA0) || (lead == 0xED && b(1) > 0x9F) ||
+      (lead == 0xF0 && b(1) < 0x90) || (lead == 0xF4 && b(1) > 0x8F)) {
+    return 0;
+  }
+  return n;
+}
+
+std::string EscapeControlChars(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  char buf[8];
+  while (!text.empty()) {
+    const auto c = static_cast<unsigned char>(text[0]);
+    size_t n = c < 0x80 ? 1 : Utf8SequenceLength(text);
+    if ((c < 0x20 && c != '\t') || c == 0x7F) {
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else if (n == 2 && c == 0xC2 &&
+               static_cast<unsigned char>(text[1]) < 0xA0) {
+      std::snprintf(buf, sizeof(buf), "\\u%04x",
+                    static_cast<unsigned char>(text[1]));  // C1: U+0080..9F
+      out += buf;
+    } else if (n == 0) {
+      std::snprintf(buf, sizeof(buf), "\\x%02x", c);  // not UTF-8
+      out += buf;
+      n = 1;
+    } else {
+      out.append(text.substr(0, n));
+    }
+    text.remove_prefix(n);
+  }
+  return out;
 }
 
 ProgressClient::~ProgressClient() {

@@ -1,8 +1,10 @@
 // The progress protocol: a rank connects to the Unix socket named by
 // DSLAUNCH_PROGRESS and writes newline-terminated JSON objects. This file
-// holds the record checks (agent side), the annotation the launcher adds
-// before writing metrics.jsonl, and a small blocking client for ranks
-// written in C++. Pure functions; ProgressClient is single-threaded.
+// holds the record checks (agent and launcher side: size and nesting are
+// bounded before anything recursive touches a record), the annotation the
+// launcher adds before writing metrics.jsonl, the escaping of rank-supplied
+// text for the terminal, and a small blocking client for ranks written in
+// C++. Pure functions; ProgressClient is single-threaded.
 #pragma once
 
 #include <string>
@@ -13,13 +15,25 @@
 namespace dslaunch::proto {
 
 inline constexpr size_t kMaxProgressRecordBytes = 64 * 1024;
+// Arrays and objects nested deeper than this make a record malformed: the
+// JSON library prints (and compares) recursively, so depth is bounded first.
+inline constexpr int kMaxProgressDepth = 32;
 
-// OK when `line` is one JSON object of at most kMaxProgressRecordBytes.
+// OK when the arrays and objects of `json` nest at most `max_depth` deep.
+// A linear scan (strings skipped, no recursion); it does not check syntax.
+Status CheckJsonNesting(std::string_view json, int max_depth);
+// OK when `line` is one JSON object of at most kMaxProgressRecordBytes and
+// kMaxProgressDepth levels.
 Status ValidateProgressRecord(std::string_view line);
 // Returns the record with "rank", "node" and "time" set (overwriting any the
-// rank sent itself), serialized on one line.
+// rank sent itself), serialized on one line. A record that is not an object,
+// or too large or deep, becomes an object holding only those three.
 std::string AnnotateProgressRecord(std::string_view json, int rank,
                                    const std::string& node, double time);
+// Rank-supplied text made safe for a terminal: C0 controls except tab, DEL,
+// and C1 controls (U+0080..U+009F, or such bytes outside valid UTF-8) are
+// written as \u001b-style escapes, so no escape sequence reaches the screen.
+std::string EscapeControlChars(std::string_view text);
 
 class ProgressClient {
  public:

@@ -95,6 +95,61 @@ TEST(AnnotateProgressRecord, TurnsNonObjectIntoAnnotatedObject) {
   EXPECT_EQ(json["rank"], 1);
 }
 
+TEST(ValidateProgressRecord, RejectsNestingDeeperThanTheLimitWithoutRecursing) {
+  const std::string arrays =
+      "{\"a\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  EXPECT_EQ(ValidateProgressRecord(arrays).code(), StatusCode::kDataError);
+  std::string objects;
+  for (int i = 0; i < 10000; ++i) objects += "{\"a\":";
+  objects += "1" + std::string(10000, '}');
+  Status st = ValidateProgressRecord(objects);
+  EXPECT_EQ(st.code(), StatusCode::kDataError);
+  EXPECT_NE(st.message().find("deeper than 32"), std::string::npos)
+      << st.message();
+}
+
+TEST(ValidateProgressRecord, AcceptsNestingUpToTheLimit) {
+  std::string ok = "{\"a\":" + std::string(kMaxProgressDepth - 1, '[') +
+                   std::string(kMaxProgressDepth - 1, ']') + "}";
+  EXPECT_TRUE(ValidateProgressRecord(ok).ok());
+  std::string deep = "{\"a\":" + std::string(kMaxProgressDepth, '[') +
+                     std::string(kMaxProgressDepth, ']') + "}";
+  EXPECT_FALSE(ValidateProgressRecord(deep).ok());
+}
+
+TEST(CheckJsonNesting, IgnoresBracketsInsideStrings) {
+  const std::string quoted = "{\"s\": \"" + std::string(1000, '[') +
+                             "\\\"[[[\"}";  // an escaped quote inside
+  EXPECT_TRUE(CheckJsonNesting(quoted, 2).ok());
+  EXPECT_TRUE(ValidateProgressRecord(quoted).ok());
+  EXPECT_FALSE(CheckJsonNesting("[[[]]]", 2).ok());
+  EXPECT_TRUE(CheckJsonNesting("[[]][[]]", 2).ok());
+}
+
+TEST(AnnotateProgressRecord, ReplacesATooDeepRecordInsteadOfCrashing) {
+  const std::string deep =
+      "{\"a\":" + std::string(200000, '[') + std::string(200000, ']') + "}";
+  EXPECT_EQ(AnnotateProgressRecord(deep, 1, "n", 2.0),
+            R"({"rank":1,"node":"n","time":2.0})");
+}
+
+TEST(EscapeControlChars, EscapesC0DelAndC1ButNotTabOrText) {
+  EXPECT_EQ(EscapeControlChars("\x1b[2Jplain\ttab"), "\\u001b[2Jplain\ttab");
+  EXPECT_EQ(EscapeControlChars(std::string("a\0b\r\n\x7f", 6)),
+            "a\\u0000b\\u000d\\u000a\\u007f");
+  EXPECT_EQ(EscapeControlChars("\xc2\x9b"
+                               "31m"),
+            "\\u009b31m");  // C1 CSI
+  EXPECT_EQ(EscapeControlChars("\xc2\x85"), "\\u0085");
+  EXPECT_EQ(
+      EscapeControlChars("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \xc2\xa0"),
+      "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \xc2\xa0");
+  // Bytes that are not UTF-8 (a raw 8-bit CSI among them) are escaped too.
+  EXPECT_EQ(EscapeControlChars("\x9b"
+                               "1m\xff\xe2\x82"),
+            "\\x9b1m\\xff\\xe2\\x82");
+}
+
 TEST(ProgressClient, ReportWithoutConnectFails) {
   ProgressClient client;
   EXPECT_EQ(client.Report("{}").code(), StatusCode::kUnavailable);
