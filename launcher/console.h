@@ -80,6 +80,8 @@ class Console {
   int64_t malformed_progress() const { return malformed_progress_; }
   // Lines the terminal did not take, both streams.
   int64_t dropped_lines() const;
+  // For the launcher's log sink (thread-safe, never blocks).
+  TerminalWriter& terminal() { return terminal_; }
 
  private:
   void ToTerminal(TerminalWriter::Stream stream, std::string text);

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
+#include "launcher/log_sink.h"
 #include "proto/auth.h"
 #include "proto/exit_status.h"
 
@@ -35,8 +36,28 @@ Launcher::Launcher(LaunchOptions options, Plan plan, EnvList job_env)
 
 Launcher::~Launcher() = default;
 
+// Routes the default logger through the console's terminal writer while it
+// lives, and back to plain stderr after.
+class ScopedLogSink {
+ public:
+  explicit ScopedLogSink(TerminalWriter* terminal)
+      : logger_(spdlog::default_logger()), saved_(logger_->sinks()) {
+    auto sink = std::make_shared<TerminalLogSink>(terminal);
+    if (!saved_.empty()) sink->set_level(saved_.front()->level());
+    logger_->sinks() = {sink};
+    logger_->set_pattern(pattern_);
+  }
+  ~ScopedLogSink() { logger_->sinks() = saved_; }
+
+ private:
+  std::shared_ptr<spdlog::logger> logger_;
+  std::vector<spdlog::sink_ptr> saved_;
+  std::string pattern_ = "[%H:%M:%S.%e launcher %l] %v";
+};
+
 int Launcher::Run() {
   ::signal(SIGPIPE, SIG_IGN);
+  ScopedLogSink log_sink(&console_.terminal());
   Status st = console_.Open(job_.plan(), options_.log_dir);
   StatusOr<int> port = st.ok() ? server_.Listen(options_.bind_addr, 0) : st;
   if (port.ok()) {
