@@ -1,6 +1,7 @@
 // dsagent: the per-node agent of a dslaunch job. Started by the launcher
 // (local, ssh, pdsh, srun, mpirun) or already running (join); reads the job
 // secret from stdin, never from argv.
+#include <sys/prctl.h>  // PR_SET_DUMPABLE
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -19,6 +20,7 @@ static int Usage(const dslaunch::Status& st) {
 }
 
 int main(int argc, char** argv) {
+  ::prctl(PR_SET_DUMPABLE, 0);  // no rank may read our memory or secret
   CLI::App app("dsagent: runs one node's ranks of a dslaunch job");
   dslaunch::agent::AgentOptions options;
   std::string connect, log_level = "warn";

@@ -1,5 +1,6 @@
 // dslaunch: starts and supervises one multi-node training job.
 //   dslaunch [options] [--] PROGRAM [ARGS...]
+#include <sys/prctl.h>  // PR_SET_DUMPABLE
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>  // environ
@@ -22,6 +23,7 @@ static int ExitFor(const dslaunch::Status& st) {
 }
 
 int main(int argc, char** argv) {
+  ::prctl(PR_SET_DUMPABLE, 0);  // no rank may read our memory or secret
   int exit_now = -1;
   auto options = dsl::ParseFlags(argc, argv, &exit_now);
   if (!options.ok()) return ExitFor(options.status());

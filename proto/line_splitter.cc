@@ -1,6 +1,6 @@
-#include "agent/line_splitter.h"
+#include "proto/line_splitter.h"
 
-namespace dslaunch::agent {
+namespace dslaunch::proto {
 
 void LineSplitter::Feed(std::string_view data,
                         std::vector<std::string>* lines) {
@@ -27,4 +27,4 @@ bool LineSplitter::Finish(std::string* rest) {
   return true;
 }
 
-}  // namespace dslaunch::agent
+}  // namespace dslaunch::proto

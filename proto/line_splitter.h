@@ -1,14 +1,15 @@
-// LineSplitter cuts a byte stream (a worker's stdout or stderr) into whole
-// lines. Bytes without a newline yet are held until more arrive or the
-// stream ends, so no line is ever torn; a line longer than the limit is
-// passed on in limit-sized pieces. Passive and single-threaded.
+// LineSplitter cuts a byte stream (a child's stdout or stderr, a remote
+// shell's output) into whole lines. Bytes without a newline yet are held
+// until more arrive or the stream ends, so no line is ever torn; a line
+// longer than the limit is passed on in limit-sized pieces. Passive and
+// single-threaded; the one line splitter of the project.
 #pragma once
 
 #include <string>
 #include <string_view>
 #include <vector>
 
-namespace dslaunch::agent {
+namespace dslaunch::proto {
 
 class LineSplitter {
  public:
@@ -25,4 +26,4 @@ class LineSplitter {
   std::string pending_;
 };
 
-}  // namespace dslaunch::agent
+}  // namespace dslaunch::proto

@@ -1,0 +1,224 @@
+#include "agent/job_containment.h"
+
+#include <dirent.h>     // opendir
+#include <fcntl.h>      // open
+#include <signal.h>     // kill, signal
+#include <spdlog/spdlog.h>
+#include <sys/prctl.h>  // PR_SET_CHILD_SUBREAPER
+#include <sys/stat.h>   // mkdir
+#include <time.h>       // nanosleep
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+namespace dslaunch::agent {
+
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Async-signal-safe (used by the guard after fork too).
+bool WriteString(const char* path, const char* text) {
+  const int fd = ::open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const size_t len = std::strlen(text);
+  const bool ok = ::write(fd, text, len) == static_cast<ssize_t>(len);
+  ::close(fd);
+  return ok;
+}
+
+void SleepMs(long ms) {
+  timespec ts{0, ms * 1000000L};
+  ::nanosleep(&ts, nullptr);
+}
+
+// {ppid, state} of a process from /proc/<pid>/stat; false when it is gone.
+bool ReadStat(pid_t pid, pid_t* ppid, char* state) {
+  const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  const size_t paren = stat.rfind(')');  // the name may hold ')' and spaces
+  if (paren == std::string::npos || paren + 4 > stat.size()) return false;
+  *state = stat[paren + 2];
+  *ppid = static_cast<pid_t>(std::atol(stat.c_str() + paren + 4));
+  return true;
+}
+
+bool IsLive(pid_t pid) {
+  pid_t ppid;
+  char state;
+  return ReadStat(pid, &ppid, &state) && state != 'Z' && state != 'X';
+}
+
+// Pids listed in a cgroup's cgroup.procs that are still alive.
+std::vector<pid_t> LiveMembers(const std::string& dir) {
+  std::vector<pid_t> pids;
+  std::istringstream in(ReadFile(dir + "/cgroup.procs"));
+  for (pid_t pid; in >> pid;) {
+    if (IsLive(pid)) pids.push_back(pid);
+  }
+  return pids;
+}
+
+}  // namespace
+
+std::string Cgroup2Mount(const std::string& mountinfo) {
+  std::istringstream lines(mountinfo);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream f(line);
+    std::vector<std::string> fields;
+    for (std::string w; f >> w;) fields.push_back(w);
+    for (size_t i = 6; i + 1 < fields.size(); ++i) {
+      if (fields[i] == "-" && fields[i + 1] == "cgroup2" && fields[3] == "/") {
+        return fields[4];
+      }
+    }
+  }
+  return "";
+}
+
+std::string Cgroup2Path(const std::string& proc_cgroup) {
+  std::istringstream lines(proc_cgroup);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("0::", 0) == 0) return line.substr(3);
+  }
+  return "";
+}
+
+std::vector<pid_t> LiveDescendants(pid_t root) {
+  std::map<pid_t, std::vector<pid_t>> children;
+  if (DIR* proc = ::opendir("/proc")) {
+    while (dirent* e = ::readdir(proc)) {
+      char* end = nullptr;
+      const long pid = std::strtol(e->d_name, &end, 10);
+      pid_t ppid;
+      char state;
+      if (*end != '\0' || pid <= 0 || !ReadStat(pid, &ppid, &state)) continue;
+      if (state != 'Z' && state != 'X') children[ppid].push_back(pid);
+    }
+    ::closedir(proc);
+  }
+  std::vector<pid_t> out;
+  std::vector<pid_t> todo = {root};
+  while (!todo.empty() && out.size() < 100000) {
+    const pid_t p = todo.back();
+    todo.pop_back();
+    for (pid_t c : children[p]) {
+      out.push_back(c);
+      todo.push_back(c);
+    }
+  }
+  return out;
+}
+
+JobContainment::~JobContainment() {
+  if (!set_up_) return;
+  KillAll();
+  RemoveCgroup();
+  if (guard_fd_ >= 0) ::close(guard_fd_);  // the guard finds nothing left
+}
+
+void JobContainment::SetUp(const std::string& raw_name) {
+  if (set_up_) return;
+  set_up_ = true;
+  std::string name = raw_name.substr(0, 200);
+  for (char& ch : name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-') ch = '_';
+  }
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  const std::string mount = Cgroup2Mount(ReadFile("/proc/self/mountinfo"));
+  const std::string own = Cgroup2Path(ReadFile("/proc/self/cgroup"));
+  if (!mount.empty() && !own.empty()) {
+    std::string dir = mount + (own == "/" ? "" : own) + "/" + name;
+    if (::mkdir(dir.c_str(), 0700) == 0 || errno == EEXIST) {
+      cgroup_dir_ = dir;
+      StartGuard();
+    } else {
+      spdlog::debug("cannot make cgroup {}: {}", dir, std::strerror(errno));
+    }
+  }
+  spdlog::info("job containment: {}", mechanism());
+}
+
+std::string JobContainment::mechanism() const {
+  return cgroup_dir_.empty() ? "subreaper" : "cgroup " + cgroup_dir_;
+}
+
+// The guard outlives an agent that is SIGKILLed: when its lifeline (a pipe
+// from us) reaches end of file, it kills the cgroup and removes it.
+void JobContainment::StartGuard() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return;
+  const std::string kill_path = cgroup_dir_ + "/cgroup.kill";
+  const std::string dir = cgroup_dir_;
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return;
+  }
+  if (pid == 0) {  // async-signal-safe calls only from here
+    ::setpgid(0, 0);  // not hit by signals to the agent's group
+    for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGPIPE}) ::signal(sig, SIG_IGN);
+    ::close(fds[1]);
+    char byte;
+    while (::read(fds[0], &byte, 1) < 0 && errno == EINTR) {
+    }
+    for (int i = 0; i < 400 && ::rmdir(dir.c_str()) != 0 && errno == EBUSY;
+         ++i) {
+      WriteString(kill_path.c_str(), "1");
+      SleepMs(5);
+    }
+    ::_exit(0);
+  }
+  ::close(fds[0]);
+  guard_pid_ = pid;
+  guard_fd_ = fds[1];
+}
+
+void JobContainment::KillAll() {
+  if (!set_up_) return;
+  for (int round = 0; round < 400; ++round) {  // at most about 2 s
+    bool any = false;
+    if (!cgroup_dir_.empty()) {
+      const std::vector<pid_t> members = LiveMembers(cgroup_dir_);
+      if (!members.empty() &&
+          !WriteString((cgroup_dir_ + "/cgroup.kill").c_str(), "1")) {
+        for (pid_t pid : members) ::kill(pid, SIGKILL);  // before 5.14
+      }
+      any |= !members.empty();
+    }
+    for (pid_t pid : LiveDescendants(::getpid())) {
+      if (pid == guard_pid_) continue;
+      ::kill(pid, SIGKILL);
+      any = true;
+    }
+    if (!any) return;
+    SleepMs(5);
+  }
+  spdlog::warn("descendants of the job still alive after SIGKILL");
+}
+
+void JobContainment::RemoveCgroup() {
+  if (cgroup_dir_.empty()) return;
+  for (int i = 0; i < 200; ++i) {
+    if (::rmdir(cgroup_dir_.c_str()) == 0 || errno == ENOENT) break;
+    if (errno != EBUSY) {
+      spdlog::warn("cannot remove cgroup {}: {}", cgroup_dir_,
+                   std::strerror(errno));
+      break;
+    }
+    SleepMs(5);
+  }
+  cgroup_dir_.clear();
+}
+
+}  // namespace dslaunch::agent

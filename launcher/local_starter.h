@@ -1,0 +1,39 @@
+// LocalStarter starts agents as child processes of the launcher (through a
+// proto::ProcessSet), each in its own session (so a terminal's Ctrl-C
+// reaches only the launcher, which coordinates), with
+// PR_SET_PDEATHSIG(SIGTERM) and a stdin pipe that carries the secret and
+// then stays open as a lifeline. Owned by the Launcher; io_context thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <boost/asio/io_context.hpp>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "launcher/starter.h"
+#include "proto/process_set.h"
+
+namespace dslaunch::launcher {
+
+class LocalStarter : public Starter, private proto::ProcessSet::Delegate {
+ public:
+  LocalStarter(boost::asio::io_context& io, Starter::Delegate* delegate);
+  // Closes the lifelines; the agents drain and go on their own.
+  ~LocalStarter() override = default;
+
+  Status Start(const std::vector<AgentLaunch>& launches,
+               const std::string& secret) override;
+  void Kill(int node_rank) override;
+
+ private:
+  void OnProcessOutput(pid_t, bool, std::string, bool) override {}
+  void OnProcessExited(pid_t pid, const proto::ExitInfo& info) override;
+
+  Starter::Delegate* delegate_;
+  proto::ProcessSet processes_;
+  std::map<pid_t, int> node_of_;  // agents not yet reported
+};
+
+}  // namespace dslaunch::launcher
