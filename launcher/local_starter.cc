@@ -3,6 +3,7 @@
 #include <arpa/inet.h>  // inet_ntop
 #include <netdb.h>      // getaddrinfo
 #include <signal.h>     // SIGKILL, SIGTERM
+#include <spdlog/spdlog.h>
 
 #include <set>
 
@@ -43,9 +44,10 @@ void LocalStarter::Kill(int node_rank) {
 void LocalStarter::OnProcessExited(pid_t pid, const proto::ExitInfo& info) {
   const int node = node_of_[pid];
   node_of_.erase(pid);
-  std::string how = DescribeWaitStatus(info.wait_status);
-  if (!info.error.empty()) how += " (" + info.error + ")";
-  delegate_->OnAgentProcessExited(node, how);
+  if (!info.error.empty()) {
+    spdlog::error("node {}: cannot start the agent: {}", node, info.error);
+  }
+  delegate_->OnAgentProcessExited(node, DescribeWaitStatus(info.wait_status));
 }
 
 bool IsLocalHost(const std::string& host) {

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <signal.h>  // SIGKILL, SIGTERM
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -258,8 +259,9 @@ void PdshStarter::HandleLine(bool is_stderr, const std::string& raw) {
 // said; the others end with pdsh.
 void PdshStarter::OnProcessExited(pid_t, const proto::ExitInfo& info) {
   pid_ = -1;
-  std::string how = "ended with pdsh, which " + DescribeWaitStatus(info.wait_status);
-  if (!info.error.empty()) how += " (" + info.error + ")";
+  if (!info.error.empty()) spdlog::error("cannot start pdsh: {}", info.error);
+  const std::string how =
+      "ended with pdsh, which " + DescribeWaitStatus(info.wait_status);
   for (size_t n = 0; n < hosts_.size(); ++n) {
     if (exited_[n]) continue;
     exited_[n] = true;
