@@ -168,9 +168,14 @@ void JobContainment::StartGuard() {
   if (pid == 0) {  // async-signal-safe calls only from here
     ::setpgid(0, 0);  // not hit by signals to the agent's group
     for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGPIPE}) ::signal(sig, SIG_IGN);
-    ::close(fds[1]);
+    // Keep only the lifeline: the control socket and listeners must close
+    // when the agent dies, not when the guard is done.
+    ::dup2(fds[0], 0);
+    if (::close_range(1, ~0U, 0) != 0) {
+      for (int fd = 1; fd < 65536; ++fd) ::close(fd);
+    }
     char byte;
-    while (::read(fds[0], &byte, 1) < 0 && errno == EINTR) {
+    while (::read(0, &byte, 1) < 0 && errno == EINTR) {
     }
     for (int i = 0; i < 400 && ::rmdir(dir.c_str()) != 0 && errno == EBUSY;
          ++i) {
