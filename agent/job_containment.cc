@@ -1,8 +1,8 @@
 #include "agent/job_containment.h"
 
-#include <dirent.h>     // opendir
-#include <fcntl.h>      // open
-#include <signal.h>     // kill, signal
+#include <dirent.h>  // opendir
+#include <fcntl.h>   // open
+#include <signal.h>  // kill, signal
 #include <spdlog/spdlog.h>
 #include <sys/prctl.h>  // PR_SET_CHILD_SUBREAPER
 #include <sys/stat.h>   // mkdir
@@ -165,7 +165,7 @@ void JobContainment::StartGuard() {
     ::close(fds[1]);
     return;
   }
-  if (pid == 0) {  // async-signal-safe calls only from here
+  if (pid == 0) {     // async-signal-safe calls only from here
     ::setpgid(0, 0);  // not hit by signals to the agent's group
     for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGPIPE}) ::signal(sig, SIG_IGN);
     // Keep only the lifeline: the control socket and listeners must close

@@ -9,9 +9,7 @@ namespace dslaunch::agent {
 WorkerSet::WorkerSet(boost::asio::io_context& io, Delegate* delegate)
     : io_(io), delegate_(delegate), processes_(io, this) {}
 
-WorkerSet::~WorkerSet() {
-  proto::ChildReaper::Of(io_).ReapOrphans(nullptr);
-}
+WorkerSet::~WorkerSet() { proto::ChildReaper::Of(io_).ReapOrphans(nullptr); }
 
 void WorkerSet::Contain(const std::string& name) {
   containment_.SetUp(name);

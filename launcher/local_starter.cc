@@ -13,7 +13,8 @@
 
 namespace dslaunch::launcher {
 
-LocalStarter::LocalStarter(boost::asio::io_context& io, Starter::Delegate* delegate)
+LocalStarter::LocalStarter(boost::asio::io_context& io,
+                           Starter::Delegate* delegate)
     : delegate_(delegate), processes_(io, this) {}
 
 Status LocalStarter::Start(const std::vector<AgentLaunch>& launches,

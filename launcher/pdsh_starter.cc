@@ -77,8 +77,11 @@ static proto::ProcessSpec PdshSpec(const PdshSettings& s,
                                    const std::vector<std::string>& hosts,
                                    const std::string& command) {
   proto::ProcessSpec spec;
-  spec.argv = {s.pdsh, "-S", "-R", "ssh", "-f", std::to_string(s.fanout),
-               "-w",   Join(hosts, ","), command};
+  spec.argv = {s.pdsh, "-S",
+               "-R",   "ssh",
+               "-f",   std::to_string(s.fanout),
+               "-w",   Join(hosts, ","),
+               command};
   spec.inherit_env = true;
   spec.env = {"PDSH_SSH_ARGS_APPEND=" + s.ssh_args};
   spec.new_session = true;
@@ -93,8 +96,7 @@ struct Collector : proto::ProcessSet::Delegate {
   std::vector<std::pair<bool, std::string>> lines;  // {is_stderr, line}
   bool done = false;
   std::string error;
-  void OnProcessOutput(pid_t, bool is_stderr, std::string line,
-                       bool) override {
+  void OnProcessOutput(pid_t, bool is_stderr, std::string line, bool) override {
     lines.emplace_back(is_stderr, std::move(line));
   }
   void OnProcessExited(pid_t, const proto::ExitInfo& info) override {
@@ -116,8 +118,9 @@ static Collector RunPdsh(const proto::ProcessSpec& spec, double timeout_s) {
     c.error = pid.status().message();
     return c;
   }
-  auto deadline = std::chrono::steady_clock::now() +
-                  std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   for (bool killed = false; !c.done;) {
     if (std::chrono::steady_clock::now() >= deadline) {
       if (killed) break;
@@ -224,7 +227,8 @@ Status PdshStarter::Start(const std::vector<AgentLaunch>& launches,
   std::string command;
   for (const auto& w : argv)
     command += (command.empty() ? "" : " ") + ShellQuote(w);
-  ASSIGN_OR_RETURN(pid_, processes_.Spawn(PdshSpec(settings_, hosts_, command)));
+  ASSIGN_OR_RETURN(pid_,
+                   processes_.Spawn(PdshSpec(settings_, hosts_, command)));
   return Status::Ok();
 }
 

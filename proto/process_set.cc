@@ -135,7 +135,8 @@ enum Stage : int { kChdir = 1, kExec = 2, kCgroup = 3 };
   if (p.cgroup_procs[0] != '\0') {
     // Joins before any of the program's code runs ("0": this process).
     const int fd = ::open(p.cgroup_procs, O_WRONLY | O_CLOEXEC);
-    if (fd < 0 || ::write(fd, "0", 1) != 1) ReportAndExit(p.report_w, kCgroup, errno);
+    if (fd < 0 || ::write(fd, "0", 1) != 1)
+      ReportAndExit(p.report_w, kCgroup, errno);
     ::close(fd);
   }
   const int in_fd = p.in_r >= 0 ? p.in_r : ::open("/dev/null", O_RDONLY);
@@ -169,8 +170,8 @@ struct SpawnPipes {
   }
   Status Open(const ProcessSpec& spec) {
     if ((spec.stdin_pipe && ::pipe2(in, O_CLOEXEC) != 0) ||
-        (spec.capture_output && (::pipe2(out, O_CLOEXEC) != 0 ||
-                                 ::pipe2(err, O_CLOEXEC) != 0)) ||
+        (spec.capture_output &&
+         (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)) ||
         ::pipe2(report, O_CLOEXEC) != 0) {
       return ErrnoStatus("pipe", errno);
     }
@@ -196,10 +197,9 @@ std::string ExecError(int report_fd, const ProcessSpec& spec,
   } while (got < 0 && errno == EINTR);
   if (got != sizeof(reported)) return "";
   const std::string what =
-      reported[0] == kChdir ? "cannot change directory to '" + spec.cwd + "'"
-      : reported[0] == kCgroup
-          ? "cannot join cgroup '" + spec.cgroup_dir + "'"
-          : "cannot execute '" + path + "'";
+      reported[0] == kChdir    ? "cannot change directory to '" + spec.cwd + "'"
+      : reported[0] == kCgroup ? "cannot join cgroup '" + spec.cgroup_dir + "'"
+                               : "cannot execute '" + path + "'";
   return what + ": " + std::strerror(reported[1]);
 }
 
@@ -242,10 +242,11 @@ StatusOr<pid_t> ProcessSet::Spawn(const ProcessSpec& spec) {
   auto envp = CStrings(env);
   const std::string cgroup_procs =
       spec.cgroup_dir.empty() ? "" : spec.cgroup_dir + "/cgroup.procs";
-  ChildPlan plan{::getpid(), !error.empty(), spec.new_session,
-                 spec.death_signal, pipes.in[0], pipes.out[1], pipes.err[1],
-                 pipes.report[1], path.c_str(), spec.cwd.c_str(),
-                 cgroup_procs.c_str(), argv.data(), envp.data()};
+  ChildPlan plan{::getpid(),        !error.empty(),       spec.new_session,
+                 spec.death_signal, pipes.in[0],          pipes.out[1],
+                 pipes.err[1],      pipes.report[1],      path.c_str(),
+                 spec.cwd.c_str(),  cgroup_procs.c_str(), argv.data(),
+                 envp.data()};
   const pid_t pid = ::fork();
   if (pid < 0) return ErrnoStatus("fork", errno);
   if (pid == 0) ExecChild(plan);

@@ -290,10 +290,11 @@ TEST_F(WorkerSetTest, WorkerRunsInItsOwnProcessGroup) {
 TEST_F(WorkerSetTest, ReportsExitEvenIfAGrandchildKeepsTheOutputOpen) {
   // The worker exits once the grandchild is in its own session (field 6 of
   // /proc/<pid>/stat), so the kill of the worker's group cannot reach it.
-  SpawnOk(Shell(0,
-                "setsid sleep 30 & g=$!; "
-                "until [ \"$(cut -d' ' -f6 /proc/$g/stat)\" = $g ]; do :; done; "
-                "echo $g; exit 4"));
+  SpawnOk(
+      Shell(0,
+            "setsid sleep 30 & g=$!; "
+            "until [ \"$(cut -d' ' -f6 /proc/$g/stat)\" = $g ]; do :; done; "
+            "echo $g; exit 4"));
   ASSERT_TRUE(
       RunUntil(io_, [&] { return delegate_.Lines(0, false).size() == 1; }));
   const pid_t grandchild = std::stoi(delegate_.Lines(0, false)[0]);

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -72,9 +73,10 @@ class ProcessSetTest : public ::testing::Test {
     EXPECT_TRUE(pid.ok()) << pid.status().message();
     return pid.ok() ? *pid : -1;
   }
-  bool WaitForExit(pid_t pid, std::chrono::milliseconds timeout =
-                                  std::chrono::seconds(5)) {
-    return RunUntil(io_, [&] { return rec_.exits.count(pid) > 0; }, timeout);
+  bool WaitForExit(
+      pid_t pid, std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+    return RunUntil(
+        io_, [&] { return rec_.exits.count(pid) > 0; }, timeout);
   }
   asio::io_context io_;
   Recorder rec_;
@@ -184,8 +186,8 @@ TEST_F(ProcessSetTest, TracksManyChildren) {
     pids.push_back(SpawnOk(Shell("echo " + std::to_string(i) + "; exit " +
                                  std::to_string(i % 50))));
   }
-  ASSERT_TRUE(RunUntil(io_, [&] { return rec_.exits.size() == 64; },
-                       std::chrono::seconds(20)));
+  ASSERT_TRUE(RunUntil(
+      io_, [&] { return rec_.exits.size() == 64; }, std::chrono::seconds(20)));
   for (int i = 0; i < 64; ++i) {
     EXPECT_EQ(rec_.out[pids[i]], (std::vector<std::string>{std::to_string(i)}));
     EXPECT_EQ(rec_.exits[pids[i]].exit_code, i % 50);
@@ -251,6 +253,44 @@ TEST_F(ProcessSetTest, InheritedEnvironmentTakesOverrides) {
   const pid_t pid = SpawnOk(spec);
   ASSERT_TRUE(WaitForExit(pid));
   EXPECT_EQ(rec_.out[pid], (std::vector<std::string>{"parent x"}));
+}
+
+TEST(ProcessSet, ChildGetsItsDeathSignalWhenItsParentDies) {
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);  // the orphan comes to us: we see its end
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t middle = ::fork();
+  if (middle == 0) {  // a parent that spawns, then dies at once
+    asio::io_context io;
+    Recorder rec;
+    ProcessSet set(io, &rec);
+    ProcessSpec spec = Shell("exec sleep 30");
+    spec.death_signal = SIGTERM;
+    StatusOr<pid_t> pid = set.Spawn(spec);
+    const pid_t child = pid.ok() ? *pid : -1;
+    (void)!::write(fds[1], &child, sizeof(child));
+    ::_exit(0);
+  }
+  pid_t child = -1;
+  ASSERT_EQ(::read(fds[0], &child, sizeof(child)),
+            static_cast<ssize_t>(sizeof(child)));
+  ::close(fds[0]);
+  ::close(fds[1]);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::waitpid(middle, nullptr, 0), middle);
+  int status = 0;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  pid_t got = 0;
+  while (got == 0 && std::chrono::steady_clock::now() < deadline) {
+    got = ::waitpid(child, &status, WNOHANG);
+    if (got == 0) ::usleep(1000);
+  }
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+  if (got != child) ::kill(child, SIGKILL);
+  ASSERT_EQ(got, child);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  EXPECT_EQ(WTERMSIG(status), SIGTERM);
 }
 
 TEST(ChildReaper, IsOnePerLoop) {
