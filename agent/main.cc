@@ -1,9 +1,9 @@
 // dsagent: the per-node agent of a dslaunch job. Started by the launcher
 // (local, ssh, pdsh, srun, mpirun) or already running (join); reads the job
 // secret from stdin, never from argv.
-#include <sys/prctl.h>  // PR_SET_DUMPABLE
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/prctl.h>  // PR_SET_DUMPABLE
 
 #include <CLI/CLI.hpp>
 #include <cstdio>

@@ -1,9 +1,9 @@
 // dslaunch: starts and supervises one multi-node training job.
 //   dslaunch [options] [--] PROGRAM [ARGS...]
-#include <sys/prctl.h>  // PR_SET_DUMPABLE
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
-#include <unistd.h>  // environ
+#include <sys/prctl.h>  // PR_SET_DUMPABLE
+#include <unistd.h>     // environ
 
 #include <cstdio>
 #include <cstdlib>

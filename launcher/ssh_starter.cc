@@ -20,7 +20,7 @@ struct SshStarter::Node {
   std::atomic<bool> kill{false};       // set by Kill(), acted on by Monitor()
   std::atomic<bool> cancelled{false};  // Kill() before the start
   bool started = false;                // io thread only
-  proto::LineSplitter err_lines;        // agent stderr, cut into lines
+  proto::LineSplitter err_lines;       // agent stderr, cut into lines
 };
 
 std::string ExpectedAgentVersion() {
