@@ -5,8 +5,9 @@ escape_rank.py escape EXIT|hang   start a setsid grandchild, a background child
                                   $OUT_DIR/desc-<rank>.json; then exit EXIT or
                                   sleep ("hang")
 escape_rank.py peek               try to read the agent's (the parent's)
-                                  /proc/<pid>/mem and environ; write the
-                                  outcome to $OUT_DIR/peek-<rank>.json
+                                  /proc/<pid>/mem and environ, and the
+                                  launcher's environ (local starter); write
+                                  the outcome to $OUT_DIR/peek-<rank>.json
 """
 import errno
 import json
@@ -86,9 +87,12 @@ def main():
         sys.exit(int(sys.argv[2]))
     if mode == "peek":
         agent = os.getppid()
+        with open("/proc/%d/stat" % agent) as f:  # readable by anyone
+            launcher = int(f.read().rsplit(")", 1)[1].split()[1])
         result = {"agent": agent, "uid": os.getuid(),
                   "mem": try_read("/proc/%d/mem" % agent, read=False),
-                  "environ": try_read("/proc/%d/environ" % agent)}
+                  "environ": try_read("/proc/%d/environ" % agent),
+                  "launcher_environ": try_read("/proc/%d/environ" % launcher)}
         with open(os.path.join(OUT, "peek-%d.json" % RANK), "w") as f:
             json.dump(result, f)
         sys.exit(0)

@@ -132,6 +132,7 @@ class DescendantsTest(LaunchTest):
         self.assertNotEqual(peek["uid"], 0)
         self.assertEqual(peek["mem"], "EACCES", peek)
         self.assertEqual(peek["environ"], "EACCES", peek)
+        self.assertEqual(peek["launcher_environ"], "EACCES", peek)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,104 @@
+#include "launcher/local_starter.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>  // mkdtemp
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "tests/common/run_until.h"
+
+namespace dslaunch::launcher {
+namespace {
+
+using dslaunch::testing::RunUntil;
+
+class Recorder : public Starter::Delegate {
+ public:
+  void OnAgentProcessExited(int node_rank, const std::string& how) override {
+    exits[node_rank] = how;
+  }
+  std::map<int, std::string> exits;
+};
+
+class LocalStarterTest : public ::testing::Test {
+ protected:
+  LocalStarterTest() {
+    char tmpl[] = "/tmp/dsl-local-starter-XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+  }
+  ~LocalStarterTest() override { std::filesystem::remove_all(dir_); }
+  AgentLaunch Agent(int node, const std::string& script) {
+    return AgentLaunch{node, "127.0.0.1", {"/bin/sh", "-c", script}};
+  }
+  std::string Read(const std::string& name) {
+    std::ifstream in(dir_ + "/" + name);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  bool Exists(const std::string& name) {
+    return std::filesystem::exists(dir_ + "/" + name);
+  }
+
+  boost::asio::io_context io_;
+  Recorder rec_;
+  std::string dir_;
+};
+
+TEST_F(LocalStarterTest, WritesTheSecretToStdinAndReportsTheExit) {
+  auto starter = std::make_unique<LocalStarter>(io_, &rec_);
+  ASSERT_TRUE(starter
+                  ->Start({Agent(2,
+                                 "read s; [ \"$s\" = s3cret ] && exit 5; "
+                                 "exit 1")},
+                          "s3cret")
+                  .ok());
+  ASSERT_TRUE(RunUntil(io_, [&] { return rec_.exits.count(2) == 1; }));
+  EXPECT_EQ(rec_.exits[2], "exited with code 5");
+}
+
+TEST_F(LocalStarterTest, AgentLeadsItsOwnSessionAndKillReachesIt) {
+  LocalStarter starter(io_, &rec_);
+  // Field 6 of /proc/<pid>/stat is the session, field 1 the pid.
+  const std::string f = dir_ + "/stat";
+  ASSERT_TRUE(
+      starter
+          .Start({Agent(0, "read s; cat /proc/$$/stat > " + f + ".tmp; mv " +
+                               f + ".tmp " + f + "; exec sleep 30")},
+                 "x")
+          .ok());
+  ASSERT_TRUE(RunUntil(io_, [&] { return Exists("stat"); }));
+  std::string stat = Read("stat");
+  std::istringstream fields(stat.substr(stat.rfind(')') + 2));
+  std::string state, ppid, pgrp, session;
+  fields >> state >> ppid >> pgrp >> session;
+  EXPECT_EQ(session, stat.substr(0, stat.find(' ')));
+  EXPECT_NE(std::stoi(session), ::getsid(0));
+  starter.Kill(0);
+  ASSERT_TRUE(RunUntil(io_, [&] { return rec_.exits.count(0) == 1; }));
+  EXPECT_NE(rec_.exits[0].find("SIGKILL"), std::string::npos) << rec_.exits[0];
+}
+
+TEST_F(LocalStarterTest, ClosesTheLifelineWhenItGoes) {
+  // The agent reads its stdin to the end: only our going ends it.
+  {
+    LocalStarter starter(io_, &rec_);
+    ASSERT_TRUE(
+        starter
+            .Start({Agent(0, "read s; cat >/dev/null; touch " + dir_ + "/eof")},
+                   "x")
+            .ok());
+  }
+  ASSERT_TRUE(RunUntil(io_, [&] { return Exists("eof"); }));
+}
+
+}  // namespace
+}  // namespace dslaunch::launcher
