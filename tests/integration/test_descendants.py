@@ -2,7 +2,8 @@
 children and double-forked daemons are gone after the job, whether it
 succeeded or failed, with a cgroup (as root here) and without one (as an
 unprivileged user: the agent's subreaper walk); with a cgroup also after the
-agent itself is SIGKILLed. And a rank cannot read its agent's memory."""
+agent itself is SIGKILLed (without one, only the ranks die with it: the
+documented limit). And a rank cannot read its agent's memory."""
 import json
 import os
 import pwd
@@ -122,6 +123,29 @@ class DescendantsTest(LaunchTest):
             proc.kill()
         self.assertNotEqual(proc.returncode, 0)
         self.assert_gone(pids + [rank])
+
+    def test_agent_killed_without_a_cgroup_takes_its_ranks_along(self):
+        # The documented limit (docs/decisions.md): without a writable cgroup
+        # the ranks die with their agent (PR_SET_PDEATHSIG), but what left the
+        # agent's reach before (setsid grandchildren, daemons, a rank's
+        # background children) survives an agent SIGKILL. Asserted both ways
+        # so the documentation changes with the behaviour.
+        argv = self.as_nobody(self.job_args("escape", "hang", nodes=1, unprivileged=True))
+        proc = self.start_job(argv, HOME=self.dir)
+        self.wait_for(os.path.join(self.out, "desc-0.json"), proc)
+        pids = self.descendants(1)
+        rank = self.started_pids()[0]
+        with open("/proc/%d/stat" % rank) as f:
+            agent = int(f.read().rsplit(")", 1)[1].split()[1])
+        os.kill(agent, signal.SIGKILL)
+        try:
+            proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+        self.assertNotEqual(proc.returncode, 0)
+        self.assert_gone([rank])
+        self.assertTrue(all(self.alive(p) for p in pids),
+                        "escaped descendants now die too: update docs/decisions.md")
 
     def test_rank_cannot_read_its_agents_memory_or_environment(self):
         # As an unprivileged user: root could read any process anyway.
