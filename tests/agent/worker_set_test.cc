@@ -383,10 +383,12 @@ TEST_F(WorkerSetTest, TracksSeveralWorkersByRank) {
 
 TEST_F(WorkerSetTest, PausedOutputIsDeliveredAfterResumeBeforeTheExit) {
   set_.PauseOutput();
-  SpawnOk(Shell(0, "echo held; printf partial"));
-  // Give the worker time to finish; nothing may be reported while paused.
-  RunUntil(
-      io_, [] { return false; }, std::chrono::milliseconds(200));
+  const pid_t pid = SpawnOk(Shell(0, "echo held; printf partial"));
+  // Wait until the worker has been reaped (gone from /proc): all its output
+  // is written, and still nothing may be reported while paused.
+  ASSERT_TRUE(RunUntil(io_, [&] {
+    return !std::filesystem::exists("/proc/" + std::to_string(pid));
+  }));
   EXPECT_TRUE(delegate_.events.empty());
   set_.ResumeOutput();
   ASSERT_TRUE(WaitForExits(1));
