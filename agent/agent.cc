@@ -259,8 +259,7 @@ Status Agent::SetUpRunDir() {
 }
 
 Status Agent::SpawnWorkers() {
-  workers_.Contain("dsl-" + job_.job_id() + "-" +
-                   std::to_string(job_.node_rank()));
+  workers_.Contain(job_.job_id(), job_.node_rank());
   for (const auto& r : job_.ranks()) {
     const std::string rank = std::to_string(r.rank());
     RankPaths paths{

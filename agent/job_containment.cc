@@ -1,6 +1,5 @@
 #include "agent/job_containment.h"
 
-#include <dirent.h>  // opendir
 #include <fcntl.h>   // open
 #include <signal.h>  // kill, signal
 #include <spdlog/spdlog.h>
@@ -13,8 +12,9 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <map>
 #include <sstream>
+
+#include "proto/process_tree.h"
 
 namespace dslaunch::agent {
 
@@ -42,82 +42,17 @@ void SleepMs(long ms) {
   ::nanosleep(&ts, nullptr);
 }
 
-// {ppid, state} of a process from /proc/<pid>/stat; false when it is gone.
-bool ReadStat(pid_t pid, pid_t* ppid, char* state) {
-  const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
-  const size_t paren = stat.rfind(')');  // the name may hold ')' and spaces
-  if (paren == std::string::npos || paren + 4 > stat.size()) return false;
-  *state = stat[paren + 2];
-  *ppid = static_cast<pid_t>(std::atol(stat.c_str() + paren + 4));
-  return true;
-}
-
-bool IsLive(pid_t pid) {
-  pid_t ppid;
-  char state;
-  return ReadStat(pid, &ppid, &state) && state != 'Z' && state != 'X';
-}
-
 // Pids listed in a cgroup's cgroup.procs that are still alive.
 std::vector<pid_t> LiveMembers(const std::string& dir) {
   std::vector<pid_t> pids;
   std::istringstream in(ReadFile(dir + "/cgroup.procs"));
   for (pid_t pid; in >> pid;) {
-    if (IsLive(pid)) pids.push_back(pid);
+    if (proto::IsLiveProcess(pid)) pids.push_back(pid);
   }
   return pids;
 }
 
 }  // namespace
-
-std::string Cgroup2Mount(const std::string& mountinfo) {
-  std::istringstream lines(mountinfo);
-  for (std::string line; std::getline(lines, line);) {
-    std::istringstream f(line);
-    std::vector<std::string> fields;
-    for (std::string w; f >> w;) fields.push_back(w);
-    for (size_t i = 6; i + 1 < fields.size(); ++i) {
-      if (fields[i] == "-" && fields[i + 1] == "cgroup2" && fields[3] == "/") {
-        return fields[4];
-      }
-    }
-  }
-  return "";
-}
-
-std::string Cgroup2Path(const std::string& proc_cgroup) {
-  std::istringstream lines(proc_cgroup);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.rfind("0::", 0) == 0) return line.substr(3);
-  }
-  return "";
-}
-
-std::vector<pid_t> LiveDescendants(pid_t root) {
-  std::map<pid_t, std::vector<pid_t>> children;
-  if (DIR* proc = ::opendir("/proc")) {
-    while (dirent* e = ::readdir(proc)) {
-      char* end = nullptr;
-      const long pid = std::strtol(e->d_name, &end, 10);
-      pid_t ppid;
-      char state;
-      if (*end != '\0' || pid <= 0 || !ReadStat(pid, &ppid, &state)) continue;
-      if (state != 'Z' && state != 'X') children[ppid].push_back(pid);
-    }
-    ::closedir(proc);
-  }
-  std::vector<pid_t> out;
-  std::vector<pid_t> todo = {root};
-  while (!todo.empty() && out.size() < 100000) {
-    const pid_t p = todo.back();
-    todo.pop_back();
-    for (pid_t c : children[p]) {
-      out.push_back(c);
-      todo.push_back(c);
-    }
-  }
-  return out;
-}
 
 JobContainment::~JobContainment() {
   if (!set_up_) return;
@@ -126,24 +61,16 @@ JobContainment::~JobContainment() {
   if (guard_fd_ >= 0) ::close(guard_fd_);  // the guard finds nothing left
 }
 
-void JobContainment::SetUp(const std::string& raw_name) {
+void JobContainment::SetUp(const std::string& job_id, int node_rank) {
   if (set_up_) return;
   set_up_ = true;
-  std::string name = raw_name.substr(0, 200);
-  for (char& ch : name) {
-    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-') ch = '_';
-  }
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-  const std::string mount = Cgroup2Mount(ReadFile("/proc/self/mountinfo"));
-  const std::string own = Cgroup2Path(ReadFile("/proc/self/cgroup"));
-  if (!mount.empty() && !own.empty()) {
-    std::string dir = mount + (own == "/" ? "" : own) + "/" + name;
-    if (::mkdir(dir.c_str(), 0700) == 0 || errno == EEXIST) {
-      cgroup_dir_ = dir;
-      StartGuard();
-    } else {
-      spdlog::debug("cannot make cgroup {}: {}", dir, std::strerror(errno));
-    }
+  const std::string dir = proto::JobCgroupDir(job_id, node_rank);
+  if (!dir.empty() && (::mkdir(dir.c_str(), 0700) == 0 || errno == EEXIST)) {
+    cgroup_dir_ = dir;
+    StartGuard();
+  } else if (!dir.empty()) {
+    spdlog::debug("cannot make cgroup {}: {}", dir, std::strerror(errno));
   }
   spdlog::info("job containment: {}", mechanism());
 }
@@ -201,8 +128,7 @@ void JobContainment::KillAll() {
       }
       any |= !members.empty();
     }
-    for (pid_t pid : LiveDescendants(::getpid())) {
-      if (pid == guard_pid_) continue;
+    for (pid_t pid : proto::LiveDescendants(::getpid(), {guard_pid_})) {
       ::kill(pid, SIGKILL);
       any = true;
     }

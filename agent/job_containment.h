@@ -23,8 +23,8 @@ class JobContainment {
   JobContainment& operator=(const JobContainment&) = delete;
 
   // Makes this process a child subreaper and, where it can, makes the
-  // cgroup `name` below the agent's own. Logs the mechanism once at info.
-  void SetUp(const std::string& name);
+  // job's cgroup (proto::JobCgroupDir). Logs the mechanism once at info.
+  void SetUp(const std::string& job_id, int node_rank);
   // The cgroup directory workers join, or "" when there is none.
   const std::string& cgroup_dir() const { return cgroup_dir_; }
   // "cgroup <dir>" or "subreaper".
@@ -42,13 +42,5 @@ class JobContainment {
   pid_t guard_pid_ = -1;
   int guard_fd_ = -1;  // our end of the guard's lifeline
 };
-
-// The mount point of the cgroup2 hierarchy in a /proc/self/mountinfo text,
-// or "" when none is mounted.
-std::string Cgroup2Mount(const std::string& mountinfo);
-// The v2 cgroup path (the "0::" line) in a /proc/self/cgroup text, or "".
-std::string Cgroup2Path(const std::string& proc_cgroup);
-// The live (not zombie) descendants of `root`, found through /proc.
-std::vector<pid_t> LiveDescendants(pid_t root);
 
 }  // namespace dslaunch::agent

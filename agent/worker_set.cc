@@ -11,8 +11,8 @@ WorkerSet::WorkerSet(boost::asio::io_context& io, Delegate* delegate)
 
 WorkerSet::~WorkerSet() { proto::ChildReaper::Of(io_).ReapOrphans(nullptr); }
 
-void WorkerSet::Contain(const std::string& name) {
-  containment_.SetUp(name);
+void WorkerSet::Contain(const std::string& job_id, int node_rank) {
+  containment_.SetUp(job_id, node_rank);
   // Orphans the kernel reparents to us are reaped, never reported.
   proto::ChildReaper::Of(io_).ReapOrphans([](pid_t pid, int) {
     spdlog::debug("reaped orphaned descendant {}", pid);

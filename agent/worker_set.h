@@ -48,9 +48,9 @@ class WorkerSet : private proto::ProcessSet::Delegate {
   WorkerSet(const WorkerSet&) = delete;
   WorkerSet& operator=(const WorkerSet&) = delete;
 
-  // Keeps every descendant of the workers spawned from now on within reach;
-  // `name` names the job's cgroup (e.g. dsl-<job id>-<node rank>).
-  void Contain(const std::string& name);
+  // Keeps every descendant of the workers spawned from now on within reach
+  // (the job's cgroup is named after `job_id` and `node_rank`).
+  void Contain(const std::string& job_id, int node_rank);
   // Starts a worker. A program that cannot be executed still yields a pid:
   // the child exits 127 and the exit carries the reason in ExitInfo::error.
   StatusOr<pid_t> Spawn(const WorkerSpec& spec);

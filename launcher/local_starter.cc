@@ -4,18 +4,37 @@
 #include <netdb.h>      // getaddrinfo
 #include <signal.h>     // SIGKILL, SIGTERM
 #include <spdlog/spdlog.h>
+#include <sys/prctl.h>  // PR_SET_CHILD_SUBREAPER
+#include <unistd.h>     // getpid, usleep
 
+#include <cerrno>
 #include <set>
 
 #include "launcher/report.h"
+#include "proto/child_reaper.h"
 #include "proto/host_info.h"
+#include "proto/process_tree.h"
 #include "proto/unix_socket.h"
 
 namespace dslaunch::launcher {
 
+// The value after `flag` in `argv`, or "".
+static std::string FlagValue(const std::vector<std::string>& argv,
+                             const std::string& flag) {
+  for (size_t i = 0; i + 1 < argv.size(); ++i) {
+    if (argv[i] == flag) return argv[i + 1];
+  }
+  return "";
+}
+
 LocalStarter::LocalStarter(boost::asio::io_context& io,
                            Starter::Delegate* delegate)
-    : delegate_(delegate), processes_(io, this) {}
+    : delegate_(delegate), processes_(io, this) {
+  // What a SIGKILLed agent leaves (setsid grandchildren of its ranks,
+  // daemons) comes to us instead of init, so we can end it (SweepOrphans).
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  proto::ChildReaper::Of(io).ReapOrphans([](pid_t, int) {});
+}
 
 Status LocalStarter::Start(const std::vector<AgentLaunch>& launches,
                            const std::string& secret) {
@@ -30,6 +49,8 @@ Status LocalStarter::Start(const std::vector<AgentLaunch>& launches,
     spec.destroy_signal = 0;      // the closed lifeline tells it to go
     ASSIGN_OR_RETURN(pid_t pid, processes_.Spawn(spec));
     node_of_[pid] = launch.node_rank;
+    cgroup_of_[pid] = proto::JobCgroupDir(FlagValue(launch.argv, "--job_id"),
+                                          launch.node_rank);
     // A pipe holds 64 KiB, so this never blocks; a dead agent gives EPIPE.
     (void)proto::WriteAll(processes_.StdinOf(pid), secret + "\n");
   }
@@ -45,10 +66,37 @@ void LocalStarter::Kill(int node_rank) {
 void LocalStarter::OnProcessExited(pid_t pid, const proto::ExitInfo& info) {
   const int node = node_of_[pid];
   node_of_.erase(pid);
+  const std::string cgroup = cgroup_of_[pid];
+  cgroup_of_.erase(pid);
   if (!info.error.empty()) {
     spdlog::error("node {}: cannot start the agent: {}", node, info.error);
   }
+  SweepOrphans();
+  RemoveCgroup(cgroup);
   delegate_->OnAgentProcessExited(node, DescribeWaitStatus(info.wait_status));
+}
+
+// A SIGKILLed agent leaves its (emptied) cgroup behind when the sweep took
+// its guard too; an agent that ended normally removed it itself.
+void LocalStarter::RemoveCgroup(const std::string& dir) {
+  if (dir.empty()) return;
+  for (int i = 0; i < 100 && ::rmdir(dir.c_str()) != 0 && errno == EBUSY; ++i) {
+    ::usleep(5000);  // its last processes are still exiting
+  }
+}
+
+// Everything below us but the live agents (and their own trees) was left by
+// an agent that is gone: kill it, by pid, until none is left (bounded).
+void LocalStarter::SweepOrphans() {
+  std::set<pid_t> agents;
+  for (const auto& [pid, node] : node_of_) agents.insert(pid);
+  for (int round = 0; round < 100; ++round) {
+    const std::vector<pid_t> left = proto::LiveDescendants(::getpid(), agents);
+    if (left.empty()) return;
+    for (pid_t pid : left) ::kill(pid, SIGKILL);
+    if (round > 0) ::usleep(5000);  // let the kernel finish the kills
+  }
+  spdlog::warn("processes left by a lost agent are still alive after SIGKILL");
 }
 
 bool IsLocalHost(const std::string& host) {

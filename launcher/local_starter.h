@@ -2,7 +2,9 @@
 // proto::ProcessSet), each in its own session (so a terminal's Ctrl-C
 // reaches only the launcher, which coordinates), with
 // PR_SET_PDEATHSIG(SIGTERM) and a stdin pipe that carries the secret and
-// then stays open as a lifeline. Owned by the Launcher; io_context thread.
+// then stays open as a lifeline. The launcher becomes a child subreaper: when
+// an agent ends, whatever of its tree is left (re-parented to us) is killed.
+// Owned by the Launcher; io_context thread.
 #pragma once
 
 #include <sys/types.h>
@@ -30,10 +32,13 @@ class LocalStarter : public Starter, private proto::ProcessSet::Delegate {
  private:
   void OnProcessOutput(pid_t, bool, std::string, bool) override {}
   void OnProcessExited(pid_t pid, const proto::ExitInfo& info) override;
+  void SweepOrphans();
+  void RemoveCgroup(const std::string& dir);
 
   Starter::Delegate* delegate_;
   proto::ProcessSet processes_;
-  std::map<pid_t, int> node_of_;  // agents not yet reported
+  std::map<pid_t, int> node_of_;            // agents not yet reported
+  std::map<pid_t, std::string> cgroup_of_;  // the cgroup each agent makes
 };
 
 }  // namespace dslaunch::launcher

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "agent/worker_set.h"
+#include "proto/process_tree.h"
 #include "tests/common/run_until.h"
 
 namespace dslaunch::agent {
@@ -27,19 +28,20 @@ TEST(Cgroup2Mount, FindsTheCgroup2MountAmongOthers) {
       "32 31 0:28 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
       "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime shared:10 - cgroup2 "
       "cgroup2 rw\n";
-  EXPECT_EQ(Cgroup2Mount(mountinfo), "/sys/fs/cgroup/unified");
+  EXPECT_EQ(proto::Cgroup2Mount(mountinfo), "/sys/fs/cgroup/unified");
 }
 
 TEST(Cgroup2Mount, IgnoresABindMountedSubtreeAndNoMountAtAll) {
-  EXPECT_EQ(Cgroup2Mount("50 1 0:38 /job /mnt/cg rw - cgroup2 cgroup2 rw\n"),
-            "");
-  EXPECT_EQ(Cgroup2Mount("25 1 0:23 / /sys rw - sysfs sysfs rw\n"), "");
+  EXPECT_EQ(
+      proto::Cgroup2Mount("50 1 0:38 /job /mnt/cg rw - cgroup2 cgroup2 rw\n"),
+      "");
+  EXPECT_EQ(proto::Cgroup2Mount("25 1 0:23 / /sys rw - sysfs sysfs rw\n"), "");
 }
 
 TEST(Cgroup2Path, TakesTheUnifiedLine) {
-  EXPECT_EQ(Cgroup2Path("4:memory:/a\n0::/user.slice/x.scope\n"),
+  EXPECT_EQ(proto::Cgroup2Path("4:memory:/a\n0::/user.slice/x.scope\n"),
             "/user.slice/x.scope");
-  EXPECT_EQ(Cgroup2Path("4:memory:/a\n"), "");
+  EXPECT_EQ(proto::Cgroup2Path("4:memory:/a\n"), "");
 }
 
 bool Contains(const std::vector<pid_t>& v, pid_t p) {
@@ -63,11 +65,14 @@ TEST(LiveDescendants, FindsChildrenAndGrandchildrenButNotOthers) {
   pid_t grandchild = -1;
   ASSERT_EQ(::read(fds[0], &grandchild, sizeof(grandchild)),
             static_cast<ssize_t>(sizeof(grandchild)));
-  const std::vector<pid_t> found = LiveDescendants(::getpid());
+  const std::vector<pid_t> found = proto::LiveDescendants(::getpid());
+  const std::vector<pid_t> pruned = proto::LiveDescendants(::getpid(), {child});
   EXPECT_TRUE(Contains(found, child));
   EXPECT_TRUE(Contains(found, grandchild));
   EXPECT_FALSE(Contains(found, ::getpid()));
   EXPECT_FALSE(Contains(found, 1));
+  EXPECT_FALSE(Contains(pruned, child));
+  EXPECT_FALSE(Contains(pruned, grandchild));
   ::kill(grandchild, SIGKILL);
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
@@ -99,7 +104,7 @@ TEST(WorkerSetContainment, EscapedDescendantIsKilledAndReapedNeverReported) {
   std::string cgroup;
   {
     WorkerSet set(io, &rec);
-    set.Contain("dsl-unit-" + std::to_string(::getpid()));
+    set.Contain("unit-test", ::getpid());
     cgroup = set.containment().cgroup_dir();
     WorkerSpec spec;
     spec.rank = 3;
