@@ -8,11 +8,12 @@ import json
 import os
 import pwd
 import signal
+import stat
 import subprocess
 import time
 import unittest
 
-from harness import PY, LaunchTest
+from harness import DSLAUNCH, PY, LaunchTest
 
 ESCAPE_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "escape_rank.py")
 NAMES = ("setsid", "background", "daemon")
@@ -35,6 +36,21 @@ def job_cgroups():
         own = [l[3:].strip() for l in f if l.startswith("0::")][0]
     base = mount + ("" if own == "/" else own)
     return {d for d in os.listdir(base) if d.startswith("dsl-")}
+
+
+def world_reachable(path, mode_bit):
+    """True when any user may reach `path` (o+x on every parent directory)
+    and has `mode_bit` (e.g. stat.S_IXOTH) on it."""
+    path = os.path.realpath(path)
+    if not os.stat(path).st_mode & mode_bit:
+        return False
+    parent = os.path.dirname(path)
+    while True:
+        if not os.stat(parent).st_mode & stat.S_IXOTH:
+            return False
+        if parent == "/":
+            return True
+        parent = os.path.dirname(parent)
 
 
 def nobody_ids():
@@ -64,6 +80,9 @@ class DescendantsTest(LaunchTest):
         if os.geteuid() != 0 or ids is None or not os.access(SYSTEM_PY, os.X_OK):
             self.skipTest("needs root, a 'nobody' user and %s to run a job "
                           "unprivileged" % SYSTEM_PY)
+        if not (world_reachable(DSLAUNCH, stat.S_IXOTH) and
+                world_reachable(ESCAPE_PY, stat.S_IROTH)):
+            self.skipTest("the build tree is not reachable by other users")
         return ["setpriv", "--reuid=%d" % ids[0], "--regid=%d" % ids[1],
                 "--clear-groups", *argv]
 
