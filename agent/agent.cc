@@ -260,6 +260,7 @@ Status Agent::SetUpRunDir() {
 }
 
 Status Agent::SpawnWorkers() {
+  workers_.Contain(job_.job_id(), job_.node_rank());
   for (const auto& r : job_.ranks()) {
     const std::string rank = std::to_string(r.rank());
     RankPaths paths{
@@ -335,7 +336,9 @@ void Agent::Drain(bool kill_now, const std::string& why) {
     const double grace = job_.kill_grace_s() > 0 ? job_.kill_grace_s() : 5.0;
     grace_timer_.expires_after(Seconds(grace));
     grace_timer_.async_wait([this](const boost::system::error_code& ec) {
-      if (!ec) workers_.SignalAll(SIGKILL);
+      if (ec) return;
+      workers_.SignalAll(SIGKILL);
+      workers_.KillDescendants();  // setsid or orphaned, all of them
     });
   }
   workers_.SignalAll(kill_now ? SIGKILL : SIGTERM);
@@ -344,6 +347,7 @@ void Agent::Drain(bool kill_now, const std::string& why) {
 
 void Agent::Finish() {
   if (state_ == State::kExited) return;
+  workers_.KillDescendants();  // nothing of the job outlives it
   Flush();
   SetState(State::kExited);
   grace_timer_.cancel();

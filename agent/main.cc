@@ -3,6 +3,7 @@
 // secret from stdin, never from argv.
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/prctl.h>  // PR_SET_DUMPABLE
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -20,6 +21,7 @@ static int Usage(const dslaunch::Status& st) {
 }
 
 int main(int argc, char** argv) {
+  ::prctl(PR_SET_DUMPABLE, 0);  // no rank may read our memory or secret
   CLI::App app("dsagent: runs one node's ranks of a dslaunch job");
   dslaunch::agent::AgentOptions options;
   std::string connect, log_level = "warn";

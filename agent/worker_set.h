@@ -1,22 +1,22 @@
-// WorkerSet owns the agent's running workers, in the manner of ninja's
-// SubprocessSet: it spawns each worker in its own process group with
-// PR_SET_PDEATHSIG, reads its stdout/stderr through pipes on the io_context,
-// reaps it on SIGCHLD (an asio::signal_set; no thread per child), and hands
-// whole lines and finished workers to its Delegate. A worker counts as
-// finished once it has been reaped and both pipes reached end of stream, so
-// its exit is always reported after its last line. Use from the io_context's
-// thread only.
+// WorkerSet owns the agent's running workers: it spawns each through a
+// proto::ProcessSet (own process group, PR_SET_PDEATHSIG(SIGKILL), stdin
+// from /dev/null, output cut into whole lines, exit reported after the last
+// line) and speaks in ranks to its Delegate. With Contain() every process
+// the workers start stays within reach (cgroup or subreaper, see
+// JobContainment): orphaned descendants are reaped here and never reported
+// as worker exits, and KillDescendants() ends them all. Owned by the Agent;
+// io_context thread only.
 #pragma once
 
 #include <sys/types.h>  // pid_t
 
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/signal_set.hpp>
 #include <map>
-#include <memory>
 #include <string>
 #include <vector>
 
+#include "agent/job_containment.h"
+#include "proto/process_set.h"
 #include "proto/status.h"
 
 namespace dslaunch::agent {
@@ -28,13 +28,10 @@ struct WorkerSpec {
   std::string cwd;                // empty = the agent's
 };
 
-struct ExitInfo {
-  int exit_code = 0;  // valid when signal == 0
-  int signal = 0;     // the signal that ended the process, or 0
-  std::string error;  // set when the program could not be started
-};
+using ExitInfo = proto::ExitInfo;
+using proto::ResolveProgram;
 
-class WorkerSet {
+class WorkerSet : private proto::ProcessSet::Delegate {
  public:
   class Delegate {
    public:
@@ -45,45 +42,39 @@ class WorkerSet {
   };
 
   WorkerSet(boost::asio::io_context& io, Delegate* delegate);
-  // SIGKILLs the process group of every worker still running.
-  ~WorkerSet();
+  // SIGKILLs the process group of every worker still running, then (when
+  // contained) every descendant, and removes the job's cgroup.
+  ~WorkerSet() override;
   WorkerSet(const WorkerSet&) = delete;
   WorkerSet& operator=(const WorkerSet&) = delete;
 
+  // Keeps every descendant of the workers spawned from now on within reach
+  // (the job's cgroup is named after `job_id` and `node_rank`).
+  void Contain(const std::string& job_id, int node_rank);
   // Starts a worker. A program that cannot be executed still yields a pid:
   // the child exits 127 and the exit carries the reason in ExitInfo::error.
   StatusOr<pid_t> Spawn(const WorkerSpec& spec);
   // Sends `sig` to the process group of every worker not yet reaped.
-  void SignalAll(int sig);
+  void SignalAll(int sig) { processes_.SignalAll(sig); }
+  // SIGKILLs every descendant (cgroup and /proc walk) until none is left.
+  void KillDescendants() { containment_.KillAll(); }
   // Stop/restart reading worker output (backpressure from the channel).
-  void PauseOutput();
-  void ResumeOutput();
+  void PauseOutput() { processes_.PauseOutput(); }
+  void ResumeOutput() { processes_.ResumeOutput(); }
   // Workers spawned and not yet reported finished.
-  size_t unfinished() const { return workers_.size(); }
-
-  struct Worker;  // defined in worker_set.cc
+  size_t unfinished() const { return processes_.unfinished(); }
+  const JobContainment& containment() const { return containment_; }
 
  private:
-  void WaitForSigchld();
-  void ReapAll();
-  void ArmDrainTimer(const std::shared_ptr<Worker>& w);
-  void StartRead(const std::shared_ptr<Worker>& w, bool is_stderr);
-  void OnRead(const std::shared_ptr<Worker>& w, bool is_stderr,
-              const boost::system::error_code& ec, size_t n);
-  void CloseStream(const std::shared_ptr<Worker>& w, bool is_stderr);
-  void MaybeFinish(const std::shared_ptr<Worker>& w);
+  void OnProcessOutput(pid_t pid, bool is_stderr, std::string line,
+                       bool partial) override;
+  void OnProcessExited(pid_t pid, const ExitInfo& info) override;
 
   boost::asio::io_context& io_;
   Delegate* delegate_;
-  boost::asio::signal_set sigchld_;
-  std::map<pid_t, std::shared_ptr<Worker>> workers_;
-  bool paused_ = false;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  JobContainment containment_;  // outlives processes_: killed after them
+  proto::ProcessSet processes_;
+  std::map<pid_t, int> ranks_;
 };
-
-// Finds `program` the way execvp would, in the PATH given; a name with a
-// slash is taken as is. NotFound when nothing executable matches.
-StatusOr<std::string> ResolveProgram(const std::string& program,
-                                     const std::string& path_env);
 
 }  // namespace dslaunch::agent

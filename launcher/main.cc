@@ -2,7 +2,8 @@
 //   dslaunch [options] [--] PROGRAM [ARGS...]
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
-#include <unistd.h>  // environ
+#include <sys/prctl.h>  // PR_SET_DUMPABLE
+#include <unistd.h>     // environ
 
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +24,7 @@ static int ExitFor(const dslaunch::Status& st) {
 }
 
 int main(int argc, char** argv) {
+  ::prctl(PR_SET_DUMPABLE, 0);  // no rank may read our memory or secret
   int exit_now = -1;
   auto options = dsl::ParseFlags(argc, argv, &exit_now);
   if (!options.ok()) return ExitFor(options.status());

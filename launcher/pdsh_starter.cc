@@ -1,21 +1,14 @@
 #include "launcher/pdsh_starter.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netdb.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
+#include <signal.h>  // SIGKILL, SIGTERM
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
-#include <array>
-#include <boost/asio/buffer.hpp>
 #include <boost/asio/post.hpp>
-#include <cerrno>
 #include <chrono>
-#include <cstdio>
-#include <cstring>
+#include <cstdio>  // fwrite
 
 #include "launcher/report.h"
 #include "proto/host_info.h"
@@ -79,99 +72,85 @@ static void RouteTo(const std::string& host, std::string* local,
   ::freeaddrinfo(res);
 }
 
-// Forks pdsh with stdout and stderr on pipes; returns its pid.
-static pid_t SpawnPdsh(const PdshSettings& s,
-                       const std::vector<std::string>& hosts,
-                       const std::string& command, int* out_fd, int* err_fd) {
-  int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) return -1;
-  std::vector<std::string> argv = {s.pdsh, "-S",
-                                   "-R",   "ssh",
-                                   "-f",   std::to_string(s.fanout),
-                                   "-w",   Join(hosts, ","),
-                                   command};
-  std::vector<char*> cargv;
-  for (auto& a : argv) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setsid();
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != parent) ::_exit(127);
-    int null_fd = ::open("/dev/null", O_RDONLY);
-    ::dup2(null_fd, 0);
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
-    proto::PrepareChildForExec();
-    ::setenv("PDSH_SSH_ARGS_APPEND", s.ssh_args.c_str(), 1);
-    ::execvp(cargv[0], cargv.data());
-    std::fprintf(stderr, "pdsh@dslaunch: cannot execute %s: %s\n", cargv[0],
-                 std::strerror(errno));
-    ::_exit(127);
-  }
-  ::close(out[1]);
-  ::close(err[1]);
-  *out_fd = out[0];
-  *err_fd = err[0];
-  return pid;
+// How pdsh runs: in its own session (with its ssh children), stdin from
+// /dev/null, output on pipes, SIGTERM when we go.
+static proto::ProcessSpec PdshSpec(const PdshSettings& s,
+                                   const std::vector<std::string>& hosts,
+                                   const std::string& command) {
+  proto::ProcessSpec spec;
+  spec.argv = {s.pdsh, "-S",
+               "-R",   "ssh",
+               "-f",   std::to_string(s.fanout),
+               "-w",   Join(hosts, ","),
+               command};
+  spec.inherit_env = true;
+  spec.env = {"PDSH_SSH_ARGS_APPEND=" + s.ssh_args};
+  spec.new_session = true;
+  spec.death_signal = SIGTERM;
+  spec.destroy_signal = SIGTERM;
+  return spec;
 }
 
-PdshStarter::PdshStarter(asio::io_context& io, Delegate* delegate,
+// Collects a preflight pdsh's lines on a private loop.
+namespace {
+struct Collector : proto::ProcessSet::Delegate {
+  std::vector<std::pair<bool, std::string>> lines;  // {is_stderr, line}
+  bool done = false;
+  std::string error;
+  void OnProcessOutput(pid_t, bool is_stderr, std::string line, bool) override {
+    lines.emplace_back(is_stderr, std::move(line));
+  }
+  void OnProcessExited(pid_t, const proto::ExitInfo& info) override {
+    done = true;
+    error = info.error;
+  }
+};
+}  // namespace
+
+// Runs pdsh to its end on a private io_context (its own reaper waits for
+// this pid only) for at most `timeout_s`; then kills pdsh's group.
+static Collector RunPdsh(const proto::ProcessSpec& spec, double timeout_s) {
+  Collector c;
+  asio::io_context io;
+  proto::ProcessSet set(io, &c);
+  set.set_drain_after_exit(std::chrono::milliseconds(200));
+  StatusOr<pid_t> pid = set.Spawn(spec);
+  if (!pid.ok()) {
+    c.error = pid.status().message();
+    return c;
+  }
+  auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  for (bool killed = false; !c.done;) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      if (killed) break;
+      set.Signal(*pid, SIGKILL);
+      killed = true;
+      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    }
+    io.run_one_for(std::chrono::milliseconds(50));
+  }
+  return c;
+}
+
+PdshStarter::PdshStarter(asio::io_context& io, Starter::Delegate* delegate,
                          PdshSettings settings, std::vector<std::string> hosts)
     : io_(io),
       delegate_(delegate),
       settings_(std::move(settings)),
       hosts_(std::move(hosts)),
-      sigchld_(io, SIGCHLD),
-      exited_(hosts_.size(), false) {}
+      exited_(hosts_.size(), false),
+      processes_(io, this) {}
 
-PdshStarter::~PdshStarter() {
-  *alive_ = false;
-  if (pid_ > 0) ::kill(-pid_, SIGTERM);
-}
+// processes_ sends pdsh's group SIGTERM (ProcessSpec::destroy_signal).
+PdshStarter::~PdshStarter() { *alive_ = false; }
 
 int PdshStarter::NodeOf(const std::string& host) const {
   for (size_t i = 0; i < hosts_.size(); ++i) {
     if (hosts_[i] == host) return static_cast<int>(i);
   }
   return -1;
-}
-
-// Reads both pipes to their end, together (so neither can fill up and stall
-// pdsh), for at most `timeout_s`; then kills pdsh's process group.
-static void ReadBoth(int out_fd, int err_fd, double timeout_s, pid_t pid,
-                     std::string* out, std::string* err) {
-  const auto deadline =
-      std::chrono::steady_clock::now() +
-      std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  pollfd fds[2] = {{out_fd, POLLIN, 0}, {err_fd, POLLIN, 0}};
-  std::string* sinks[2] = {out, err};
-  std::array<char, 4096> buf;
-  int open = 2;
-  while (open > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      ::kill(-pid, SIGKILL);
-      break;
-    }
-    if (::poll(fds, 2, static_cast<int>(left.count())) < 0 && errno != EINTR)
-      break;
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR)))
-        continue;
-      const ssize_t n = ::read(fds[i].fd, buf.data(), buf.size());
-      if (n > 0) {
-        sinks[i]->append(buf.data(), static_cast<size_t>(n));
-      } else if (n == 0 || errno != EINTR) {
-        fds[i].fd = -1;
-        --open;
-      }
-    }
-  }
-  ::close(out_fd);
-  ::close(err_fd);
 }
 
 // What one line of pdsh output says about a node that has not passed yet;
@@ -210,36 +189,27 @@ std::vector<NodeCheck> PdshStarter::Preflight(const std::string& agent_path,
       ::freeaddrinfo(res);
     }
   }
-  int out_fd = -1, err_fd = -1;
-  const pid_t pid =
-      SpawnPdsh(settings_, hosts_, ShellQuote(agent_path) + " --version",
-                &out_fd, &err_fd);
-  if (pid < 0) return checks;
-  std::string out, err;
-  ReadBoth(out_fd, err_fd, settings_.timeout_s + 5, pid, &out, &err);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  auto scan = [&](const std::string& text, bool is_err) {
-    size_t start = 0, nl;
-    while ((nl = text.find('\n', start)) != std::string::npos) {
-      std::string line = text.substr(start, nl - start);
-      start = nl + 1;
-      if (line.rfind("pdsh@", 0) == 0) line = line.substr(line.find(": ") + 2);
-      const size_t colon = line.find(": ");
-      const int node =
-          colon == std::string::npos ? -1 : NodeOf(line.substr(0, colon));
-      if (node < 0 || checks[node].failure.stage == "resolve") continue;
-      const std::string said = line.substr(colon + 2);
-      if (!is_err && said == expected) {
-        checks[node].ok = true;
-      } else if (!checks[node].ok) {
-        checks[node].failure =
-            PdshFailure(is_err, said, agent_path, checks[node].failure.message);
-      }
+  const Collector run = RunPdsh(
+      PdshSpec(settings_, hosts_, ShellQuote(agent_path) + " --version"),
+      settings_.timeout_s + 5);
+  for (const auto& [is_err, raw] : run.lines) {
+    std::string line = raw;
+    if (line.rfind("pdsh@", 0) == 0) line = line.substr(line.find(": ") + 2);
+    const size_t colon = line.find(": ");
+    const int node =
+        colon == std::string::npos ? -1 : NodeOf(line.substr(0, colon));
+    if (node < 0 || checks[node].failure.stage == "resolve") continue;
+    const std::string said = line.substr(colon + 2);
+    if (!is_err && said == expected) {
+      checks[node].ok = true;
+    } else if (!checks[node].ok) {
+      checks[node].failure =
+          PdshFailure(is_err, said, agent_path, checks[node].failure.message);
     }
-  };
-  scan(out, false);
-  scan(err, true);
+  }
+  for (auto& c : checks) {
+    if (!c.ok && !run.error.empty()) c.failure.message = run.error;
+  }
   for (auto& c : checks) {
     c.agent_version = c.ok ? expected : "";
     RouteTo(c.host, &c.local_address, &c.peer_address);
@@ -304,34 +274,14 @@ Status PdshStarter::Launch(std::vector<std::string> argv) {
   std::string command;
   for (const auto& w : argv)
     command += (command.empty() ? "" : " ") + ShellQuote(w);
-  int out_fd = -1, err_fd = -1;
-  pid_ = SpawnPdsh(settings_, hosts_, command, &out_fd, &err_fd);
-  if (pid_ < 0) return ErrnoStatus("cannot start pdsh", errno);
-  out_ = std::make_unique<asio::posix::stream_descriptor>(io_, out_fd);
-  err_ = std::make_unique<asio::posix::stream_descriptor>(io_, err_fd);
-  Read(false);
-  Read(true);
-  WaitForSigchld();
+  ASSIGN_OR_RETURN(pid_,
+                   processes_.Spawn(PdshSpec(settings_, hosts_, command)));
   return Status::Ok();
 }
 
-void PdshStarter::Read(bool is_stderr) {
-  auto& pipe = is_stderr ? *err_ : *out_;
-  auto buf = std::make_shared<std::array<char, 4096>>();
-  pipe.async_read_some(asio::buffer(*buf),
-                       [this, is_stderr, buf, alive = alive_](
-                           const boost::system::error_code& ec, size_t n) {
-                         if (!*alive || ec) return;
-                         std::string& acc = is_stderr ? err_buf_ : out_buf_;
-                         acc.append(buf->data(), n);
-                         size_t nl;
-                         while ((nl = acc.find('\n')) != std::string::npos) {
-                           std::string line = acc.substr(0, nl);
-                           acc.erase(0, nl + 1);
-                           HandleLine(is_stderr, line);
-                         }
-                         Read(is_stderr);
-                       });
+void PdshStarter::OnProcessOutput(pid_t, bool is_stderr, std::string line,
+                                  bool) {
+  HandleLine(is_stderr, line);
 }
 
 void PdshStarter::HandleLine(bool is_stderr, const std::string& raw) {
@@ -354,28 +304,23 @@ void PdshStarter::HandleLine(bool is_stderr, const std::string& raw) {
   }
 }
 
-void PdshStarter::WaitForSigchld() {
-  sigchld_.async_wait(
-      [this, alive = alive_](const boost::system::error_code& ec, int) {
-        if (ec || !*alive) return;
-        int status = 0;
-        if (pid_ > 0 && ::waitpid(pid_, &status, WNOHANG) == pid_) {
-          pid_ = -1;
-          for (size_t n = 0; n < hosts_.size(); ++n) {
-            if (exited_[n]) continue;
-            exited_[n] = true;
-            delegate_->OnAgentProcessExited(
-                static_cast<int>(n),
-                "ended with pdsh, which " + DescribeWaitStatus(status));
-          }
-          return;
-        }
-        WaitForSigchld();
-      });
+// Reported after pdsh's last line, so nodes it named are reported as it
+// said; the others end with pdsh.
+void PdshStarter::OnProcessExited(pid_t, const proto::ExitInfo& info) {
+  pid_ = -1;
+  if (!info.error.empty()) spdlog::error("cannot start pdsh: {}", info.error);
+  const std::string how =
+      "ended with pdsh, which " + DescribeWaitStatus(info.wait_status);
+  for (size_t n = 0; n < hosts_.size(); ++n) {
+    if (exited_[n]) continue;
+    exited_[n] = true;
+    delegate_->OnAgentProcessExited(static_cast<int>(n), how);
+  }
 }
 
 void PdshStarter::Kill(int) {
-  if (pid_ > 0) ::kill(-pid_, SIGKILL);  // pdsh cannot reach one node alone
+  // pdsh cannot reach one node alone
+  if (pid_ > 0) processes_.Signal(pid_, SIGKILL);
 }
 
 }  // namespace dslaunch::launcher

@@ -10,15 +10,12 @@
 #include <sys/types.h>
 
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/posix/stream_descriptor.hpp>
-#include <boost/asio/signal_set.hpp>
-#include <map>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "launcher/ssh_starter.h"  // NodeCheck
 #include "launcher/starter.h"
+#include "proto/process_set.h"
 
 namespace dslaunch::launcher {
 
@@ -29,9 +26,9 @@ struct PdshSettings {
   double timeout_s = 10;
 };
 
-class PdshStarter : public Starter {
+class PdshStarter : public Starter, private proto::ProcessSet::Delegate {
  public:
-  PdshStarter(boost::asio::io_context& io, Delegate* delegate,
+  PdshStarter(boost::asio::io_context& io, Starter::Delegate* delegate,
               PdshSettings settings, std::vector<std::string> hosts);
   ~PdshStarter() override;
 
@@ -45,20 +42,19 @@ class PdshStarter : public Starter {
 
  private:
   Status Launch(std::vector<std::string> argv);
-  void Read(bool is_stderr);
+  void OnProcessOutput(pid_t pid, bool is_stderr, std::string line,
+                       bool partial) override;
+  void OnProcessExited(pid_t pid, const proto::ExitInfo& info) override;
   void HandleLine(bool is_stderr, const std::string& line);
-  void WaitForSigchld();
   int NodeOf(const std::string& host) const;
 
   boost::asio::io_context& io_;
-  Delegate* delegate_;
+  Starter::Delegate* delegate_;
   PdshSettings settings_;
   std::vector<std::string> hosts_;
-  boost::asio::signal_set sigchld_;
-  pid_t pid_ = -1;
-  std::unique_ptr<boost::asio::posix::stream_descriptor> out_, err_;
-  std::string out_buf_, err_buf_;
   std::vector<bool> exited_;
+  pid_t pid_ = -1;
+  proto::ProcessSet processes_;  // pdsh, its output and its exit
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

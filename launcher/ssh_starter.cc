@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "proto/line_splitter.h"
 #include "proto/version.h"
 
 namespace dslaunch::launcher {
@@ -19,7 +20,7 @@ struct SshStarter::Node {
   std::atomic<bool> kill{false};       // set by Kill(), acted on by Monitor()
   std::atomic<bool> cancelled{false};  // Kill() before the start
   bool started = false;                // io thread only
-  std::string err_tail;                // agent stderr bytes without newline yet
+  proto::LineSplitter err_lines;       // agent stderr, cut into lines
 };
 
 std::string ExpectedAgentVersion() {
@@ -232,16 +233,14 @@ void SshStarter::PumpNode(Node& node) {
   }
   char buf[4096];
   int n;
+  std::vector<std::string> lines;
   while ((n = ssh_channel_read_nonblocking(ch, buf, sizeof(buf), 1)) > 0) {
-    node.err_tail.append(buf, static_cast<size_t>(n));
+    node.err_lines.Feed(std::string_view(buf, static_cast<size_t>(n)), &lines);
   }
   while (ssh_channel_read_nonblocking(ch, buf, sizeof(buf), 0) > 0) {
   }
-  size_t nl;
-  while ((nl = node.err_tail.find('\n')) != std::string::npos) {
-    std::string line = node.err_tail.substr(0, nl);
-    node.err_tail.erase(0, nl + 1);
-    asio::post(io_, [this, host = node.conn.host(), line = std::move(line),
+  for (auto& said : lines) {
+    asio::post(io_, [this, host = node.conn.host(), line = std::move(said),
                      alive = alive_]() mutable {
       if (*alive) delegate_->OnStarterOutput(host, std::move(line));
     });

@@ -97,3 +97,4 @@ std::unique_ptr<Starter> NewPdshStarter(const StarterContext& context);
 bool IsLocalHost(const std::string& host);
 
 }  // namespace dslaunch::launcher
+

@@ -72,7 +72,11 @@ class AgentTest : public ::testing::Test {
     agent_result_ =
         std::async(std::launch::async, [this] { return agent_->Run(); });
     tcp::socket socket(io_);
-    acceptor_.accept(socket);
+    boost::system::error_code ec;
+    do {  // SIGCHLD of an earlier test's workers may interrupt the wait
+      acceptor_.accept(socket, ec);
+    } while (ec == boost::asio::error::interrupted);
+    ASSERT_FALSE(ec) << ec.message();
     channel_ = proto::Channel::Create(proto::Channel::Socket(std::move(socket)),
                                       "agent");
     channel_->Start({

@@ -101,6 +101,16 @@ class TempDir {
   std::string path_;
 };
 
+// True while `pid` exists and is not a zombie.
+bool IsLive(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() &&
+         stat[paren + 2] != 'Z';
+}
+
 void WriteFile(const std::string& path, const std::string& text, int mode) {
   std::ofstream(path) << text;
   ASSERT_EQ(::chmod(path.c_str(), mode), 0) << path;
@@ -271,14 +281,36 @@ TEST_F(WorkerSetTest, WorkerRunsInItsOwnProcessGroup) {
   EXPECT_EQ(delegate_.ExitOf(0)->info.signal, SIGKILL);
 }
 
+// The grandchild leaves the worker's process group (setsid), so the kill of
+// the group at the reap does not reach it: it still holds stdout open when
+// the worker exits, and only the drain period after the reap can report the
+// exit. (This test used to run `sleep 30 &` in the worker's own group, which
+// the reap kills at once: the pipe closed by end of file and the test passed
+// even with the drain timer removed.)
 TEST_F(WorkerSetTest, ReportsExitEvenIfAGrandchildKeepsTheOutputOpen) {
-  // The background sleep inherits stdout and outlives the worker; the exit
-  // is reported once the drain period after the reap has passed.
-  const pid_t pid = SpawnOk(Shell(0, "sleep 30 & echo $!; exit 4"));
+  // The worker exits once the grandchild is in its own session (field 6 of
+  // /proc/<pid>/stat), so the kill of the worker's group cannot reach it.
+  SpawnOk(
+      Shell(0,
+            "setsid sleep 30 & g=$!; "
+            "until [ \"$(cut -d' ' -f6 /proc/$g/stat)\" = $g ]; do :; done; "
+            "echo $g; exit 4"));
+  ASSERT_TRUE(
+      RunUntil(io_, [&] { return delegate_.Lines(0, false).size() == 1; }));
+  const pid_t grandchild = std::stoi(delegate_.Lines(0, false)[0]);
+  bool grandchild_alive_at_exit = false;
   const bool exited = RunUntil(
-      io_, [&] { return delegate_.exits() == 1; }, std::chrono::seconds(8));
-  ::kill(-pid, SIGKILL);  // the grandchild, still in the worker's group
+      io_,
+      [&] {
+        if (delegate_.exits() == 0) return false;
+        grandchild_alive_at_exit = IsLive(grandchild);
+        return true;
+      },
+      std::chrono::seconds(8));
+  ::kill(grandchild, SIGKILL);
   ASSERT_TRUE(exited);
+  EXPECT_TRUE(grandchild_alive_at_exit)
+      << "the pipe reached end of file: the drain period was not tested";
   EXPECT_EQ(delegate_.ExitOf(0)->info.exit_code, 4);
   EXPECT_EQ(delegate_.Lines(0, false).size(), 1u);
   EXPECT_EQ(set_.unfinished(), 0u);
@@ -351,10 +383,12 @@ TEST_F(WorkerSetTest, TracksSeveralWorkersByRank) {
 
 TEST_F(WorkerSetTest, PausedOutputIsDeliveredAfterResumeBeforeTheExit) {
   set_.PauseOutput();
-  SpawnOk(Shell(0, "echo held; printf partial"));
-  // Give the worker time to finish; nothing may be reported while paused.
-  RunUntil(
-      io_, [] { return false; }, std::chrono::milliseconds(200));
+  const pid_t pid = SpawnOk(Shell(0, "echo held; printf partial"));
+  // Wait until the worker has been reaped (gone from /proc): all its output
+  // is written, and still nothing may be reported while paused.
+  ASSERT_TRUE(RunUntil(io_, [&] {
+    return !std::filesystem::exists("/proc/" + std::to_string(pid));
+  }));
   EXPECT_TRUE(delegate_.events.empty());
   set_.ResumeOutput();
   ASSERT_TRUE(WaitForExits(1));
@@ -412,9 +446,8 @@ TEST(ResolveProgram, RejectsEmptyName) {
             StatusCode::kInvalidArgument);
 }
 
-// Disabled: execvp skips a PATH entry whose match is a directory (execve
-// fails with EACCES) and goes on searching; ResolveProgram returns the
-// directory because access(X_OK) succeeds on it.
+// execvp skips a PATH entry whose match is a directory and goes on
+// searching; so does ResolveProgram (access(X_OK) alone would accept it).
 TEST(ResolveProgram, SkipsDirectoryWithTheProgramsName) {
   TempDir first, second;
   ASSERT_EQ(::mkdir((first.path() + "/tool").c_str(), 0755), 0);

@@ -1,11 +1,11 @@
-#include "agent/line_splitter.h"
+#include "proto/line_splitter.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-namespace dslaunch::agent {
+namespace dslaunch::proto {
 namespace {
 
 using Lines = std::vector<std::string>;
@@ -140,4 +140,4 @@ TEST(LineSplitter, LineOfExactlyTheLimitGivesOneLineHoweverFed) {
 }
 
 }  // namespace
-}  // namespace dslaunch::agent
+}  // namespace dslaunch::proto

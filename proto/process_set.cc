@@ -1,0 +1,389 @@
+#include "proto/process_set.h"
+
+#include <fcntl.h>      // open, O_CLOEXEC
+#include <signal.h>     // kill
+#include <sys/prctl.h>  // PR_SET_PDEATHSIG
+#include <sys/stat.h>   // stat
+#include <sys/wait.h>   // WIFSIGNALED
+#include <unistd.h>     // fork, execve, pipe2
+
+#include <array>
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <cerrno>
+#include <cstring>
+#include <utility>  // exchange
+
+#include "proto/child_reaper.h"
+#include "proto/host_info.h"
+#include "proto/line_splitter.h"
+
+extern char** environ;
+
+namespace dslaunch::proto {
+
+namespace asio = boost::asio;
+
+struct ProcessSet::Child {
+  explicit Child(asio::io_context& io) : out(io), err(io), drain_timer(io) {}
+  struct Stream {
+    explicit Stream(asio::io_context& io) : pipe(io) {}
+    asio::posix::stream_descriptor pipe;
+    LineSplitter lines;
+    std::array<char, 64 * 1024> buffer;
+    bool open = false;
+    bool reading = false;
+  };
+  Stream& stream(bool is_stderr) { return is_stderr ? err : out; }
+
+  pid_t pid = -1;
+  int stdin_fd = -1;
+  int destroy_signal = SIGKILL;
+  Stream out, err;
+  bool reaped = false;
+  ExitInfo info;
+  asio::steady_timer drain_timer;
+};
+
+StatusOr<std::string> ResolveProgram(const std::string& program,
+                                     const std::string& path_env) {
+  if (program.empty()) return InvalidArgument("empty program name");
+  if (program.find('/') != std::string::npos) return program;
+  size_t start = 0;
+  while (start <= path_env.size()) {
+    size_t end = path_env.find(':', start);
+    if (end == std::string::npos) end = path_env.size();
+    std::string dir = path_env.substr(start, end - start);
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
+    struct stat st;
+    if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+        ::access(candidate.c_str(), X_OK) == 0) {
+      return candidate;
+    }
+    start = end + 1;
+  }
+  return NotFound("command not found: " + program);
+}
+
+namespace {
+
+std::vector<char*> CStrings(const std::vector<std::string>& v) {
+  std::vector<char*> out;
+  for (const auto& s : v) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+// The child's environment: spec.env, on top of ours when inherit_env.
+std::vector<std::string> ChildEnv(const ProcessSpec& spec) {
+  if (!spec.inherit_env) return spec.env;
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    const std::string key = kv.substr(0, kv.find('='));
+    bool overridden = false;
+    for (const auto& o : spec.env) overridden |= o.rfind(key + "=", 0) == 0;
+    if (!overridden) env.push_back(kv);
+  }
+  env.insert(env.end(), spec.env.begin(), spec.env.end());
+  return env;
+}
+
+std::string PathOf(const std::vector<std::string>& env) {
+  for (const auto& kv : env) {
+    if (kv.rfind("PATH=", 0) == 0) return kv.substr(5);
+  }
+  return "/bin:/usr/bin";  // as execvp does
+}
+
+// Everything the child needs, made before fork: the child only makes
+// async-signal-safe calls.
+struct ChildPlan {
+  pid_t parent = -1;
+  bool fail_at_once = false;  // the program was not found
+  bool new_session = false;
+  int death_signal = SIGKILL;
+  int in_r = -1, out_w = -1, err_w = -1, report_w = -1;
+  const char* path = nullptr;
+  const char* cwd = "";
+  const char* cgroup_procs = "";
+  char** argv = nullptr;
+  char** envp = nullptr;
+};
+
+// Stages reported back through the report pipe as {stage, errno}.
+enum Stage : int { kChdir = 1, kExec = 2, kCgroup = 3 };
+
+[[noreturn]] void ReportAndExit(int report_w, int stage, int err) {
+  int report[2] = {stage, err};
+  ssize_t ignored = ::write(report_w, report, sizeof(report));
+  (void)ignored;
+  ::_exit(127);
+}
+
+// In the child, between fork and exec: only async-signal-safe calls.
+[[noreturn]] void ExecChild(const ChildPlan& p) {
+  if (p.new_session) {
+    ::setsid();
+  } else {
+    ::setpgid(0, 0);
+  }
+  ::prctl(PR_SET_PDEATHSIG, p.death_signal);
+  if (::getppid() != p.parent) ::_exit(127);  // the parent is already gone
+  if (p.fail_at_once) ::_exit(127);
+  if (p.cgroup_procs[0] != '\0') {
+    // Joins before any of the program's code runs ("0": this process).
+    const int fd = ::open(p.cgroup_procs, O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || ::write(fd, "0", 1) != 1)
+      ReportAndExit(p.report_w, kCgroup, errno);
+    ::close(fd);
+  }
+  const int in_fd = p.in_r >= 0 ? p.in_r : ::open("/dev/null", O_RDONLY);
+  ::dup2(in_fd, 0);
+  if (p.out_w >= 0) ::dup2(p.out_w, 1);
+  if (p.err_w >= 0) ::dup2(p.err_w, 2);
+  // Nothing of the parent's (sockets, listeners) leaks into the child.
+  PrepareChildForExec();
+  if (p.cwd[0] != '\0' && ::chdir(p.cwd) != 0) {
+    ReportAndExit(p.report_w, kChdir, errno);
+  }
+  ::execve(p.path, p.argv, p.envp);
+  ReportAndExit(p.report_w, kExec, errno);
+}
+
+// The four pipes of a spawn (stdin, stdout, stderr, the exec report),
+// close-on-exec; closes whatever is still open when it goes.
+struct SpawnPipes {
+  int fds[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
+  int* in = fds;
+  int* out = fds + 2;
+  int* err = fds + 4;
+  int* report = fds + 6;
+  SpawnPipes() = default;
+  SpawnPipes(const SpawnPipes&) = delete;
+  SpawnPipes& operator=(const SpawnPipes&) = delete;
+  ~SpawnPipes() {
+    for (int fd : fds) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  Status Open(const ProcessSpec& spec) {
+    if ((spec.stdin_pipe && ::pipe2(in, O_CLOEXEC) != 0) ||
+        (spec.capture_output &&
+         (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)) ||
+        ::pipe2(report, O_CLOEXEC) != 0) {
+      return ErrnoStatus("pipe", errno);
+    }
+    return Status::Ok();
+  }
+  // Hands the descriptor over: the destructor no longer closes it.
+  int Take(int* fd) { return std::exchange(*fd, -1); }
+  void CloseChildEnds() {
+    for (int* fd : {&in[0], &out[1], &err[1], &report[1]}) {
+      if (*fd >= 0) ::close(Take(fd));
+    }
+  }
+};
+
+// Waits for the child's exec: end of file on the report pipe means it
+// succeeded; otherwise the child wrote {stage, errno}.
+std::string ExecError(int report_fd, const ProcessSpec& spec,
+                      const std::string& path) {
+  int reported[2] = {0, 0};
+  ssize_t got;
+  do {
+    got = ::read(report_fd, reported, sizeof(reported));
+  } while (got < 0 && errno == EINTR);
+  if (got != sizeof(reported)) return "";
+  const std::string what =
+      reported[0] == kChdir    ? "cannot change directory to '" + spec.cwd + "'"
+      : reported[0] == kCgroup ? "cannot join cgroup '" + spec.cgroup_dir + "'"
+                               : "cannot execute '" + path + "'";
+  return what + ": " + std::strerror(reported[1]);
+}
+
+}  // namespace
+
+ProcessSet::ProcessSet(asio::io_context& io, Delegate* delegate)
+    : io_(io), delegate_(delegate) {
+  ChildReaper::Of(io_);  // SIGCHLD is caught before the first child
+}
+
+ProcessSet::~ProcessSet() {
+  *alive_ = false;
+  ChildReaper& reaper = ChildReaper::Of(io_);
+  for (auto& [pid, c] : children_) {
+    if (!c->reaped) {
+      if (c->destroy_signal != 0) ::kill(-pid, c->destroy_signal);
+      reaper.Forget(pid);
+    }
+    if (c->stdin_fd >= 0) ::close(std::exchange(c->stdin_fd, -1));
+    boost::system::error_code ignored;
+    c->out.pipe.close(ignored);
+    c->err.pipe.close(ignored);
+    c->drain_timer.cancel();
+  }
+}
+
+StatusOr<pid_t> ProcessSet::Spawn(const ProcessSpec& spec) {
+  if (spec.argv.empty()) return InvalidArgument("empty argv");
+  const std::vector<std::string> env = ChildEnv(spec);
+  std::string error, path = spec.argv[0];
+  StatusOr<std::string> resolved = ResolveProgram(spec.argv[0], PathOf(env));
+  if (resolved.ok()) {
+    path = *resolved;
+  } else {
+    error = resolved.status().message();
+  }
+  SpawnPipes pipes;
+  RETURN_IF_ERROR(pipes.Open(spec));
+  auto argv = CStrings(spec.argv);
+  auto envp = CStrings(env);
+  const std::string cgroup_procs =
+      spec.cgroup_dir.empty() ? "" : spec.cgroup_dir + "/cgroup.procs";
+  ChildPlan plan{::getpid(),        !error.empty(),       spec.new_session,
+                 spec.death_signal, pipes.in[0],          pipes.out[1],
+                 pipes.err[1],      pipes.report[1],      path.c_str(),
+                 spec.cwd.c_str(),  cgroup_procs.c_str(), argv.data(),
+                 envp.data()};
+  const pid_t pid = ::fork();
+  if (pid < 0) return ErrnoStatus("fork", errno);
+  if (pid == 0) ExecChild(plan);
+  if (!spec.new_session) ::setpgid(pid, pid);  // so kill(-pid) works at once
+  pipes.CloseChildEnds();
+  if (error.empty()) error = ExecError(pipes.report[0], spec, path);
+
+  auto c = std::make_shared<Child>(io_);
+  c->pid = pid;
+  c->destroy_signal = spec.destroy_signal;
+  c->info.error = error;
+  c->stdin_fd = pipes.Take(&pipes.in[1]);
+  if (spec.capture_output) {
+    c->out.pipe.assign(pipes.Take(&pipes.out[0]));
+    c->err.pipe.assign(pipes.Take(&pipes.err[0]));
+    c->out.open = c->err.open = true;
+  }
+  children_[pid] = c;
+  ChildReaper::Of(io_).Watch(
+      pid, {[pid] { ::kill(-pid, SIGKILL); },  // what is left of its group
+            [this, c, alive = alive_](int status) {
+              if (*alive) OnReaped(c, status);
+            }});
+  StartRead(c, false);
+  StartRead(c, true);
+  return pid;
+}
+
+int ProcessSet::StdinOf(pid_t pid) const {
+  auto it = children_.find(pid);
+  return it == children_.end() ? -1 : it->second->stdin_fd;
+}
+
+void ProcessSet::CloseStdin(pid_t pid) {
+  auto it = children_.find(pid);
+  if (it != children_.end() && it->second->stdin_fd >= 0) {
+    ::close(std::exchange(it->second->stdin_fd, -1));
+  }
+}
+
+void ProcessSet::Signal(pid_t pid, int sig) {
+  auto it = children_.find(pid);
+  if (it != children_.end() && !it->second->reaped) ::kill(-pid, sig);
+}
+
+void ProcessSet::SignalAll(int sig) {
+  for (auto& [pid, c] : children_) {
+    if (!c->reaped) ::kill(-pid, sig);
+  }
+}
+
+void ProcessSet::OnReaped(const std::shared_ptr<Child>& c, int status) {
+  c->reaped = true;
+  c->info.wait_status = status;
+  if (WIFSIGNALED(status)) {
+    c->info.signal = WTERMSIG(status);
+  } else {
+    c->info.exit_code = WEXITSTATUS(status);
+  }
+  if (c->out.open || c->err.open) ArmDrainTimer(c);
+  MaybeFinish(c);
+}
+
+void ProcessSet::ArmDrainTimer(const std::shared_ptr<Child>& c) {
+  // Output still held open by a grandchild does not hold the exit back
+  // forever; while output is paused nothing is dropped, so wait longer.
+  c->drain_timer.expires_after(drain_after_);
+  c->drain_timer.async_wait(
+      [this, c, alive = alive_](const boost::system::error_code& ec) {
+        if (ec || !*alive) return;
+        if (paused_) return ArmDrainTimer(c);  // the owner resumes or stops us
+        CloseStream(c, false);
+        CloseStream(c, true);
+      });
+}
+
+void ProcessSet::StartRead(const std::shared_ptr<Child>& c, bool is_stderr) {
+  Child::Stream& s = c->stream(is_stderr);
+  if (!s.open || s.reading || paused_) return;
+  s.reading = true;
+  s.pipe.async_read_some(asio::buffer(s.buffer),
+                         [this, c, is_stderr, alive = alive_](
+                             const boost::system::error_code& ec, size_t n) {
+                           if (!*alive) return;
+                           OnRead(c, is_stderr, ec, n);
+                         });
+}
+
+void ProcessSet::OnRead(const std::shared_ptr<Child>& c, bool is_stderr,
+                        const boost::system::error_code& ec, size_t n) {
+  Child::Stream& s = c->stream(is_stderr);
+  s.reading = false;
+  if (!s.open) return;
+  if (ec) return CloseStream(c, is_stderr);
+  std::vector<LineSplitter::Piece> pieces;
+  s.lines.Feed(std::string_view(s.buffer.data(), n), &pieces);
+  const auto alive = alive_;
+  for (auto& piece : pieces) {
+    // A piece of a line longer than the limit is partial (no newline follows
+    // it), so that the launcher joins the pieces byte-exact.
+    delegate_->OnProcessOutput(c->pid, is_stderr, std::move(piece.text),
+                               !piece.ends_line);
+    if (!*alive) return;  // the delegate destroyed us
+  }
+  StartRead(c, is_stderr);
+}
+
+void ProcessSet::CloseStream(const std::shared_ptr<Child>& c, bool is_stderr) {
+  Child::Stream& s = c->stream(is_stderr);
+  if (!s.open) return;
+  s.open = false;
+  boost::system::error_code ignored;
+  s.pipe.close(ignored);
+  std::string rest;
+  if (s.lines.Finish(&rest)) {
+    delegate_->OnProcessOutput(c->pid, is_stderr, std::move(rest), true);
+  }
+  MaybeFinish(c);
+}
+
+void ProcessSet::MaybeFinish(const std::shared_ptr<Child>& c) {
+  if (!c->reaped || c->out.open || c->err.open) return;
+  if (children_.erase(c->pid) == 0) return;  // already reported
+  c->drain_timer.cancel();
+  if (c->stdin_fd >= 0) ::close(std::exchange(c->stdin_fd, -1));
+  delegate_->OnProcessExited(c->pid, c->info);
+}
+
+void ProcessSet::PauseOutput() { paused_ = true; }
+
+void ProcessSet::ResumeOutput() {
+  if (!paused_) return;
+  paused_ = false;
+  for (auto& [pid, c] : children_) {
+    StartRead(c, false);
+    StartRead(c, true);
+  }
+}
+
+}  // namespace dslaunch::proto

@@ -1,0 +1,105 @@
+#include "proto/process_tree.h"
+
+#include <dirent.h>  // opendir, readdir
+
+#include <cctype>
+#include <cstdlib>  // strtol
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+namespace dslaunch::proto {
+
+namespace {
+
+// {ppid, state} of a process from /proc/<pid>/stat; false when it is gone.
+bool ReadStat(pid_t pid, pid_t* ppid, char* state) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string stat = ss.str();
+  const size_t paren = stat.rfind(')');  // the name may hold ')' and spaces
+  if (paren == std::string::npos || paren + 4 > stat.size()) return false;
+  *state = stat[paren + 2];
+  *ppid = static_cast<pid_t>(std::atol(stat.c_str() + paren + 4));
+  return true;
+}
+
+}  // namespace
+
+bool IsLiveProcess(pid_t pid) {
+  pid_t ppid;
+  char state;
+  return ReadStat(pid, &ppid, &state) && state != 'Z' && state != 'X';
+}
+
+std::vector<pid_t> LiveDescendants(pid_t root, const std::set<pid_t>& skip) {
+  std::map<pid_t, std::vector<pid_t>> children;
+  if (DIR* proc = ::opendir("/proc")) {
+    while (dirent* e = ::readdir(proc)) {
+      char* end = nullptr;
+      const long pid = std::strtol(e->d_name, &end, 10);
+      pid_t ppid;
+      char state;
+      if (*end != '\0' || pid <= 0 || !ReadStat(pid, &ppid, &state)) continue;
+      if (state != 'Z' && state != 'X') children[ppid].push_back(pid);
+    }
+    ::closedir(proc);
+  }
+  std::vector<pid_t> out;
+  std::vector<pid_t> todo = {root};
+  while (!todo.empty() && out.size() < 100000) {
+    const pid_t p = todo.back();
+    todo.pop_back();
+    for (pid_t c : children[p]) {
+      if (skip.count(c)) continue;
+      out.push_back(c);
+      todo.push_back(c);
+    }
+  }
+  return out;
+}
+
+std::string Cgroup2Mount(const std::string& mountinfo) {
+  std::istringstream lines(mountinfo);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream f(line);
+    std::vector<std::string> fields;
+    for (std::string w; f >> w;) fields.push_back(w);
+    for (size_t i = 6; i + 1 < fields.size(); ++i) {
+      if (fields[i] == "-" && fields[i + 1] == "cgroup2" && fields[3] == "/") {
+        return fields[4];
+      }
+    }
+  }
+  return "";
+}
+
+std::string Cgroup2Path(const std::string& proc_cgroup) {
+  std::istringstream lines(proc_cgroup);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("0::", 0) == 0) return line.substr(3);
+  }
+  return "";
+}
+
+std::string JobCgroupDir(const std::string& job_id, int node_rank) {
+  auto read = [](const char* path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  const std::string mount = Cgroup2Mount(read("/proc/self/mountinfo"));
+  const std::string own = Cgroup2Path(read("/proc/self/cgroup"));
+  if (mount.empty() || own.empty()) return "";
+  std::string id = job_id.substr(0, 200);
+  for (char& ch : id) {
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-') ch = '_';
+  }
+  return mount + (own == "/" ? "" : own) + "/dsl-" + id + "-" +
+         std::to_string(node_rank);
+}
+
+}  // namespace dslaunch::proto

@@ -1,0 +1,140 @@
+#include "agent/job_containment.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/asio/io_context.hpp>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "agent/worker_set.h"
+#include "proto/process_tree.h"
+#include "tests/common/run_until.h"
+
+namespace dslaunch::agent {
+namespace {
+
+using dslaunch::testing::RunUntil;
+
+TEST(Cgroup2Mount, FindsTheCgroup2MountAmongOthers) {
+  const std::string mountinfo =
+      "25 1 0:23 / /sys rw,nosuid - sysfs sysfs rw\n"
+      "31 25 0:27 / /sys/fs/cgroup ro shared:9 - tmpfs tmpfs ro,mode=755\n"
+      "32 31 0:28 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+      "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime shared:10 - cgroup2 "
+      "cgroup2 rw\n";
+  EXPECT_EQ(proto::Cgroup2Mount(mountinfo), "/sys/fs/cgroup/unified");
+}
+
+TEST(Cgroup2Mount, IgnoresABindMountedSubtreeAndNoMountAtAll) {
+  EXPECT_EQ(
+      proto::Cgroup2Mount("50 1 0:38 /job /mnt/cg rw - cgroup2 cgroup2 rw\n"),
+      "");
+  EXPECT_EQ(proto::Cgroup2Mount("25 1 0:23 / /sys rw - sysfs sysfs rw\n"), "");
+}
+
+TEST(Cgroup2Path, TakesTheUnifiedLine) {
+  EXPECT_EQ(proto::Cgroup2Path("4:memory:/a\n0::/user.slice/x.scope\n"),
+            "/user.slice/x.scope");
+  EXPECT_EQ(proto::Cgroup2Path("4:memory:/a\n"), "");
+}
+
+bool Contains(const std::vector<pid_t>& v, pid_t p) {
+  return std::find(v.begin(), v.end(), p) != v.end();
+}
+
+TEST(LiveDescendants, FindsChildrenAndGrandchildrenButNotOthers) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t child = ::fork();
+  if (child == 0) {  // child: a grandchild, then tell its pid and wait
+    const pid_t grandchild = ::fork();
+    if (grandchild == 0) {
+      ::pause();
+      ::_exit(0);
+    }
+    (void)!::write(fds[1], &grandchild, sizeof(grandchild));
+    ::pause();
+    ::_exit(0);
+  }
+  pid_t grandchild = -1;
+  ASSERT_EQ(::read(fds[0], &grandchild, sizeof(grandchild)),
+            static_cast<ssize_t>(sizeof(grandchild)));
+  const std::vector<pid_t> found = proto::LiveDescendants(::getpid());
+  const std::vector<pid_t> pruned = proto::LiveDescendants(::getpid(), {child});
+  EXPECT_TRUE(Contains(found, child));
+  EXPECT_TRUE(Contains(found, grandchild));
+  EXPECT_FALSE(Contains(found, ::getpid()));
+  EXPECT_FALSE(Contains(found, 1));
+  EXPECT_FALSE(Contains(pruned, child));
+  EXPECT_FALSE(Contains(pruned, grandchild));
+  ::kill(grandchild, SIGKILL);
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ::close(fds[0]);
+  ::close(fds[1]);
+}
+
+class Recorder : public WorkerSet::Delegate {
+ public:
+  void OnWorkerOutput(int, bool, std::string line, bool) override {
+    lines.push_back(line);
+  }
+  void OnWorkerExited(int rank, pid_t, const ExitInfo&) override {
+    exited_ranks.push_back(rank);
+  }
+  std::vector<std::string> lines;
+  std::vector<int> exited_ranks;
+};
+
+// True while /proc knows `pid` (a zombie still counts: not yet reaped).
+bool Exists(pid_t pid) {
+  return std::filesystem::exists("/proc/" + std::to_string(pid));
+}
+
+TEST(WorkerSetContainment, EscapedDescendantIsKilledAndReapedNeverReported) {
+  boost::asio::io_context io;
+  Recorder rec;
+  pid_t escaped = -1;
+  std::string cgroup;
+  {
+    WorkerSet set(io, &rec);
+    set.Contain("unit-test", ::getpid());
+    cgroup = set.containment().cgroup_dir();
+    WorkerSpec spec;
+    spec.rank = 3;
+    spec.env = {"PATH=/usr/bin:/bin"};
+    // The grandchild leaves the worker's group and session; the worker
+    // waits until it has, tells its pid and exits.
+    spec.argv = {"/bin/sh", "-c",
+                 "setsid sleep 30 >/dev/null 2>&1 & g=$!; "
+                 "until [ \"$(cut -d' ' -f6 /proc/$g/stat)\" = $g ]; do :; "
+                 "done; echo $g"};
+    ASSERT_TRUE(set.Spawn(spec).ok());
+    ASSERT_TRUE(RunUntil(io, [&] { return rec.exited_ranks.size() == 1; }));
+    escaped = std::stoi(rec.lines.at(0));
+    ASSERT_TRUE(Exists(escaped));  // outlived its worker
+    if (!cgroup.empty()) {         // and is in the job's cgroup
+      std::ifstream procs(cgroup + "/cgroup.procs");
+      std::string all((std::istreambuf_iterator<char>(procs)), {});
+      EXPECT_NE(all.find(std::to_string(escaped)), std::string::npos);
+    }
+    set.KillDescendants();
+    // Killed, then reaped by us (the subreaper): gone from /proc.
+    EXPECT_TRUE(RunUntil(io, [&] { return !Exists(escaped); }));
+    EXPECT_EQ(rec.exited_ranks, std::vector<int>{3});
+  }
+  if (!cgroup.empty()) {
+    EXPECT_FALSE(std::filesystem::exists(cgroup));
+  }
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+  if (Exists(escaped)) ::kill(escaped, SIGKILL);
+}
+
+}  // namespace
+}  // namespace dslaunch::agent
