@@ -17,8 +17,17 @@ Channel::Channel(Socket socket, std::string peer, Limits limits)
     : socket_(std::move(socket)),
       peer_(std::move(peer)),
       limits_(limits),
-      decoder_(limits.max_frame_bytes) {
-  read_buffer_.resize(64 * 1024);
+      decoder_(limits.max_frame_bytes) {}
+
+void Channel::SetLimits(const Limits& limits) {
+  limits_ = limits;
+  decoder_.set_max_frame_bytes(limits.max_frame_bytes);
+}
+
+void Channel::ResumeReading() {
+  if (!paused_) return;
+  paused_ = false;
+  ReadMore();
 }
 
 void Channel::Start(Handlers handlers) {
@@ -27,7 +36,11 @@ void Channel::Start(Handlers handlers) {
 }
 
 void Channel::ReadMore() {
-  if (closed_) return;
+  if (closed_ || paused_ || reading_) return;
+  if (read_buffer_.size() != limits_.read_buffer_bytes) {
+    read_buffer_ = std::string(limits_.read_buffer_bytes, '\0');
+  }
+  reading_ = true;
   socket_.async_read_some(
       asio::buffer(read_buffer_),
       [self = shared_from_this()](const boost::system::error_code& ec,
@@ -35,6 +48,7 @@ void Channel::ReadMore() {
 }
 
 void Channel::OnRead(const boost::system::error_code& ec, size_t n) {
+  reading_ = false;
   if (closed_) return;
   if (ec) {
     if (ec == asio::error::eof || ec == asio::error::connection_reset) {
@@ -126,6 +140,7 @@ void Channel::Close(const Status& reason) {
   socket_.close(ignored);
   write_queue_.clear();
   queued_bytes_ = 0;
+  std::string().swap(read_buffer_);
   // Move the handler out: it may drop the last owner of this channel.
   auto on_close = std::move(handlers_.on_close);
   handlers_ = Handlers();
