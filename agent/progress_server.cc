@@ -139,4 +139,45 @@ void ProgressServer::Close() {
   connections_.clear();
 }
 
+void ProgressQueue::Add(int rank, std::string json, double time) {
+  PerRank& r = ranks_[rank];
+  wire::ProgressBatch::Record record;
+  record.set_rank(rank);
+  record.set_time(time);
+  r.bytes += json.size();
+  record.set_json(std::move(json));
+  r.records.push_back(std::move(record));
+  while (r.records.size() > kMaxRecordsPerRank || r.bytes > kMaxBytesPerRank) {
+    r.bytes -= r.records.front().json().size();
+    r.records.pop_front();
+    ++r.dropped;
+    ++dropped_total_;
+  }
+}
+
+std::vector<wire::Envelope> ProgressQueue::Take(size_t max_batch_bytes) {
+  std::vector<wire::Envelope> out;
+  if (ranks_.empty()) return out;
+  out.emplace_back();
+  wire::ProgressBatch* batch = out.back().mutable_progress_batch();
+  size_t bytes = 0;
+  for (auto& [rank, r] : ranks_) {
+    if (r.malformed) (*batch->mutable_malformed())[rank] = r.malformed;
+    if (r.dropped) (*batch->mutable_dropped())[rank] = r.dropped;
+  }
+  for (auto& [rank, r] : ranks_) {
+    for (auto& record : r.records) {
+      if (bytes > 0 && bytes + record.json().size() > max_batch_bytes) {
+        out.emplace_back();
+        batch = out.back().mutable_progress_batch();
+        bytes = 0;
+      }
+      bytes += record.json().size();
+      *batch->add_records() = std::move(record);
+    }
+  }
+  ranks_.clear();
+  return out;
+}
+
 }  // namespace dslaunch::agent

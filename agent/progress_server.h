@@ -7,10 +7,14 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
+#include <cstdint>
+#include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "proto/dslaunch.pb.h"
 #include "proto/status.h"
 
 namespace dslaunch::agent {
@@ -45,6 +49,37 @@ class ProgressServer {
   std::vector<std::shared_ptr<Listener>> listeners_;
   std::vector<std::weak_ptr<Connection>> connections_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+// ProgressQueue holds the progress records waiting to go to the launcher:
+// at most kMaxRecordsPerRank records and kMaxBytesPerRank bytes per rank.
+// When a rank is over either bound, its oldest record is dropped and counted
+// (records are summaries: a newer one supersedes an older one). The counts
+// of dropped and malformed records travel with the next batch. Owned by the
+// Agent; io_context thread.
+class ProgressQueue {
+ public:
+  static constexpr size_t kMaxRecordsPerRank = 256;
+  static constexpr size_t kMaxBytesPerRank = 1u << 20;
+
+  void Add(int rank, std::string json, double time);
+  void CountMalformed(int rank) { ++ranks_[rank].malformed; }
+  bool empty() const { return ranks_.empty(); }
+  // Takes everything queued as ProgressBatch envelopes whose records total
+  // at most `max_batch_bytes` each (at least one record each); the counts
+  // ride in the first. Empty when nothing is queued.
+  std::vector<wire::Envelope> Take(size_t max_batch_bytes = 1u << 20);
+  int64_t dropped_total() const { return dropped_total_; }
+
+ private:
+  struct PerRank {
+    std::deque<wire::ProgressBatch::Record> records;
+    size_t bytes = 0;
+    int64_t malformed = 0;
+    int64_t dropped = 0;
+  };
+  std::map<int, PerRank> ranks_;
+  int64_t dropped_total_ = 0;
 };
 
 }  // namespace dslaunch::agent

@@ -198,6 +198,9 @@ void Launcher::OnAgentMessage(int node_rank, wire::Envelope&& msg) {
       for (const auto& [rank, count] : msg.progress_batch().malformed()) {
         malformed_progress_[rank] += count;
       }
+      for (const auto& [rank, count] : msg.progress_batch().dropped()) {
+        dropped_progress_[rank] += count;
+      }
       return;
     case wire::Envelope::kWorkerStarted: {
       auto it = ranks_.find(msg.worker_started().rank());

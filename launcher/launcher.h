@@ -133,6 +133,7 @@ class Launcher : public ControlServer::Delegate, public Starter::Delegate {
   size_t started_ranks_ = 0;
   size_t exited_ranks_ = 0;
   std::map<int, int64_t> malformed_progress_;  // rank -> records dropped
+  std::map<int, int64_t> dropped_progress_;  // rank -> dropped by its agent
   std::chrono::steady_clock::time_point start_time_;
   std::chrono::steady_clock::time_point stop_time_;
   std::chrono::steady_clock::time_point done_time_;

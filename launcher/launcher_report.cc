@@ -69,6 +69,11 @@ void Launcher::PrintReport() {
                   std::to_string(count) +
                   " malformed progress record(s) dropped");
   }
+  for (const auto& [rank, count] : dropped_progress_) {
+    console_.Note("rank " + std::to_string(rank) + ": " +
+                  std::to_string(count) +
+                  " progress record(s) dropped (written faster than sent)");
+  }
   const int code = ExitCode();
   if (preflight_failed_) {
     console_.Note("started nothing: the preflight failed (exit status 69)");
