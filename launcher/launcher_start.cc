@@ -8,6 +8,7 @@
 
 #include "launcher/launcher.h"
 #include "launcher/pdsh_starter.h"
+#include "proto/host_info.h"
 
 namespace dslaunch::launcher {
 
@@ -59,11 +60,9 @@ std::vector<std::string> Launcher::AgentArgv(int node_rank,
   const std::string agent =
       options_.agent_path.empty() ? DefaultAgentPath() : options_.agent_path;
   if (!options_.control_addr.empty()) connect_host = options_.control_addr;
-  if (connect_host.find(':') != std::string::npos)
-    connect_host = "[" + connect_host + "]";
   return {agent,
           "--connect",
-          connect_host + ":" + std::to_string(port),
+          proto::JoinHostPort(connect_host, port),
           "--node_rank",
           std::to_string(node_rank),
           "--job_id",

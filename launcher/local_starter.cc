@@ -1,6 +1,4 @@
-#include <arpa/inet.h>  // inet_ntop
 #include <fcntl.h>      // O_CLOEXEC
-#include <netdb.h>      // getaddrinfo
 #include <signal.h>
 #include <sys/prctl.h>  // PR_SET_PDEATHSIG
 #include <sys/wait.h>   // waitpid
@@ -8,7 +6,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <set>
 
 #include "launcher/report.h"
 #include "launcher/starter.h"
@@ -96,31 +93,6 @@ void LocalStarter::Reap() {
     delegate_->OnAgentProcessExited(child.node_rank,
                                     DescribeWaitStatus(status));
   }
-}
-
-bool IsLocalHost(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
-  const auto addresses = proto::InterfaceAddresses(true);
-  const std::set<std::string> local(addresses.begin(), addresses.end());
-  bool is_local = false;
-  for (addrinfo* r = res; r && !is_local; r = r->ai_next) {
-    char buf[INET6_ADDRSTRLEN] = {0};
-    if (r->ai_family == AF_INET) {
-      auto* sin = reinterpret_cast<sockaddr_in*>(r->ai_addr);
-      if ((ntohl(sin->sin_addr.s_addr) >> 24) == 127) is_local = true;
-      ::inet_ntop(AF_INET, &sin->sin_addr, buf, sizeof(buf));
-    } else if (r->ai_family == AF_INET6) {
-      auto* sin6 = reinterpret_cast<sockaddr_in6*>(r->ai_addr);
-      if (IN6_IS_ADDR_LOOPBACK(&sin6->sin6_addr)) is_local = true;
-      ::inet_ntop(AF_INET6, &sin6->sin6_addr, buf, sizeof(buf));
-    }
-    if (local.count(buf)) is_local = true;
-  }
-  ::freeaddrinfo(res);
-  return is_local;
 }
 
 }  // namespace dslaunch::launcher
