@@ -1,5 +1,7 @@
 #include "launcher/launcher.h"
 
+#include "launcher/addresses.h"
+
 #include <limits.h>  // PATH_MAX
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -102,7 +104,12 @@ int Launcher::Run() {
     console_.Note(st.message());
     return 64;
   }
-  StatusOr<int> port = server_.Listen(options_.bind_addr, 0);
+  std::vector<std::string> hosts;
+  for (const auto& node : plan_.nodes) hosts.push_back(node.host);
+  StatusOr<int> port = server_.Listen(
+      ChooseControlAddresses(hosts, options_.bind_addr, options_.control_addr,
+                             AddressLookup::System()),
+      0);
   if (port.ok()) {
     spdlog::info("job {}: control server on port {}", job_id_, *port);
     st = StartAgents(*port);  // launcher_start.cc
