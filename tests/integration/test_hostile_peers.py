@@ -3,6 +3,7 @@ connect/close floods, garbage writers), a rank that floods progress records,
 and where the control port listens. Every case is bounded in count and time."""
 import os
 import re
+import signal
 import socket
 import stat
 import struct
@@ -14,8 +15,10 @@ from harness import BIN, DSLAUNCH, PY, LaunchTest
 
 # A rank program: records its start like rank.py, then
 #   hold:        waits (bounded) until $OUT_DIR/go exists, then exits 0;
-#   flood N:     rank 0 writes N progress records as fast as it can; the others
-#                print 2000 numbered lines; every rank then exits 0.
+#   flood N PAD: local rank 0 of each node waits for $OUT_DIR/flood-go, writes
+#                N progress records (PAD bytes of padding each) as fast as it
+#                can and creates $OUT_DIR/flooded-RANK; the others print 2000
+#                numbered lines; every rank then exits 0.
 RANK_SRC = r'''
 import os, socket, sys, time
 RANK = int(os.environ["RANK"]); OUT = os.environ["OUT_DIR"]
@@ -31,16 +34,22 @@ if sys.argv[1] == "hold":
         time.sleep(0.02)
     print("rank %d done" % RANK, flush=True)
 elif sys.argv[1] == "flood":
-    n = int(sys.argv[2])
-    if RANK == 0:
+    n, pad = int(sys.argv[2]), "x" * int(sys.argv[3])
+    if os.environ["LOCAL_RANK"] == "0":
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(OUT, "flood-go")):
+            if time.monotonic() > deadline:
+                sys.exit(3)
+            time.sleep(0.02)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect(os.environ["DSLAUNCH_PROGRESS"])
         chunk = 10000
         for base in range(0, n, chunk):
-            s.sendall("".join('{"step": %d, "loss": 1.5}\n' % i
+            s.sendall("".join('{"step": %d, "loss": 1.5, "pad": "%s"}\n' % (i, pad)
                               for i in range(base, min(n, base + chunk))).encode())
         s.close()
-        print("flooded %d" % n, flush=True)
+        open(os.path.join(OUT, "flooded-%d" % RANK), "w").close()
+        print("rank %d flooded %d" % (RANK, n), flush=True)
     else:
         for i in range(2000):
             print("rank %d line %d" % (RANK, i))
@@ -203,31 +212,53 @@ class HostilePeers(LaunchTest):
         self.assertGreater(sum(counts), 1000, summary)
         print("20000 cycles in %.1f s, launcher VmHWM %d kB" % (elapsed, hwm))
 
-    def test_a_rank_flooding_progress_records_loses_records_not_the_job(self):
-        n = 2000000
+    def test_ranks_flooding_progress_records_lose_records_not_the_job(self):
+        # One flooding rank per node (ranks 0 and 2: a million records of
+        # ~330 bytes each, more than the agent's 256 MiB channel queue) while
+        # the launcher is stopped, so that nothing drains meanwhile; ranks 1
+        # and 3 print ordinary output.
+        n = 1000000
         job = Job(self, self.args(nodes=2, slots=2,
-                                  extra=["--log_level", "info", "--log_dir", self.out])
-                  + [PY, self.rank_py, "flood", str(n)])
-        peak = 0
+                                  extra=["--log_level", "info", "--log_dir", self.out,
+                                         "--heartbeat_timeout", "60"])
+                  + [PY, self.rank_py, "flood", str(n), "300"])
+        self.wait_started(4)
+        flooded = [os.path.join(self.out, "flooded-%d" % r) for r in (0, 2)]
+        os.kill(job.proc.pid, signal.SIGSTOP)
+        try:
+            self.release("flood-go")
+            deadline = time.monotonic() + 40
+            while not all(os.path.exists(f) for f in flooded):
+                if time.monotonic() > deadline or job.proc.poll() is not None:
+                    break
+                time.sleep(0.05)
+            done_while_stopped = all(os.path.exists(f) for f in flooded)
+            peak = job.status_kb("VmHWM")
+        finally:
+            os.kill(job.proc.pid, signal.SIGCONT)
         while job.proc.poll() is None:
             try:
-                peak = max(peak, job.status_kb("VmRSS"))
+                peak = job.status_kb("VmHWM")
             except (FileNotFoundError, ProcessLookupError, AssertionError):
                 break
             time.sleep(0.2)  # sampling the launcher's size, not synchronisation
         code = job.wait(120)
         self.assertEqual(code, 0, job.stderr()[-3000:])
+        self.assertTrue(done_while_stopped, "the flooding ranks were stalled")
         self.assertLess(peak, RSS_LIMIT_KB)
         out = job.stdout()
-        for rank in (1, 2, 3):
+        for rank in (1, 3):
             self.assertEqual(len(re.findall(r"rank %d line \d+\n" % rank, out)), 2000)
-        self.assertIn("flooded %d" % n, out)
-        m = re.search(r"rank 0: (\d+) progress record\(s\) dropped", job.stderr())
-        self.assertTrue(m, job.stderr()[-3000:])
+        delivered = {0: 0, 2: 0}
         with open(os.path.join(self.out, "metrics.jsonl")) as f:
-            delivered = sum(1 for line in f if '"rank":0' in line.replace(" ", ""))
-        self.assertEqual(delivered + int(m.group(1)), n)
-        print("launcher peak RSS %d kB, %s dropped, %d delivered" % (peak, m.group(1), delivered))
+            for line in f:
+                delivered[int(re.search(r'"rank": ?(\d+)', line).group(1))] += 1
+        for rank in (0, 2):
+            self.assertIn("rank %d flooded %d" % (rank, n), out)
+            m = re.search(r"rank %d: (\d+) progress record\(s\) dropped" % rank, job.stderr())
+            self.assertTrue(m, job.stderr()[-3000:])
+            self.assertEqual(delivered[rank] + int(m.group(1)), n)
+        print("launcher VmHWM %d kB, delivered %s" % (peak, delivered))
 
     def test_a_loopback_plan_listens_on_loopback_only(self):
         job = Job(self, self.args(extra=["--log_level", "info"]) + [PY, self.rank_py, "hold"])
