@@ -1,6 +1,7 @@
 #include "proto/channel.h"
 
 #include <boost/asio/buffer.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
 
 namespace dslaunch::proto {
@@ -27,7 +28,9 @@ void Channel::SetLimits(const Limits& limits) {
 void Channel::ResumeReading() {
   if (!paused_) return;
   paused_ = false;
-  ReadMore();
+  // Not from inside the caller's stack: frames held meanwhile go first.
+  asio::post(socket_.get_executor(),
+             [self = shared_from_this()] { self->Deliver(); });
 }
 
 void Channel::Start(Handlers handlers) {
@@ -61,16 +64,25 @@ void Channel::OnRead(const boost::system::error_code& ec, size_t n) {
   }
   std::vector<std::string> frames;
   Status st = decoder_.Feed(std::string_view(read_buffer_.data(), n), &frames);
-  // Frames that arrived before a bad one are still delivered, in order.
-  for (const std::string& payload : frames) {
+  for (std::string& f : frames) held_.push_back(std::move(f));
+  if (!st.ok()) read_error_ = st;
+  Deliver();
+}
+
+void Channel::Deliver() {
+  // Frames that arrived before a bad one are still delivered, in order;
+  // while paused they wait here (at most one read buffer's worth).
+  while (!held_.empty() && !paused_ && !closed_) {
+    std::string payload = std::move(held_.front());
+    held_.pop_front();
     StatusOr<wire::Envelope> msg = ParseEnvelope(payload);
     if (!msg.ok()) return Close(msg.status());
     // A copy: the handler may replace the handlers while it runs.
     auto on_message = handlers_.on_message;
     if (on_message) on_message(std::move(msg).value());
-    if (closed_) return;
   }
-  if (!st.ok()) return Close(st);
+  if (closed_ || !held_.empty()) return;
+  if (read_error_) return Close(*read_error_);
   ReadMore();
 }
 
@@ -141,6 +153,7 @@ void Channel::Close(const Status& reason) {
   write_queue_.clear();
   queued_bytes_ = 0;
   std::string().swap(read_buffer_);
+  held_.clear();
   // Move the handler out: it may drop the last owner of this channel.
   auto on_close = std::move(handlers_.on_close);
   handlers_ = Handlers();

@@ -12,6 +12,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "proto/dslaunch.pb.h"
@@ -56,8 +57,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // Replaces the limits from now on (e.g. small before authentication, the
   // full size after); a new read buffer size applies from the next read.
   void SetLimits(const Limits& limits);
-  // Stops reading from the peer until ResumeReading (the peer's writes then
-  // block once the socket buffers fill). Frames already read are delivered.
+  // Stops delivering and reading until ResumeReading (the peer's writes then
+  // block once the socket buffers fill); frames read meanwhile wait.
   void PauseReading() { paused_ = true; }
   void ResumeReading();
   // Queues `msg`. Fails when the channel is closed or the queue is over the
@@ -78,6 +79,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
   Channel(Socket socket, std::string peer, Limits limits);
   void ReadMore();
   void OnRead(const boost::system::error_code& ec, size_t n);
+  void Deliver();
   void WriteMore();
   void OnWrite(const boost::system::error_code& ec, size_t n);
 
@@ -87,6 +89,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
   Handlers handlers_;
   FrameDecoder decoder_;
   std::string read_buffer_;
+  std::deque<std::string> held_;       // read, not yet delivered
+  std::optional<Status> read_error_;   // bad input after the held frames
   std::deque<std::string> write_queue_;
   size_t queued_bytes_ = 0;
   bool writing_ = false;
