@@ -286,8 +286,8 @@ void ControlServer::SendWelcome(const std::shared_ptr<Handshake>& hs) {
     auto retry =
         std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(5));
     std::weak_ptr<Handshake> weak = hs;
-    retry->async_wait([this, weak, retry, alive = alive_](
-                          const boost::system::error_code& ec) {
+    retry->async_wait([this, weak, retry,
+                       alive = alive_](const boost::system::error_code& ec) {
       auto hs = weak.lock();
       if (!ec && *alive && hs) SendWelcome(hs);
     });

@@ -89,8 +89,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
   Handlers handlers_;
   FrameDecoder decoder_;
   std::string read_buffer_;
-  std::deque<std::string> held_;       // read, not yet delivered
-  std::optional<Status> read_error_;   // bad input after the held frames
+  std::deque<std::string> held_;      // read, not yet delivered
+  std::optional<Status> read_error_;  // bad input after the held frames
   std::deque<std::string> write_queue_;
   size_t queued_bytes_ = 0;
   bool writing_ = false;

@@ -80,7 +80,8 @@ StatusOr<Route> RouteTo(const std::string& host) {
   const int fd = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   sockaddr_storage a{};
   socklen_t len = sizeof(a);
-  const bool ok = fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+  const bool ok = fd >= 0 &&
+                  ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
                   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
   if (fd >= 0) ::close(fd);
   ::freeaddrinfo(res);

@@ -291,7 +291,8 @@ TEST_F(ProgressServerTest, ListenFailsInMissingDirectory) {
 TEST(ProgressQueue, KeepsTheNewestRecordsOfAFloodingRankAndCountsTheRest) {
   ProgressQueue q;
   const int n = static_cast<int>(ProgressQueue::kMaxRecordsPerRank) + 100;
-  for (int i = 0; i < n; ++i) q.Add(0, "{\"step\":" + std::to_string(i) + "}", i);
+  for (int i = 0; i < n; ++i)
+    q.Add(0, "{\"step\":" + std::to_string(i) + "}", i);
   q.Add(1, "{\"step\":7}", 1);
   std::vector<wire::Envelope> batches = q.Take();
   ASSERT_EQ(batches.size(), 1u);

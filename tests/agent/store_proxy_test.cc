@@ -39,10 +39,12 @@ class StoreProxyTest : public ::testing::Test {
   std::shared_ptr<proto::Channel> Client() {
     Local::socket s(io_);
     s.connect(Local::endpoint(dir_ + "/store.sock"));
-    auto c = proto::Channel::Create(proto::Channel::Socket(std::move(s)), "rank");
-    c->Start({.on_message = [this](wire::Envelope&& m) { replies_.push_back(m); },
-              .on_close = nullptr,
-              .on_drain = nullptr});
+    auto c =
+        proto::Channel::Create(proto::Channel::Socket(std::move(s)), "rank");
+    c->Start(
+        {.on_message = [this](wire::Envelope&& m) { replies_.push_back(m); },
+         .on_close = nullptr,
+         .on_drain = nullptr});
     return c;
   }
   static wire::Envelope Get(uint64_t id) {

@@ -15,10 +15,14 @@ using Addrs = std::vector<std::string>;
 // 192.168.5.1 (toward 192.168.5.0/24); "ghost" does not resolve.
 AddressLookup FakeLookup() {
   static const std::map<std::string, std::string> routes = {
-      {"127.0.0.1", "127.0.0.1"}, {"127.0.0.2", "127.0.0.1"},
-      {"127.0.0.3", "127.0.0.1"}, {"localhost", "127.0.0.1"},
-      {"::1", "::1"},             {"10.0.0.1", "10.0.0.1"},
-      {"10.0.0.2", "10.0.0.1"},   {"node3", "10.0.0.1"},
+      {"127.0.0.1", "127.0.0.1"},
+      {"127.0.0.2", "127.0.0.1"},
+      {"127.0.0.3", "127.0.0.1"},
+      {"localhost", "127.0.0.1"},
+      {"::1", "::1"},
+      {"10.0.0.1", "10.0.0.1"},
+      {"10.0.0.2", "10.0.0.1"},
+      {"node3", "10.0.0.1"},
       {"192.168.5.9", "192.168.5.1"}};
   AddressLookup l;
   l.is_local = [](const std::string& h) {
@@ -44,15 +48,15 @@ TEST(ChooseControlAddresses, Ipv6LoopbackNodesAddIpv6Loopback) {
 }
 
 TEST(ChooseControlAddresses, RemoteNodesGetTheAddressesThatRouteToThem) {
-  EXPECT_EQ(ChooseControlAddresses({"10.0.0.2", "node3", "192.168.5.9"}, "",
-                                   "", FakeLookup()),
+  EXPECT_EQ(ChooseControlAddresses({"10.0.0.2", "node3", "192.168.5.9"}, "", "",
+                                   FakeLookup()),
             (Addrs{"10.0.0.1", "192.168.5.1"}));
 }
 
 TEST(ChooseControlAddresses, MixedPlanAddsLoopbackForTheLocalNodes) {
-  EXPECT_EQ(ChooseControlAddresses({"10.0.0.1", "10.0.0.2"}, "", "",
-                                   FakeLookup()),
-            (Addrs{"127.0.0.1", "10.0.0.1"}));
+  EXPECT_EQ(
+      ChooseControlAddresses({"10.0.0.1", "10.0.0.2"}, "", "", FakeLookup()),
+      (Addrs{"127.0.0.1", "10.0.0.1"}));
 }
 
 TEST(ChooseControlAddresses, ExplicitBindAddressWins) {
@@ -62,26 +66,25 @@ TEST(ChooseControlAddresses, ExplicitBindAddressWins) {
 }
 
 TEST(ChooseControlAddresses, ControlAddressOfThisMachineIsBoundItself) {
-  EXPECT_EQ(ChooseControlAddresses({"10.0.0.2"}, "", "192.168.5.1",
-                                   FakeLookup()),
-            Addrs{"192.168.5.1"});
+  EXPECT_EQ(
+      ChooseControlAddresses({"10.0.0.2"}, "", "192.168.5.1", FakeLookup()),
+      Addrs{"192.168.5.1"});
 }
 
 TEST(ChooseControlAddresses, ForeignOrNamedControlAddressListensOnWildcard) {
-  EXPECT_EQ(ChooseControlAddresses({"10.0.0.2"}, "", "203.0.113.7",
-                                    FakeLookup()),
-            Addrs{"0.0.0.0"});
-  EXPECT_EQ(ChooseControlAddresses({"10.0.0.2"}, "", "2001:db8::7",
-                                   FakeLookup()),
-            Addrs{"::"});
-  EXPECT_EQ(ChooseControlAddresses({"10.0.0.2"}, "", "head.example",
-                                   FakeLookup()),
-            Addrs{"0.0.0.0"});
+  EXPECT_EQ(
+      ChooseControlAddresses({"10.0.0.2"}, "", "203.0.113.7", FakeLookup()),
+      Addrs{"0.0.0.0"});
+  EXPECT_EQ(
+      ChooseControlAddresses({"10.0.0.2"}, "", "2001:db8::7", FakeLookup()),
+      Addrs{"::"});
+  EXPECT_EQ(
+      ChooseControlAddresses({"10.0.0.2"}, "", "head.example", FakeLookup()),
+      Addrs{"0.0.0.0"});
 }
 
 TEST(ChooseControlAddresses, UnresolvableNodeFallsBackToWildcard) {
-  EXPECT_EQ(ChooseControlAddresses({"10.0.0.2", "ghost"}, "", "",
-                                   FakeLookup()),
+  EXPECT_EQ(ChooseControlAddresses({"10.0.0.2", "ghost"}, "", "", FakeLookup()),
             Addrs{"0.0.0.0"});
 }
 

@@ -52,8 +52,10 @@ struct RawPeer {
   void Watch() {
     socket.async_read_some(asio::buffer(buf),
                            [this](boost::system::error_code ec, size_t) {
-                             if (ec) closed = true;
-                             else Watch();
+                             if (ec)
+                               closed = true;
+                             else
+                               Watch();
                            });
   }
 };
@@ -74,7 +76,9 @@ struct TestAgent {
     hello->set_client_nonce(nonce);
     ASSERT_TRUE(channel->Send(env).ok());
   }
-  bool welcomed() const { return !received.empty() && received[0].has_welcome(); }
+  bool welcomed() const {
+    return !received.empty() && received[0].has_welcome();
+  }
   void SendAuth(const std::string& secret) {
     const wire::Welcome& w = received.at(0).welcome();
     EXPECT_EQ(w.launcher_proof(),
@@ -103,7 +107,8 @@ class ControlServerTest : public ::testing::Test {
 
   void StartServer() {
     server_ = std::make_unique<ControlServer>(io_, options_, &delegate_);
-    StatusOr<int> port = server_->Listen(std::vector<std::string>{"127.0.0.1"}, 0);
+    StatusOr<int> port =
+        server_->Listen(std::vector<std::string>{"127.0.0.1"}, 0);
     ASSERT_TRUE(port.ok()) << port.status().message();
     port_ = *port;
   }
@@ -237,7 +242,8 @@ TEST_F(ControlServerTest, FullTableEvictsTheOldestSilentPeerAndLetsTheAgentIn) {
   ASSERT_TRUE(RunUntil(io_, [&] { return server_->connected(0); }));
   // Four newcomers (three idle and the agent) evicted the four oldest idle.
   EXPECT_EQ(Rejected("evicted (pre-auth table full)"), 4);
-  for (size_t i = 0; i < idle.size(); ++i) EXPECT_EQ(idle[i]->closed, i < 4) << i;
+  for (size_t i = 0; i < idle.size(); ++i)
+    EXPECT_EQ(idle[i]->closed, i < 4) << i;
   EXPECT_FALSE(waiting->closed);
   EXPECT_LE(server_->pending_handshakes(), limit);
 }
@@ -279,8 +285,8 @@ TEST_F(ControlServerTest, SummarisesRejectionsInOneLinePerInterval) {
     peers.push_back(Raw());
     asio::write(peers.back()->socket, asio::buffer(std::string("GET /\r\n")));
   }
-  const bool logged =
-      RunUntil(io_, [&] { return log.str().find("rejected") != std::string::npos; });
+  const bool logged = RunUntil(
+      io_, [&] { return log.str().find("rejected") != std::string::npos; });
   spdlog::set_default_logger(previous);
   ASSERT_TRUE(logged);
   const std::string text = log.str();
