@@ -67,11 +67,32 @@ void ProgressServer::Accept(const std::shared_ptr<Listener>& l) {
     if (!*alive || ec == asio::error::operation_aborted) return;
     if (!ec) {
       std::erase_if(connections_, [](const auto& w) { return w.expired(); });
+      CloseOldestBeyondLimit(c->rank);
       connections_.push_back(c);
       Read(c);
     }
     Accept(l);
   });
+}
+
+size_t ProgressServer::open_connections(int rank) const {
+  size_t n = 0;
+  for (const auto& weak : connections_) {
+    auto c = weak.lock();
+    if (c && c->rank == rank && c->socket.is_open()) ++n;
+  }
+  return n;
+}
+
+void ProgressServer::CloseOldestBeyondLimit(int rank) {
+  if (open_connections(rank) < kMaxConnectionsPerRank) return;
+  for (const auto& weak : connections_) {
+    auto c = weak.lock();
+    if (!c || c->rank != rank || !c->socket.is_open()) continue;
+    boost::system::error_code ignored;
+    c->socket.close(ignored);  // its read ends; a pending record still counts
+    return;
+  }
 }
 
 void ProgressServer::Read(const std::shared_ptr<Connection>& c) {

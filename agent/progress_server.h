@@ -2,7 +2,9 @@
 // rank's DSLAUNCH_PROGRESS) and turns what ranks write there into records:
 // each newline-terminated JSON object is handed to the Delegate; anything
 // else (not JSON, not an object, longer than the limit) is counted as
-// malformed and dropped, never fatal. Owned by the Agent; io_context thread.
+// malformed and dropped, never fatal. A rank holds at most
+// kMaxConnectionsPerRank connections: a further one closes its oldest.
+// Owned by the Agent; io_context thread.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -28,6 +30,8 @@ class ProgressServer {
     virtual void OnMalformedProgress(int rank, const Status& why) = 0;
   };
 
+  static constexpr size_t kMaxConnectionsPerRank = 16;
+
   ProgressServer(boost::asio::io_context& io, Delegate* delegate);
   ~ProgressServer();
 
@@ -35,12 +39,15 @@ class ProgressServer {
   Status Listen(int rank, const std::string& path);
   // Stops accepting and reading; removes the socket files.
   void Close();
+  // Connections of `rank` that are open now.
+  size_t open_connections(int rank) const;
 
  private:
   struct Listener;
   struct Connection;
   void Accept(const std::shared_ptr<Listener>& l);
   void Read(const std::shared_ptr<Connection>& c);
+  void CloseOldestBeyondLimit(int rank);
   void HandleBytes(Connection& c, std::string_view data);
   void HandleLine(int rank, std::string_view line);
 

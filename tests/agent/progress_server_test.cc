@@ -288,6 +288,29 @@ TEST_F(ProgressServerTest, ListenFailsInMissingDirectory) {
   EXPECT_NE(st.message().find("missing"), std::string::npos) << st.message();
 }
 
+TEST_F(ProgressServerTest, ARankHoldsAtMostSixteenConnections) {
+  const std::string path = ListenOk(0);
+  std::vector<int> fds;
+  const size_t extra = 4;
+  for (size_t i = 0; i < ProgressServer::kMaxConnectionsPerRank + extra; ++i) {
+    fds.push_back(ConnectRaw(path));
+  }
+  auto closed_by_server = [](int fd) {
+    char c;
+    return ::recv(fd, &c, 1, MSG_DONTWAIT) == 0;
+  };
+  ASSERT_TRUE(RunUntil(io_, [&] {
+    size_t n = 0;
+    for (size_t i = 0; i < extra; ++i) n += closed_by_server(fds[i]);
+    return n == extra;
+  }));
+  EXPECT_EQ(server_.open_connections(0),
+            ProgressServer::kMaxConnectionsPerRank);
+  for (size_t i = extra; i < fds.size(); ++i)
+    EXPECT_FALSE(closed_by_server(fds[i]));
+  for (int fd : fds) ::close(fd);
+}
+
 TEST(ProgressQueue, KeepsTheNewestRecordsOfAFloodingRankAndCountsTheRest) {
   ProgressQueue q;
   const int n = static_cast<int>(ProgressQueue::kMaxRecordsPerRank) + 100;
