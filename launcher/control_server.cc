@@ -140,19 +140,7 @@ void ControlServer::OnAccepted(tcp::socket socket) {
           },
       .on_close =
           [this, seq, alive = alive_](const Status& st) {
-            if (!*alive) return;
-            auto it = handshakes_.find(seq);
-            if (it == handshakes_.end()) return;  // promoted or shut down
-            auto hs = it->second;
-            handshakes_.erase(it);
-            hs->timer.cancel();
-            std::string reason = hs->reject_reason;
-            if (reason.empty()) {
-              reason = st.code() == StatusCode::kProtocol
-                           ? "malformed input"
-                           : "closed before authenticating";
-            }
-            RecordRejection(reason, hs->peer + ": " + st.message());
+            if (*alive) OnHandshakeClosed(seq, st);
           },
       .on_drain = nullptr,
   });
@@ -162,6 +150,21 @@ void ControlServer::OnAccepted(tcp::socket socket) {
     if (ec || !hs) return;
     Reject(*hs, "timed out", ProtocolError("handshake timed out"));
   });
+}
+
+void ControlServer::OnHandshakeClosed(uint64_t seq, const Status& st) {
+  auto it = handshakes_.find(seq);
+  if (it == handshakes_.end()) return;  // promoted or shut down
+  auto hs = it->second;
+  handshakes_.erase(it);
+  hs->timer.cancel();
+  std::string reason = hs->reject_reason;
+  if (reason.empty()) {
+    reason = st.code() == StatusCode::kProtocol
+                 ? "malformed input"
+                 : "closed before authenticating";
+  }
+  RecordRejection(reason, hs->peer + ": " + st.message());
 }
 
 void ControlServer::MakeRoom() {

@@ -93,6 +93,7 @@ class ControlServer {
   StatusOr<int> BindAll(const std::vector<std::string>& bind_addrs, int port);
   void Accept(boost::asio::ip::tcp::acceptor& acceptor);
   void OnAccepted(boost::asio::ip::tcp::socket socket);
+  void OnHandshakeClosed(uint64_t seq, const Status& st);
   void MakeRoom();
   void EvictWelcomedBeyondLimit(int node);
   void Reject(Handshake& hs, const std::string& reason, const Status& why);
