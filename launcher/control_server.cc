@@ -27,10 +27,11 @@ struct ControlServer::Handshake {
 };
 
 // Before authentication a peer gets small buffers: an unauthenticated
-// client cannot make the launcher hold more than a few KiB.
+// client cannot make the launcher hold more than ~16 KiB (the frame limit
+// leaves room for a Hello listing a few hundred interface addresses).
 static proto::Channel::Limits PreAuthLimits() {
   proto::Channel::Limits l;
-  l.max_frame_bytes = 4 * 1024;
+  l.max_frame_bytes = 16 * 1024;
   l.read_buffer_bytes = 1024;
   l.soft_queue_bytes = 16 * 1024;
   l.hard_queue_bytes = 64 * 1024;

@@ -6,7 +6,7 @@
 // Owned by the Launcher; io_context thread only.
 //
 // Hostile peers: every connection that has not authenticated yet gets small
-// buffers (1 KiB read buffer, 4 KiB frames, 64 KiB write queue) and a short
+// buffers (1 KiB read buffer, 16 KiB frames, 64 KiB write queue) and a short
 // deadline (handshake_timeout_s). The pre-auth table holds at most
 // kPreAuthBase + kPreAuthPerNode * num_nodes connections; when it is full, a
 // new connection evicts the oldest one that has not yet sent a valid Hello,

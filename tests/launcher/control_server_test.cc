@@ -67,9 +67,14 @@ struct TestAgent {
   bool closed = false;
   std::string nonce = proto::RandomBytes(proto::kNonceBytes);
 
-  void SendHello(int node, const std::string& job = "job-1") {
+  void SendHello(int node, const std::string& job = "job-1",
+                 int addresses = 0) {
     wire::Envelope env;
     auto* hello = env.mutable_hello();
+    for (int i = 0; i < addresses; ++i) {
+      hello->mutable_facts()->add_addresses("fd00:1234:5678:9abc::" +
+                                            std::to_string(i));
+    }
     hello->set_protocol_version(kProtocolVersion);
     hello->set_node_rank(node);
     hello->set_job_id(job);
@@ -166,6 +171,14 @@ TEST_F(ControlServerTest, AuthenticatesAgentWithTheRightSecret) {
   EXPECT_FALSE(a->closed);
 }
 
+TEST_F(ControlServerTest, WelcomesAHelloListingManyAddresses) {
+  StartServer();
+  auto a = Agent();
+  a->SendHello(0, "job-1", 300);  // ~9 KB
+  ASSERT_TRUE(RunUntil(io_, [&] { return a->welcomed() || a->closed; }));
+  EXPECT_TRUE(a->welcomed());
+}
+
 TEST_F(ControlServerTest, RefusesWrongSecret) {
   StartServer();
   auto a = Agent();
@@ -201,10 +214,10 @@ TEST_F(ControlServerTest, RefusesASecondAgentForANode) {
   EXPECT_TRUE(server_->connected(0));
 }
 
-TEST_F(ControlServerTest, ClosesAPreAuthFrameOverFourKiB) {
+TEST_F(ControlServerTest, ClosesAPreAuthFrameOverSixteenKiB) {
   StartServer();
   auto p = Raw();
-  const uint32_t len = 5000;
+  const uint32_t len = 16 * 1024 + 1;
   const std::string header{static_cast<char>(len >> 24),
                            static_cast<char>(len >> 16),
                            static_cast<char>(len >> 8), static_cast<char>(len)};
