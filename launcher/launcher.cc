@@ -1,7 +1,5 @@
 #include "launcher/launcher.h"
 
-#include "launcher/addresses.h"
-
 #include <limits.h>  // PATH_MAX
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -10,6 +8,7 @@
 #include <boost/asio/post.hpp>
 #include <cstdio>
 
+#include "launcher/addresses.h"
 #include "launcher/report.h"
 #include "proto/auth.h"
 
