@@ -150,7 +150,7 @@ void Agent::OnConnected() {
             if (state_ == State::kExited) return io_.stop();
             OnLauncherLost(st.ok() ? "connection closed" : st.message());
           },
-      .on_drain = [this] { workers_.ResumeOutput(); },
+      .on_drain = [this] { OnChannelDrained(); },
   });
   client_nonce_ = proto::RandomBytes(proto::kNonceBytes);
   wire::Envelope env;
@@ -319,6 +319,7 @@ void Agent::OnLauncherLost(const std::string& why) {
   exit_code_ = kExitUnavailable;
   if (channel_) channel_->Close(Unavailable(why));
   workers_.ResumeOutput();
+  store_.ResumeReading();
   if (state_ == State::kConnecting) {
     SetState(State::kExited);
     io_.stop();
@@ -395,16 +396,13 @@ void Agent::OnWorkerOutput(int rank, bool is_stderr, std::string line,
 }
 
 void Agent::OnProgressRecord(int rank, std::string json, double time) {
-  auto* r = pending_progress_.mutable_progress_batch()->add_records();
-  r->set_rank(rank);
-  r->set_json(std::move(json));
-  r->set_time(time);
+  pending_progress_.Add(rank, std::move(json), time);
   ScheduleFlush();
 }
 
 void Agent::OnMalformedProgress(int rank, const Status& why) {
   spdlog::debug("rank {}: dropped progress record: {}", rank, why.message());
-  (*pending_progress_.mutable_progress_batch()->mutable_malformed())[rank]++;
+  pending_progress_.CountMalformed(rank);
   ScheduleFlush();
 }
 
@@ -414,18 +412,32 @@ void Agent::ScheduleFlush() {
   asio::post(io_, [this] { Flush(); });
 }
 
+bool Agent::Congested() const {
+  // Backpressure only toward a live launcher: without one, output is read
+  // (and dropped) so that workers can finish.
+  return channel_ && !channel_->closed() && channel_->congested();
+}
+
 void Agent::Flush() {
   flush_scheduled_ = false;
   if (pending_logs_.has_log_batch()) Send(pending_logs_);
-  if (pending_progress_.has_progress_batch()) Send(pending_progress_);
   pending_logs_.Clear();
-  pending_progress_.Clear();
   pending_log_bytes_ = 0;
-  // Backpressure only toward a live launcher: without one, output is read
-  // (and dropped) so that workers can finish.
-  if (channel_ && !channel_->closed() && channel_->congested()) {
-    workers_.PauseOutput();
+  // Progress waits while the channel is congested, except at the end (its
+  // queue is bounded, so the last records and the counts always go out).
+  if (!Congested() || state_ == State::kDraining) {
+    for (const auto& batch : pending_progress_.Take()) Send(batch);
   }
+  if (Congested()) {
+    workers_.PauseOutput();
+    store_.PauseReading();
+  }
+}
+
+void Agent::OnChannelDrained() {
+  workers_.ResumeOutput();
+  store_.ResumeReading();
+  if (!pending_progress_.empty()) ScheduleFlush();
 }
 
 void Agent::OnWorkerExited(int rank, pid_t pid, const ExitInfo& info) {

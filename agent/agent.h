@@ -72,6 +72,11 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   void Send(const wire::Envelope& msg);
   void ScheduleFlush();
   void Flush();
+  // True while the launcher's channel is over its soft limit: output pipes
+  // and store sockets are not read then, and progress records wait (bounded,
+  // the oldest dropped and counted) until it drains.
+  bool Congested() const;
+  void OnChannelDrained();
   void WatchSignals();
   void WatchStdin();
   void StartHeartbeats();
@@ -100,7 +105,7 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   // Output and progress collected since the last flush.
   wire::Envelope pending_logs_;
   size_t pending_log_bytes_ = 0;
-  wire::Envelope pending_progress_;
+  ProgressQueue pending_progress_;
   bool flush_scheduled_ = false;
   char stdin_byte_ = 0;
   uint64_t heartbeat_seq_ = 0;

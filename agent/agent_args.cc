@@ -3,29 +3,15 @@
 #include <unistd.h>  // read
 
 #include <cerrno>
-#include <charconv>
+
+#include "proto/host_info.h"
 
 namespace dslaunch::agent {
 
 Status ParseConnect(const std::string& connect, std::string* host, int* port) {
-  const std::string bad = "--connect '" + connect + "': expected HOST:PORT";
-  const size_t colon = connect.rfind(':');
-  if (colon == std::string::npos || colon == 0) return InvalidArgument(bad);
-  std::string h = connect.substr(0, colon);
-  if (h.front() == '[') {
-    if (h.size() < 3 || h.back() != ']') return InvalidArgument(bad);
-    h = h.substr(1, h.size() - 2);
-  }
-  const char* first = connect.data() + colon + 1;
-  const char* last = connect.data() + connect.size();
-  int p = 0;
-  const auto [end, ec] = std::from_chars(first, last, p);
-  if (ec != std::errc() || end != last || p < 1 || p > 65535) {
-    return InvalidArgument(bad + " with a port in 1-65535");
-  }
-  *host = std::move(h);
-  *port = p;
-  return Status::Ok();
+  Status st = proto::SplitHostPort(connect, host, port);
+  if (!st.ok()) return InvalidArgument("--connect " + st.message());
+  return st;
 }
 
 StatusOr<int> NodeRankInHosts(const std::string& hosts, const std::string& me) {

@@ -67,11 +67,32 @@ void ProgressServer::Accept(const std::shared_ptr<Listener>& l) {
     if (!*alive || ec == asio::error::operation_aborted) return;
     if (!ec) {
       std::erase_if(connections_, [](const auto& w) { return w.expired(); });
+      CloseOldestBeyondLimit(c->rank);
       connections_.push_back(c);
       Read(c);
     }
     Accept(l);
   });
+}
+
+size_t ProgressServer::open_connections(int rank) const {
+  size_t n = 0;
+  for (const auto& weak : connections_) {
+    auto c = weak.lock();
+    if (c && c->rank == rank && c->socket.is_open()) ++n;
+  }
+  return n;
+}
+
+void ProgressServer::CloseOldestBeyondLimit(int rank) {
+  if (open_connections(rank) < kMaxConnectionsPerRank) return;
+  for (const auto& weak : connections_) {
+    auto c = weak.lock();
+    if (!c || c->rank != rank || !c->socket.is_open()) continue;
+    boost::system::error_code ignored;
+    c->socket.close(ignored);  // its read ends; a pending record still counts
+    return;
+  }
 }
 
 void ProgressServer::Read(const std::shared_ptr<Connection>& c) {
@@ -137,6 +158,47 @@ void ProgressServer::Close() {
     if (auto c = weak.lock()) c->socket.close(ignored);
   }
   connections_.clear();
+}
+
+void ProgressQueue::Add(int rank, std::string json, double time) {
+  PerRank& r = ranks_[rank];
+  wire::ProgressBatch::Record record;
+  record.set_rank(rank);
+  record.set_time(time);
+  r.bytes += json.size();
+  record.set_json(std::move(json));
+  r.records.push_back(std::move(record));
+  while (r.records.size() > kMaxRecordsPerRank || r.bytes > kMaxBytesPerRank) {
+    r.bytes -= r.records.front().json().size();
+    r.records.pop_front();
+    ++r.dropped;
+    ++dropped_total_;
+  }
+}
+
+std::vector<wire::Envelope> ProgressQueue::Take(size_t max_batch_bytes) {
+  std::vector<wire::Envelope> out;
+  if (ranks_.empty()) return out;
+  out.emplace_back();
+  wire::ProgressBatch* batch = out.back().mutable_progress_batch();
+  size_t bytes = 0;
+  for (auto& [rank, r] : ranks_) {
+    if (r.malformed) (*batch->mutable_malformed())[rank] = r.malformed;
+    if (r.dropped) (*batch->mutable_dropped())[rank] = r.dropped;
+  }
+  for (auto& [rank, r] : ranks_) {
+    for (auto& record : r.records) {
+      if (bytes > 0 && bytes + record.json().size() > max_batch_bytes) {
+        out.emplace_back();
+        batch = out.back().mutable_progress_batch();
+        bytes = 0;
+      }
+      bytes += record.json().size();
+      *batch->add_records() = std::move(record);
+    }
+  }
+  ranks_.clear();
+  return out;
 }
 
 }  // namespace dslaunch::agent

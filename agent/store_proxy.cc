@@ -34,9 +34,13 @@ void StoreProxy::Accept() {
   acceptor_.async_accept(
       *socket, [this, socket, alive = alive_](boost::system::error_code ec) {
         if (!*alive || ec) return;
+        proto::Channel::Limits limits;
+        limits.soft_queue_bytes = 1u << 20;
+        limits.hard_queue_bytes = 64u << 20;
         auto client = proto::Channel::Create(
-            proto::Channel::Socket(std::move(*socket)), "store client");
+            proto::Channel::Socket(std::move(*socket)), "store client", limits);
         clients_.insert(client);
+        if (paused_) client->PauseReading();
         std::weak_ptr<proto::Channel> weak = client;
         client->Start({
             .on_message =
@@ -53,7 +57,11 @@ void StoreProxy::Accept() {
                   if (!*alive) return;
                   if (auto c = weak.lock()) clients_.erase(c);
                 },
-            .on_drain = nullptr,
+            .on_drain =
+                [this, weak] {
+                  auto c = weak.lock();
+                  if (c && !paused_) c->ResumeReading();
+                },
         });
         Accept();
       });
@@ -87,6 +95,21 @@ void StoreProxy::HandleResponse(const wire::StoreResponse& response) {
   *reply.mutable_store_response() = response;
   reply.mutable_store_response()->set_id(p.client_id);
   (void)client->Send(reply);
+  // A rank that does not read its answers is not read either until it does.
+  if (client->congested()) client->PauseReading();
+}
+
+void StoreProxy::PauseReading() {
+  paused_ = true;
+  for (auto& c : clients_) c->PauseReading();
+}
+
+void StoreProxy::ResumeReading() {
+  if (!paused_) return;
+  paused_ = false;
+  for (auto& c : clients_) {
+    if (!c->congested()) c->ResumeReading();
+  }
 }
 
 void StoreProxy::Close() {

@@ -2,8 +2,11 @@
 // credentials: it listens on a Unix socket (the path in DSLAUNCH_STORE),
 // takes framed StoreRequests from ranks, forwards them over the agent's
 // authenticated control connection under ids of its own, and routes each
-// StoreResponse back to the rank that asked. Owned by the Agent; io_context
-// thread only.
+// StoreResponse back to the rank that asked. Flow control: while the agent's
+// channel to the launcher is congested the Agent pauses the proxy (no client
+// socket is read, so ranks block in their writes); a client that does not
+// read its responses is not read either until it does. Owned by the Agent;
+// io_context thread only.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -31,6 +34,10 @@ class StoreProxy {
   Status Listen(const std::string& path);
   // A response from the launcher, for a request this proxy forwarded.
   void HandleResponse(const wire::StoreResponse& response);
+  // Stop and start reading requests from every client (backpressure).
+  void PauseReading();
+  void ResumeReading();
+  bool paused() const { return paused_; }
   void Close();
 
  private:
@@ -49,6 +56,7 @@ class StoreProxy {
   std::set<std::shared_ptr<proto::Channel>> clients_;
   std::map<uint64_t, Pending> pending_;
   uint64_t next_id_ = 1;
+  bool paused_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

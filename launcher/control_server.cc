@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <boost/asio/ip/v6_only.hpp>
+
 #include "proto/auth.h"
 #include "proto/version.h"
 
@@ -12,17 +14,29 @@ using asio::ip::tcp;
 
 struct ControlServer::Handshake {
   explicit Handshake(asio::io_context& io) : timer(io) {}
+  uint64_t seq = 0;  // arrival order
   std::shared_ptr<proto::Channel> channel;
-  std::string peer_addr;
+  std::string peer;       // the remote end, for log lines
+  std::string peer_addr;  // our local address the agent reached
   wire::Hello hello;
   std::string server_nonce;
   std::string secret;  // the node's, once known
   bool welcomed = false;
+  std::string reject_reason;  // set when we close it ourselves
   asio::steady_timer timer;
 };
 
-static constexpr size_t kHandshakeMaxFrameBytes = 64 * 1024;
-static constexpr size_t kMaxHandshakesBase = 16;
+// Before authentication a peer gets small buffers: an unauthenticated
+// client cannot make the launcher hold more than ~16 KiB (the frame limit
+// leaves room for a Hello listing a few hundred interface addresses).
+static proto::Channel::Limits PreAuthLimits() {
+  proto::Channel::Limits l;
+  l.max_frame_bytes = 16 * 1024;
+  l.read_buffer_bytes = 1024;
+  l.soft_queue_bytes = 16 * 1024;
+  l.hard_queue_bytes = 64 * 1024;
+  return l;
+}
 
 static std::chrono::milliseconds Ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
@@ -33,89 +47,193 @@ ControlServer::ControlServer(asio::io_context& io, Options options,
     : io_(io),
       options_(std::move(options)),
       delegate_(delegate),
-      acceptor_(io),
-      heartbeat_timer_(io) {}
+      heartbeat_timer_(io),
+      summary_timer_(io) {}
 
 ControlServer::~ControlServer() {
   *alive_ = false;  // from here on, handlers do not touch the maps
   for (auto& [n, link] : agents_) link.channel->Close(Status::Ok());
-  for (auto& [p, hs] : handshakes_) hs->channel->Close(Status::Ok());
+  for (auto& [seq, hs] : handshakes_) hs->channel->Close(Status::Ok());
 }
 
-StatusOr<int> ControlServer::Listen(const std::string& bind_addr, int port) {
-  boost::system::error_code ec;
-  auto addr = asio::ip::make_address(bind_addr, ec);
-  if (ec) return InvalidArgument("bad listen address '" + bind_addr + "'");
-  tcp::endpoint ep(addr, static_cast<unsigned short>(port));
-  acceptor_.open(ep.protocol(), ec);
-  if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) acceptor_.bind(ep, ec);
-  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) {
-    return Unavailable("cannot listen on " + bind_addr + ":" +
-                       std::to_string(port) + ": " + ec.message());
+StatusOr<int> ControlServer::Listen(const std::vector<std::string>& bind_addrs,
+                                    int port) {
+  if (bind_addrs.empty()) return InvalidArgument("no address to listen on");
+  // With port 0 the first address picks a free port; another address may
+  // have that port taken: then try again with a new one.
+  StatusOr<int> bound = BindAll(bind_addrs, port);
+  for (int attempt = 0; !bound.ok() && port == 0 && attempt < 10; ++attempt) {
+    bound = BindAll(bind_addrs, port);
   }
-  Accept();
+  if (!bound.ok()) return bound;
+  for (auto& a : acceptors_) Accept(*a);
   ArmHeartbeat();
-  return static_cast<int>(acceptor_.local_endpoint().port());
+  return bound;
 }
 
-void ControlServer::Accept() {
-  acceptor_.async_accept(
-      [this, alive = alive_](boost::system::error_code ec, tcp::socket socket) {
-        if (!*alive || ec == asio::error::operation_aborted) return;
-        if (!ec) OnAccepted(std::move(socket));
-        Accept();
-      });
+StatusOr<int> ControlServer::BindAll(const std::vector<std::string>& bind_addrs,
+                                     int port) {
+  acceptors_.clear();
+  for (const std::string& bind_addr : bind_addrs) {
+    boost::system::error_code ec;
+    auto addr = asio::ip::make_address(bind_addr, ec);
+    if (ec) return InvalidArgument("bad listen address '" + bind_addr + "'");
+    tcp::endpoint ep(addr, static_cast<unsigned short>(port));
+    auto acceptor = std::make_unique<tcp::acceptor>(io_);
+    acceptor->open(ep.protocol(), ec);
+    if (!ec) acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec && addr.is_v6()) acceptor->set_option(asio::ip::v6_only(true), ec);
+    if (!ec) acceptor->bind(ep, ec);
+    if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      acceptors_.clear();
+      return Unavailable("cannot listen on " + bind_addr + ":" +
+                         std::to_string(port) + ": " + ec.message());
+    }
+    port = acceptor->local_endpoint().port();
+    acceptors_.push_back(std::move(acceptor));
+  }
+  return port;
+}
+
+void ControlServer::Accept(tcp::acceptor& acceptor) {
+  acceptor.async_accept([this, &acceptor, alive = alive_](
+                            boost::system::error_code ec, tcp::socket socket) {
+    if (!*alive || ec == asio::error::operation_aborted) return;
+    if (!ec) {
+      OnAccepted(std::move(socket));
+      return Accept(acceptor);
+    }
+    // Out of descriptors or memory: do not spin; try again shortly.
+    RecordRejection("accept failed", ec.message());
+    auto retry = std::make_shared<asio::steady_timer>(
+        io_, std::chrono::milliseconds(50));
+    retry->async_wait(
+        [this, &acceptor, retry, alive](const boost::system::error_code&) {
+          if (*alive && acceptor.is_open()) Accept(acceptor);
+        });
+  });
 }
 
 void ControlServer::OnAccepted(tcp::socket socket) {
   boost::system::error_code ec;
   socket.set_option(tcp::no_delay(true), ec);
   auto remote = socket.remote_endpoint(ec);
+  if (ec) return RecordRejection("closed before authenticating", "");
   auto local = socket.local_endpoint(ec);
+  MakeRoom();
   auto hs = std::make_shared<Handshake>(io_);
+  hs->seq = next_handshake_++;
   hs->peer_addr = local.address().to_string();
-  const std::string peer =
-      remote.address().to_string() + ":" + std::to_string(remote.port());
-  // Before authentication a peer gets small frames and a bounded number of
-  // concurrent handshakes, so an unauthenticated client cannot make the
-  // launcher buffer much.
-  if (handshakes_.size() >=
-      kMaxHandshakesBase + 2 * static_cast<size_t>(options_.num_nodes)) {
-    spdlog::warn(
-        "rejected connection from {}: too many unauthenticated connections",
-        peer);
-    return;  // the socket closes here
-  }
-  proto::Channel::Limits limits;
-  limits.max_frame_bytes = kHandshakeMaxFrameBytes;
+  hs->peer = remote.address().to_string() + ":" + std::to_string(remote.port());
   hs->channel = proto::Channel::Create(
-      proto::Channel::Socket(std::move(socket)), peer, limits);
-  handshakes_[hs.get()] = hs;
-  Handshake* key = hs.get();
+      proto::Channel::Socket(std::move(socket)), hs->peer, PreAuthLimits());
+  handshakes_[hs->seq] = hs;
+  const uint64_t seq = hs->seq;
+  std::weak_ptr<Handshake> weak = hs;
   hs->channel->Start({
       .on_message =
-          [this, key](wire::Envelope&& m) {
-            auto it = handshakes_.find(key);
+          [this, seq](wire::Envelope&& m) {
+            auto it = handshakes_.find(seq);
             if (it == handshakes_.end()) return;
             auto hs = it->second;  // a copy: Promote erases the map's entry
             HandleHandshake(hs, std::move(m));
           },
       .on_close =
-          [this, key, peer, alive = alive_](const Status& st) {
-            if (!*alive) return;
-            if (handshakes_.erase(key)) {
-              spdlog::warn("rejected connection from {}: {}", peer,
-                           st.message());
-            }
+          [this, seq, alive = alive_](const Status& st) {
+            if (*alive) OnHandshakeClosed(seq, st);
           },
       .on_drain = nullptr,
   });
   hs->timer.expires_after(Ms(options_.handshake_timeout_s));
-  hs->timer.async_wait([hs](const boost::system::error_code& ec) {
-    if (!ec) hs->channel->Close(ProtocolError("handshake timed out"));
+  hs->timer.async_wait([this, weak](const boost::system::error_code& ec) {
+    auto hs = weak.lock();
+    if (ec || !hs) return;
+    Reject(*hs, "timed out", ProtocolError("handshake timed out"));
   });
+}
+
+void ControlServer::OnHandshakeClosed(uint64_t seq, const Status& st) {
+  auto it = handshakes_.find(seq);
+  if (it == handshakes_.end()) return;  // promoted or shut down
+  auto hs = it->second;
+  handshakes_.erase(it);
+  hs->timer.cancel();
+  std::string reason = hs->reject_reason;
+  if (reason.empty()) {
+    reason = st.code() == StatusCode::kProtocol
+                 ? "malformed input"
+                 : "closed before authenticating";
+  }
+  RecordRejection(reason, hs->peer + ": " + st.message());
+}
+
+void ControlServer::MakeRoom() {
+  const size_t limit =
+      kPreAuthBase + kPreAuthPerNode * static_cast<size_t>(options_.num_nodes);
+  if (handshakes_.size() < limit) return;
+  // Welcomed connections are at most kWelcomedPerNode per node, fewer than
+  // the limit, so there is always one that has not sent a valid Hello.
+  for (auto& [seq, hs] : handshakes_) {
+    if (hs->welcomed) continue;
+    auto victim = hs;  // a copy: closing erases the map's entry
+    return Reject(*victim, "evicted (pre-auth table full)",
+                  ProtocolError("evicted for a newer connection"));
+  }
+}
+
+void ControlServer::EvictWelcomedBeyondLimit(int node) {
+  size_t welcomed = 0;
+  std::shared_ptr<Handshake> oldest;
+  for (auto& [seq, hs] : handshakes_) {
+    if (!hs->welcomed || hs->hello.node_rank() != node) continue;
+    if (!oldest) oldest = hs;
+    ++welcomed;
+  }
+  if (welcomed < kWelcomedPerNode || !oldest) return;
+  Reject(*oldest, "evicted (too many Hellos for one node)",
+         ProtocolError("evicted for a newer Hello for node " +
+                       std::to_string(node)));
+}
+
+void ControlServer::Reject(Handshake& hs, const std::string& reason,
+                           const Status& why) {
+  if (hs.reject_reason.empty()) hs.reject_reason = reason;
+  hs.channel->Close(why);
+}
+
+void ControlServer::RecordRejection(const std::string& reason,
+                                    const std::string& detail) {
+  ++rejected_[reason];
+  ++rejected_total_[reason];
+  if (!detail.empty()) last_rejection_ = reason + " " + detail;
+  if (summary_armed_) return;
+  summary_armed_ = true;
+  summary_timer_.expires_after(Ms(options_.rejection_summary_interval_s));
+  summary_timer_.async_wait(
+      [this, alive = alive_](const boost::system::error_code& ec) {
+        if (!*alive || ec) return;
+        summary_armed_ = false;
+        LogRejections();
+      });
+}
+
+// One line for every rejection since the last one, e.g. "rejected 1200
+// unauthenticated connection(s) in the last 10 s: 1190 closed before
+// authenticating, 10 timed out (last: timed out 10.0.0.9:4242: ...)".
+void ControlServer::LogRejections() {
+  if (rejected_.empty()) return;
+  int64_t total = 0;
+  std::string parts;
+  for (const auto& [reason, count] : rejected_) {
+    total += count;
+    parts += (parts.empty() ? "" : ", ") + std::to_string(count) + " " + reason;
+  }
+  spdlog::warn(
+      "rejected {} unauthenticated connection(s) in the last {} s: {} "
+      "(last: {})",
+      total, options_.rejection_summary_interval_s, parts, last_rejection_);
+  rejected_.clear();
 }
 
 Status ControlServer::CheckHello(const wire::Hello& hello) const {
@@ -141,7 +259,8 @@ void ControlServer::HandleHandshake(const std::shared_ptr<Handshake>& hs,
                                     wire::Envelope&& msg) {
   if (!hs->welcomed && msg.has_hello()) {
     Status st = CheckHello(msg.hello());
-    if (!st.ok()) return hs->channel->Close(st);
+    if (!st.ok()) return Reject(*hs, "bad hello", st);
+    EvictWelcomedBeyondLimit(msg.hello().node_rank());
     hs->hello = std::move(*msg.mutable_hello());
     hs->welcomed = true;
     return SendWelcome(hs);
@@ -150,12 +269,14 @@ void ControlServer::HandleHandshake(const std::shared_ptr<Handshake>& hs,
     const std::string expected = proto::AgentProof(
         hs->secret, hs->hello.client_nonce(), hs->server_nonce);
     if (!proto::ConstantTimeEqual(expected, msg.auth().agent_proof())) {
-      return hs->channel->Close(ProtocolError("authentication failed"));
+      return Reject(*hs, "authentication failed",
+                    ProtocolError("authentication failed"));
     }
     return Promote(hs);
   }
-  hs->channel->Close(ProtocolError("unexpected " + proto::MessageName(msg) +
-                                   " before authentication"));
+  Reject(*hs, "unexpected message",
+         ProtocolError("unexpected " + proto::MessageName(msg) +
+                       " before authentication"));
 }
 
 void ControlServer::SendWelcome(const std::shared_ptr<Handshake>& hs) {
@@ -168,10 +289,12 @@ void ControlServer::SendWelcome(const std::shared_ptr<Handshake>& hs) {
     // ask again shortly; the handshake timeout bounds the wait.
     auto retry =
         std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(5));
-    retry->async_wait(
-        [this, hs, retry, alive = alive_](const boost::system::error_code& ec) {
-          if (!ec && *alive) SendWelcome(hs);
-        });
+    std::weak_ptr<Handshake> weak = hs;
+    retry->async_wait([this, weak, retry,
+                       alive = alive_](const boost::system::error_code& ec) {
+      auto hs = weak.lock();
+      if (!ec && *alive && hs) SendWelcome(hs);
+    });
     return;
   }
   hs->secret = *secret;
@@ -187,13 +310,15 @@ void ControlServer::SendWelcome(const std::shared_ptr<Handshake>& hs) {
 void ControlServer::Promote(const std::shared_ptr<Handshake>& hs) {
   const int node = hs->hello.node_rank();
   hs->timer.cancel();
-  handshakes_.erase(hs.get());
+  handshakes_.erase(hs->seq);
   if (agents_.count(node)) {
+    // It proved the secret: worth a line of its own.
+    spdlog::warn("refused a second agent for node {} from {}", node, hs->peer);
     return hs->channel->Close(
         ProtocolError("a second agent for node " + std::to_string(node)));
   }
   agents_[node] = AgentLink{hs->channel, std::chrono::steady_clock::now()};
-  hs->channel->SetMaxFrameBytes(proto::kDefaultMaxFrameBytes);
+  hs->channel->SetLimits(proto::Channel::Limits());
   hs->channel->SetHandlers({
       .on_message =
           [this, node](wire::Envelope&& m) {
@@ -250,13 +375,19 @@ void ControlServer::ArmHeartbeat() {
 
 void ControlServer::Shutdown() {
   boost::system::error_code ignored;
-  acceptor_.close(ignored);
+  for (auto& a : acceptors_) a->close(ignored);
   heartbeat_timer_.cancel();
+  summary_timer_.cancel();
+  summary_armed_ = false;
+  LogRejections();
   // Closing runs on_close handlers that erase from these maps: iterate
   // over copies.
   auto handshakes = std::move(handshakes_);
   handshakes_.clear();
-  for (auto& [p, hs] : handshakes) hs->channel->Close(Status::Ok());
+  for (auto& [seq, hs] : handshakes) {
+    hs->timer.cancel();
+    hs->channel->Close(Status::Ok());
+  }
   std::vector<std::shared_ptr<proto::Channel>> agents;
   for (auto& [node, link] : agents_) agents.push_back(link.channel);
   for (auto& c : agents) c->CloseAfterFlush();

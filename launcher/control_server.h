@@ -4,6 +4,16 @@
 // but the handshake closes the connection. It also sends heartbeats to every
 // authenticated agent and drops one that stays silent past the timeout.
 // Owned by the Launcher; io_context thread only.
+//
+// Hostile peers: every connection that has not authenticated yet gets small
+// buffers (1 KiB read buffer, 16 KiB frames, 64 KiB write queue) and a short
+// deadline (handshake_timeout_s). The pre-auth table holds at most
+// kPreAuthBase + kPreAuthPerNode * num_nodes connections; when it is full, a
+// new connection evicts the oldest one that has not yet sent a valid Hello,
+// so an agent (which sends Hello at once) always gets in. At most
+// kWelcomedPerNode connections per node may wait between Hello and Auth; a
+// further Hello for that node evicts the oldest of them. Rejections are
+// counted by reason and summarised in one log line per summary interval.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -15,6 +25,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "proto/channel.h"
 #include "proto/dslaunch.pb.h"
@@ -54,19 +65,34 @@ class ControlServer : public AgentLinks {
     int num_nodes = 0;
     double heartbeat_interval_s = 1;
     double heartbeat_timeout_s = 10;
-    double handshake_timeout_s = 10;
+    double handshake_timeout_s = 3;
+    double rejection_summary_interval_s = 10;
   };
+
+  static constexpr size_t kPreAuthBase = 64;
+  static constexpr size_t kPreAuthPerNode = 4;
+  static constexpr size_t kWelcomedPerNode = 2;
 
   ControlServer(boost::asio::io_context& io, Options options,
                 Delegate* delegate);
   ~ControlServer() override;
 
-  // Binds (port 0 = any free port) and starts accepting; returns the port.
-  StatusOr<int> Listen(const std::string& bind_addr, int port);
+  // Binds every address of `bind_addrs` (numeric, IPv4 or IPv6) on one port
+  // (0 = a free port, the same on all) and starts accepting; returns the port.
+  StatusOr<int> Listen(const std::vector<std::string>& bind_addrs, int port);
+  StatusOr<int> Listen(const std::string& bind_addr, int port) {
+    return Listen(std::vector<std::string>{bind_addr}, port);
+  }
   Status Send(int node_rank, const wire::Envelope& msg) override;
   // Stops accepting; closes every connection after flushing what is queued.
   void Shutdown() override;
   bool connected(int node_rank) const { return agents_.count(node_rank) > 0; }
+  // Connections not authenticated yet.
+  size_t pending_handshakes() const { return handshakes_.size(); }
+  // Rejected unauthenticated connections since the start, by reason.
+  const std::map<std::string, int64_t>& rejections() const {
+    return rejected_total_;
+  }
 
  private:
   struct Handshake;
@@ -74,8 +100,15 @@ class ControlServer : public AgentLinks {
     std::shared_ptr<proto::Channel> channel;
     std::chrono::steady_clock::time_point last_heard;
   };
-  void Accept();
+  StatusOr<int> BindAll(const std::vector<std::string>& bind_addrs, int port);
+  void Accept(boost::asio::ip::tcp::acceptor& acceptor);
   void OnAccepted(boost::asio::ip::tcp::socket socket);
+  void OnHandshakeClosed(uint64_t seq, const Status& st);
+  void MakeRoom();
+  void EvictWelcomedBeyondLimit(int node);
+  void Reject(Handshake& hs, const std::string& reason, const Status& why);
+  void RecordRejection(const std::string& reason, const std::string& detail);
+  void LogRejections();
   void HandleHandshake(const std::shared_ptr<Handshake>& hs,
                        wire::Envelope&& msg);
   Status CheckHello(const wire::Hello& hello) const;
@@ -86,9 +119,17 @@ class ControlServer : public AgentLinks {
   boost::asio::io_context& io_;
   Options options_;
   Delegate* delegate_;
-  boost::asio::ip::tcp::acceptor acceptor_;
+  std::vector<std::unique_ptr<boost::asio::ip::tcp::acceptor>> acceptors_;
   boost::asio::steady_timer heartbeat_timer_;
-  std::map<Handshake*, std::shared_ptr<Handshake>> handshakes_;
+  boost::asio::steady_timer summary_timer_;
+  // Pre-auth connections by arrival order (oldest first).
+  std::map<uint64_t, std::shared_ptr<Handshake>> handshakes_;
+  uint64_t next_handshake_ = 0;
+  // Rejections since the last summary line, and in total, by reason.
+  std::map<std::string, int64_t> rejected_;
+  std::map<std::string, int64_t> rejected_total_;
+  std::string last_rejection_;
+  bool summary_armed_ = false;
   std::map<int, AgentLink> agents_;
   uint64_t heartbeat_seq_ = 0;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

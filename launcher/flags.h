@@ -40,7 +40,7 @@ struct LaunchOptions {
   double heartbeat_interval_s = 1;
   double heartbeat_timeout_s = 10;
   double start_timeout_s = 60;
-  std::string bind_addr = "0.0.0.0";  // where the control server listens
+  std::string bind_addr;  // where the control server listens; empty = chosen
   std::string control_addr;  // what agents dial; empty = the route to each node
   // SSH (the ssh starter); port 0 and empty strings mean libssh's defaults.
   int ssh_port = 0;

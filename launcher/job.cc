@@ -202,6 +202,9 @@ void Job::HandleProgress(const wire::ProgressBatch& batch) {
   for (const auto& [rank, count] : batch.malformed()) {
     malformed_progress_[rank] += count;
   }
+  for (const auto& [rank, count] : batch.dropped()) {
+    dropped_progress_[rank] += count;
+  }
 }
 
 void Job::HandleWorkerStarted(int node_rank, const wire::WorkerStarted& s) {

@@ -98,6 +98,7 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   bool master_port_known_ = false;
   bool stop_timer_armed_ = false;
   std::map<int, int64_t> malformed_progress_;  // rank -> records dropped
+  std::map<int, int64_t> dropped_progress_;    // rank -> dropped by its agent
   Clock::time_point start_time_;
 };
 

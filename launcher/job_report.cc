@@ -90,6 +90,11 @@ int Job::Finish() {
                   std::to_string(count) +
                   " malformed progress record(s) dropped");
   }
+  for (const auto& [rank, count] : dropped_progress_) {
+    console_.Note("rank " + std::to_string(rank) + ": " +
+                  std::to_string(count) +
+                  " progress record(s) dropped (written faster than sent)");
+  }
   int code = state_.ExitStatus();
   const Outcome& o = state_.outcome();
   if (o.cause == Outcome::Cause::kStartFailed) {

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
+#include "launcher/addresses.h"
 #include "launcher/log_sink.h"
 #include "proto/auth.h"
 #include "proto/exit_status.h"
@@ -59,7 +60,15 @@ int Launcher::Run() {
   ::signal(SIGPIPE, SIG_IGN);
   ScopedLogSink log_sink(&console_.terminal());
   Status st = console_.Open(job_.plan(), options_.log_dir);
-  StatusOr<int> port = st.ok() ? server_.Listen(options_.bind_addr, 0) : st;
+  std::vector<std::string> hosts;
+  for (const auto& node : job_.plan().nodes) hosts.push_back(node.host);
+  StatusOr<int> port =
+      st.ok() ? server_.Listen(
+                    ChooseControlAddresses(hosts, options_.bind_addr,
+                                           options_.control_addr,
+                                           AddressLookup::System()),
+                    0)
+              : st;
   if (port.ok()) {
     spdlog::info("job {}: control server on port {}", job_.job_id(), *port);
     auto starter = MakeStarter({io_, &job_, options_, job_.plan()});

@@ -1,7 +1,5 @@
 #include "launcher/local_starter.h"
 
-#include <arpa/inet.h>  // inet_ntop
-#include <netdb.h>      // getaddrinfo
 #include <signal.h>     // SIGKILL, SIGTERM
 #include <spdlog/spdlog.h>
 #include <sys/prctl.h>  // PR_SET_CHILD_SUBREAPER
@@ -11,6 +9,7 @@
 #include <cerrno>
 #include <set>
 
+#include "launcher/addresses.h"
 #include "launcher/report.h"
 #include "proto/child_reaper.h"
 #include "proto/host_info.h"
@@ -109,31 +108,6 @@ void LocalStarter::SweepOrphans() {
     if (round > 0) ::usleep(5000);  // let the kernel finish the kills
   }
   spdlog::warn("processes left by a lost agent are still alive after SIGKILL");
-}
-
-bool IsLocalHost(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
-  const auto addresses = proto::InterfaceAddresses(true);
-  const std::set<std::string> local(addresses.begin(), addresses.end());
-  bool is_local = false;
-  for (addrinfo* r = res; r && !is_local; r = r->ai_next) {
-    char buf[INET6_ADDRSTRLEN] = {0};
-    if (r->ai_family == AF_INET) {
-      auto* sin = reinterpret_cast<sockaddr_in*>(r->ai_addr);
-      if ((ntohl(sin->sin_addr.s_addr) >> 24) == 127) is_local = true;
-      ::inet_ntop(AF_INET, &sin->sin_addr, buf, sizeof(buf));
-    } else if (r->ai_family == AF_INET6) {
-      auto* sin6 = reinterpret_cast<sockaddr_in6*>(r->ai_addr);
-      if (IN6_IS_ADDR_LOOPBACK(&sin6->sin6_addr)) is_local = true;
-      ::inet_ntop(AF_INET6, &sin6->sin6_addr, buf, sizeof(buf));
-    }
-    if (local.count(buf)) is_local = true;
-  }
-  ::freeaddrinfo(res);
-  return is_local;
 }
 
 }  // namespace dslaunch::launcher

@@ -38,39 +38,6 @@ static std::string Join(const std::vector<std::string>& v, const char* sep) {
   return out;
 }
 
-// The addresses a connection from here to `host` would use, found with an
-// unsent UDP "connect" (no packet leaves): this side's and the node's.
-static void RouteTo(const std::string& host, std::string* local,
-                    std::string* peer) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), "22", &hints, &res) != 0) return;
-  int fd = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
-    sockaddr_storage a{};
-    socklen_t len = sizeof(a);
-    char buf[INET6_ADDRSTRLEN] = {0};
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-      const void* ip =
-          a.ss_family == AF_INET
-              ? static_cast<const void*>(
-                    &reinterpret_cast<sockaddr_in*>(&a)->sin_addr)
-              : static_cast<const void*>(
-                    &reinterpret_cast<sockaddr_in6*>(&a)->sin6_addr);
-      *local = ::inet_ntop(a.ss_family, ip, buf, sizeof(buf));
-    }
-    const void* rip =
-        res->ai_family == AF_INET
-            ? static_cast<const void*>(
-                  &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr)
-            : static_cast<const void*>(
-                  &reinterpret_cast<sockaddr_in6*>(res->ai_addr)->sin6_addr);
-    *peer = ::inet_ntop(res->ai_family, rip, buf, sizeof(buf));
-  }
-  if (fd >= 0) ::close(fd);
-  ::freeaddrinfo(res);
-}
 
 // How pdsh runs: in its own session (with its ssh children), stdin from
 // /dev/null, output on pipes, SIGTERM when we go.
@@ -212,7 +179,10 @@ std::vector<NodeCheck> PdshStarter::Preflight(const std::string& agent_path,
   }
   for (auto& c : checks) {
     c.agent_version = c.ok ? expected : "";
-    RouteTo(c.host, &c.local_address, &c.peer_address);
+    if (auto route = proto::RouteTo(c.host); route.ok()) {
+      c.local_address = route->local;
+      c.peer_address = route->peer;
+    }
   }
   return checks;
 }

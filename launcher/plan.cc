@@ -6,6 +6,8 @@
 #include <unordered_map>  // host lookup
 #include <unordered_set>  // names seen in a spec
 
+#include "proto/host_info.h"  // JoinHostPort
+
 namespace dslaunch::launcher {
 namespace {
 
@@ -290,11 +292,9 @@ std::string FormatPlanTable(const Plan& plan) {
       out += PadRight(row[c], widths[c]) + "  ";
     out += row.back() + "\n";
   }
-  bool ipv6 = plan.master_addr.find(':') != std::string::npos;
-  std::string addr = ipv6 ? "[" + plan.master_addr + "]" : plan.master_addr;
   out += Plural(plan.nodes.size(), "node") + ", " +
          Plural(static_cast<size_t>(plan.world_size), "rank") + ", master " +
-         addr + ":" + std::to_string(plan.master_port) + "\n";
+         proto::JoinHostPort(plan.master_addr, plan.master_port) + "\n";
   return out;
 }
 

@@ -1,6 +1,5 @@
 #include "launcher/ssh_connection.h"
 
-#include <arpa/inet.h>   // inet_ntop
 #include <netdb.h>       // getaddrinfo
 #include <sys/socket.h>  // getsockname
 
@@ -8,6 +7,8 @@
 #include <cmath>  // floor
 #include <cstdio>
 #include <cstdlib>
+
+#include "proto/host_info.h"
 
 namespace dslaunch::launcher {
 
@@ -118,28 +119,16 @@ static std::string HomePath(const std::string& rel) {
   return std::string(home ? home : "") + "/" + rel;
 }
 
-static std::string AddressString(const sockaddr_storage& a) {
-  char buf[INET6_ADDRSTRLEN] = {0};
-  if (a.ss_family == AF_INET) {
-    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&a)->sin_addr,
-                buf, sizeof(buf));
-  } else if (a.ss_family == AF_INET6) {
-    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr,
-                buf, sizeof(buf));
-  }
-  return buf;
-}
-
 void SshConnection::ReadAddresses() {
   const int fd = ssh_get_fd(session_);
   sockaddr_storage a{};
   socklen_t len = sizeof(a);
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    local_address_ = AddressString(a);
+    local_address_ = proto::AddressToString(reinterpret_cast<sockaddr*>(&a));
   }
   len = sizeof(a);
   if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    peer_address_ = AddressString(a);
+    peer_address_ = proto::AddressToString(reinterpret_cast<sockaddr*>(&a));
   }
 }
 

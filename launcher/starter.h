@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "launcher/addresses.h"  // IsLocalHost
 #include "launcher/flags.h"
 #include "launcher/plan.h"
 #include "proto/status.h"
@@ -92,9 +93,6 @@ std::unique_ptr<Starter> NewLocalStarter(const StarterContext& context);
 std::unique_ptr<Starter> NewSshStarter(const StarterContext& context);
 std::unique_ptr<Starter> NewPdshStarter(const StarterContext& context);
 
-// True when `host` names this machine: a loopback address (all of
-// 127.0.0.0/8 and ::1), "localhost", or an address of a local interface.
-bool IsLocalHost(const std::string& host);
 
 }  // namespace dslaunch::launcher
 

@@ -3,6 +3,7 @@
 #include <unistd.h>  // readlink
 
 #include "launcher/starter.h"
+#include "proto/host_info.h"
 
 namespace dslaunch::launcher {
 
@@ -55,11 +56,9 @@ std::vector<std::string> AgentArgv(const AgentBootstrap& boot, int node_rank,
                                    std::string connect_host) {
   const LaunchOptions& o = *boot.options;
   if (!o.control_addr.empty()) connect_host = o.control_addr;
-  if (connect_host.find(':') != std::string::npos)
-    connect_host = "[" + connect_host + "]";
   return {AgentPath(o),
           "--connect",
-          connect_host + ":" + std::to_string(boot.control_port),
+          proto::JoinHostPort(connect_host, boot.control_port),
           "--node_rank",
           std::to_string(node_rank),
           "--job_id",

@@ -1,6 +1,7 @@
 #include "proto/channel.h"
 
 #include <boost/asio/buffer.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
 
 namespace dslaunch::proto {
@@ -17,8 +18,19 @@ Channel::Channel(Socket socket, std::string peer, Limits limits)
     : socket_(std::move(socket)),
       peer_(std::move(peer)),
       limits_(limits),
-      decoder_(limits.max_frame_bytes) {
-  read_buffer_.resize(64 * 1024);
+      decoder_(limits.max_frame_bytes) {}
+
+void Channel::SetLimits(const Limits& limits) {
+  limits_ = limits;
+  decoder_.set_max_frame_bytes(limits.max_frame_bytes);
+}
+
+void Channel::ResumeReading() {
+  if (!paused_) return;
+  paused_ = false;
+  // Not from inside the caller's stack: frames held meanwhile go first.
+  asio::post(socket_.get_executor(),
+             [self = shared_from_this()] { self->Deliver(); });
 }
 
 void Channel::Start(Handlers handlers) {
@@ -27,7 +39,11 @@ void Channel::Start(Handlers handlers) {
 }
 
 void Channel::ReadMore() {
-  if (closed_) return;
+  if (closed_ || paused_ || reading_) return;
+  if (read_buffer_.size() != limits_.read_buffer_bytes) {
+    read_buffer_ = std::string(limits_.read_buffer_bytes, '\0');
+  }
+  reading_ = true;
   socket_.async_read_some(
       asio::buffer(read_buffer_),
       [self = shared_from_this()](const boost::system::error_code& ec,
@@ -35,6 +51,7 @@ void Channel::ReadMore() {
 }
 
 void Channel::OnRead(const boost::system::error_code& ec, size_t n) {
+  reading_ = false;
   if (closed_) return;
   if (ec) {
     if (ec == asio::error::eof || ec == asio::error::connection_reset) {
@@ -47,16 +64,25 @@ void Channel::OnRead(const boost::system::error_code& ec, size_t n) {
   }
   std::vector<std::string> frames;
   Status st = decoder_.Feed(std::string_view(read_buffer_.data(), n), &frames);
-  // Frames that arrived before a bad one are still delivered, in order.
-  for (const std::string& payload : frames) {
+  for (std::string& f : frames) held_.push_back(std::move(f));
+  if (!st.ok()) read_error_ = st;
+  Deliver();
+}
+
+void Channel::Deliver() {
+  // Frames that arrived before a bad one are still delivered, in order;
+  // while paused they wait here (at most one read buffer's worth).
+  while (!held_.empty() && !paused_ && !closed_) {
+    std::string payload = std::move(held_.front());
+    held_.pop_front();
     StatusOr<wire::Envelope> msg = ParseEnvelope(payload);
     if (!msg.ok()) return Close(msg.status());
     // A copy: the handler may replace the handlers while it runs.
     auto on_message = handlers_.on_message;
     if (on_message) on_message(std::move(msg).value());
-    if (closed_) return;
   }
-  if (!st.ok()) return Close(st);
+  if (closed_ || !held_.empty()) return;
+  if (read_error_) return Close(*read_error_);
   ReadMore();
 }
 
@@ -126,6 +152,8 @@ void Channel::Close(const Status& reason) {
   socket_.close(ignored);
   write_queue_.clear();
   queued_bytes_ = 0;
+  std::string().swap(read_buffer_);
+  held_.clear();
   // Move the handler out: it may drop the last owner of this channel.
   auto on_close = std::move(handlers_.on_close);
   handlers_ = Handlers();

@@ -5,11 +5,27 @@
 #include <ifaddrs.h>            // getifaddrs
 #include <linux/close_range.h>  // CLOSE_RANGE_CLOEXEC
 #include <net/if.h>             // IFF_LOOPBACK
+#include <netdb.h>              // getaddrinfo
 #include <signal.h>             // sigprocmask, signal
 #include <sys/resource.h>       // getrlimit
-#include <unistd.h>             // close_range
+#include <unistd.h>             // close_range, close
+
+#include <charconv>
 
 namespace dslaunch::proto {
+
+std::string AddressToString(const sockaddr* addr) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (addr->sa_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(addr)->sin_addr,
+                buf, sizeof(buf));
+  } else if (addr->sa_family == AF_INET6) {
+    ::inet_ntop(AF_INET6,
+                &reinterpret_cast<const sockaddr_in6*>(addr)->sin6_addr, buf,
+                sizeof(buf));
+  }
+  return buf;
+}
 
 std::vector<std::string> InterfaceAddresses(bool include_loopback) {
   std::vector<std::string> out;
@@ -18,21 +34,60 @@ std::vector<std::string> InterfaceAddresses(bool include_loopback) {
   for (ifaddrs* a = list; a; a = a->ifa_next) {
     if (!a->ifa_addr) continue;
     if (!include_loopback && (a->ifa_flags & IFF_LOOPBACK)) continue;
-    char buf[INET6_ADDRSTRLEN] = {0};
-    const void* addr = nullptr;
-    const int family = a->ifa_addr->sa_family;
-    if (family == AF_INET) {
-      addr = &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr;
-    } else if (family == AF_INET6) {
-      addr = &reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr;
-    } else {
-      continue;
-    }
-    ::inet_ntop(family, addr, buf, sizeof(buf));
-    out.emplace_back(buf);
+    std::string text = AddressToString(a->ifa_addr);
+    if (!text.empty()) out.push_back(std::move(text));
   }
   ::freeifaddrs(list);
   return out;
+}
+
+std::string JoinHostPort(const std::string& host, int port) {
+  const bool ipv6 = host.find(':') != std::string::npos;
+  return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+Status SplitHostPort(const std::string& text, std::string* host, int* port) {
+  const Status bad = InvalidArgument("'" + text + "': expected HOST:PORT");
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0) return bad;
+  std::string h = text.substr(0, colon);
+  if (h.front() == '[') {
+    if (h.size() < 3 || h.back() != ']') return bad;
+    h = h.substr(1, h.size() - 2);
+  }
+  const char* first = text.data() + colon + 1;
+  const char* last = text.data() + text.size();
+  int p = 0;
+  const auto [end, ec] = std::from_chars(first, last, p);
+  if (ec != std::errc() || end != last || p < 1 || p > 65535) {
+    return InvalidArgument("'" + text +
+                           "': expected HOST:PORT with a port in 1-65535");
+  }
+  *host = std::move(h);
+  *port = p;
+  return Status::Ok();
+}
+
+StatusOr<Route> RouteTo(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (int rc = ::getaddrinfo(host.c_str(), "9", &hints, &res); rc != 0) {
+    return NotFound("cannot resolve " + host + ": " + ::gai_strerror(rc));
+  }
+  Route route;
+  route.peer = AddressToString(res->ai_addr);
+  const int fd = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_storage a{};
+  socklen_t len = sizeof(a);
+  const bool ok = fd >= 0 &&
+                  ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(res);
+  if (!ok) return Unavailable("no route to " + host);
+  route.local = AddressToString(reinterpret_cast<sockaddr*>(&a));
+  return route;
 }
 
 void PrepareChildForExec() {

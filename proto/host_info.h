@@ -1,15 +1,39 @@
-// Facts about this machine and small helpers for freshly forked children,
-// shared by the launcher and the agent. Any thread; the child helpers only
-// between fork and exec (they make async-signal-safe calls only).
+// Facts about this machine, the one set of address helpers (formatting,
+// parsing "host:port", routes), and small helpers for freshly forked
+// children, shared by the launcher and the agent. Any thread; the child
+// helpers only between fork and exec (they make async-signal-safe calls only).
 #pragma once
+
+#include <sys/socket.h>  // sockaddr
 
 #include <string>
 #include <vector>
+
+#include "proto/status.h"
 
 namespace dslaunch::proto {
 
 // Numeric addresses of this machine's interfaces (IPv4 and IPv6).
 std::vector<std::string> InterfaceAddresses(bool include_loopback);
+
+// The numeric form of an AF_INET or AF_INET6 address; "" for other families.
+std::string AddressToString(const sockaddr* addr);
+
+// "host:port", with an IPv6 literal in brackets ("[::1]:29400").
+std::string JoinHostPort(const std::string& host, int port);
+// The inverse: "HOST:PORT" or "[IPV6]:PORT" into host (brackets removed) and
+// port (1-65535). InvalidArgument otherwise; the outputs are untouched then.
+Status SplitHostPort(const std::string& text, std::string* host, int* port);
+
+// The addresses a connection from here to `host` would use: this machine's
+// source address (`local`) and the node's (`peer`), found by connecting an
+// unsent UDP socket (no packet leaves). NotFound when `host` does not
+// resolve, Unavailable when there is no route.
+struct Route {
+  std::string local;
+  std::string peer;
+};
+StatusOr<Route> RouteTo(const std::string& host);
 
 // In a child after fork: default dispositions for every signal, an empty
 // signal mask, and close-on-exec for every descriptor above 2, so nothing

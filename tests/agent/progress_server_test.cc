@@ -288,5 +288,73 @@ TEST_F(ProgressServerTest, ListenFailsInMissingDirectory) {
   EXPECT_NE(st.message().find("missing"), std::string::npos) << st.message();
 }
 
+TEST_F(ProgressServerTest, ARankHoldsAtMostSixteenConnections) {
+  const std::string path = ListenOk(0);
+  std::vector<int> fds;
+  const size_t extra = 4;
+  for (size_t i = 0; i < ProgressServer::kMaxConnectionsPerRank + extra; ++i) {
+    fds.push_back(ConnectRaw(path));
+  }
+  auto closed_by_server = [](int fd) {
+    char c;
+    return ::recv(fd, &c, 1, MSG_DONTWAIT) == 0;
+  };
+  ASSERT_TRUE(RunUntil(io_, [&] {
+    size_t n = 0;
+    for (size_t i = 0; i < extra; ++i) n += closed_by_server(fds[i]);
+    return n == extra;
+  }));
+  EXPECT_EQ(server_.open_connections(0),
+            ProgressServer::kMaxConnectionsPerRank);
+  for (size_t i = extra; i < fds.size(); ++i)
+    EXPECT_FALSE(closed_by_server(fds[i]));
+  for (int fd : fds) ::close(fd);
+}
+
+TEST(ProgressQueue, KeepsTheNewestRecordsOfAFloodingRankAndCountsTheRest) {
+  ProgressQueue q;
+  const int n = static_cast<int>(ProgressQueue::kMaxRecordsPerRank) + 100;
+  for (int i = 0; i < n; ++i)
+    q.Add(0, "{\"step\":" + std::to_string(i) + "}", i);
+  q.Add(1, "{\"step\":7}", 1);
+  std::vector<wire::Envelope> batches = q.Take();
+  ASSERT_EQ(batches.size(), 1u);
+  const wire::ProgressBatch& b = batches[0].progress_batch();
+  EXPECT_EQ(b.dropped().at(0), 100);
+  EXPECT_EQ(b.dropped().count(1), 0u);
+  ASSERT_EQ(b.records_size(),
+            static_cast<int>(ProgressQueue::kMaxRecordsPerRank) + 1);
+  EXPECT_EQ(b.records(0).json(), "{\"step\":100}");  // the oldest kept
+  EXPECT_EQ(b.records(b.records_size() - 2).json(),
+            "{\"step\":" + std::to_string(n - 1) + "}");
+  EXPECT_EQ(b.records(b.records_size() - 1).rank(), 1);
+  EXPECT_EQ(q.dropped_total(), 100);
+  EXPECT_TRUE(q.empty());
+  EXPECT_TRUE(q.Take().empty());
+}
+
+TEST(ProgressQueue, BoundsTheBytesHeldPerRank) {
+  ProgressQueue q;
+  const std::string big(60 * 1024, 'x');
+  for (int i = 0; i < 40; ++i) q.Add(2, big, i);  // 2.4 MB written
+  size_t held = 0;
+  for (const auto& e : q.Take(256 * 1024)) {
+    EXPECT_LE(e.progress_batch().records_size(), 5);  // 256 KiB batches
+    for (const auto& r : e.progress_batch().records()) held += r.json().size();
+  }
+  EXPECT_LE(held, ProgressQueue::kMaxBytesPerRank);
+  EXPECT_EQ(q.dropped_total(), 40 - static_cast<int64_t>(held / big.size()));
+}
+
+TEST(ProgressQueue, SendsCountsEvenWithoutRecords) {
+  ProgressQueue q;
+  q.CountMalformed(3);
+  q.CountMalformed(3);
+  std::vector<wire::Envelope> batches = q.Take();
+  ASSERT_EQ(batches.size(), 1u);
+  EXPECT_EQ(batches[0].progress_batch().malformed().at(3), 2);
+  EXPECT_EQ(batches[0].progress_batch().records_size(), 0);
+}
+
 }  // namespace
 }  // namespace dslaunch::agent

@@ -294,14 +294,15 @@ class HostileClients(LaunchTest):
                 s.sendall(data)
                 s.settimeout(5)
                 self.assertEqual(s.recv(100), b"", "the launcher must close the connection")
-        # The launcher has dealt with every bad client once it logged them.
-        self.read_until(job, "stderr", r"rejected connection", count=len(payloads))
+        # Each bad client was dealt with: the launcher closed its connection.
         self.assertIsNone(job.poll(), "bad clients must not end the job")
         job.send_signal(signal.SIGINT)
         out, err = job.communicate(timeout=20)
         self.assertEqual(job.returncode, 130)
-        err = self.seen(job, "stderr") + err
-        self.assertGreaterEqual(err.decode().count("rejected connection"), 4)
+        err = (self.seen(job, "stderr") + err).decode()
+        # Rejections are summarised (one line per 10 s), not one line each.
+        counts = re.findall(r"rejected (\d+) unauthenticated", err)
+        self.assertGreaterEqual(sum(int(n) for n in counts), 4, err)
 
 
 class Usage(LaunchTest):

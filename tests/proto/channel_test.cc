@@ -365,5 +365,51 @@ TEST_F(ChannelTest, HandlerMayCloseTheChannelFromOnDrain) {
   EXPECT_TRUE(sender->closed());
 }
 
+TEST_F(ChannelTest, PausedChannelReadsNothingUntilResumed) {
+  auto receiver = StartLeft();
+  auto sender = StartRight();
+  ASSERT_TRUE(sender->Send(Heartbeat(1)).ok());
+  ASSERT_TRUE(RunUntil(io_, [&] { return left_rec_.messages.size() == 1; }));
+  receiver->PauseReading();
+  EXPECT_TRUE(receiver->reading_paused());
+  // The read armed before the pause may still deliver one batch; after that
+  // nothing more arrives while paused.
+  ASSERT_TRUE(sender->Send(Heartbeat(2)).ok());
+  RunReady(io_);
+  const size_t before = left_rec_.messages.size();
+  ASSERT_TRUE(sender->Send(Heartbeat(3)).ok());
+  EXPECT_FALSE(RunUntil(
+      io_, [&] { return left_rec_.messages.size() > before; },
+      std::chrono::milliseconds(200)));
+  receiver->ResumeReading();
+  ASSERT_TRUE(RunUntil(io_, [&] { return left_rec_.messages.size() == 3; }));
+  EXPECT_EQ(left_rec_.messages[2].heartbeat().seq(), 3u);
+}
+
+TEST_F(ChannelTest, SmallReadBufferStillJoinsLargeFramesAndCanGrow) {
+  Channel::Limits small;
+  small.read_buffer_bytes = 64;
+  auto receiver = StartLeft(small);
+  auto sender = StartRight();
+  ASSERT_TRUE(sender->Send(StoreSet(10000)).ok());
+  ASSERT_TRUE(RunUntil(io_, [&] { return left_rec_.messages.size() == 1; }));
+  EXPECT_EQ(left_rec_.messages[0].store_request().value().size(), 10000u);
+  receiver->SetLimits(Channel::Limits());
+  ASSERT_TRUE(sender->Send(StoreSet(100000)).ok());
+  ASSERT_TRUE(RunUntil(io_, [&] { return left_rec_.messages.size() == 2; }));
+  EXPECT_TRUE(left_rec_.closes.empty());
+}
+
+TEST_F(ChannelTest, SetLimitsLowersTheFrameLimit) {
+  auto receiver = StartLeft();
+  auto sender = StartRight();
+  Channel::Limits tight;
+  tight.max_frame_bytes = 100;
+  receiver->SetLimits(tight);
+  ASSERT_TRUE(sender->Send(StoreSet(1000)).ok());
+  ASSERT_TRUE(RunUntil(io_, [&] { return !left_rec_.closes.empty(); }));
+  EXPECT_EQ(left_rec_.closes[0].code(), StatusCode::kProtocol);
+}
+
 }  // namespace
 }  // namespace dslaunch::proto

@@ -1,0 +1,57 @@
+#include "proto/host_info.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+namespace dslaunch::proto {
+namespace {
+
+TEST(JoinHostPort, BracketsIpv6LiteralsOnly) {
+  EXPECT_EQ(JoinHostPort("10.0.0.7", 29500), "10.0.0.7:29500");
+  EXPECT_EQ(JoinHostPort("::1", 80), "[::1]:80");
+  EXPECT_EQ(JoinHostPort("node-3.example", 1), "node-3.example:1");
+}
+
+TEST(SplitHostPort, InvertsJoinHostPort) {
+  for (const char* host : {"10.0.0.7", "fe80::1", "node-3.example"}) {
+    std::string h;
+    int p = 0;
+    ASSERT_TRUE(SplitHostPort(JoinHostPort(host, 65535), &h, &p).ok()) << host;
+    EXPECT_EQ(h, host);
+    EXPECT_EQ(p, 65535);
+  }
+}
+
+TEST(SplitHostPort, RejectsMissingPartsAndBadPorts) {
+  for (const char* bad : {"", "host", ":1", "host:", "host:0", "host:65536",
+                          "[::1:80", "[]:80", "host: 80"}) {
+    std::string h = "unchanged";
+    int p = 7;
+    EXPECT_EQ(SplitHostPort(bad, &h, &p).code(), StatusCode::kInvalidArgument)
+        << bad;
+    EXPECT_EQ(h, "unchanged");
+    EXPECT_EQ(p, 7);
+  }
+}
+
+TEST(RouteTo, LoopbackRoutesFromLoopbackAndUnknownNamesAreNotFound) {
+  StatusOr<Route> r = RouteTo("127.0.0.3");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->local, "127.0.0.1");
+  EXPECT_EQ(r->peer, "127.0.0.3");
+  EXPECT_EQ(RouteTo("no-such-host.invalid").status().code(),
+            StatusCode::kNotFound);
+}
+
+TEST(InterfaceAddresses, IncludesLoopbackOnlyWhenAsked) {
+  const auto with = InterfaceAddresses(true);
+  const auto without = InterfaceAddresses(false);
+  EXPECT_NE(std::find(with.begin(), with.end(), "127.0.0.1"), with.end());
+  EXPECT_EQ(std::find(without.begin(), without.end(), "127.0.0.1"),
+            without.end());
+}
+
+}  // namespace
+}  // namespace dslaunch::proto
