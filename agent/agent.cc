@@ -55,6 +55,7 @@ Agent::Agent(AgentOptions options)
       signals_(io_, SIGTERM, SIGINT, SIGHUP),
       stdin_(io_),
       connect_timer_(io_),
+      retry_timer_(io_),
       heartbeat_timer_(io_),
       grace_timer_(io_),
       workers_(io_, this),
@@ -114,26 +115,38 @@ void Agent::WatchStdin() {
                          });
 }
 
+// A random number in [0, n): spreads the retries of many agents.
+static int64_t Jitter(int64_t n) {
+  uint32_t r = 0;
+  const std::string bytes = proto::RandomBytes(sizeof(r));
+  std::memcpy(&r, bytes.data(), sizeof(r));
+  return static_cast<int64_t>(r % static_cast<uint64_t>(n));
+}
+
 void Agent::Connect() {
   connect_timer_.expires_after(Seconds(options_.connect_timeout_s));
   connect_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec || state_ != State::kConnecting) return;
     OnLauncherLost("no job from the launcher within " +
-                   std::to_string(options_.connect_timeout_s) + " s");
+                   std::to_string(options_.connect_timeout_s) + " s" +
+                   (last_dial_error_.empty() ? "" : " (" + last_dial_error_ + ")"));
   });
+  Dial();
+}
+
+void Agent::Dial() {
   auto resolver = std::make_shared<tcp::resolver>(io_);
   auto socket = std::make_shared<tcp::socket>(io_);
   resolver->async_resolve(
       options_.launcher_host, std::to_string(options_.launcher_port),
       [this, resolver, socket](const boost::system::error_code& ec,
                                tcp::resolver::results_type results) {
-        if (ec)
-          return OnLauncherLost("cannot resolve launcher: " + ec.message());
+        if (ec) return RetryDial("cannot resolve launcher: " + ec.message());
         asio::async_connect(
             *socket, results,
             [this, socket](const boost::system::error_code& ec,
                            const tcp::endpoint&) {
-              if (ec) return OnLauncherLost("cannot connect: " + ec.message());
+              if (ec) return RetryDial("cannot connect: " + ec.message());
               socket->set_option(tcp::no_delay(true));
               channel_ = proto::Channel::Create(
                   proto::Channel::Socket(std::move(*socket)), "launcher");
@@ -142,13 +155,39 @@ void Agent::Connect() {
       });
 }
 
+void Agent::RetryDial(const std::string& why) {
+  // Only while no job arrived: a launcher that has not listened yet, a
+  // resolver that does not know it yet, or a connection the launcher shed
+  // under a flood of strangers. The connect timeout bounds the retries.
+  if (state_ != State::kConnecting) return OnLauncherLost(why);
+  last_dial_error_ = why;
+  channel_.reset();
+  auth_sent_ = false;
+  // Exponential backoff with jitter (half to the full delay), 50 ms to 2 s.
+  const auto delay = std::chrono::milliseconds(
+      dial_delay_ms_ / 2 + Jitter(dial_delay_ms_ / 2 + 1));
+  dial_delay_ms_ = std::min<int64_t>(dial_delay_ms_ * 2, 2000);
+  spdlog::info("{}; retrying in {} ms", why, delay.count());
+  retry_timer_.expires_after(delay);
+  retry_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec && state_ == State::kConnecting) Dial();
+  });
+}
+
 void Agent::OnConnected() {
   channel_->Start({
       .on_message = [this](wire::Envelope&& m) { HandleMessage(std::move(m)); },
       .on_close =
           [this](const Status& st) {
             if (state_ == State::kExited) return io_.stop();
-            OnLauncherLost(st.ok() ? "connection closed" : st.message());
+            const std::string why =
+                st.ok() ? "connection closed" : st.message();
+            // A launcher that misbehaved (or failed to prove the secret) is
+            // not dialled again; one that dropped the connection is.
+            if (state_ == State::kConnecting &&
+                st.code() == StatusCode::kUnavailable)
+              return RetryDial(why);
+            OnLauncherLost(why);
           },
       .on_drain = [this] { OnChannelDrained(); },
   });

@@ -60,6 +60,8 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
  private:
   void SetState(State next);
   void Connect();
+  void Dial();
+  void RetryDial(const std::string& why);
   void OnConnected();
   void HandleMessage(wire::Envelope&& msg);
   void HandleWelcome(const wire::Welcome& welcome);
@@ -90,6 +92,9 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   boost::asio::signal_set signals_;
   boost::asio::posix::stream_descriptor stdin_;
   boost::asio::steady_timer connect_timer_;
+  boost::asio::steady_timer retry_timer_;
+  int64_t dial_delay_ms_ = 50;  // the next retry's backoff
+  std::string last_dial_error_;
   boost::asio::steady_timer heartbeat_timer_;
   boost::asio::steady_timer grace_timer_;
   std::chrono::steady_clock::time_point last_heard_;

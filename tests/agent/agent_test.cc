@@ -71,12 +71,25 @@ class AgentTest : public ::testing::Test {
     agent_ = std::make_unique<Agent>(std::move(o));
     agent_result_ =
         std::async(std::launch::async, [this] { return agent_->Run(); });
+    Accept();
+  }
+
+  // Takes the agent's next connection as the launcher's channel.
+  void Accept() {
+    closed_.reset();
+    inbox_.clear();
     tcp::socket socket(io_);
-    boost::system::error_code ec;
-    do {  // SIGCHLD of an earlier test's workers may interrupt the wait
-      acceptor_.accept(socket, ec);
-    } while (ec == boost::asio::error::interrupted);
-    ASSERT_FALSE(ec) << ec.message();
+    std::optional<boost::system::error_code> accepted;
+    acceptor_.async_accept(socket, [&](const boost::system::error_code& ec) {
+      accepted = ec;
+    });
+    if (!RunUntil([&] { return accepted.has_value(); }, "the agent to dial")) {
+      acceptor_.cancel();
+      io_.restart();
+      io_.poll();
+      return;
+    }
+    ASSERT_FALSE(*accepted) << accepted->message();
     channel_ = proto::Channel::Create(proto::Channel::Socket(std::move(socket)),
                                       "agent");
     channel_->Start({
@@ -237,6 +250,22 @@ TEST_F(AgentTest, RunsTheJobRelaysOutputAndExitsZeroOnShutdown) {
   ASSERT_TRUE(channel_->Send(env).ok());
   Next(wire::Envelope::kAgentDone);
   RunUntil([&] { return closed_.has_value(); }, "the agent to close");
+  EXPECT_EQ(AgentExit(), 0);
+}
+
+TEST_F(AgentTest, DialsAgainWhenTheLauncherDropsItBeforeTheJob) {
+  // A launcher flooded by strangers may shed a connection before its Hello
+  // is read; the agent comes back (with backoff) until the connect timeout.
+  StartAgent();
+  Next(wire::Envelope::kHello);
+  channel_->Close(Status::Ok());
+  Accept();
+  StartJob("exit 0", {0});
+  EXPECT_EQ(Next(wire::Envelope::kWorkerExited).worker_exited().exit_code(), 0);
+  wire::Envelope env;
+  env.mutable_shutdown();
+  ASSERT_TRUE(channel_->Send(env).ok());
+  Next(wire::Envelope::kAgentDone);
   EXPECT_EQ(AgentExit(), 0);
 }
 
