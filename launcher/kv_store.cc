@@ -39,11 +39,14 @@ static wire::StoreResponse Limit(uint64_t id, const std::string& what) {
   return Error(id, Response::LIMIT, "store limit: " + what);
 }
 
+int KvStore::FirstMissing(const wire::StoreRequest& request, int from) const {
+  int i = from;
+  while (i < request.keys_size() && data_.count(request.keys(i))) ++i;
+  return i;
+}
+
 bool KvStore::Ready(const wire::StoreRequest& request) const {
-  for (const auto& key : request.keys()) {
-    if (!data_.count(key)) return false;
-  }
-  return true;
+  return FirstMissing(request, 0) == request.keys_size();
 }
 
 wire::StoreResponse KvStore::Answer(const wire::StoreRequest& request) const {
@@ -122,7 +125,7 @@ void KvStore::Handle(const wire::StoreRequest& request, Reply reply) {
         return reply(*refused);
       }
       reply(Answer(request));
-      return WakeWaiters();
+      return WakeWaiters(key);
     case Op::ADD:
       return HandleAdd(request, reply);
     case Op::CHECK: {
@@ -173,7 +176,7 @@ void KvStore::HandleAdd(const wire::StoreRequest& request, const Reply& reply) {
   wire::StoreResponse r = Answer(request);
   r.set_value(std::to_string(sum));
   reply(r);
-  WakeWaiters();
+  WakeWaiters(key);
 }
 
 void KvStore::Park(const wire::StoreRequest& request, Reply reply) {
@@ -195,6 +198,8 @@ void KvStore::Park(const wire::StoreRequest& request, Reply reply) {
   w.request.clear_value();  // a GET's stray value is not kept while it waits
   w.reply = std::move(reply);
   w.cost = cost;
+  w.missing = FirstMissing(request, 0);
+  watchers_[request.keys(w.missing)].insert(id);
   parked_bytes_ += cost;
   if (request.timeout_ms() == 0) return;  // forever
   // Clamped before the conversion to the clock's nanoseconds, which would
@@ -213,30 +218,42 @@ void KvStore::OnTimeout(uint64_t waiter_id) {
   if (it == waiters_.end()) return;  // answered or failed meanwhile
   Waiter expired = std::move(it->second);
   waiters_.erase(it);
+  Unwatch(waiter_id, expired);
   parked_bytes_ -= expired.cost;
   const auto& r = expired.request;
-  std::string missing = r.keys(0);
-  for (const auto& key : r.keys()) {
-    if (!data_.count(key)) {
-      missing = key;
-      break;
-    }
-  }
+  const int missing = std::min(FirstMissing(r, 0), r.keys_size() - 1);
   expired.reply(Error(r.id(), Response::TIMEOUT,
                       "timeout after " + std::to_string(r.timeout_ms()) +
-                          " ms waiting for key " + Quote(missing)));
+                          " ms waiting for key " + Quote(r.keys(missing))));
 }
 
-void KvStore::WakeWaiters() {
+void KvStore::Unwatch(uint64_t id, const Waiter& w) {
+  auto it = watchers_.find(w.request.keys(w.missing));
+  if (it == watchers_.end()) return;
+  it->second.erase(id);
+  if (it->second.empty()) watchers_.erase(it);
+}
+
+void KvStore::WakeWaiters(const std::string& key) {
+  auto watching = watchers_.find(key);
+  if (watching == watchers_.end()) return;
+  const std::set<uint64_t> ids = std::move(watching->second);
+  watchers_.erase(watching);
   std::vector<Waiter> ready;
-  for (auto it = waiters_.begin(); it != waiters_.end();) {
-    if (!Ready(it->second.request)) {
-      ++it;
+  for (uint64_t id : ids) {
+    auto it = waiters_.find(id);
+    if (it == waiters_.end()) continue;
+    Waiter& w = it->second;
+    w.missing = FirstMissing(w.request, w.missing);
+    // A key seen earlier may have been deleted since: check them all once.
+    if (w.missing == w.request.keys_size()) w.missing = FirstMissing(w.request, 0);
+    if (w.missing < w.request.keys_size()) {
+      watchers_[w.request.keys(w.missing)].insert(id);
       continue;
     }
-    parked_bytes_ -= it->second.cost;
-    ready.push_back(std::move(it->second));
-    it = waiters_.erase(it);
+    parked_bytes_ -= w.cost;
+    ready.push_back(std::move(w));
+    waiters_.erase(it);
   }
   for (auto& w : ready) {
     if (w.timer) w.timer->cancel();
@@ -247,6 +264,7 @@ void KvStore::WakeWaiters() {
 void KvStore::FailAll(const std::string& why) {
   auto waiters = std::move(waiters_);
   waiters_.clear();
+  watchers_.clear();
   parked_bytes_ = 0;
   for (auto& [id, w] : waiters) {
     if (w.timer) w.timer->cancel();

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "proto/dslaunch.pb.h"
@@ -73,6 +74,7 @@ class KvStore {
     wire::StoreRequest request;  // id, op, keys and timeout only
     Reply reply;
     size_t cost = 0;  // its share of parked_bytes_
+    int missing = 0;  // index of the key it watches: the first not yet seen
     std::unique_ptr<boost::asio::steady_timer> timer;
   };
   // Non-empty: the request breaks a limit or is malformed; the refusal.
@@ -83,10 +85,16 @@ class KvStore {
   std::optional<wire::StoreResponse> Put(uint64_t id, const std::string& key,
                                          std::string value);
   bool Ready(const wire::StoreRequest& request) const;
+  // Index of the first of request's keys at or after `from` that is not
+  // stored; keys_size() when there is none.
+  int FirstMissing(const wire::StoreRequest& request, int from) const;
   wire::StoreResponse Answer(const wire::StoreRequest& request) const;
   void Park(const wire::StoreRequest& request, Reply reply);
   void OnTimeout(uint64_t waiter_id);
-  void WakeWaiters();
+  // `key` was stored: re-examines only the waiters watching it.
+  void WakeWaiters(const std::string& key);
+  // Removes `id` from the watchers of its current key.
+  void Unwatch(uint64_t id, const Waiter& w);
 
   boost::asio::io_context& io_;
   const KvStoreLimits limits_;
@@ -95,6 +103,9 @@ class KvStore {
   // By park order. A timer's handler looks its waiter up by id: an expired
   // timer's queued handler may run after the waiter was answered.
   std::map<uint64_t, Waiter> waiters_;
+  // Waiter ids by the key each waits for next: a SET looks at its key's
+  // waiters only, so 1024 ranks waiting for 1024 keys cost O(keys) in all.
+  std::map<std::string, std::set<uint64_t>> watchers_;
   size_t parked_bytes_ = 0;
   uint64_t next_waiter_ = 1;
 };

@@ -274,21 +274,51 @@ TEST_F(KvStoreTest, ParkedKeyBytesAreBoundedAndAParkedGetKeepsNoValue) {
 }
 
 TEST_F(KvStoreTest, DefaultLimitsLetAThousandRanksRendezvous) {
+  // Every rank waits for every rank's address before any is stored, and
+  // every rank but 0 waits for the NCCL id.
   constexpr int kRanks = 1024;
-  for (int r = 1; r < kRanks; ++r) {  // every rank but 0 waits for the id
-    Handle(Req(r, Op::GET, {"nccl/unique_id"}, "", 0, 600000));
-  }
-  Handle(Req(kRanks, Op::SET, {"nccl/unique_id"}, std::string(128, 'u')));
   std::vector<std::string> all;
   for (int r = 0; r < kRanks; ++r) {
     all.push_back("gloo/rank/" + std::to_string(r));
-    Handle(Req(1, Op::SET, {all.back()}, std::string(512, 'a')));
-    Handle(Req(1, Op::ADD, {"arrived"}, "", 1));
   }
   for (int r = 0; r < kRanks; ++r) Handle(Req(1, Op::WAIT, all));
+  for (int r = 1; r < kRanks; ++r) {
+    Handle(Req(r, Op::GET, {"nccl/unique_id"}, "", 0, 600000));
+  }
+  EXPECT_TRUE(replies_.empty());
+  Handle(Req(kRanks, Op::SET, {"nccl/unique_id"}, std::string(128, 'u')));
+  for (int r = 0; r < kRanks; ++r) {
+    Handle(Req(1, Op::SET, {all[r]}, std::string(512, 'a')));
+    Handle(Req(1, Op::ADD, {"arrived"}, "", 1));
+  }
   EXPECT_EQ(replies_.size(), size_t{kRanks} * 4);
   for (const auto& r : replies_) ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(store_.parked(), 0u);
+  EXPECT_EQ(store_.parked_bytes(), 0u);
   EXPECT_LT(store_.bytes(), kStoreMaxTotalBytes / 100);
+}
+
+TEST_F(KvStoreTest, WaitSeesAKeyDeletedAfterItWasSet) {
+  Handle(Req(1, Op::WAIT, {"a", "b"}));
+  Handle(Req(2, Op::SET, {"a"}, "1"));
+  Handle(Req(3, Op::DELETE, {"a"}));
+  Handle(Req(4, Op::SET, {"b"}, "2"));
+  EXPECT_EQ(replies_.size(), 3u);  // the WAIT still waits for "a"
+  Handle(Req(5, Op::SET, {"a"}, "again"));
+  ASSERT_EQ(replies_.size(), 5u);
+  EXPECT_EQ(replies_[3].id(), 5u);
+  EXPECT_EQ(replies_[4].id(), 1u);
+  EXPECT_EQ(store_.parked(), 0u);
+}
+
+TEST_F(KvStoreTest, ExpiredWaitersLeaveNothingBehind) {
+  for (int i = 0; i < 100; ++i) Handle(Req(i, Op::GET, {"never"}, "", 0, 1));
+  io_.run_for(std::chrono::seconds(2));
+  EXPECT_EQ(replies_.size(), 100u);
+  EXPECT_EQ(store_.parked(), 0u);
+  EXPECT_EQ(store_.parked_bytes(), 0u);
+  Handle(Req(200, Op::SET, {"never"}, "now"));  // no stale waiter answered
+  EXPECT_EQ(replies_.size(), 101u);
 }
 
 }  // namespace
