@@ -9,7 +9,8 @@ using Response = wire::StoreResponse;
 
 KvStore::~KvStore() { FailAll("store shut down"); }
 
-static wire::StoreResponse Error(uint64_t id, wire::StoreResponse::ErrorCode code,
+static wire::StoreResponse Error(uint64_t id,
+                                 wire::StoreResponse::ErrorCode code,
                                  std::string error) {
   wire::StoreResponse r;
   r.set_id(id);
@@ -63,7 +64,8 @@ std::optional<wire::StoreResponse> KvStore::Check(
   const bool one_key = request.op() == Op::SET || request.op() == Op::GET ||
                        request.op() == Op::ADD || request.op() == Op::DELETE;
   if (request.keys_size() == 0 || (one_key && request.keys_size() != 1)) {
-    return Error(id, Response::INVALID, "store request with a wrong number of keys");
+    return Error(id, Response::INVALID,
+                 "store request with a wrong number of keys");
   }
   if (static_cast<size_t>(request.keys_size()) > limits_.max_keys_per_request) {
     return Limit(id, "a request names " + std::to_string(request.keys_size()) +
@@ -144,7 +146,8 @@ void KvStore::Handle(const wire::StoreRequest& request, Reply reply) {
       if (Ready(request)) return reply(Answer(request));
       return Park(request, std::move(reply));
     default:
-      return reply(Error(request.id(), Response::INVALID, "unknown store operation"));
+      return reply(
+          Error(request.id(), Response::INVALID, "unknown store operation"));
   }
 }
 
@@ -157,9 +160,9 @@ void KvStore::HandleAdd(const wire::StoreRequest& request, const Reply& reply) {
     const std::string& s = it->second;
     auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
     if (ec != std::errc() || end != s.data() + s.size()) {
-      return reply(Error(request.id(), Response::INVALID,
-                         "store key " + Quote(key) +
-                             " does not hold a 64-bit integer"));
+      return reply(
+          Error(request.id(), Response::INVALID,
+                "store key " + Quote(key) + " does not hold a 64-bit integer"));
     }
   }
   int64_t sum = 0;
@@ -181,16 +184,17 @@ void KvStore::HandleAdd(const wire::StoreRequest& request, const Reply& reply) {
 
 void KvStore::Park(const wire::StoreRequest& request, Reply reply) {
   size_t cost = 0;
-  for (const auto& key : request.keys()) cost += key.size() + kStoreParkedKeyCost;
+  for (const auto& key : request.keys())
+    cost += key.size() + kStoreParkedKeyCost;
   if (waiters_.size() >= limits_.max_waiters) {
     return reply(Limit(request.id(),
                        std::to_string(waiters_.size()) +
                            " requests already wait for keys, the maximum"));
   }
   if (parked_bytes_ + cost > limits_.max_parked_bytes) {
-    return reply(Limit(request.id(),
-                       "waiting requests would hold more than " +
-                           Bytes(limits_.max_parked_bytes) + " of keys"));
+    return reply(Limit(request.id(), "waiting requests would hold more than " +
+                                         Bytes(limits_.max_parked_bytes) +
+                                         " of keys"));
   }
   const uint64_t id = next_waiter_++;
   Waiter& w = waiters_[id];
@@ -246,7 +250,8 @@ void KvStore::WakeWaiters(const std::string& key) {
     Waiter& w = it->second;
     w.missing = FirstMissing(w.request, w.missing);
     // A key seen earlier may have been deleted since: check them all once.
-    if (w.missing == w.request.keys_size()) w.missing = FirstMissing(w.request, 0);
+    if (w.missing == w.request.keys_size())
+      w.missing = FirstMissing(w.request, 0);
     if (w.missing < w.request.keys_size()) {
       watchers_[w.request.keys(w.missing)].insert(id);
       continue;

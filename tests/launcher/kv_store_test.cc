@@ -39,8 +39,7 @@ class KvStoreTest : public ::testing::Test {
   }
   // The last reply, which must be a refusal with `code` whose text has
   // every one of `words`.
-  void ExpectRefused(Response::ErrorCode code,
-                     std::vector<std::string> words) {
+  void ExpectRefused(Response::ErrorCode code, std::vector<std::string> words) {
     ASSERT_FALSE(replies_.empty());
     const Response& r = replies_.back();
     EXPECT_FALSE(r.ok());
@@ -189,8 +188,8 @@ TEST_F(KvStoreTest, TimeoutNamesTheFirstMissingKey) {
 TEST_F(KvStoreTest, ValueOverTheMaximumIsRefusedNamingTheLimit) {
   KvStore store(io_, {.max_value_bytes = 1024});
   Handle(store, Req(1, Op::SET, {"big"}, std::string(1025, 'x')));
-  ExpectRefused(Response::LIMIT, {"1025 bytes", "'big'", "1 KiB",
-                                  "maximum value size"});
+  ExpectRefused(Response::LIMIT,
+                {"1025 bytes", "'big'", "1 KiB", "maximum value size"});
   Handle(store, Req(2, Op::SET, {"ok"}, std::string(1024, 'x')));
   EXPECT_TRUE(replies_.back().ok());
   EXPECT_EQ(store.size(), 1u);

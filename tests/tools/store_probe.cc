@@ -96,7 +96,8 @@ static int Rendezvous(StoreClient& store, int rank, int world) {
     }
   }
   auto missing = store.Get("never-set", std::chrono::milliseconds(50));
-  if (missing.ok() || missing.status().code() != StatusCode::kDeadlineExceeded) {
+  if (missing.ok() ||
+      missing.status().code() != StatusCode::kDeadlineExceeded) {
     std::fprintf(stderr,
                  "store_probe: get of a missing key did not time out\n");
     return 1;
