@@ -7,11 +7,11 @@ cd "$(dirname "$0")/.."
 bash deploy/setup.sh --test
 ctest --test-dir build --output-on-failure -j 2 "$@"
 
-# Unit tests of proto, launcher and agent again, under AddressSanitizer and
+# Every library's unit tests again, under AddressSanitizer and
 # UndefinedBehaviorSanitizer, from their own build dir (DSL_TEST_SANITIZE=0
 # skips this). Only the unit-test targets are built.
 if [ "${DSL_TEST_SANITIZE:-1}" != 0 ]; then
-  asan_targets=(proto_tests launcher_tests agent_tests)
+  asan_targets=(proto_tests launcher_tests agent_tests worker_tests)
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DDSL_SANITIZE=address,undefined >/dev/null
   # Test discovery runs the binaries at build time: no leak check there.
