@@ -6,3 +6,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/setup.sh --test
 ctest --test-dir build --output-on-failure -j 2 "$@"
+
+# Every library's unit tests again, under AddressSanitizer and
+# UndefinedBehaviorSanitizer, from their own build dir (DSL_TEST_SANITIZE=0
+# skips this). Only the unit-test targets are built.
+if [ "${DSL_TEST_SANITIZE:-1}" != 0 ]; then
+  asan_targets=(proto_tests launcher_tests agent_tests worker_tests)
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DDSL_SANITIZE=address,undefined >/dev/null
+  # Test discovery runs the binaries at build time: no leak check there.
+  ASAN_OPTIONS=detect_leaks=0 cmake --build build-asan -j 2 --target "${asan_targets[@]}"
+  leaks=1
+  if ASAN_OPTIONS=detect_leaks=1 build-asan/bin/proto_tests --gtest_list_tests 2>&1 |
+      grep -q "LeakSanitizer has encountered a fatal error"; then
+    echo "test.sh: LeakSanitizer cannot run here (it needs ptrace); leak checks off"
+    leaks=0
+  fi
+  ASAN_OPTIONS="halt_on_error=1:detect_leaks=$leaks:detect_stack_use_after_return=1" \
+  UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
+    ctest --test-dir build-asan --output-on-failure -j 2 -L unit
+fi

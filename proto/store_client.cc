@@ -2,6 +2,8 @@
 
 #include <unistd.h>  // close
 
+#include <charconv>  // from_chars
+
 #include "proto/frame_codec.h"
 #include "proto/unix_socket.h"
 
@@ -21,11 +23,37 @@ Status StoreClient::Connect(const std::string& address) {
   return Status::Ok();
 }
 
+Status StoreError(const wire::StoreResponse& response) {
+  using R = wire::StoreResponse;
+  switch (response.code()) {
+    case R::TIMEOUT:
+      return DeadlineExceeded(response.error());
+    case R::LIMIT:
+    case R::INVALID:
+      return InvalidArgument(response.error());
+    case R::CLOSED:
+      return Unavailable(response.error());
+    default:  // a launcher older than the code field: go by the text
+      return Status(response.error().rfind("timeout", 0) == 0
+                        ? StatusCode::kDeadlineExceeded
+                        : StatusCode::kUnavailable,
+                    response.error());
+  }
+}
+
 StatusOr<wire::StoreResponse> StoreClient::Call(wire::StoreRequest request) {
-  if (fd_ < 0) return Unavailable("store client is not connected");
   request.set_id(next_id_++);
   wire::Envelope env;
   *env.mutable_store_request() = std::move(request);
+  // The agent would drop the connection on a frame over its maximum; say why
+  // here instead.
+  if (env.ByteSizeLong() + kFrameHeaderBytes > kDefaultMaxFrameBytes) {
+    return InvalidArgument("store request of " +
+                           std::to_string(env.ByteSizeLong()) +
+                           " bytes is larger than the maximum frame of " +
+                           std::to_string(kDefaultMaxFrameBytes) + " bytes");
+  }
+  if (fd_ < 0) return Unavailable("store client is not connected");
   RETURN_IF_ERROR(WriteAll(fd_, EncodeFrame(env)));
   std::string header, payload;
   RETURN_IF_ERROR(ReadExact(fd_, kFrameHeaderBytes, &header));
@@ -42,12 +70,7 @@ StatusOr<wire::StoreResponse> StoreClient::Call(wire::StoreRequest request) {
     return ProtocolError("unexpected " + MessageName(reply) + " from store");
   }
   wire::StoreResponse response = reply.store_response();
-  if (!response.ok()) {
-    return Status(response.error().find("timeout") != std::string::npos
-                      ? StatusCode::kDeadlineExceeded
-                      : StatusCode::kUnavailable,
-                  response.error());
-  }
+  if (!response.ok()) return StoreError(response);
   return response;
 }
 
@@ -84,7 +107,13 @@ StatusOr<int64_t> StoreClient::Add(const std::string& key, int64_t delta) {
   auto r = Request(wire::StoreRequest::ADD, {key});
   r.set_delta(delta);
   ASSIGN_OR_RETURN(wire::StoreResponse resp, Call(std::move(r)));
-  return std::stoll(resp.value());
+  const std::string& v = resp.value();
+  int64_t value = 0;
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), value);
+  if (ec != std::errc() || end != v.data() + v.size()) {
+    return ProtocolError("store ADD answered '" + v + "', not an integer");
+  }
+  return value;
 }
 
 StatusOr<bool> StoreClient::Check(const std::vector<std::string>& keys) {

@@ -14,6 +14,12 @@
 
 namespace dslaunch::proto {
 
+// The Status a failed StoreResponse stands for: its error text, with a code
+// from response.code(): TIMEOUT -> kDeadlineExceeded, LIMIT (a store quota;
+// the text names the limit) and INVALID -> kInvalidArgument, CLOSED ->
+// kUnavailable.
+Status StoreError(const wire::StoreResponse& response);
+
 class StoreClient {
  public:
   StoreClient() = default;
@@ -24,13 +30,17 @@ class StoreClient {
   // `address` as in DSLAUNCH_STORE: "unix:/path/to/store.sock".
   Status Connect(const std::string& address);
 
+  // Every call fails with the launcher's error as a Status (see StoreError):
+  // e.g. kInvalidArgument "store limit: value of ... (maximum value size)".
   Status Set(const std::string& key, const std::string& value);
-  // Blocks until `key` exists (timeout 0 = forever).
+  // Blocks until `key` exists (timeout 0 = forever; longer than 7 days is
+  // clamped to 7 days; negative is an error).
   StatusOr<std::string> Get(const std::string& key,
                             std::chrono::milliseconds timeout);
   Status Wait(const std::vector<std::string>& keys,
               std::chrono::milliseconds timeout);
   // Adds `delta` to the integer at `key` (missing = 0); returns the new value.
+  // A result outside int64 is an error and leaves the value as it was.
   StatusOr<int64_t> Add(const std::string& key, int64_t delta);
   StatusOr<bool> Check(const std::vector<std::string>& keys);
   Status Delete(const std::string& key);
