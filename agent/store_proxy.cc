@@ -81,6 +81,7 @@ void StoreProxy::HandleRequest(const std::shared_ptr<proto::Channel>& client,
   r->set_id(client_id);
   r->set_ok(false);
   r->set_error("store unreachable: " + st.message());
+  r->set_code(wire::StoreResponse::CLOSED);
   (void)client->Send(reply);
 }
 
