@@ -4,7 +4,7 @@
 #include <boost/asio/io_context.hpp>
 #include <cstdio>
 
-#include "launcher/ssh_starter.h"
+#include "launcher/start/ssh_starter.h"
 #include "proto/exit_status.h"
 
 namespace dslaunch::launcher {

@@ -5,7 +5,7 @@
 #pragma once
 
 #include "launcher/flags.h"
-#include "launcher/plan.h"
+#include "launcher/plan/plan.h"
 
 namespace dslaunch::launcher {
 

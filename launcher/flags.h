@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "launcher/hostfile.h"
-#include "launcher/plan.h"
+#include "launcher/plan/hostfile.h"
+#include "launcher/plan/plan.h"
 #include "proto/status.h"
 
 namespace dslaunch::launcher {

@@ -3,8 +3,8 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
-#include "launcher/addresses.h"
-#include "launcher/log_sink.h"
+#include "launcher/plan/addresses.h"
+#include "launcher/report/log_sink.h"
 #include "proto/auth.h"
 #include "proto/exit_status.h"
 

@@ -10,9 +10,9 @@
 
 #include "launcher/doctor.h"
 #include "launcher/flags.h"
-#include "launcher/hostfile.h"
+#include "launcher/plan/hostfile.h"
 #include "launcher/launcher.h"
-#include "launcher/plan.h"
+#include "launcher/plan/plan.h"
 #include "proto/exit_status.h"
 
 namespace dsl = dslaunch::launcher;

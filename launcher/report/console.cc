@@ -1,0 +1,190 @@
+#include "launcher/report/console.h"
+
+#include <nlohmann/json.hpp>  // rank 0's progress line
+
+#include "proto/progress.h"
+
+namespace dslaunch::launcher {
+
+namespace {
+
+using Stream = TerminalWriter::Stream;
+
+int FdOf(FILE* f) {
+  std::fflush(f);
+  return fileno(f);
+}
+
+// `text` cut to at most `limit` bytes on a UTF-8 character boundary.
+std::string Clip(std::string text, size_t limit) {
+  if (text.size() <= limit) return text;
+  size_t n = limit;
+  while (n > 0 && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) --n;
+  text.resize(n);
+  return text + "...";
+}
+
+// "key value  key value ..." of a validated record (nesting bounded),
+// bounded in size and safe for a terminal.
+std::string ProgressSummary(std::string_view json) {
+  const auto record = nlohmann::ordered_json::parse(json, nullptr, false);
+  if (!record.is_object()) return {};
+  std::string out;
+  for (const auto& [key, value] : record.items()) {
+    if (out.size() >= Console::kMaxProgressLineBytes) {
+      out += "  ...";
+      break;
+    }
+    if (!out.empty()) out += "  ";
+    const std::string text =
+        value.is_string()
+            ? value.get<std::string>()
+            : value.dump(-1, ' ', false,
+                         nlohmann::ordered_json::error_handler_t::replace);
+    out += Clip(key, Console::kMaxProgressFieldBytes) + " " +
+           Clip(text, Console::kMaxProgressFieldBytes);
+  }
+  return proto::EscapeControlChars(out);
+}
+
+}  // namespace
+
+Console::Console(FILE* out, FILE* err)
+    : Console(FdOf(out), FdOf(err), Options()) {}
+
+Console::Console(int out_fd, int err_fd, Options options)
+    : options_(options), terminal_(out_fd, err_fd, options.terminal_limit) {}
+
+Console::~Console() {
+  Close();
+  DrainTerminal();
+}
+
+Status Console::Open(const Plan& plan, const std::string& log_dir) {
+  for (const auto& node : plan.nodes) {
+    for (size_t i = 0; i < node.slots.size(); ++i) {
+      const int rank = node.first_rank + static_cast<int>(i);
+      prefix_[rank] = "[" + node.host + ":" + std::to_string(rank) + "] ";
+      host_[rank] = node.host;
+    }
+  }
+  if (log_dir.empty()) return Status::Ok();
+  RETURN_IF_ERROR(CreateLogDir(log_dir));
+  log_dir_ = log_dir;
+  auto on_error = [this](const Status& st) { OnSinkError(st); };
+  for (const auto& [rank, prefix] : prefix_) {
+    const std::string path = log_dir + "/rank-" + std::to_string(rank) + ".log";
+    ASSIGN_OR_RETURN(auto file, SinkFile::Create(path, on_error));
+    logs_[rank] = std::make_unique<RankLog>(std::move(file), log_dir,
+                                            options_.line_memory);
+  }
+  ASSIGN_OR_RETURN(metrics_,
+                   SinkFile::Create(log_dir + "/metrics.jsonl", on_error));
+  return Status::Ok();
+}
+
+void Console::Line(int rank, bool is_stderr, std::string_view line,
+                   bool partial) {
+  std::string text = prefix_[rank];
+  text.append(line);
+  text.push_back('\n');
+  ToTerminal(is_stderr ? Stream::kErr : Stream::kOut, std::move(text));
+  if (auto it = logs_.find(rank); it != logs_.end()) {
+    it->second->Piece(is_stderr, line, !partial);
+  }
+  auto& last = last_[rank];
+  last.emplace_back(line);
+  if (last.size() > kKeptLines) last.pop_front();
+}
+
+void Console::EndOfOutput(int rank) {
+  if (auto it = logs_.find(rank); it != logs_.end()) {
+    it->second->EndOfOutput();
+  }
+}
+
+void Console::Progress(int rank, std::string_view json, double time) {
+  ++progress_records_;
+  if (!proto::ValidateProgressRecord(json).ok()) {
+    ++malformed_progress_;
+    return;
+  }
+  if (metrics_) {
+    std::string line =
+        proto::AnnotateProgressRecord(json, rank, host_[rank], time);
+    line.push_back('\n');
+    metrics_->Append(line);
+  }
+  if (rank == 0) {
+    ToTerminal(Stream::kErr, "[" + host_[rank] + ":0 progress] " +
+                                 ProgressSummary(json) + "\n");
+  }
+}
+
+void Console::Note(std::string_view message) {
+  std::string text = "dslaunch: ";
+  text.append(message);
+  text.push_back('\n');
+  terminal_.WriteNote(Stream::kErr, std::move(text));
+}
+
+void Console::Relay(std::string_view line) {
+  std::string text(line);
+  text.push_back('\n');
+  ToTerminal(Stream::kErr, std::move(text));
+}
+
+void Console::Flush() {
+  // Log files here; the terminal is written by its own threads.
+  for (auto& [rank, log] : logs_) log->file().Flush();
+  if (metrics_) metrics_->Flush();
+}
+
+void Console::Close() {
+  logs_.clear();  // each writes what it holds and closes its file
+  if (metrics_) metrics_->Close();
+  metrics_.reset();
+}
+
+void Console::DrainTerminal() {
+  terminal_.Drain(options_.drain_stall, options_.drain_cap);
+  if (NoteDropped()) {
+    terminal_.DrainStream(Stream::kErr, options_.drain_stall,
+                          options_.drain_stall);
+  }
+}
+
+int64_t Console::dropped_lines() const {
+  return terminal_.dropped(Stream::kOut) + terminal_.dropped(Stream::kErr);
+}
+
+void Console::ToTerminal(Stream stream, std::string text) {
+  if (terminal_.Write(stream, std::move(text)) ==
+      TerminalWriter::Result::kResumed) {
+    NoteDropped();
+  }
+}
+
+bool Console::NoteDropped() {
+  const int64_t out = terminal_.dropped(Stream::kOut) - reported_drops_[0];
+  const int64_t err = terminal_.dropped(Stream::kErr) - reported_drops_[1];
+  if (out + err == 0) return false;
+  reported_drops_[0] += out;
+  reported_drops_[1] += err;
+  std::string where =
+      log_dir_.empty() ? "; --log_dir keeps every line"
+      : sink_status_.ok()
+          ? "; rank logs in " + log_dir_ + " are complete"
+          : "; rank logs in " + log_dir_ + " hold them (but see above)";
+  Note(std::to_string(out + err) + " console lines dropped (" +
+       std::to_string(out) + " stdout, " + std::to_string(err) +
+       " stderr: the terminal did not keep up)" + where);
+  return true;
+}
+
+void Console::OnSinkError(const Status& status) {
+  if (sink_status_.ok()) sink_status_ = status;
+  Note(status.message() + " (the file is incomplete; the job goes on)");
+}
+
+}  // namespace dslaunch::launcher

@@ -1,0 +1,106 @@
+// Console: where rank output and progress go on the launcher's host. Every
+// line goes to the terminal with a "[host:rank] " prefix (stdout lines to
+// stdout, stderr lines to stderr) through a TerminalWriter that never blocks
+// the event loop: when the terminal does not keep up, lines are dropped and
+// counted, and a note says how many. Each line is also written whole to
+// <log_dir>/rank-<r>.log, and the last few are kept for the failure report.
+// Progress records are checked (size, nesting) and go to
+// <log_dir>/metrics.jsonl with rank, node and time added; rank 0's are shown
+// on the console with control characters escaped. A failed write under
+// --log_dir is reported once per file and kept in sink_status(); the job
+// goes on. Owned by the Launcher; main thread only.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "launcher/report/log_files.h"
+#include "launcher/plan/plan.h"
+#include "launcher/report/terminal_writer.h"
+#include "proto/status.h"
+
+namespace dslaunch::launcher {
+
+class Console {
+ public:
+  static constexpr size_t kKeptLines = 10;
+  // Bounds on rank 0's progress line: per field and in all.
+  static constexpr size_t kMaxProgressFieldBytes = 160;
+  static constexpr size_t kMaxProgressLineBytes = 1024;
+
+  struct Options {
+    size_t terminal_limit = TerminalWriter::kDefaultLimit;
+    size_t line_memory = RankLog::kDefaultMemoryPerStream;
+    std::chrono::milliseconds drain_stall = TerminalWriter::kExitStall;
+    std::chrono::milliseconds drain_cap = TerminalWriter::kExitCap;
+  };
+
+  // The launcher's stdout and stderr (flushed first: raw writes follow).
+  Console(FILE* out, FILE* err);
+  Console(int out_fd, int err_fd, Options options);
+  ~Console();  // Close(), DrainTerminal()
+  Console(const Console&) = delete;
+  Console& operator=(const Console&) = delete;
+
+  // Creates log_dir (if non-empty) and one log file per rank of `plan`.
+  Status Open(const Plan& plan, const std::string& log_dir);
+  // One piece of a rank's output. `partial`: no newline followed it (a piece
+  // of a line longer than the agent's limit, or the end of the stream). The
+  // terminal shows every piece as it comes, on a line of its own; the log
+  // file gets each line whole.
+  void Line(int rank, bool is_stderr, std::string_view line, bool partial);
+  // The rank's output is complete (its exit arrived): a last line without a
+  // newline, held so far, goes to its log file.
+  void EndOfOutput(int rank);
+  // A record over the size or nesting bounds is malformed: counted, dropped.
+  void Progress(int rank, std::string_view json, double time);
+  // The launcher's own message, to stderr, prefixed "dslaunch: ".
+  void Note(std::string_view message);
+  // A line from outside the ranks (an agent's own log over ssh, pdsh's
+  // messages), to stderr as it is.
+  void Relay(std::string_view line);
+  void Flush();
+  // Writes what is held and closes the files under --log_dir; write errors
+  // land in sink_status(). Lines after Close reach the terminal only.
+  void Close();
+  // Waits, bounded (Options::drain_stall without progress, drain_cap in
+  // all), for the terminal to take every line; then says how many were
+  // dropped, if any.
+  void DrainTerminal();
+
+  // The first error writing a file under --log_dir; OK when none.
+  const Status& sink_status() const { return sink_status_; }
+  const std::deque<std::string>& LastLines(int rank) { return last_[rank]; }
+  int64_t progress_records() const { return progress_records_; }
+  int64_t malformed_progress() const { return malformed_progress_; }
+  // Lines the terminal did not take, both streams.
+  int64_t dropped_lines() const;
+  // For the launcher's log sink (thread-safe, never blocks).
+  TerminalWriter& terminal() { return terminal_; }
+
+ private:
+  void ToTerminal(TerminalWriter::Stream stream, std::string text);
+  // Notes the lines dropped since the last such note; false if none.
+  bool NoteDropped();
+  void OnSinkError(const Status& status);
+
+  Options options_;
+  TerminalWriter terminal_;
+  std::string log_dir_;
+  std::map<int, std::string> prefix_;  // rank -> "[host:rank] "
+  std::map<int, std::string> host_;
+  std::map<int, std::unique_ptr<RankLog>> logs_;
+  std::unique_ptr<SinkFile> metrics_;
+  std::map<int, std::deque<std::string>> last_;
+  int64_t progress_records_ = 0;
+  int64_t malformed_progress_ = 0;
+  int64_t reported_drops_[2] = {0, 0};
+  Status sink_status_;
+};
+
+}  // namespace dslaunch::launcher

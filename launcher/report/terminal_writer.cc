@@ -1,0 +1,229 @@
+#include "launcher/report/terminal_writer.h"
+
+#include <errno.h>
+#include <pthread.h>  // pthread_sigmask: signals stay with the main thread
+#include <signal.h>
+#include <sys/stat.h>  // fstat: are stdout and stderr the same file?
+#include <unistd.h>    // write
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <string_view>
+#include <thread>
+
+namespace dslaunch::launcher {
+
+namespace {
+
+constexpr size_t kChunkBytes = 16u << 10;   // one write(); progress unit
+constexpr size_t kBatchBytes = 256u << 10;  // coalesced per write loop
+
+struct Entry {
+  int fd;
+  int stream;  // index into Lane::dropped
+  bool note;   // the launcher's own message: never counted as dropped
+  std::string text;
+};
+
+int Index(TerminalWriter::Stream s) { return static_cast<int>(s); }
+
+}  // namespace
+
+// One queue and the detached thread that empties it. Shared with that
+// thread, which may outlive the TerminalWriter when blocked in write().
+struct TerminalWriter::Lane {
+  explicit Lane(size_t limit) : limit(limit) {}
+  const size_t limit;
+  std::mutex mu;
+  std::condition_variable cv;
+  // State below is protected by mu.
+  std::deque<Entry> queue;
+  size_t queued_bytes = 0;  // in the queue and in flight
+  uint64_t written_bytes = 0;
+  bool in_flight = false;
+  bool dropping = false;  // since the queue was full, until it is half empty
+  bool broken = false;    // a write failed (EPIPE): everything is dropped
+  bool stop = false;
+  int64_t dropped[2] = {0, 0};
+  // written_bytes when a Drain last gave up: a reader that has taken
+  // nothing since is not waited for again.
+  uint64_t gave_up_at = UINT64_MAX;
+
+  // REQUIRES: mu is held. Drops the queued lines, counting them.
+  void DiscardQueue() {
+    for (const Entry& e : queue) {
+      if (!e.note) ++dropped[e.stream];
+      queued_bytes -= e.text.size();
+    }
+    queue.clear();
+  }
+};
+
+namespace {
+
+// Writes `data` to `fd` in chunks, recording progress; false on an error.
+bool WriteAll(TerminalWriter::Lane& lane, int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n =
+        ::write(fd, data.data(), std::min(data.size(), kChunkBytes));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data.remove_prefix(static_cast<size_t>(n));
+    std::lock_guard<std::mutex> lock(lane.mu);
+    lane.written_bytes += static_cast<uint64_t>(n);
+    lane.cv.notify_all();
+    if (lane.stop) return true;  // abandoned at exit
+  }
+  return true;
+}
+
+void RunLane(std::shared_ptr<TerminalWriter::Lane> lane) {
+  std::unique_lock<std::mutex> lock(lane->mu);
+  while (true) {
+    lane->cv.wait(lock, [&] { return !lane->queue.empty() || lane->stop; });
+    if (lane->stop) return;
+    // Consecutive entries for one descriptor go out in one write loop.
+    const int fd = lane->queue.front().fd;
+    std::string batch;
+    while (!lane->queue.empty() && lane->queue.front().fd == fd &&
+           batch.size() < kBatchBytes) {
+      batch += lane->queue.front().text;
+      lane->queue.pop_front();
+    }
+    lane->in_flight = true;
+    lock.unlock();
+    const bool ok = WriteAll(*lane, fd, batch);
+    lock.lock();
+    lane->in_flight = false;
+    lane->queued_bytes -= batch.size();
+    if (!ok) {
+      lane->broken = true;
+      lane->DiscardQueue();
+    }
+    lane->cv.notify_all();
+  }
+}
+
+bool SameFile(int a, int b) {
+  struct stat sa, sb;
+  if (::fstat(a, &sa) != 0 || ::fstat(b, &sb) != 0) return false;
+  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+// Waits for `lane` to empty; see TerminalWriter::Drain.
+bool DrainLane(TerminalWriter::Lane& lane, std::chrono::milliseconds stall,
+               std::chrono::steady_clock::time_point deadline) {
+  using Clock = std::chrono::steady_clock;
+  std::unique_lock<std::mutex> lock(lane.mu);
+  uint64_t seen = lane.written_bytes;
+  auto last_progress = Clock::now();
+  if (seen == lane.gave_up_at && lane.in_flight) {
+    lane.DiscardQueue();
+    return false;
+  }
+  while (!lane.queue.empty() || lane.in_flight) {
+    lane.cv.wait_until(lock, std::min(last_progress + stall, deadline));
+    const auto now = Clock::now();
+    if (lane.written_bytes != seen) {
+      seen = lane.written_bytes;
+      last_progress = now;
+    }
+    if ((now >= deadline || now >= last_progress + stall) &&
+        (!lane.queue.empty() || lane.in_flight)) {
+      lane.DiscardQueue();
+      lane.gave_up_at = lane.written_bytes;
+      return false;
+    }
+  }
+  return !lane.broken;
+}
+
+}  // namespace
+
+TerminalWriter::TerminalWriter(int out_fd, int err_fd, size_t limit)
+    : fds_{out_fd, err_fd} {
+  lanes_[0] = std::make_shared<Lane>(limit);
+  lanes_[1] =
+      SameFile(out_fd, err_fd) ? lanes_[0] : std::make_shared<Lane>(limit);
+  // The threads block every signal, so signals reach the event loop.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
+  std::thread(RunLane, lanes_[0]).detach();
+  if (lanes_[1] != lanes_[0]) std::thread(RunLane, lanes_[1]).detach();
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+}
+
+TerminalWriter::~TerminalWriter() {
+  Drain(kExitStall, kExitCap);
+  for (const auto& lane : lanes_) {
+    std::lock_guard<std::mutex> lock(lane->mu);
+    lane->stop = true;
+    lane->cv.notify_all();
+  }
+}
+
+TerminalWriter::Lane& TerminalWriter::LaneOf(Stream stream) const {
+  return *lanes_[Index(stream)];
+}
+
+TerminalWriter::Result TerminalWriter::Write(Stream stream, std::string text) {
+  Lane& lane = LaneOf(stream);
+  std::lock_guard<std::mutex> lock(lane.mu);
+  bool resumed = false;
+  if (lane.dropping && lane.queued_bytes <= lane.limit / 2) {
+    lane.dropping = false;
+    resumed = true;
+  }
+  if (lane.broken || lane.dropping ||
+      lane.queued_bytes + text.size() > lane.limit) {
+    lane.dropping = !lane.broken;
+    ++lane.dropped[Index(stream)];
+    return Result::kDropped;
+  }
+  lane.queued_bytes += text.size();
+  lane.queue.push_back(
+      Entry{fds_[Index(stream)], Index(stream), false, std::move(text)});
+  lane.cv.notify_all();
+  return resumed ? Result::kResumed : Result::kQueued;
+}
+
+bool TerminalWriter::WriteNote(Stream stream, std::string text) {
+  Lane& lane = LaneOf(stream);
+  std::lock_guard<std::mutex> lock(lane.mu);
+  if (lane.broken ||
+      lane.queued_bytes + text.size() > lane.limit + kNoteReserve) {
+    return false;
+  }
+  lane.queued_bytes += text.size();
+  lane.queue.push_back(
+      Entry{fds_[Index(stream)], Index(stream), true, std::move(text)});
+  lane.cv.notify_all();
+  return true;
+}
+
+bool TerminalWriter::Drain(std::chrono::milliseconds stall,
+                           std::chrono::milliseconds cap) {
+  const auto deadline = std::chrono::steady_clock::now() + cap;
+  bool all = DrainLane(*lanes_[0], stall, deadline);
+  if (lanes_[1] != lanes_[0]) {
+    all = DrainLane(*lanes_[1], stall, deadline) && all;
+  }
+  return all;
+}
+
+bool TerminalWriter::DrainStream(Stream stream, std::chrono::milliseconds stall,
+                                 std::chrono::milliseconds cap) {
+  return DrainLane(LaneOf(stream), stall,
+                   std::chrono::steady_clock::now() + cap);
+}
+
+int64_t TerminalWriter::dropped(Stream stream) const {
+  Lane& lane = LaneOf(stream);
+  std::lock_guard<std::mutex> lock(lane.mu);
+  return lane.dropped[Index(stream)];
+}
+
+}  // namespace dslaunch::launcher

@@ -1,0 +1,113 @@
+#include "launcher/start/local_starter.h"
+
+#include <signal.h>     // SIGKILL, SIGTERM
+#include <spdlog/spdlog.h>
+#include <sys/prctl.h>  // PR_SET_CHILD_SUBREAPER
+#include <unistd.h>     // getpid, usleep
+
+#include <boost/asio/post.hpp>
+#include <cerrno>
+#include <set>
+
+#include "launcher/plan/addresses.h"
+#include "launcher/report/report.h"
+#include "proto/child_reaper.h"
+#include "proto/host_info.h"
+#include "proto/process_tree.h"
+#include "proto/unix_socket.h"
+
+namespace dslaunch::launcher {
+
+LocalStarter::LocalStarter(boost::asio::io_context& io,
+                           Starter::Delegate* delegate)
+    : io_(io), delegate_(delegate), processes_(io, this) {
+  // What a SIGKILLed agent leaves (setsid grandchildren of its ranks,
+  // daemons) comes to us instead of init, so we can end it (SweepOrphans).
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  proto::ChildReaper::Of(io).ReapOrphans([](pid_t, int) {});
+}
+
+std::unique_ptr<Starter> NewLocalStarter(const StarterContext& context) {
+  return std::make_unique<LocalStarter>(context.io, context.delegate);
+}
+
+void LocalStarter::Start(const AgentBootstrap& boot, StartDone done) {
+  Status st = StartAll(boot);
+  if (!st.ok()) {
+    for (const auto& [pid, node] : node_of_) processes_.Signal(pid, SIGKILL);
+  }
+  boost::asio::post(io_, [st, done = std::move(done), alive = alive_] {
+    if (!*alive) return;
+    if (st.ok()) return done(Started{});
+    done(st);
+  });
+}
+
+Status LocalStarter::StartAll(const AgentBootstrap& boot) {
+  for (const auto& node : boot.plan->nodes) {
+    if (!IsLocalHost(node.host)) {
+      return InvalidArgument("--launcher local: host " + node.host +
+                             " is not this machine");
+    }
+  }
+  for (const auto& node : boot.plan->nodes) {
+    proto::ProcessSpec spec;
+    spec.argv = AgentArgv(boot, node.node_rank, "127.0.0.1");
+    spec.inherit_env = true;
+    spec.new_session = true;
+    spec.death_signal = SIGTERM;
+    spec.stdin_pipe = true;
+    spec.capture_output = false;  // the agent logs to our stderr
+    spec.destroy_signal = 0;      // the closed lifeline tells it to go
+    ASSIGN_OR_RETURN(pid_t pid, processes_.Spawn(spec));
+    node_of_[pid] = node.node_rank;
+    cgroup_of_[pid] = proto::JobCgroupDir(boot.job_id, node.node_rank);
+    // A pipe holds 64 KiB, so this never blocks; a dead agent gives EPIPE.
+    (void)proto::WriteAll(processes_.StdinOf(pid), boot.secret + "\n");
+  }
+  return Status::Ok();
+}
+
+void LocalStarter::Kill(int node_rank) {
+  for (const auto& [pid, node] : node_of_) {
+    if (node == node_rank) processes_.Signal(pid, SIGKILL);
+  }
+}
+
+void LocalStarter::OnProcessExited(pid_t pid, const proto::ExitInfo& info) {
+  const int node = node_of_[pid];
+  node_of_.erase(pid);
+  const std::string cgroup = cgroup_of_[pid];
+  cgroup_of_.erase(pid);
+  if (!info.error.empty()) {
+    spdlog::error("node {}: cannot start the agent: {}", node, info.error);
+  }
+  SweepOrphans();
+  RemoveCgroup(cgroup);
+  delegate_->OnAgentProcessExited(node, DescribeWaitStatus(info.wait_status));
+}
+
+// A SIGKILLed agent leaves its (emptied) cgroup behind when the sweep took
+// its guard too; an agent that ended normally removed it itself.
+void LocalStarter::RemoveCgroup(const std::string& dir) {
+  if (dir.empty()) return;
+  for (int i = 0; i < 100 && ::rmdir(dir.c_str()) != 0 && errno == EBUSY; ++i) {
+    ::usleep(5000);  // its last processes are still exiting
+  }
+}
+
+// Everything below us but the live agents (and their own trees) was left by
+// an agent that is gone: kill it, by pid, until none is left (bounded).
+void LocalStarter::SweepOrphans() {
+  std::set<pid_t> agents;
+  for (const auto& [pid, node] : node_of_) agents.insert(pid);
+  for (int round = 0; round < 100; ++round) {
+    const std::vector<pid_t> left = proto::LiveDescendants(::getpid(), agents);
+    if (left.empty()) return;
+    for (pid_t pid : left) ::kill(pid, SIGKILL);
+    if (round > 0) ::usleep(5000);  // let the kernel finish the kills
+  }
+  spdlog::warn("processes left by a lost agent are still alive after SIGKILL");
+}
+
+}  // namespace dslaunch::launcher

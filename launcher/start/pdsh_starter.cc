@@ -1,0 +1,296 @@
+#include "launcher/start/pdsh_starter.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <signal.h>  // SIGKILL, SIGTERM
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <boost/asio/post.hpp>
+#include <chrono>
+#include <cstdio>  // fwrite
+
+#include "launcher/report/report.h"
+#include "proto/host_info.h"
+
+namespace dslaunch::launcher {
+
+namespace asio = boost::asio;
+
+std::string PdshSshArgs(const SshTarget& t) {
+  std::string a = "-o BatchMode=yes -o ConnectTimeout=" +
+                  std::to_string(static_cast<int>(t.timeout_s));
+  if (t.port > 0) a += " -p " + std::to_string(t.port);
+  if (!t.user.empty()) a += " -l " + t.user;
+  if (!t.identity.empty()) a += " -i " + t.identity;
+  if (!t.known_hosts.empty()) a += " -o UserKnownHostsFile=" + t.known_hosts;
+  if (!t.config_file.empty()) a += " -F " + t.config_file;
+  a += t.check == HostKeyCheck::kStrict ? " -o StrictHostKeyChecking=yes"
+       : t.check == HostKeyCheck::kAcceptNew
+           ? " -o StrictHostKeyChecking=accept-new"
+           : " -o StrictHostKeyChecking=no";
+  return a;
+}
+
+static std::string Join(const std::vector<std::string>& v, const char* sep) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
+
+// How pdsh runs: in its own session (with its ssh children), stdin from
+// /dev/null, output on pipes, SIGTERM when we go.
+static proto::ProcessSpec PdshSpec(const PdshSettings& s,
+                                   const std::vector<std::string>& hosts,
+                                   const std::string& command) {
+  proto::ProcessSpec spec;
+  spec.argv = {s.pdsh, "-S",
+               "-R",   "ssh",
+               "-f",   std::to_string(s.fanout),
+               "-w",   Join(hosts, ","),
+               command};
+  spec.inherit_env = true;
+  spec.env = {"PDSH_SSH_ARGS_APPEND=" + s.ssh_args};
+  spec.new_session = true;
+  spec.death_signal = SIGTERM;
+  spec.destroy_signal = SIGTERM;
+  return spec;
+}
+
+// Collects a preflight pdsh's lines on a private loop.
+namespace {
+struct Collector : proto::ProcessSet::Delegate {
+  std::vector<std::pair<bool, std::string>> lines;  // {is_stderr, line}
+  bool done = false;
+  std::string error;
+  void OnProcessOutput(pid_t, bool is_stderr, std::string line, bool) override {
+    lines.emplace_back(is_stderr, std::move(line));
+  }
+  void OnProcessExited(pid_t, const proto::ExitInfo& info) override {
+    done = true;
+    error = info.error;
+  }
+};
+}  // namespace
+
+// Runs pdsh to its end on a private io_context (its own reaper waits for
+// this pid only) for at most `timeout_s`; then kills pdsh's group.
+static Collector RunPdsh(const proto::ProcessSpec& spec, double timeout_s) {
+  Collector c;
+  asio::io_context io;
+  proto::ProcessSet set(io, &c);
+  set.set_drain_after_exit(std::chrono::milliseconds(200));
+  StatusOr<pid_t> pid = set.Spawn(spec);
+  if (!pid.ok()) {
+    c.error = pid.status().message();
+    return c;
+  }
+  auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  for (bool killed = false; !c.done;) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      if (killed) break;
+      set.Signal(*pid, SIGKILL);
+      killed = true;
+      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    }
+    io.run_one_for(std::chrono::milliseconds(50));
+  }
+  return c;
+}
+
+PdshStarter::PdshStarter(asio::io_context& io, Starter::Delegate* delegate,
+                         PdshSettings settings, std::vector<std::string> hosts)
+    : io_(io),
+      delegate_(delegate),
+      settings_(std::move(settings)),
+      hosts_(std::move(hosts)),
+      exited_(hosts_.size(), false),
+      processes_(io, this) {}
+
+// processes_ sends pdsh's group SIGTERM (ProcessSpec::destroy_signal).
+PdshStarter::~PdshStarter() { *alive_ = false; }
+
+int PdshStarter::NodeOf(const std::string& host) const {
+  for (size_t i = 0; i < hosts_.size(); ++i) {
+    if (hosts_[i] == host) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+// What one line of pdsh output says about a node that has not passed yet;
+// `before` is what an earlier line said (the remote shell's own complaint).
+static SshFailure PdshFailure(bool is_err, const std::string& said,
+                              const std::string& agent_path,
+                              const std::string& before) {
+  if (!is_err) {
+    return {"agent", "unexpected answer '" + said + "'",
+            "install the same dsagent version at --agent_path"};
+  }
+  if (said.find("exited with exit code 127") != std::string::npos) {
+    return {"agent", agent_path + " is missing on the node (" + before + ")",
+            "install dsagent at the same path, or pass --agent_path"};
+  }
+  if (said.find("exited with exit code") != std::string::npos) {
+    return {"connect", before.empty() ? said : before,
+            "run ssh to the node by hand to see why"};
+  }
+  return {"connect", said, "run ssh to the node by hand to see why"};
+}
+
+std::vector<NodeCheck> PdshStarter::Preflight(const std::string& agent_path,
+                                              const std::string& expected) {
+  std::vector<NodeCheck> checks(hosts_.size());
+  for (size_t i = 0; i < hosts_.size(); ++i) {
+    checks[i].node_rank = static_cast<int>(i);
+    checks[i].host = hosts_[i];
+    checks[i].failure = {"agent", "no answer through pdsh",
+                         "run the pdsh command by hand"};
+    addrinfo* res = nullptr;
+    if (int rc = ::getaddrinfo(hosts_[i].c_str(), nullptr, nullptr, &res);
+        rc != 0) {
+      checks[i].failure = {"resolve", gai_strerror(rc), "check the host name"};
+    } else {
+      ::freeaddrinfo(res);
+    }
+  }
+  const Collector run = RunPdsh(
+      PdshSpec(settings_, hosts_, ShellQuote(agent_path) + " --version"),
+      settings_.timeout_s + 5);
+  for (const auto& [is_err, raw] : run.lines) {
+    std::string line = raw;
+    if (line.rfind("pdsh@", 0) == 0) line = line.substr(line.find(": ") + 2);
+    const size_t colon = line.find(": ");
+    const int node =
+        colon == std::string::npos ? -1 : NodeOf(line.substr(0, colon));
+    if (node < 0 || checks[node].failure.stage == "resolve") continue;
+    const std::string said = line.substr(colon + 2);
+    if (!is_err && said == expected) {
+      checks[node].ok = true;
+    } else if (!checks[node].ok) {
+      checks[node].failure =
+          PdshFailure(is_err, said, agent_path, checks[node].failure.message);
+    }
+  }
+  for (auto& c : checks) {
+    if (!c.ok && !run.error.empty()) c.failure.message = run.error;
+  }
+  for (auto& c : checks) {
+    c.agent_version = c.ok ? expected : "";
+    if (auto route = proto::RouteTo(c.host); route.ok()) {
+      c.local_address = route->local;
+      c.peer_address = route->peer;
+    }
+  }
+  return checks;
+}
+
+std::unique_ptr<Starter> NewPdshStarter(const StarterContext& context) {
+  std::vector<std::string> hosts;
+  for (const auto& node : context.plan.nodes) hosts.push_back(node.host);
+  PdshSettings settings;
+  settings.fanout = context.options.ssh_fanout;
+  settings.timeout_s = context.options.ssh_timeout_s;
+  settings.ssh_args =
+      PdshSshArgs(SshTargets(context.options, context.plan).at(0));
+  return std::make_unique<PdshStarter>(context.io, context.delegate, settings,
+                                       hosts);
+}
+
+// pdsh runs one command line on every node: per-host settings cannot pass.
+static Status CheckPdshPlan(const Plan& plan) {
+  for (const auto& node : plan.nodes) {
+    if (node.ssh_port || node.ssh_user) {
+      return InvalidArgument("--launcher pdsh: per-host port= or user= (host " +
+                             node.host +
+                             ") cannot be passed through pdsh; use "
+                             "--ssh_port/--ssh_user or --launcher ssh");
+    }
+  }
+  return Status::Ok();
+}
+
+void PdshStarter::Start(const AgentBootstrap& boot, StartDone done) {
+  Status st = CheckPdshPlan(*boot.plan);
+  std::vector<NodeCheck> checks;
+  if (st.ok()) {
+    checks = Preflight(AgentPath(*boot.options), ExpectedAgentVersion());
+    std::string failures;
+    for (const auto& c : checks) {
+      if (!c.ok) failures += "\n" + DescribeCheckFailure(c);
+    }
+    if (!failures.empty())
+      st = Unavailable("the preflight failed; nothing was started:" + failures);
+  }
+  if (st.ok()) st = Launch(AgentArgv(boot, 0, checks.at(0).local_address));
+  Started started;
+  if (st.ok()) started.master_addr = checks.at(0).peer_address;
+  asio::post(io_, [st, started, done = std::move(done), alive = alive_] {
+    if (!*alive) return;
+    if (st.ok()) return done(started);
+    done(st);
+  });
+}
+
+Status PdshStarter::Launch(std::vector<std::string> argv) {
+  for (size_t i = 0; i + 1 < argv.size(); ++i) {
+    if (argv[i] == "--node_rank")
+      argv.erase(argv.begin() + i, argv.begin() + i + 2);
+  }
+  argv.insert(argv.end(), {"--hosts", Join(hosts_, ","), "--node_host", "%h",
+                           "--secret_stdout"});
+  std::string command;
+  for (const auto& w : argv)
+    command += (command.empty() ? "" : " ") + ShellQuote(w);
+  ASSIGN_OR_RETURN(pid_,
+                   processes_.Spawn(PdshSpec(settings_, hosts_, command)));
+  return Status::Ok();
+}
+
+void PdshStarter::OnProcessOutput(pid_t, bool is_stderr, std::string line,
+                                  bool) {
+  HandleLine(is_stderr, line);
+}
+
+void PdshStarter::HandleLine(bool is_stderr, const std::string& raw) {
+  std::string line = raw;
+  if (line.rfind("pdsh@", 0) == 0) line = line.substr(line.find(": ") + 2);
+  const size_t colon = line.find(": ");
+  const int node =
+      colon == std::string::npos ? -1 : NodeOf(line.substr(0, colon));
+  const std::string said =
+      colon == std::string::npos ? line : line.substr(colon + 2);
+  static const std::string kSecret = "DSLAUNCH-SECRET ";
+  if (!is_stderr && node >= 0 && said.rfind(kSecret, 0) == 0) {
+    return delegate_->OnAgentSecret(node, said.substr(kSecret.size()));
+  }
+  delegate_->OnStarterOutput(node >= 0 ? hosts_[node] : "pdsh", said);
+  if (node >= 0 && said.find("exited with exit code") != std::string::npos &&
+      !exited_[node]) {
+    exited_[node] = true;
+    delegate_->OnAgentProcessExited(node, said);
+  }
+}
+
+// Reported after pdsh's last line, so nodes it named are reported as it
+// said; the others end with pdsh.
+void PdshStarter::OnProcessExited(pid_t, const proto::ExitInfo& info) {
+  pid_ = -1;
+  if (!info.error.empty()) spdlog::error("cannot start pdsh: {}", info.error);
+  const std::string how =
+      "ended with pdsh, which " + DescribeWaitStatus(info.wait_status);
+  for (size_t n = 0; n < hosts_.size(); ++n) {
+    if (exited_[n]) continue;
+    exited_[n] = true;
+    delegate_->OnAgentProcessExited(static_cast<int>(n), how);
+  }
+}
+
+void PdshStarter::Kill(int) {
+  // pdsh cannot reach one node alone
+  if (pid_ > 0) processes_.Signal(pid_, SIGKILL);
+}
+
+}  // namespace dslaunch::launcher

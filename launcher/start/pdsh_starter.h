@@ -1,0 +1,64 @@
+// PdshStarter: starts the agents through pdsh, for sites that mandate it.
+// pdsh runs one command on every node and cannot write to the remote
+// commands' stdin, so each agent finds its node from `--node_host %h` and
+// makes its own secret, printing it on stdout; pdsh relays that output to
+// the launcher only, which then authenticates that node's agent with it.
+// The control connection is the same as with every starter. Owned by the
+// Launcher; io_context thread only (the preflight blocks the caller).
+#pragma once
+
+#include <sys/types.h>
+
+#include <boost/asio/io_context.hpp>
+#include <string>
+#include <vector>
+
+#include "launcher/start/ssh_starter.h"  // NodeCheck
+#include "launcher/start/starter.h"
+#include "proto/process_set.h"
+
+namespace dslaunch::launcher {
+
+struct PdshSettings {
+  std::string pdsh = "pdsh";
+  int fanout = 32;
+  std::string ssh_args;  // PDSH_SSH_ARGS_APPEND: port, user, identity, ...
+  double timeout_s = 10;
+};
+
+class PdshStarter : public Starter, private proto::ProcessSet::Delegate {
+ public:
+  PdshStarter(boost::asio::io_context& io, Starter::Delegate* delegate,
+              PdshSettings settings, std::vector<std::string> hosts);
+  ~PdshStarter() override;
+
+  // Runs `agent --version` on every node through pdsh (blocking).
+  std::vector<NodeCheck> Preflight(const std::string& agent_path,
+                                   const std::string& expected_version);
+  // The preflight (blocking), then pdsh running node 0's agent command made
+  // node-independent on every node.
+  void Start(const AgentBootstrap& boot, StartDone done) override;
+  void Kill(int node_rank) override;
+
+ private:
+  Status Launch(std::vector<std::string> argv);
+  void OnProcessOutput(pid_t pid, bool is_stderr, std::string line,
+                       bool partial) override;
+  void OnProcessExited(pid_t pid, const proto::ExitInfo& info) override;
+  void HandleLine(bool is_stderr, const std::string& line);
+  int NodeOf(const std::string& host) const;
+
+  boost::asio::io_context& io_;
+  Starter::Delegate* delegate_;
+  PdshSettings settings_;
+  std::vector<std::string> hosts_;
+  std::vector<bool> exited_;
+  pid_t pid_ = -1;
+  proto::ProcessSet processes_;  // pdsh, its output and its exit
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+// PDSH_SSH_ARGS_APPEND for the launcher's --ssh_* settings.
+std::string PdshSshArgs(const SshTarget& target);
+
+}  // namespace dslaunch::launcher

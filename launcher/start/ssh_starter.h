@@ -1,0 +1,83 @@
+// SshStarter: starts one dsagent per node over SSH (libssh). Connections are
+// opened in parallel on a small thread pool (bounded fan-out), each checked
+// (preflight) before anything starts; then every agent is started with only
+// its shell-quoted bootstrap command and the job secret on the channel's
+// stdin, which stays open as a lifeline. One monitor thread relays the
+// agents' own log lines and notices when an agent's channel ends. Results
+// are posted to the launcher's io_context; all public methods are called on
+// its thread.
+#pragma once
+
+#include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "launcher/start/ssh_connection.h"
+#include "launcher/start/starter.h"
+
+namespace dslaunch::launcher {
+
+struct NodeCheck {
+  int node_rank = 0;
+  std::string host;
+  bool ok = false;
+  SshFailure failure;         // when !ok
+  std::string agent_version;  // what `dsagent --version` printed
+  std::string local_address;  // route to the node, this side
+  std::string peer_address;   // the node's address as reached
+  double seconds = 0;
+};
+
+class SshStarter : public Starter {
+ public:
+  using PreflightDone = std::function<void(std::vector<NodeCheck>)>;
+  // The command to run on node_rank, given this side's address toward it.
+  // It must print the agent's version line first; a job's agent then waits
+  // for its secret on stdin.
+  using CommandFor =
+      std::function<std::string(int node_rank, const std::string& local_addr)>;
+
+  SshStarter(boost::asio::io_context& io, Delegate* delegate, int fanout);
+  ~SshStarter() override;
+
+  // Connects to every target, runs its command and checks that the first
+  // line it prints is `expected_version`. `done` runs on the io_context
+  // thread with one result per target, in target order.
+  void Preflight(std::vector<SshTarget> targets, CommandFor command_for,
+                 const std::string& expected_version, PreflightDone done);
+  // The preflight with the job's agent command, then the secret to every
+  // agent once all nodes passed.
+  void Start(const AgentBootstrap& boot, StartDone done) override;
+  void Kill(int node_rank) override;
+  const NodeCheck& check(int node_rank) const { return checks_[node_rank]; }
+
+ private:
+  struct Node;
+  void HandOverSecret(const std::string& secret);
+  void Monitor();
+  void PumpNode(Node& node);
+
+  boost::asio::io_context& io_;
+  Delegate* delegate_;
+  boost::asio::thread_pool pool_;
+  std::vector<NodeCheck> checks_;
+  std::vector<std::unique_ptr<Node>> nodes_;
+  std::thread monitor_;
+  std::atomic<bool> stop_{false};
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+// "dsagent 0.1.0 (protocol 1)": what a matching agent prints for --version.
+std::string ExpectedAgentVersion();
+// "node 2 (host): connect failed: ... -- hint".
+std::string DescribeCheckFailure(const NodeCheck& check);
+// One SSH target per node of `plan`: hostfile port=/user= over the flags.
+std::vector<SshTarget> SshTargets(const LaunchOptions& options,
+                                  const Plan& plan);
+
+}  // namespace dslaunch::launcher

@@ -1,0 +1,98 @@
+// Starter: the one thing a start mode implements (design section 9). It
+// starts one dsagent per node of the plan, each dialing the control server
+// back (the job secret goes over the agent's stdin or the mode's own secure
+// path, never argv), reports an agent process that ends, and kills one as a
+// last resort. Start modes: local, ssh, pdsh (start/*_starter.cc), chosen by
+// MakeStarter (starter_registry.cc): adding one is a new file and one line
+// there. Owned by the Launcher; io_context thread only.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "launcher/plan/addresses.h"  // IsLocalHost
+#include "launcher/flags.h"
+#include "launcher/plan/plan.h"
+#include "proto/status.h"
+
+namespace dslaunch::launcher {
+
+// What every start mode gets to start the agents of one job.
+struct AgentBootstrap {
+  const Plan* plan = nullptr;
+  const LaunchOptions* options = nullptr;
+  std::string job_id;
+  std::string secret;
+  int control_port = 0;
+};
+
+// The dsagent command line for node_rank dialing connect_host (this side's
+// address as that node reaches it; --control_addr overrides) at the port.
+std::vector<std::string> AgentArgv(const AgentBootstrap& boot, int node_rank,
+                                   std::string connect_host);
+// The agent next to this dslaunch binary.
+std::string DefaultAgentPath();
+// --agent_path, else DefaultAgentPath().
+std::string AgentPath(const LaunchOptions& options);
+
+class Starter {
+ public:
+  class Delegate {
+   public:
+    virtual ~Delegate() = default;
+    // The agent process of `node_rank` ended; `how` says with what status.
+    virtual void OnAgentProcessExited(int node_rank,
+                                      const std::string& how) = 0;
+    // Starters whose agents make their own secret (pdsh) report it here.
+    virtual void OnAgentSecret(int node_rank, std::string secret) {
+      (void)node_rank;
+      (void)secret;
+    }
+    // A line an agent or the start mode's tool printed outside the control
+    // connection (ssh stderr, pdsh's own messages); `source` names its host.
+    virtual void OnStarterOutput(const std::string& source,
+                                 std::string line) = 0;
+  };
+
+  struct Started {
+    // Node 0's address as the other nodes reach it, when the mode learned it
+    // (ssh: the address its connection reached); empty = the plan's.
+    std::string master_addr;
+  };
+  using StartDone = std::function<void(StatusOr<Started>)>;
+
+  virtual ~Starter() = default;
+  // Starts one agent per node of boot.plan. `done` runs on the io_context
+  // once every agent was started, or with why nothing was (nothing of the
+  // job is then left running anywhere). Called once.
+  virtual void Start(const AgentBootstrap& boot, StartDone done) = 0;
+  // Last resort for an agent that does not respond or has not connected:
+  // ends it (and, with it, its workers). OnAgentProcessExited follows.
+  virtual void Kill(int node_rank) = 0;
+};
+
+// What a start mode is built with.
+struct StarterContext {
+  boost::asio::io_context& io;
+  Starter::Delegate* delegate;
+  const LaunchOptions& options;
+  const Plan& plan;
+};
+
+// The start mode --launcher names; `auto` is ssh when a host of the plan is
+// not this machine, else local.
+std::string ResolveStartMode(const LaunchOptions& options, const Plan& plan);
+// Makes the starter of the resolved start mode, or InvalidArgument.
+StatusOr<std::unique_ptr<Starter>> MakeStarter(const StarterContext& context);
+
+// The registered start modes' factories (starter_registry.cc).
+std::unique_ptr<Starter> NewLocalStarter(const StarterContext& context);
+std::unique_ptr<Starter> NewSshStarter(const StarterContext& context);
+std::unique_ptr<Starter> NewPdshStarter(const StarterContext& context);
+
+
+}  // namespace dslaunch::launcher
+

@@ -1,0 +1,72 @@
+// The start modes, by name: the one place a new mode is registered.
+#include <limits.h>  // PATH_MAX
+#include <unistd.h>  // readlink
+
+#include "launcher/start/starter.h"
+#include "proto/host_info.h"
+
+namespace dslaunch::launcher {
+
+namespace {
+
+struct StartMode {
+  const char* name;
+  std::unique_ptr<Starter> (*make)(const StarterContext&);
+};
+
+constexpr StartMode kStartModes[] = {
+    {"local", NewLocalStarter},
+    {"ssh", NewSshStarter},
+    {"pdsh", NewPdshStarter},
+};
+
+}  // namespace
+
+std::string ResolveStartMode(const LaunchOptions& options, const Plan& plan) {
+  if (options.launcher != "auto") return options.launcher;
+  for (const auto& node : plan.nodes) {
+    if (!IsLocalHost(node.host)) return "ssh";
+  }
+  return "local";
+}
+
+StatusOr<std::unique_ptr<Starter>> MakeStarter(const StarterContext& context) {
+  const std::string mode = ResolveStartMode(context.options, context.plan);
+  for (const auto& m : kStartModes) {
+    if (mode == m.name) return m.make(context);
+  }
+  return InvalidArgument("--launcher " + mode +
+                         " is not available in this build yet; use local, "
+                         "ssh or pdsh");
+}
+
+std::string DefaultAgentPath() {
+  char buf[PATH_MAX] = {0};
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return "dsagent";
+  std::string self(buf, static_cast<size_t>(n));
+  return self.substr(0, self.rfind('/') + 1) + "dsagent";
+}
+
+std::string AgentPath(const LaunchOptions& options) {
+  return options.agent_path.empty() ? DefaultAgentPath() : options.agent_path;
+}
+
+std::vector<std::string> AgentArgv(const AgentBootstrap& boot, int node_rank,
+                                   std::string connect_host) {
+  const LaunchOptions& o = *boot.options;
+  if (!o.control_addr.empty()) connect_host = o.control_addr;
+  return {AgentPath(o),
+          "--connect",
+          proto::JoinHostPort(connect_host, boot.control_port),
+          "--node_rank",
+          std::to_string(node_rank),
+          "--job_id",
+          boot.job_id,
+          "--log_level",
+          o.log_level,
+          "--connect_timeout",
+          std::to_string(o.start_timeout_s)};
+}
+
+}  // namespace dslaunch::launcher

@@ -1,0 +1,105 @@
+// Job: supervises one job once its agents are being started. It hears the
+// agents (through the control server), the starter and the user's signals,
+// keeps the JobState, answers the store, routes output to the Console and
+// enforces design section 7: the first failure stops every rank everywhere.
+// Owned by the Launcher (or a test, with fake agents and a FakeStarter);
+// io_context thread only.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "launcher/report/console.h"
+#include "launcher/supervise/control_server.h"
+#include "launcher/flags.h"
+#include "launcher/plan/job_env.h"
+#include "launcher/supervise/job_state.h"
+#include "launcher/supervise/kv_store.h"
+#include "launcher/plan/plan.h"
+#include "launcher/start/starter.h"
+
+namespace dslaunch::launcher {
+
+class Job : public ControlServer::Delegate, public Starter::Delegate {
+ public:
+  // `job_env`: what every rank gets on top of its agent's environment.
+  Job(boost::asio::io_context& io, const LaunchOptions& options, Plan plan,
+      EnvList job_env, Console& console, std::string job_id,
+      std::string secret);
+  ~Job() override;
+
+  // Starts the agents through `starter`; they dial `control_port`. The job
+  // then runs on the io_context, which is stopped when the job has ended.
+  void Start(Starter* starter, AgentLinks* links, int control_port);
+  // SIGINT, SIGTERM, SIGHUP: stop gracefully; again: kill at once.
+  void OnSignal(int sig);
+  // After the loop ended: the closing report; returns the exit status.
+  int Finish();
+
+  // The secret node_rank's agent must prove: the job's, or the one its agent
+  // made and printed (pdsh); nullopt while it has not arrived.
+  std::optional<std::string> NodeSecret(int node_rank) const;
+  const JobState& state() const { return state_; }
+  const Plan& plan() const { return plan_; }
+  const std::string& job_id() const { return job_id_; }
+
+  // ControlServer::Delegate
+  void OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
+                            const std::string& peer_addr) override;
+  void OnAgentMessage(int node_rank, wire::Envelope&& msg) override;
+  void OnAgentDisconnected(int node_rank, const Status& why) override;
+  // Starter::Delegate
+  void OnAgentProcessExited(int node_rank, const std::string& how) override;
+  void OnAgentSecret(int node_rank, std::string secret) override;
+  void OnStarterOutput(const std::string& source, std::string line) override;
+
+ private:
+  void OnStarted(StatusOr<Starter::Started> started);
+  void ArmStartTimer();
+  // Sends node_rank its JobSpec once the master port is known.
+  void SendJobSpec(int node_rank);
+  wire::JobSpec MakeJobSpec(int node_rank) const;
+  void HandleWorkerStarted(int node_rank, const wire::WorkerStarted& started);
+  void HandleWorkerExited(int node_rank, const wire::WorkerExited& exited);
+  void HandleProgress(const wire::ProgressBatch& batch);
+  void HandleStore(int node_rank, const wire::StoreRequest& request);
+  void Act(JobState::Action action);
+  // Aborts every rank (SIGTERM, SIGKILL after the grace; at once if kill_now).
+  void Abort(bool kill_now);
+  void ShutdownAll();
+  void ArmStopTimer();
+  void MaybeEnd();
+  void SendToAll(const wire::Envelope& msg);
+  // job_report.cc
+  void PrintOutcome();
+  void PrintRankFailure(int rank);
+  void PrintConsequences();
+
+  boost::asio::io_context& io_;
+  const LaunchOptions& options_;
+  Plan plan_;
+  EnvList job_env_;
+  Console& console_;
+  std::string job_id_;
+  std::string secret_;
+  std::string cwd_;
+  JobState state_;
+  KvStore store_;
+  Starter* starter_ = nullptr;
+  AgentLinks* links_ = nullptr;
+  boost::asio::steady_timer start_timer_;
+  boost::asio::steady_timer stop_timer_;
+  std::map<int, std::string> node_secrets_;  // pdsh only
+  // Nodes authenticated while the master port is still unknown.
+  std::vector<int> waiting_for_port_;
+  bool master_port_known_ = false;
+  bool stop_timer_armed_ = false;
+  std::map<int, int64_t> malformed_progress_;  // rank -> records dropped
+  std::map<int, int64_t> dropped_progress_;    // rank -> dropped by its agent
+  Clock::time_point start_time_;
+};
+
+}  // namespace dslaunch::launcher

@@ -1,0 +1,243 @@
+#include "launcher/supervise/job_state.h"
+
+#include <spdlog/spdlog.h>
+
+#include "launcher/report/report.h"
+#include "proto/exit_status.h"
+
+namespace dslaunch::launcher {
+
+namespace {
+
+struct Transition {
+  Phase from, to;
+};
+// The whole table; anything else is a bug.
+constexpr Transition kTransitions[] = {
+    {Phase::kStarting, Phase::kRunning},
+    {Phase::kStarting, Phase::kStopping},
+    {Phase::kRunning, Phase::kStopping},
+    {Phase::kStarting, Phase::kEnded},
+    {Phase::kStopping, Phase::kEnded},
+};
+
+}  // namespace
+
+const char* PhaseName(Phase phase) {
+  switch (phase) {
+    case Phase::kStarting:
+      return "Starting";
+    case Phase::kRunning:
+      return "Running";
+    case Phase::kStopping:
+      return "Stopping";
+    case Phase::kEnded:
+      return "Ended";
+  }
+  return "?";
+}
+
+bool IsLegalTransition(Phase from, Phase to) {
+  for (const auto& t : kTransitions) {
+    if (t.from == from && t.to == to) return true;
+  }
+  return false;
+}
+
+const char* CauseName(Outcome::Cause cause) {
+  switch (cause) {
+    case Outcome::Cause::kNone:
+      return "none";
+    case Outcome::Cause::kSucceeded:
+      return "succeeded";
+    case Outcome::Cause::kRankFailed:
+      return "rank failed";
+    case Outcome::Cause::kNodeLost:
+      return "node lost";
+    case Outcome::Cause::kInterrupted:
+      return "interrupted";
+    case Outcome::Cause::kStartFailed:
+      return "start failed";
+  }
+  return "?";
+}
+
+int ExitStatusFor(const Outcome& o) {
+  switch (o.cause) {
+    case Outcome::Cause::kSucceeded:
+      return kExitOk;
+    case Outcome::Cause::kRankFailed:
+      return ExitStatusForProcess(o.exit_code, o.signal);
+    case Outcome::Cause::kNodeLost:
+      return kExitUnavailable;
+    case Outcome::Cause::kInterrupted:
+      return kExitInterrupted;
+    case Outcome::Cause::kStartFailed:
+      return ExitStatusFor(o.start_status);
+    case Outcome::Cause::kNone:
+      break;
+  }
+  return kExitSoftware;  // the job ended unaccounted: a bug
+}
+
+JobState::JobState(const Plan& plan) : nodes_(plan.nodes.size()) {
+  for (const auto& node : plan.nodes) {
+    hosts_.push_back(node.host);
+    for (size_t i = 0; i < node.slots.size(); ++i) {
+      ranks_[node.first_rank + static_cast<int>(i)].node_rank = node.node_rank;
+    }
+  }
+}
+
+void JobState::SetPhase(Phase next) {
+  if (!IsLegalTransition(phase_, next)) {
+    spdlog::critical("illegal job transition {} -> {}", PhaseName(phase_),
+                     PhaseName(next));
+    DSL_CHECK(IsLegalTransition(phase_, next));
+  }
+  spdlog::info("job {} -> {}", PhaseName(phase_), PhaseName(next));
+  phase_ = next;
+}
+
+bool JobState::Decide(Outcome outcome) {
+  if (outcome_.cause != Outcome::Cause::kNone) return false;
+  if (phase_ != Phase::kStarting && phase_ != Phase::kRunning) return false;
+  outcome.when = Clock::now();
+  outcome_ = std::move(outcome);
+  stop_time_ = outcome_.when;
+  SetPhase(Phase::kStopping);
+  return true;
+}
+
+Status JobState::NodeAuthenticated(int node) {
+  if (node < 0 || node >= static_cast<int>(nodes_.size()))
+    return ProtocolError("unknown node " + std::to_string(node));
+  nodes_[node].authenticated = true;
+  return Status::Ok();
+}
+
+StatusOr<JobState::Action> JobState::RankStarted(int node, int rank, int pid) {
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end() || it->second.node_rank != node || it->second.started)
+    return ProtocolError("start of unknown rank " + std::to_string(rank));
+  it->second.pid = pid;
+  it->second.started = true;
+  ++started_;
+  if (phase_ == Phase::kStarting && started_ == ranks_.size())
+    SetPhase(Phase::kRunning);
+  return Action::kNone;
+}
+
+StatusOr<JobState::Action> JobState::RankExited(int node, int rank,
+                                                int exit_code, int signal,
+                                                double exit_time,
+                                                std::string error) {
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end() || it->second.node_rank != node || it->second.exited)
+    return ProtocolError("exit of unknown rank " + std::to_string(rank));
+  RankRecord& r = it->second;
+  r.exited = true;
+  r.exit_code = exit_code;
+  r.signal = signal;
+  r.exit_time = exit_time;
+  r.error = std::move(error);
+  r.exited_at = Clock::now();
+  ++exited_;
+  if (r.failed()) {
+    Outcome o;
+    o.cause = Outcome::Cause::kRankFailed;
+    o.rank = rank;
+    o.node = node;
+    o.exit_code = exit_code;
+    o.signal = signal;
+    o.exit_time = exit_time;
+    o.reason = "rank " + std::to_string(rank) + " on " + hosts_[node] + " " +
+               DescribeExit(exit_code, signal);
+    if (Decide(o)) return Action::kAbortAll;
+    if (outcome_.cause == Outcome::Cause::kRankFailed &&
+        exit_time < outcome_.exit_time) {
+      o.when = outcome_.when;
+      outcome_ = std::move(o);  // the earlier failure is the cause
+    }
+    return Action::kNone;
+  }
+  if (exited_ == ranks_.size()) {
+    Outcome o;
+    o.cause = Outcome::Cause::kSucceeded;
+    o.reason = "every rank finished";
+    if (Decide(o)) return Action::kShutdownAll;
+  }
+  return Action::kNone;
+}
+
+bool JobState::NodeHasRunningRanks(int node) const {
+  for (const auto& [rank, r] : ranks_) {
+    if (r.node_rank == node && !r.exited) return true;
+  }
+  return false;
+}
+
+JobState::Action JobState::NodeDisconnected(int node, const std::string& why) {
+  nodes_.at(node).disconnected = true;
+  if (!NodeHasRunningRanks(node)) return Action::kNone;
+  return NodeLost(node, "its agent's connection ended (" + why + ")");
+}
+
+JobState::Action JobState::AgentProcessExited(int node,
+                                              const std::string& how) {
+  NodeRecord& n = nodes_.at(node);
+  n.process_exited = true;
+  // A connected agent's end shows on its connection, which also carries its
+  // last messages; one that never connected is lost here.
+  if (n.authenticated) return Action::kNone;
+  return NodeLost(node, "its agent " + how + " before connecting");
+}
+
+JobState::Action JobState::NodeLost(int node, const std::string& why) {
+  NodeRecord& n = nodes_.at(node);
+  if (!n.lost_reason.empty()) return Action::kNone;
+  n.lost_reason = why;
+  Outcome o;
+  o.cause = Outcome::Cause::kNodeLost;
+  o.node = node;
+  o.reason = "node " + std::to_string(node) + " (" + hosts_[node] +
+             ") was lost: " + why;
+  return Decide(o) ? Action::kAbortAll : Action::kNone;
+}
+
+JobState::Action JobState::Interrupted(int signal) {
+  ++interrupts_;
+  if (phase_ == Phase::kEnded) return Action::kNone;
+  Outcome o;
+  o.cause = Outcome::Cause::kInterrupted;
+  o.signal = signal;
+  o.reason = "interrupted by " + SignalName(signal);
+  if (Decide(o)) return Action::kAbortAll;
+  return Action::kKillAll;  // already stopping: now at once
+}
+
+void JobState::StartFailed(const Status& why) {
+  if (phase_ != Phase::kStarting) return;
+  outcome_.cause = Outcome::Cause::kStartFailed;
+  outcome_.start_status = why;
+  outcome_.reason = why.message();
+  outcome_.when = Clock::now();
+  stop_time_ = end_time_ = outcome_.when;
+  SetPhase(Phase::kEnded);
+}
+
+bool JobState::AllNodesFinished() const {
+  for (const auto& n : nodes_) {
+    if (!n.finished()) return false;
+  }
+  return true;
+}
+
+bool JobState::MaybeEnd() {
+  if (phase_ != Phase::kStopping || !AllNodesFinished()) return false;
+  end_time_ = Clock::now();
+  SetPhase(Phase::kEnded);
+  return true;
+}
+
+}  // namespace dslaunch::launcher

@@ -1,0 +1,142 @@
+// JobState: the state of one job on the launcher, its phase transitions and
+// what ended it (one Outcome). Pure bookkeeping without I/O: the Job feeds it
+// what the agents, the starter and the user did, and acts on the answers.
+// Owned by the Job; io_context thread only.
+//
+// Phases and the only legal transitions (each logged once):
+//   Starting -> Running    every rank started
+//   Starting -> Stopping   a rank failed, a node was lost, an interrupt
+//   Running  -> Stopping   the same, or every rank finished
+//   Starting -> Ended      the start failed: nothing was started
+//   Stopping -> Ended      every agent finished (or was given up on)
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "launcher/plan/plan.h"
+#include "proto/status.h"
+
+namespace dslaunch::launcher {
+
+enum class Phase { kStarting, kRunning, kStopping, kEnded };
+const char* PhaseName(Phase phase);
+bool IsLegalTransition(Phase from, Phase to);
+
+using Clock = std::chrono::steady_clock;
+
+// What ended the job. The first cause wins, except that a rank failure that
+// happened earlier (by its agent's clock) than the recorded one replaces it:
+// a peer that failed because the first rank died may be heard of first.
+struct Outcome {
+  enum class Cause {
+    kNone,         // still running
+    kSucceeded,    // every rank exited 0
+    kRankFailed,   // rank `rank` on node `node` exited non-zero or by signal
+    kNodeLost,     // node `node`'s agent was lost (`reason` says how)
+    kInterrupted,  // the user (or the batch system) sent `signal`
+    kStartFailed,  // nothing started: `start_status` says why
+  };
+  Cause cause = Cause::kNone;
+  int rank = -1;
+  int node = -1;
+  int exit_code = 0;
+  int signal = 0;
+  double exit_time = 0;  // kRankFailed: wall-clock seconds its agent stamped
+  std::string reason;    // one sentence for the report
+  Status start_status;   // kStartFailed
+  Clock::time_point when{};
+};
+const char* CauseName(Outcome::Cause cause);
+
+// The launcher's exit status for an outcome (design section 3).
+int ExitStatusFor(const Outcome& outcome);
+
+struct RankRecord {
+  int node_rank = 0;
+  int pid = 0;
+  bool started = false;
+  bool exited = false;
+  int exit_code = 0;
+  int signal = 0;
+  std::string error;     // the agent could not start it
+  double exit_time = 0;  // the agent's wall clock
+  Clock::time_point exited_at{};
+  bool failed() const { return exited && (signal != 0 || exit_code != 0); }
+};
+
+struct NodeRecord {
+  bool authenticated = false;
+  bool disconnected = false;    // its control connection ended
+  bool process_exited = false;  // the starter saw its agent process end
+  std::string lost_reason;      // set once when the node is lost
+  // Finished: nothing of it runs any more, as far as the launcher can tell.
+  bool finished() const {
+    return process_exited && (disconnected || !authenticated);
+  }
+};
+
+class JobState {
+ public:
+  // What the Job must do after an event.
+  enum class Action {
+    kNone,
+    kAbortAll,     // graceful stop of every rank (SIGTERM, SIGKILL after grace)
+    kKillAll,      // SIGKILL every rank now
+    kShutdownAll,  // every rank is done: tell the agents to exit
+  };
+
+  explicit JobState(const Plan& plan);
+
+  Phase phase() const { return phase_; }
+  const Outcome& outcome() const { return outcome_; }
+  const std::map<int, RankRecord>& ranks() const { return ranks_; }
+  const std::vector<NodeRecord>& nodes() const { return nodes_; }
+  const NodeRecord& node(int n) const { return nodes_.at(n); }
+  Clock::time_point stop_time() const { return stop_time_; }
+  Clock::time_point end_time() const { return end_time_; }
+
+  // Events from agents. Invalid ones (unknown rank, wrong node, repeated)
+  // return a non-OK Status and change nothing.
+  Status NodeAuthenticated(int node);
+  StatusOr<Action> RankStarted(int node, int rank, int pid);
+  StatusOr<Action> RankExited(int node, int rank, int exit_code, int signal,
+                              double exit_time, std::string error);
+  // The node's connection ended; a node with ranks still running is lost.
+  Action NodeDisconnected(int node, const std::string& why);
+  // The starter saw the agent process end; lost if it never connected.
+  Action AgentProcessExited(int node, const std::string& how);
+  Action NodeLost(int node, const std::string& why);
+  // SIGINT/SIGTERM/SIGHUP: the first stops gracefully, a second kills.
+  Action Interrupted(int signal);
+  // The starter failed before anything ran: Starting -> Ended.
+  void StartFailed(const Status& why);
+  // Stopping -> Ended once every node finished; true when that happened now.
+  bool MaybeEnd();
+
+  bool AllNodesFinished() const;
+  int interrupts() const { return interrupts_; }
+  int ExitStatus() const { return ExitStatusFor(outcome_); }
+
+ private:
+  void SetPhase(Phase next);
+  // Records `outcome` when none is recorded, and starts stopping.
+  bool Decide(Outcome outcome);
+  bool NodeHasRunningRanks(int node) const;
+
+  Phase phase_ = Phase::kStarting;
+  Outcome outcome_;
+  std::map<int, RankRecord> ranks_;
+  std::vector<NodeRecord> nodes_;
+  std::vector<std::string> hosts_;
+  size_t started_ = 0;
+  size_t exited_ = 0;
+  int interrupts_ = 0;
+  Clock::time_point stop_time_{};
+  Clock::time_point end_time_{};
+};
+
+}  // namespace dslaunch::launcher

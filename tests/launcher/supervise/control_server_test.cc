@@ -1,0 +1,314 @@
+#include "launcher/supervise/control_server.h"
+
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <array>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
+#include <chrono>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "proto/auth.h"
+#include "proto/channel.h"
+#include "proto/version.h"
+#include "tests/common/run_until.h"
+
+namespace dslaunch::launcher {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using dslaunch::testing::RunUntil;
+
+constexpr char kSecret[] = "the job secret";
+
+struct FakeDelegate : ControlServer::Delegate {
+  std::vector<int> authenticated;
+  std::vector<int> disconnected;
+  int messages = 0;
+  void OnAgentAuthenticated(int node, const wire::Hello&,
+                            const std::string&) override {
+    authenticated.push_back(node);
+  }
+  void OnAgentMessage(int, wire::Envelope&&) override { ++messages; }
+  void OnAgentDisconnected(int node, const Status&) override {
+    disconnected.push_back(node);
+  }
+};
+
+// A peer that connected and then only watches for the server closing it.
+struct RawPeer {
+  explicit RawPeer(asio::io_context& io) : socket(io) {}
+  tcp::socket socket;
+  std::array<char, 256> buf;
+  bool closed = false;
+  void Watch() {
+    socket.async_read_some(asio::buffer(buf),
+                           [this](boost::system::error_code ec, size_t) {
+                             if (ec)
+                               closed = true;
+                             else
+                               Watch();
+                           });
+  }
+};
+
+// An agent-side client: a Channel that runs the handshake on request.
+struct TestAgent {
+  std::shared_ptr<proto::Channel> channel;
+  std::vector<wire::Envelope> received;
+  bool closed = false;
+  std::string nonce = proto::RandomBytes(proto::kNonceBytes);
+
+  void SendHello(int node, const std::string& job = "job-1",
+                 int addresses = 0) {
+    wire::Envelope env;
+    auto* hello = env.mutable_hello();
+    for (int i = 0; i < addresses; ++i) {
+      hello->mutable_facts()->add_addresses("fd00:1234:5678:9abc::" +
+                                            std::to_string(i));
+    }
+    hello->set_protocol_version(kProtocolVersion);
+    hello->set_node_rank(node);
+    hello->set_job_id(job);
+    hello->set_client_nonce(nonce);
+    ASSERT_TRUE(channel->Send(env).ok());
+  }
+  bool welcomed() const {
+    return !received.empty() && received[0].has_welcome();
+  }
+  void SendAuth(const std::string& secret) {
+    const wire::Welcome& w = received.at(0).welcome();
+    EXPECT_EQ(w.launcher_proof(),
+              proto::LauncherProof(kSecret, nonce, w.server_nonce()));
+    wire::Envelope env;
+    env.mutable_auth()->set_agent_proof(
+        proto::AgentProof(secret, nonce, w.server_nonce()));
+    ASSERT_TRUE(channel->Send(env).ok());
+  }
+};
+
+class ControlServerTest : public ::testing::Test {
+ protected:
+  ControlServerTest() {
+    options_.secret = kSecret;
+    options_.job_id = "job-1";
+    options_.num_nodes = 2;
+    options_.heartbeat_interval_s = 0.05;
+    options_.heartbeat_timeout_s = 0.3;
+    options_.handshake_timeout_s = 5;
+    options_.rejection_summary_interval_s = 0.2;
+  }
+  ~ControlServerTest() override {
+    if (server_) server_->Shutdown();
+  }
+
+  void StartServer() {
+    server_ = std::make_unique<ControlServer>(io_, options_, &delegate_);
+    StatusOr<int> port =
+        server_->Listen(std::vector<std::string>{"127.0.0.1"}, 0);
+    ASSERT_TRUE(port.ok()) << port.status().message();
+    port_ = *port;
+  }
+  tcp::socket Connect() {
+    tcp::socket s(io_);
+    s.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"),
+                            static_cast<unsigned short>(port_)));
+    return s;
+  }
+  std::unique_ptr<RawPeer> Raw() {
+    auto p = std::make_unique<RawPeer>(io_);
+    p->socket = Connect();
+    p->Watch();
+    return p;
+  }
+  std::unique_ptr<TestAgent> Agent() {
+    auto a = std::make_unique<TestAgent>();
+    a->channel = proto::Channel::Create(proto::Channel::Socket(Connect()), "a");
+    TestAgent* raw = a.get();
+    a->channel->Start({
+        .on_message = [raw](wire::Envelope&& m) { raw->received.push_back(m); },
+        .on_close = [raw](const Status&) { raw->closed = true; },
+        .on_drain = nullptr,
+    });
+    return a;
+  }
+  // Hello, Welcome, Auth with `secret`; true once the server answered.
+  bool Handshake(TestAgent& a, int node, const std::string& secret) {
+    a.SendHello(node);
+    if (!RunUntil(io_, [&] { return a.welcomed() || a.closed; })) return false;
+    if (a.closed) return false;
+    a.SendAuth(secret);
+    return true;
+  }
+  int64_t Rejected(const std::string& reason) {
+    auto it = server_->rejections().find(reason);
+    return it == server_->rejections().end() ? 0 : it->second;
+  }
+
+  asio::io_context io_;
+  ControlServer::Options options_;
+  FakeDelegate delegate_;
+  std::unique_ptr<ControlServer> server_;
+  int port_ = 0;
+};
+
+TEST_F(ControlServerTest, AuthenticatesAgentWithTheRightSecret) {
+  StartServer();
+  auto a = Agent();
+  ASSERT_TRUE(Handshake(*a, 1, kSecret));
+  ASSERT_TRUE(RunUntil(io_, [&] { return !delegate_.authenticated.empty(); }));
+  EXPECT_EQ(delegate_.authenticated, std::vector<int>{1});
+  EXPECT_TRUE(server_->connected(1));
+  EXPECT_EQ(server_->pending_handshakes(), 0u);
+  EXPECT_FALSE(a->closed);
+}
+
+TEST_F(ControlServerTest, WelcomesAHelloListingManyAddresses) {
+  StartServer();
+  auto a = Agent();
+  a->SendHello(0, "job-1", 300);  // ~9 KB
+  ASSERT_TRUE(RunUntil(io_, [&] { return a->welcomed() || a->closed; }));
+  EXPECT_TRUE(a->welcomed());
+}
+
+TEST_F(ControlServerTest, RefusesWrongSecret) {
+  StartServer();
+  auto a = Agent();
+  ASSERT_TRUE(Handshake(*a, 0, "not the secret"));
+  ASSERT_TRUE(RunUntil(io_, [&] { return a->closed; }));
+  EXPECT_TRUE(delegate_.authenticated.empty());
+  EXPECT_FALSE(server_->connected(0));
+  EXPECT_EQ(Rejected("authentication failed"), 1);
+}
+
+TEST_F(ControlServerTest, RefusesHelloOfAnotherJobOrUnknownNode) {
+  StartServer();
+  auto other_job = Agent();
+  other_job->SendHello(0, "job-2");
+  auto bad_node = Agent();
+  bad_node->SendHello(2);
+  ASSERT_TRUE(
+      RunUntil(io_, [&] { return other_job->closed && bad_node->closed; }));
+  EXPECT_FALSE(other_job->welcomed());
+  EXPECT_EQ(Rejected("bad hello"), 2);
+}
+
+TEST_F(ControlServerTest, RefusesASecondAgentForANode) {
+  StartServer();
+  auto first = Agent();
+  ASSERT_TRUE(Handshake(*first, 0, kSecret));
+  ASSERT_TRUE(RunUntil(io_, [&] { return server_->connected(0); }));
+  auto second = Agent();
+  ASSERT_TRUE(Handshake(*second, 0, kSecret));
+  ASSERT_TRUE(RunUntil(io_, [&] { return second->closed; }));
+  EXPECT_EQ(delegate_.authenticated, std::vector<int>{0});
+  EXPECT_FALSE(first->closed);
+  EXPECT_TRUE(server_->connected(0));
+}
+
+TEST_F(ControlServerTest, ClosesAPreAuthFrameOverSixteenKiB) {
+  StartServer();
+  auto p = Raw();
+  const uint32_t len = 16 * 1024 + 1;
+  const std::string header{static_cast<char>(len >> 24),
+                           static_cast<char>(len >> 16),
+                           static_cast<char>(len >> 8), static_cast<char>(len)};
+  asio::write(p->socket, asio::buffer(header + std::string(100, 'x')));
+  ASSERT_TRUE(RunUntil(io_, [&] { return p->closed; }));
+  EXPECT_EQ(Rejected("malformed input"), 1);
+}
+
+TEST_F(ControlServerTest, ClosesASilentConnectionAtTheHandshakeDeadline) {
+  options_.handshake_timeout_s = 0.3;
+  StartServer();
+  const auto start = std::chrono::steady_clock::now();
+  auto p = Raw();
+  ASSERT_TRUE(RunUntil(io_, [&] { return p->closed; }));
+  EXPECT_GE(std::chrono::steady_clock::now() - start,
+            std::chrono::milliseconds(290));
+  EXPECT_EQ(Rejected("timed out"), 1);
+  EXPECT_EQ(server_->pending_handshakes(), 0u);
+}
+
+TEST_F(ControlServerTest, FullTableEvictsTheOldestSilentPeerAndLetsTheAgentIn) {
+  StartServer();
+  const size_t limit = ControlServer::kPreAuthBase +
+                       ControlServer::kPreAuthPerNode * options_.num_nodes;
+  auto waiting = Agent();  // sent a valid Hello, not evicted for silent ones
+  waiting->SendHello(1);
+  ASSERT_TRUE(RunUntil(io_, [&] { return waiting->welcomed(); }));
+  std::vector<std::unique_ptr<RawPeer>> idle;
+  for (size_t i = 0; i + 1 < limit; ++i) idle.push_back(Raw());
+  ASSERT_TRUE(
+      RunUntil(io_, [&] { return server_->pending_handshakes() == limit; }));
+  for (int i = 0; i < 3; ++i) idle.push_back(Raw());
+  auto agent = Agent();
+  ASSERT_TRUE(Handshake(*agent, 0, kSecret));
+  ASSERT_TRUE(RunUntil(io_, [&] { return server_->connected(0); }));
+  // Four newcomers (three idle and the agent) evicted the four oldest idle.
+  EXPECT_EQ(Rejected("evicted (pre-auth table full)"), 4);
+  for (size_t i = 0; i < idle.size(); ++i)
+    EXPECT_EQ(idle[i]->closed, i < 4) << i;
+  EXPECT_FALSE(waiting->closed);
+  EXPECT_LE(server_->pending_handshakes(), limit);
+}
+
+TEST_F(ControlServerTest, AFurtherHelloForOneNodeEvictsTheOldestWaitingOne) {
+  StartServer();
+  std::vector<std::unique_ptr<TestAgent>> hellos;
+  for (size_t i = 0; i <= ControlServer::kWelcomedPerNode; ++i) {
+    hellos.push_back(Agent());
+    hellos.back()->SendHello(0);
+    ASSERT_TRUE(RunUntil(io_, [&] { return hellos.back()->welcomed(); }));
+  }
+  ASSERT_TRUE(RunUntil(io_, [&] { return hellos[0]->closed; }));
+  EXPECT_EQ(Rejected("evicted (too many Hellos for one node)"), 1);
+  hellos.back()->SendAuth(kSecret);  // the newest still gets in
+  ASSERT_TRUE(RunUntil(io_, [&] { return server_->connected(0); }));
+}
+
+TEST_F(ControlServerTest, DropsAnAgentWhoseHeartbeatsStop) {
+  StartServer();
+  auto a = Agent();  // never answers the server's heartbeats
+  ASSERT_TRUE(Handshake(*a, 0, kSecret));
+  ASSERT_TRUE(RunUntil(io_, [&] { return server_->connected(0); }));
+  ASSERT_TRUE(RunUntil(io_, [&] { return !delegate_.disconnected.empty(); }));
+  EXPECT_EQ(delegate_.disconnected, std::vector<int>{0});
+  EXPECT_FALSE(server_->connected(0));
+  EXPECT_TRUE(RunUntil(io_, [&] { return a->closed; }));
+}
+
+TEST_F(ControlServerTest, SummarisesRejectionsInOneLinePerInterval) {
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("test", sink));
+  options_.rejection_summary_interval_s = 0.5;
+  StartServer();
+  std::vector<std::unique_ptr<RawPeer>> peers;
+  for (int i = 0; i < 30; ++i) {
+    peers.push_back(Raw());
+    asio::write(peers.back()->socket, asio::buffer(std::string("GET /\r\n")));
+  }
+  const bool logged = RunUntil(
+      io_, [&] { return log.str().find("rejected") != std::string::npos; });
+  spdlog::set_default_logger(previous);
+  ASSERT_TRUE(logged);
+  const std::string text = log.str();
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
+  EXPECT_NE(text.find("rejected 30 unauthenticated connection(s)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("30 malformed input"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace dslaunch::launcher

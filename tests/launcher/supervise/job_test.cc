@@ -1,0 +1,316 @@
+// The Job driven through every path of its state machine with a FakeStarter
+// and fake agent links: no processes, no sockets.
+#include "launcher/supervise/job.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstdio>
+
+#include "launcher/plan/hostfile.h"
+
+namespace dslaunch::launcher {
+namespace {
+
+class FakeStarter : public Starter {
+ public:
+  void Start(const AgentBootstrap& boot, StartDone done) override {
+    boot_ = boot;
+    done_ = std::move(done);
+  }
+  void Kill(int node_rank) override { killed.push_back(node_rank); }
+  void Finish(StatusOr<Started> result) { done_(std::move(result)); }
+
+  AgentBootstrap boot_;
+  StartDone done_;
+  std::vector<int> killed;
+};
+
+class FakeLinks : public AgentLinks {
+ public:
+  Status Send(int node_rank, const wire::Envelope& msg) override {
+    sent[node_rank].push_back(msg);
+    return Status::Ok();
+  }
+  void Shutdown() override { shut_down = true; }
+  const wire::Envelope& Last(int node) { return sent.at(node).back(); }
+
+  std::map<int, std::vector<wire::Envelope>> sent;
+  bool shut_down = false;
+};
+
+Plan TwoByTwo() {
+  auto hostfile =
+      ParseHostfile("127.0.0.1 slots=2\n127.0.0.2 slots=2\n", "hosts");
+  EXPECT_TRUE(hostfile.ok());
+  auto plan = MakePlan(*hostfile, PlanOptions());
+  EXPECT_TRUE(plan.ok());
+  return *plan;
+}
+
+class JobTest : public ::testing::Test {
+ protected:
+  JobTest() : out_(std::tmpfile()), err_(std::tmpfile()) {
+    options_.master_port_given = true;
+    options_.kill_grace_s = 0.2;
+  }
+  ~JobTest() override {
+    job_.reset();
+    console_.reset();
+    std::fclose(out_);
+    std::fclose(err_);
+  }
+  void StartJob() {
+    console_ = std::make_unique<Console>(out_, err_);
+    ASSERT_TRUE(console_->Open(plan_, "").ok());
+    job_ = std::make_unique<Job>(io_, options_, plan_, EnvList{}, *console_,
+                                 "job1", "secret");
+    job_->Start(&starter_, &links_, 4242);
+  }
+  void Authenticate(int node, int free_port = 0) {
+    wire::Hello hello;
+    hello.set_node_rank(node);
+    hello.mutable_facts()->set_free_port(free_port);
+    job_->OnAgentAuthenticated(node, hello, "127.0.0.1");
+  }
+  void RankStarted(int node, int rank) {
+    wire::Envelope env;
+    env.mutable_worker_started()->set_rank(rank);
+    env.mutable_worker_started()->set_pid(1000 + rank);
+    job_->OnAgentMessage(node, std::move(env));
+  }
+  void RankExited(int node, int rank, int code, int sig, double time = 0) {
+    wire::Envelope env;
+    auto* e = env.mutable_worker_exited();
+    e->set_rank(rank);
+    e->set_exit_code(code);
+    e->set_signal(sig);
+    e->set_time(time);
+    job_->OnAgentMessage(node, std::move(env));
+  }
+  void RunAll() {
+    Authenticate(0);
+    Authenticate(1);
+    for (int r = 0; r < 4; ++r) RankStarted(r / 2, r);
+  }
+  void AgentGone(int node) {
+    job_->OnAgentDisconnected(node, Status::Ok());
+    job_->OnAgentProcessExited(node, "exited with code 0");
+  }
+  bool Got(int node, wire::Envelope::MsgCase what) {
+    for (const auto& m : links_.sent[node]) {
+      if (m.msg_case() == what) return true;
+    }
+    return false;
+  }
+  std::string Report() {
+    console_->DrainTerminal();
+    std::fflush(err_);
+    std::rewind(err_);
+    std::string text;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), err_)) > 0) text.append(buf, n);
+    return text;
+  }
+  Phase phase() { return job_->state().phase(); }
+
+  boost::asio::io_context io_;
+  LaunchOptions options_;
+  Plan plan_ = TwoByTwo();
+  FILE* out_;
+  FILE* err_;
+  std::unique_ptr<Console> console_;
+  FakeStarter starter_;
+  FakeLinks links_;
+  std::unique_ptr<Job> job_;
+};
+
+TEST_F(JobTest, AgentLostWhileStartingStopsTheOthersAndExits69) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  Authenticate(0);
+  EXPECT_TRUE(Got(0, wire::Envelope::kJobSpec));
+  job_->OnAgentProcessExited(1, "exited with code 127");
+  EXPECT_EQ(phase(), Phase::kStopping);
+  EXPECT_EQ(links_.Last(0).msg_case(), wire::Envelope::kAbort);
+  EXPECT_FALSE(links_.Last(0).abort().kill_now());
+  AgentGone(0);
+  EXPECT_EQ(phase(), Phase::kEnded);
+  EXPECT_TRUE(links_.shut_down);
+  EXPECT_EQ(job_->Finish(), 69);
+  EXPECT_NE(Report().find("FAILED: node 1 (127.0.0.2) was lost: its agent "
+                          "exited with code 127 before connecting"),
+            std::string::npos);
+}
+
+TEST_F(JobTest, RankFailingWhileOthersStartStopsEveryNodeWithItsCode) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  Authenticate(0);
+  Authenticate(1);
+  RankStarted(0, 0);
+  RankStarted(0, 1);
+  RankStarted(1, 2);
+  EXPECT_EQ(phase(), Phase::kStarting);
+  RankExited(0, 0, 3, 0);
+  EXPECT_EQ(phase(), Phase::kStopping);
+  EXPECT_EQ(links_.Last(0).msg_case(), wire::Envelope::kAbort);
+  EXPECT_EQ(links_.Last(1).msg_case(), wire::Envelope::kAbort);
+  RankStarted(1, 3);  // a late start is still recorded
+  for (int r = 1; r < 4; ++r) RankExited(r / 2, r, 0, SIGTERM);
+  AgentGone(0);
+  EXPECT_EQ(phase(), Phase::kStopping);
+  AgentGone(1);
+  EXPECT_EQ(phase(), Phase::kEnded);
+  EXPECT_EQ(job_->Finish(), 3);
+  const std::string report = Report();
+  EXPECT_NE(report.find("FAILED: rank 0 on 127.0.0.1"), std::string::npos);
+  EXPECT_NE(report.find("stopped in consequence: 3 ranks"), std::string::npos);
+}
+
+TEST_F(JobTest, CtrlCDuringStartKillsAgentsThatHaveNotConnected) {
+  StartJob();  // the starter has not answered yet (a preflight runs)
+  job_->OnSignal(SIGINT);
+  EXPECT_EQ(phase(), Phase::kStopping);
+  EXPECT_EQ(starter_.killed, (std::vector<int>{0, 1}));
+  starter_.Finish(Starter::Started{});  // too late: ignored
+  job_->OnAgentProcessExited(0, "was never started");
+  job_->OnAgentProcessExited(1, "was never started");
+  EXPECT_EQ(phase(), Phase::kEnded);
+  EXPECT_EQ(job_->Finish(), 130);
+  EXPECT_NE(Report().find("interrupted by the user (SIGINT)"),
+            std::string::npos);
+}
+
+TEST_F(JobTest, SecondCtrlCKillsAtOnce) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  RunAll();
+  EXPECT_EQ(phase(), Phase::kRunning);
+  job_->OnSignal(SIGINT);
+  EXPECT_FALSE(links_.Last(1).abort().kill_now());
+  job_->OnSignal(SIGINT);
+  EXPECT_TRUE(links_.Last(0).abort().kill_now());
+  EXPECT_TRUE(links_.Last(1).abort().kill_now());
+  for (int r = 0; r < 4; ++r) RankExited(r / 2, r, 0, SIGKILL);
+  AgentGone(0);
+  AgentGone(1);
+  EXPECT_EQ(job_->Finish(), 130);
+}
+
+TEST_F(JobTest, LostConnectionToARunningAgentIsNodeLost69) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  RunAll();
+  job_->OnAgentDisconnected(1, Unavailable("no heartbeat for 10 s"));
+  EXPECT_EQ(phase(), Phase::kStopping);
+  EXPECT_EQ(links_.Last(0).msg_case(), wire::Envelope::kAbort);
+  RankExited(0, 0, 0, SIGTERM);
+  RankExited(0, 1, 0, SIGTERM);
+  AgentGone(0);
+  job_->OnAgentProcessExited(1, "exited with code 69");
+  EXPECT_EQ(job_->Finish(), 69);
+  EXPECT_NE(Report().find("its agent's connection ended (no heartbeat for 10 "
+                          "s)"),
+            std::string::npos);
+}
+
+TEST_F(JobTest, EarliestFailureByTheAgentsClockIsTheCause) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  RunAll();
+  RankExited(1, 2, 0, SIGPIPE, 100.5);  // heard first, happened later
+  RankExited(0, 0, 4, 0, 100.0);
+  for (int r : {1, 3}) RankExited(r / 2, r, 0, SIGTERM, 101);
+  AgentGone(0);
+  AgentGone(1);
+  EXPECT_EQ(job_->state().outcome().rank, 0);
+  EXPECT_EQ(job_->Finish(), 4);
+}
+
+TEST_F(JobTest, EveryRankFinishingShutsTheAgentsDownAndExits0) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  RunAll();
+  for (int r = 0; r < 4; ++r) RankExited(r / 2, r, 0, 0);
+  EXPECT_EQ(links_.Last(0).msg_case(), wire::Envelope::kShutdown);
+  EXPECT_EQ(links_.Last(1).msg_case(), wire::Envelope::kShutdown);
+  AgentGone(0);
+  AgentGone(1);
+  EXPECT_EQ(job_->Finish(), 0);
+  EXPECT_NE(Report().find("all 4 ranks on 2 nodes exited 0"),
+            std::string::npos);
+}
+
+TEST_F(JobTest, StartFailureEndsTheJobWithItsStatus) {
+  StartJob();
+  starter_.Finish(Unavailable("the preflight failed; nothing was started"));
+  EXPECT_EQ(phase(), Phase::kEnded);
+  EXPECT_TRUE(io_.stopped());
+  EXPECT_EQ(job_->Finish(), 69);
+  EXPECT_NE(Report().find("the preflight failed"), std::string::npos);
+}
+
+TEST_F(JobTest, AgentConnectingAfterTheStopIsToldToShutDown) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  Authenticate(0);
+  job_->OnSignal(SIGTERM);
+  Authenticate(1);
+  EXPECT_FALSE(Got(1, wire::Envelope::kJobSpec));
+  EXPECT_EQ(links_.Last(1).msg_case(), wire::Envelope::kShutdown);
+}
+
+TEST_F(JobTest, MasterPortIsTheFreePortNode0Reported) {
+  options_.master_port_given = false;
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  Authenticate(1);
+  EXPECT_FALSE(Got(1, wire::Envelope::kJobSpec));  // waits for node 0
+  Authenticate(0, 41234);
+  ASSERT_TRUE(Got(0, wire::Envelope::kJobSpec));
+  ASSERT_TRUE(Got(1, wire::Envelope::kJobSpec));
+  EXPECT_EQ(links_.Last(0).job_spec().master_port(), 41234);
+  EXPECT_EQ(links_.Last(1).job_spec().master_port(), 41234);
+  EXPECT_NE(Report().find("MASTER_PORT 41234: a free port on node 0"),
+            std::string::npos);
+}
+
+TEST_F(JobTest, GivenMasterPortIsKept) {
+  options_.plan.master_port = 29611;
+  plan_.master_port = 29611;
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  Authenticate(1);
+  ASSERT_TRUE(Got(1, wire::Envelope::kJobSpec));
+  EXPECT_EQ(links_.Last(1).job_spec().master_port(), 29611);
+}
+
+TEST_F(JobTest, StartedAgentsGetTheBootstrapOfThePlan) {
+  StartJob();
+  EXPECT_EQ(starter_.boot_.control_port, 4242);
+  EXPECT_EQ(starter_.boot_.secret, "secret");
+  EXPECT_EQ(starter_.boot_.plan->nodes.size(), 2u);
+  const auto argv = AgentArgv(starter_.boot_, 1, "::1");
+  ASSERT_GE(argv.size(), 5u);
+  EXPECT_EQ(argv[1], "--connect");
+  EXPECT_EQ(argv[2], "[::1]:4242");
+  EXPECT_EQ(argv[4], "1");
+}
+
+TEST_F(JobTest, UnknownOrRepeatedRankEventsChangeNothing) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  RunAll();
+  RankStarted(0, 3);      // rank 3 is node 1's
+  RankExited(1, 9, 1, 0);  // no rank 9
+  RankExited(0, 2, 1, 0);  // wrong node
+  EXPECT_EQ(phase(), Phase::kRunning);
+  RankExited(0, 0, 0, 0);
+  RankExited(0, 0, 5, 0);  // a second exit of rank 0
+  EXPECT_EQ(phase(), Phase::kRunning);
+}
+
+}  // namespace
+}  // namespace dslaunch::launcher
