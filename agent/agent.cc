@@ -127,9 +127,10 @@ void Agent::Connect() {
   connect_timer_.expires_after(Seconds(options_.connect_timeout_s));
   connect_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec || state_ != State::kConnecting) return;
-    OnLauncherLost("no job from the launcher within " +
-                   std::to_string(options_.connect_timeout_s) + " s" +
-                   (last_dial_error_.empty() ? "" : " (" + last_dial_error_ + ")"));
+    OnLauncherLost(
+        "no job from the launcher within " +
+        std::to_string(options_.connect_timeout_s) + " s" +
+        (last_dial_error_.empty() ? "" : " (" + last_dial_error_ + ")"));
   });
   Dial();
 }
@@ -164,8 +165,8 @@ void Agent::RetryDial(const std::string& why) {
   channel_.reset();
   auth_sent_ = false;
   // Exponential backoff with jitter (half to the full delay), 50 ms to 2 s.
-  const auto delay = std::chrono::milliseconds(
-      dial_delay_ms_ / 2 + Jitter(dial_delay_ms_ / 2 + 1));
+  const auto delay = std::chrono::milliseconds(dial_delay_ms_ / 2 +
+                                               Jitter(dial_delay_ms_ / 2 + 1));
   dial_delay_ms_ = std::min<int64_t>(dial_delay_ms_ * 2, 2000);
   spdlog::info("{}; retrying in {} ms", why, delay.count());
   retry_timer_.expires_after(delay);

@@ -4,7 +4,7 @@
 #include <netinet/in.h>  // sockaddr_in6
 #include <sched.h>       // sched_getaffinity
 #include <sys/socket.h>  // socket, bind, getsockname
-#include <unistd.h>  // gethostname, getpid
+#include <unistd.h>      // gethostname, getpid
 
 #include <filesystem>
 
@@ -32,7 +32,8 @@ static int FreePortOf(int family) {
   if (fd < 0) return 0;
   sockaddr_storage addr{};
   addr.ss_family = static_cast<sa_family_t>(family);
-  socklen_t len = family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  socklen_t len =
+      family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
   int port = 0;
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0 &&
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {

@@ -21,8 +21,9 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
                  "use the first N slots per host");
   app.add_option("--master_addr", o.plan.master_addr,
                  "rendezvous address for the ranks (default: node 0)");
-  app.add_option("--master_port", o.plan.master_port,
-                 "rendezvous port for the ranks (default: a free port on node 0)");
+  app.add_option(
+      "--master_port", o.plan.master_port,
+      "rendezvous port for the ranks (default: a free port on node 0)");
   app.add_option("--launcher", o.launcher,
                  "how agents start: local, ssh, pdsh, slurm, openmpi, join")
       ->check(CLI::IsMember(

@@ -31,7 +31,7 @@ struct LaunchOptions {
   std::vector<std::string> env;  // --env K=V, in order
   std::vector<std::string> env_files;        // --env_file, in order
   std::vector<std::string> export_prefixes;  // --export; empty = defaults
-  bool master_port_given = false;  // else a free port on node 0
+  bool master_port_given = false;            // else a free port on node 0
   std::string log_dir;
   double kill_grace_s = 5;
   bool no_local_rank = false;
@@ -40,7 +40,7 @@ struct LaunchOptions {
   double heartbeat_interval_s = 1;
   double heartbeat_timeout_s = 10;
   double start_timeout_s = 60;
-  std::string bind_addr;  // where the control server listens; empty = chosen
+  std::string bind_addr;     // where the control server listens; empty = chosen
   std::string control_addr;  // what agents dial; empty = the route to each node
   // SSH (the ssh starter); port 0 and empty strings mean libssh's defaults.
   int ssh_port = 0;

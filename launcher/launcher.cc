@@ -26,11 +26,11 @@ Launcher::Launcher(LaunchOptions options, Plan plan, EnvList job_env)
     : options_(std::move(options)),
       job_id_(proto::HexEncode(proto::RandomBytes(8))),
       console_(stdout, stderr),
-      server_(io_,
-              ServerOptions(options_, job_id_,
-                            static_cast<int>(plan.nodes.size()),
-                            [this](int node) { return job_.NodeSecret(node); }),
-              &job_),
+      server_(
+          io_,
+          ServerOptions(options_, job_id_, static_cast<int>(plan.nodes.size()),
+                        [this](int node) { return job_.NodeSecret(node); }),
+          &job_),
       job_(io_, options_, std::move(plan), std::move(job_env), console_,
            job_id_, proto::HexEncode(proto::RandomBytes(proto::kSecretBytes))),
       signals_(io_, SIGINT, SIGTERM, SIGHUP) {}
@@ -63,11 +63,10 @@ int Launcher::Run() {
   std::vector<std::string> hosts;
   for (const auto& node : job_.plan().nodes) hosts.push_back(node.host);
   StatusOr<int> port =
-      st.ok() ? server_.Listen(
-                    ChooseControlAddresses(hosts, options_.bind_addr,
-                                           options_.control_addr,
-                                           AddressLookup::System()),
-                    0)
+      st.ok() ? server_.Listen(ChooseControlAddresses(hosts, options_.bind_addr,
+                                                      options_.control_addr,
+                                                      AddressLookup::System()),
+                               0)
               : st;
   if (port.ok()) {
     spdlog::info("job {}: control server on port {}", job_.job_id(), *port);

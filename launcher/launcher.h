@@ -10,13 +10,13 @@
 #include <memory>
 #include <string>
 
-#include "launcher/report/console.h"
-#include "launcher/supervise/control_server.h"
 #include "launcher/flags.h"
-#include "launcher/supervise/job.h"
 #include "launcher/plan/job_env.h"
 #include "launcher/plan/plan.h"
+#include "launcher/report/console.h"
 #include "launcher/start/starter.h"
+#include "launcher/supervise/control_server.h"
+#include "launcher/supervise/job.h"
 
 namespace dslaunch::launcher {
 

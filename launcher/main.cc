@@ -10,8 +10,8 @@
 
 #include "launcher/doctor.h"
 #include "launcher/flags.h"
-#include "launcher/plan/hostfile.h"
 #include "launcher/launcher.h"
+#include "launcher/plan/hostfile.h"
 #include "launcher/plan/plan.h"
 #include "proto/exit_status.h"
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "launcher/plan/hostfile.h"  // Hostfile, HostEntry
-#include "proto/status.h"       // Status, StatusOr
+#include "proto/status.h"            // Status, StatusOr
 
 namespace dslaunch::launcher {
 

@@ -19,8 +19,8 @@
 #include <string>
 #include <string_view>
 
-#include "launcher/report/log_files.h"
 #include "launcher/plan/plan.h"
+#include "launcher/report/log_files.h"
 #include "launcher/report/terminal_writer.h"
 #include "proto/status.h"
 

@@ -1,7 +1,7 @@
 // The closing report of a job: what ended it first, where and how, its last
 // words, and what was stopped in consequence.
-#include "launcher/supervise/job.h"
 #include "launcher/report/report.h"
+#include "launcher/supervise/job.h"
 #include "proto/exit_status.h"
 
 namespace dslaunch::launcher {
@@ -58,11 +58,11 @@ void Job::PrintConsequences() {
     }
   }
   if (!stopped.empty()) {
-    console_.Note("stopped in consequence: " + Plural(stopped.size(), "rank") +
-                  ", all gone " +
-                  Fixed(Seconds(state_.end_time() - state_.stop_time()) * 1000,
-                        0) +
-                  " ms after the stop began");
+    console_.Note(
+        "stopped in consequence: " + Plural(stopped.size(), "rank") +
+        ", all gone " +
+        Fixed(Seconds(state_.end_time() - state_.stop_time()) * 1000, 0) +
+        " ms after the stop began");
     for (const auto& s : stopped) console_.Note("  " + s);
   }
   for (const auto& s : still) console_.Note("  " + s);

@@ -1,6 +1,6 @@
 #include "launcher/start/local_starter.h"
 
-#include <signal.h>     // SIGKILL, SIGTERM
+#include <signal.h>  // SIGKILL, SIGTERM
 #include <spdlog/spdlog.h>
 #include <sys/prctl.h>  // PR_SET_CHILD_SUBREAPER
 #include <unistd.h>     // getpid, usleep

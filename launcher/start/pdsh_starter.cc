@@ -38,7 +38,6 @@ static std::string Join(const std::vector<std::string>& v, const char* sep) {
   return out;
 }
 
-
 // How pdsh runs: in its own session (with its ssh children), stdin from
 // /dev/null, output on pipes, SIGTERM when we go.
 static proto::ProcessSpec PdshSpec(const PdshSettings& s,

@@ -165,8 +165,10 @@ void SshStarter::Start(const AgentBootstrap& boot, StartDone done) {
                 if (!c.ok) failures += "\n" + DescribeCheckFailure(c);
               }
               if (!failures.empty()) {
-                return done(Unavailable("the preflight failed; nothing was "
-                                        "started:" + failures));
+                return done(
+                    Unavailable("the preflight failed; nothing was "
+                                "started:" +
+                                failures));
               }
               HandOverSecret(secret);
               done(Started{checks.at(0).peer_address});

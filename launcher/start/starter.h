@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "launcher/plan/addresses.h"  // IsLocalHost
 #include "launcher/flags.h"
+#include "launcher/plan/addresses.h"  // IsLocalHost
 #include "launcher/plan/plan.h"
 #include "proto/status.h"
 
@@ -93,6 +93,4 @@ std::unique_ptr<Starter> NewLocalStarter(const StarterContext& context);
 std::unique_ptr<Starter> NewSshStarter(const StarterContext& context);
 std::unique_ptr<Starter> NewPdshStarter(const StarterContext& context);
 
-
 }  // namespace dslaunch::launcher
-

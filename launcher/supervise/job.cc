@@ -116,10 +116,10 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
     const int port = hello.facts().free_port();
     if (port > 0) plan_.master_port = port;
     console_.Note("MASTER_PORT " + std::to_string(plan_.master_port) + ": " +
-                  (port > 0 ? "a free port on node 0 (" + plan_.nodes[0].host +
-                                  ")"
-                            : "node 0 (" + plan_.nodes[0].host +
-                                  ") reported no free port; the default") +
+                  (port > 0
+                       ? "a free port on node 0 (" + plan_.nodes[0].host + ")"
+                       : "node 0 (" + plan_.nodes[0].host +
+                             ") reported no free port; the default") +
                   "; --master_port chooses another");
   }
   if (!master_port_known_) {
@@ -236,8 +236,8 @@ void Job::HandleStore(int node_rank, const wire::StoreRequest& request) {
 }
 
 void Job::OnAgentDisconnected(int node_rank, const Status& why) {
-  Act(state_.NodeDisconnected(node_rank,
-                              why.ok() ? std::string("closed") : why.message()));
+  Act(state_.NodeDisconnected(
+      node_rank, why.ok() ? std::string("closed") : why.message()));
   MaybeEnd();
 }
 
@@ -313,7 +313,8 @@ void Job::ArmStopTimer() {
       const int node = static_cast<int>(n);
       if (state_.node(node).finished()) continue;
       console_.Note("agent of node " + std::to_string(node) + " (" +
-                    plan_.nodes[node].host + ") did not stop in time; killing it");
+                    plan_.nodes[node].host +
+                    ") did not stop in time; killing it");
       starter_->Kill(node);
     }
     stop_timer_.expires_after(std::chrono::seconds(3));

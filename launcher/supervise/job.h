@@ -12,14 +12,14 @@
 #include <optional>
 #include <string>
 
-#include "launcher/report/console.h"
-#include "launcher/supervise/control_server.h"
 #include "launcher/flags.h"
 #include "launcher/plan/job_env.h"
+#include "launcher/plan/plan.h"
+#include "launcher/report/console.h"
+#include "launcher/start/starter.h"
+#include "launcher/supervise/control_server.h"
 #include "launcher/supervise/job_state.h"
 #include "launcher/supervise/kv_store.h"
-#include "launcher/plan/plan.h"
-#include "launcher/start/starter.h"
 
 namespace dslaunch::launcher {
 

@@ -14,10 +14,8 @@ struct Transition {
 };
 // The whole table; anything else is a bug.
 constexpr Transition kTransitions[] = {
-    {Phase::kStarting, Phase::kRunning},
-    {Phase::kStarting, Phase::kStopping},
-    {Phase::kRunning, Phase::kStopping},
-    {Phase::kStarting, Phase::kEnded},
+    {Phase::kStarting, Phase::kRunning}, {Phase::kStarting, Phase::kStopping},
+    {Phase::kRunning, Phase::kStopping}, {Phase::kStarting, Phase::kEnded},
     {Phase::kStopping, Phase::kEnded},
 };
 

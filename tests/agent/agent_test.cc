@@ -80,9 +80,8 @@ class AgentTest : public ::testing::Test {
     inbox_.clear();
     tcp::socket socket(io_);
     std::optional<boost::system::error_code> accepted;
-    acceptor_.async_accept(socket, [&](const boost::system::error_code& ec) {
-      accepted = ec;
-    });
+    acceptor_.async_accept(
+        socket, [&](const boost::system::error_code& ec) { accepted = ec; });
     if (!RunUntil([&] { return accepted.has_value(); }, "the agent to dial")) {
       acceptor_.cancel();
       io_.restart();

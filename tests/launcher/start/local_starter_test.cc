@@ -108,8 +108,7 @@ TEST_F(LocalStarterTest, ClosesTheLifelineWhenItGoes) {
   // The agent reads its stdin to the end: only our going ends it.
   {
     LocalStarter starter(io_, &rec_);
-    StartAgent(starter, "read s; cat >/dev/null; touch " + dir_ + "/eof",
-               "x");
+    StartAgent(starter, "read s; cat >/dev/null; touch " + dir_ + "/eof", "x");
   }
   ASSERT_TRUE(RunUntil(io_, [&] { return Exists("eof"); }));
 }

@@ -303,7 +303,7 @@ TEST_F(JobTest, UnknownOrRepeatedRankEventsChangeNothing) {
   StartJob();
   starter_.Finish(Starter::Started{});
   RunAll();
-  RankStarted(0, 3);      // rank 3 is node 1's
+  RankStarted(0, 3);       // rank 3 is node 1's
   RankExited(1, 9, 1, 0);  // no rank 9
   RankExited(0, 2, 1, 0);  // wrong node
   EXPECT_EQ(phase(), Phase::kRunning);
