@@ -7,6 +7,7 @@
 #include <boost/asio/buffer.hpp>
 #include <chrono>
 
+#include "proto/line_splitter.h"
 #include "proto/progress.h"
 
 namespace dslaunch::agent {
@@ -26,7 +27,7 @@ struct ProgressServer::Connection {
   int rank = 0;
   Local::socket socket;
   std::array<char, 16 * 1024> buffer;
-  std::string pending;
+  proto::LineSplitter lines{proto::kMaxProgressRecordBytes};
   bool discarding = false;  // inside an overlong record
 };
 
@@ -102,14 +103,12 @@ void ProgressServer::Read(const std::shared_ptr<Connection>& c) {
         if (!*alive) return;
         if (ec) {
           // A last record without a newline still counts.
-          if (c->discarding) {
-            delegate_->OnMalformedProgress(
-                c->rank, DataError("progress record over the size limit"));
-          } else if (!c->pending.empty()) {
-            HandleLine(c->rank, c->pending);
+          std::string rest;
+          if (c->lines.Finish(&rest)) {
+            HandlePiece(*c, {std::move(rest), true});
+          } else if (c->discarding) {
+            HandlePiece(*c, {"", true});
           }
-          c->pending.clear();
-          c->discarding = false;
           return;
         }
         HandleBytes(*c, std::string_view(c->buffer.data(), n));
@@ -118,26 +117,25 @@ void ProgressServer::Read(const std::shared_ptr<Connection>& c) {
 }
 
 void ProgressServer::HandleBytes(Connection& c, std::string_view data) {
-  while (!data.empty()) {
-    const size_t nl = data.find('\n');
-    const bool complete = nl != std::string_view::npos;
-    std::string_view chunk = complete ? data.substr(0, nl) : data;
-    data = complete ? data.substr(nl + 1) : std::string_view();
-    if (!c.discarding) c.pending.append(chunk);
-    if (c.pending.size() > proto::kMaxProgressRecordBytes) {
-      c.discarding = true;
-      c.pending.clear();
-    }
-    if (!complete) continue;
-    if (c.discarding) {
-      delegate_->OnMalformedProgress(
-          c.rank, DataError("progress record over the size limit"));
-    } else if (!c.pending.empty()) {
-      HandleLine(c.rank, c.pending);
-    }
-    c.pending.clear();
-    c.discarding = false;
+  std::vector<proto::LineSplitter::Piece> pieces;
+  c.lines.Feed(data, &pieces);
+  for (auto& piece : pieces) HandlePiece(c, std::move(piece));
+}
+
+void ProgressServer::HandlePiece(Connection& c,
+                                 proto::LineSplitter::Piece piece) {
+  // A piece that does not end its line is a record over the size limit:
+  // the whole record is dropped and counted once, at its end.
+  if (!piece.ends_line) {
+    c.discarding = true;
+    return;
   }
+  if (c.discarding) {
+    c.discarding = false;
+    return delegate_->OnMalformedProgress(
+        c.rank, DataError("progress record over the size limit"));
+  }
+  if (!piece.text.empty()) HandleLine(c.rank, piece.text);
 }
 
 void ProgressServer::HandleLine(int rank, std::string_view line) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "proto/dslaunch.pb.h"
+#include "proto/line_splitter.h"
 #include "proto/status.h"
 
 namespace dslaunch::agent {
@@ -49,6 +50,7 @@ class ProgressServer {
   void Read(const std::shared_ptr<Connection>& c);
   void CloseOldestBeyondLimit(int rank);
   void HandleBytes(Connection& c, std::string_view data);
+  void HandlePiece(Connection& c, proto::LineSplitter::Piece piece);
   void HandleLine(int rank, std::string_view line);
 
   boost::asio::io_context& io_;
