@@ -142,12 +142,15 @@ void Agent::Dial() {
       options_.launcher_host, std::to_string(options_.launcher_port),
       [this, resolver, socket](const boost::system::error_code& ec,
                                tcp::resolver::results_type results) {
-        if (ec) return RetryDial("cannot resolve launcher: " + ec.message());
+        // A launcher that cannot be found or refuses is gone (or never was):
+        // no retry, so an agent whose launcher died does not linger.
+        if (ec)
+          return OnLauncherLost("cannot resolve launcher: " + ec.message());
         asio::async_connect(
             *socket, results,
             [this, socket](const boost::system::error_code& ec,
                            const tcp::endpoint&) {
-              if (ec) return RetryDial("cannot connect: " + ec.message());
+              if (ec) return OnLauncherLost("cannot connect: " + ec.message());
               socket->set_option(tcp::no_delay(true));
               channel_ = proto::Channel::Create(
                   proto::Channel::Socket(std::move(*socket)), "launcher");
@@ -157,9 +160,9 @@ void Agent::Dial() {
 }
 
 void Agent::RetryDial(const std::string& why) {
-  // Only while no job arrived: a launcher that has not listened yet, a
-  // resolver that does not know it yet, or a connection the launcher shed
-  // under a flood of strangers. The connect timeout bounds the retries.
+  // Only while no job arrived, for a connection the launcher accepted and
+  // then dropped (shed under a flood of strangers, or a deadline it set).
+  // The connect timeout bounds the retries.
   if (state_ != State::kConnecting) return OnLauncherLost(why);
   last_dial_error_ = why;
   channel_.reset();
@@ -216,7 +219,9 @@ void Agent::HandleMessage(wire::Envelope&& msg) {
       if (!auth_sent_ || authed) break;
       return HandleJobSpec(msg.job_spec());
     case wire::Envelope::kHeartbeat:
-      if (!authed) break;
+      // Authenticated nodes wait for their JobSpec until node 0 has joined
+      // (its free port is MASTER_PORT); heartbeats come meanwhile.
+      if (!auth_sent_) break;
       return;
     // Abort and Shutdown may come instead of a JobSpec when the job ended
     // while this agent was still connecting.
@@ -255,12 +260,21 @@ void Agent::HandleWelcome(const wire::Welcome& welcome) {
       options_.secret, client_nonce_, welcome.server_nonce()));
   auth_sent_ = true;
   Send(env);
+  if (welcome.heartbeat_interval_s() > 0)
+    heartbeat_interval_s_ = welcome.heartbeat_interval_s();
+  if (welcome.heartbeat_timeout_s() > 0)
+    heartbeat_timeout_s_ = welcome.heartbeat_timeout_s();
+  StartHeartbeats();
 }
 
 void Agent::HandleJobSpec(const wire::JobSpec& job) {
   job_ = job;
   connect_timer_.cancel();
   SetState(State::kSpawning);
+  if (job_.heartbeat_interval_s() > 0)
+    heartbeat_interval_s_ = job_.heartbeat_interval_s();
+  if (job_.heartbeat_timeout_s() > 0)
+    heartbeat_timeout_s_ = job_.heartbeat_timeout_s();
   StartHeartbeats();
   Status st = SetUpRunDir();
   if (st.ok()) st = SpawnWorkers();
@@ -332,10 +346,8 @@ void Agent::StartHeartbeats() {
 }
 
 void Agent::ArmHeartbeat() {
-  const double interval =
-      job_.heartbeat_interval_s() > 0 ? job_.heartbeat_interval_s() : 1.0;
-  const double timeout =
-      job_.heartbeat_timeout_s() > 0 ? job_.heartbeat_timeout_s() : 10.0;
+  const double interval = heartbeat_interval_s_;
+  const double timeout = heartbeat_timeout_s_;
   heartbeat_timer_.expires_after(Seconds(interval));
   heartbeat_timer_.async_wait(
       [this, timeout](const boost::system::error_code& ec) {

@@ -114,6 +114,8 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   bool flush_scheduled_ = false;
   char stdin_byte_ = 0;
   uint64_t heartbeat_seq_ = 0;
+  double heartbeat_interval_s_ = 1;  // the Welcome's, then the JobSpec's
+  double heartbeat_timeout_s_ = 10;
 };
 
 }  // namespace dslaunch::agent

@@ -65,8 +65,12 @@ void JobContainment::SetUp(const std::string& job_id, int node_rank) {
   if (set_up_) return;
   set_up_ = true;
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-  const std::string dir = proto::JobCgroupDir(job_id, node_rank);
-  if (!dir.empty() && (::mkdir(dir.c_str(), 0700) == 0 || errno == EEXIST)) {
+  const std::string dir = proto::JobCgroupDir(job_id, node_rank, ::getpid());
+  // Never join a cgroup that exists: another agent's would be killed with
+  // ours. One left empty by a dead agent with our pid is removed first (a
+  // cgroup with processes cannot be removed, and then mkdir fails).
+  if (!dir.empty()) ::rmdir(dir.c_str());
+  if (!dir.empty() && ::mkdir(dir.c_str(), 0700) == 0) {
     cgroup_dir_ = dir;
     StartGuard();
   } else if (!dir.empty()) {

@@ -84,7 +84,8 @@ std::string Cgroup2Path(const std::string& proc_cgroup) {
   return "";
 }
 
-std::string JobCgroupDir(const std::string& job_id, int node_rank) {
+std::string JobCgroupDir(const std::string& job_id, int node_rank,
+                         pid_t agent_pid) {
   auto read = [](const char* path) {
     std::ifstream in(path);
     std::stringstream ss;
@@ -99,7 +100,7 @@ std::string JobCgroupDir(const std::string& job_id, int node_rank) {
     if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-') ch = '_';
   }
   return mount + (own == "/" ? "" : own) + "/dsl-" + id + "-" +
-         std::to_string(node_rank);
+         std::to_string(node_rank) + "-" + std::to_string(agent_pid);
 }
 
 }  // namespace dslaunch::proto

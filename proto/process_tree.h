@@ -24,9 +24,11 @@ std::string Cgroup2Mount(const std::string& mountinfo);
 // The v2 cgroup path (the "0::" line) in a /proc/self/cgroup text, or "".
 std::string Cgroup2Path(const std::string& proc_cgroup);
 // The cgroup an agent makes for its job's workers, below this process's own
-// cgroup v2: <mount><own>/dsl-<job id>-<node rank> (the job id reduced to
-// [A-Za-z0-9-]), or "" when no cgroup2 is mounted. The local starter finds
-// its agents' (its own cgroup is theirs) by the same name.
-std::string JobCgroupDir(const std::string& job_id, int node_rank);
+// cgroup v2: <mount><own>/dsl-<job id>-<node rank>-<agent pid> (the job id
+// reduced to [A-Za-z0-9-]; the pid keeps two agents apart even with one job
+// id), or "" when no cgroup2 is mounted. The local starter finds its agents'
+// (its own cgroup is theirs) by the same name.
+std::string JobCgroupDir(const std::string& job_id, int node_rank,
+                         pid_t agent_pid);
 
 }  // namespace dslaunch::proto

@@ -61,7 +61,7 @@ Status LocalStarter::StartAll(const AgentBootstrap& boot) {
     spec.destroy_signal = 0;      // the closed lifeline tells it to go
     ASSIGN_OR_RETURN(pid_t pid, processes_.Spawn(spec));
     node_of_[pid] = node.node_rank;
-    cgroup_of_[pid] = proto::JobCgroupDir(boot.job_id, node.node_rank);
+    cgroup_of_[pid] = proto::JobCgroupDir(boot.job_id, node.node_rank, pid);
     // A pipe holds 64 KiB, so this never blocks; a dead agent gives EPIPE.
     (void)proto::WriteAll(processes_.StdinOf(pid), boot.secret + "\n");
   }

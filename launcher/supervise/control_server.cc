@@ -304,6 +304,10 @@ void ControlServer::SendWelcome(const std::shared_ptr<Handshake>& hs) {
   welcome.mutable_welcome()->set_server_nonce(hs->server_nonce);
   welcome.mutable_welcome()->set_launcher_proof(proto::LauncherProof(
       hs->secret, hs->hello.client_nonce(), hs->server_nonce));
+  welcome.mutable_welcome()->set_heartbeat_interval_s(
+      options_.heartbeat_interval_s);
+  welcome.mutable_welcome()->set_heartbeat_timeout_s(
+      options_.heartbeat_timeout_s);
   (void)hs->channel->Send(welcome);
 }
 

@@ -161,6 +161,12 @@ class AgentTest : public ::testing::Test {
     EXPECT_EQ(auth.auth().agent_proof(),
               proto::AgentProof(secret_, hello.hello().client_nonce(),
                                 server_nonce_));
+    StartJobSpecOnly(script, ranks, kill_grace_s);
+  }
+
+  // Sends the JobSpec alone (the agent has authenticated).
+  void StartJobSpecOnly(const std::string& script, std::vector<int> ranks,
+                        double kill_grace_s = 5) {
     wire::Envelope env;
     auto* job = env.mutable_job_spec();
     job->set_job_id("0123456789abcdef");
@@ -261,6 +267,23 @@ TEST_F(AgentTest, DialsAgainWhenTheLauncherDropsItBeforeTheJob) {
   Accept();
   StartJob("exit 0", {0});
   EXPECT_EQ(Next(wire::Envelope::kWorkerExited).worker_exited().exit_code(), 0);
+  wire::Envelope env;
+  env.mutable_shutdown();
+  ASSERT_TRUE(channel_->Send(env).ok());
+  Next(wire::Envelope::kAgentDone);
+  EXPECT_EQ(AgentExit(), 0);
+}
+
+TEST_F(AgentTest, TakesHeartbeatsWhileItsJobWaitsForNodeZero) {
+  StartAgent();
+  Handshake(secret_);
+  Next(wire::Envelope::kAuth);
+  wire::Envelope beat;
+  beat.mutable_heartbeat()->set_seq(1);
+  ASSERT_TRUE(channel_->Send(beat).ok());
+  StartJobSpecOnly("exit 0", {0});
+  EXPECT_EQ(Next(wire::Envelope::kWorkerExited).worker_exited().exit_code(), 0);
+  EXPECT_FALSE(closed_.has_value());
   wire::Envelope env;
   env.mutable_shutdown();
   ASSERT_TRUE(channel_->Send(env).ok());

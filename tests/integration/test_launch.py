@@ -9,7 +9,7 @@ import sys
 import time
 import unittest
 
-from harness import DSLAUNCH, PY, RANK_PY, LaunchTest
+from harness import BIN, DSLAUNCH, PY, RANK_PY, LaunchTest
 
 CONTRACT = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE",
             "NODE_RANK", "GROUP_RANK", "CROSS_RANK", "CROSS_SIZE", "MASTER_ADDR",
@@ -209,6 +209,21 @@ class AgentLoss(LaunchTest):
         self.assertEqual(job.returncode, 69, err.decode())
         self.assertIn("node 2 (127.0.0.3) was lost", err.decode())
         self.assertIn("no heartbeat", err.decode())
+
+    def test_nodes_waiting_for_node_0_stay_connected_past_the_heartbeat_timeout(self):
+        # Every node's JobSpec waits for node 0 (its free port is MASTER_PORT):
+        # node 0's agent here starts 2.5 s late, longer than the 1 s timeout.
+        wrapper = os.path.join(self.dir, "slow-node0-agent")
+        with open(wrapper, "w") as f:
+            f.write('#!/bin/sh\ncase " $* " in *" --node_rank 0 "*) sleep 2.5;; esac\n'
+                    'exec %s "$@"\n' % os.path.join(BIN, "dsagent"))
+        os.chmod(wrapper, 0o755)
+        hb = ["--heartbeat_interval", "0.2", "--heartbeat_timeout", "1",
+              "--agent_path", wrapper]
+        p = self.run_job(self.args(extra=hb) + [PY, RANK_PY, "env"], timeout=60,
+                         ENV_KEYS='["MASTER_PORT"]')
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        self.assertEqual(len(self.started_pids()), 6)
 
     def test_agents_stop_their_ranks_when_the_launcher_goes_silent(self):
         hb = ["--heartbeat_interval", "0.2", "--heartbeat_timeout", "1"]

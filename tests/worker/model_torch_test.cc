@@ -18,9 +18,10 @@ namespace {
 
 constexpr const char* kPython = "/usr/bin/python3";
 
+// The absolute source directory (tests/CMakeLists.txt): __FILE__ may be
+// relative, e.g. when built through ccache with a base directory.
 std::string ScriptPath() {
-  const std::string here = __FILE__;
-  return here.substr(0, here.find_last_of('/') + 1) + "torch_compare.py";
+  return std::string(DSL_TESTS_DIR) + "/worker/torch_compare.py";
 }
 
 // Runs `cmd`, returns its exit status and stdout+stderr.
