@@ -6,3 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/setup.sh --test
 ctest --test-dir build --output-on-failure -j 2 "$@"
+
+# Fuzzing (tests/fuzz, docs/fuzzing.md): each libFuzzer target for a short
+# bounded time over its kept corpus; a crash, leak or timeout fails the run.
+# DSL_FUZZ_SECONDS=0 skips it.
+if [ "${DSL_FUZZ_SECONDS:-20}" != 0 ]; then
+  bash tests/fuzz/run.sh "${DSL_FUZZ_SECONDS:-20}"
+fi
