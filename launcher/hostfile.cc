@@ -16,6 +16,8 @@ namespace {
 
 // A typo such as node[1-1000000] must not exhaust memory.
 constexpr long kMaxHostsPerRange = 65536;
+// ...and neither must many ranges together (a 1 KB file of ranges made 6M).
+constexpr size_t kMaxHosts = 65536;
 constexpr size_t kMaxHostNameLength = 253;
 constexpr char kWhitespace[] = " \t\r\f\v";
 constexpr char kExpectedKeys[] = "(expected slots=, max_slots=, port=, user=)";
@@ -222,6 +224,10 @@ Status ParseTokens(const std::vector<std::string_view>& tokens,
 Status AddHosts(const std::vector<std::string>& names, const HostEntry& attrs,
                 std::unordered_map<std::string, int>& first_line,
                 Hostfile& hostfile) {
+  if (hostfile.hosts.size() + names.size() > kMaxHosts) {
+    return DataError("more than " + std::to_string(kMaxHosts) +
+                     " hosts in the hostfile");
+  }
   for (const std::string& name : names) {
     auto [it, inserted] = first_line.emplace(Lower(name), attrs.line);
     if (!inserted) {

@@ -259,6 +259,22 @@ TEST(Hostfile, RejectsHugeRange) {
             "65536 hosts");
 }
 
+// Found while fuzzing (tests/fuzz/hostfile_fuzz): many ranges, each under
+// the per-range limit, expanded a 1 KB file to millions of hosts.
+TEST(Hostfile, RejectsMoreThan65536HostsInTotal) {
+  std::string text;
+  for (char c = 'a'; c <= 'c'; ++c) text += std::string(1, c) + "[1-30000]\n";
+  EXPECT_EQ(ParseError(text),
+            "hosts.txt:3: more than 65536 hosts in the hostfile");
+}
+
+TEST(Hostfile, AcceptsExactly65536HostsInTotal) {
+  StatusOr<Hostfile> result =
+      ParseHostfile("a[1-30000]\nb[1-30000]\nc[1-5536]\n", "hosts.txt");
+  ASSERT_TRUE(result.ok()) << result.status().message();
+  EXPECT_EQ(result->hosts.size(), 65536u);
+}
+
 TEST(Hostfile, RejectsHostNameWithShellCharacters) {
   EXPECT_EQ(ParseError("node1\nhost;rm\n"),
             "hosts.txt:2: invalid host name 'host;rm' (allowed: letters, "
