@@ -259,7 +259,7 @@ TEST(Hostfile, RejectsHugeRange) {
             "65536 hosts");
 }
 
-// Found while fuzzing (tests/fuzz/hostfile_fuzz): many ranges, each under
+// Seen as a timeout of tests/fuzz/hostfile_fuzz: many ranges, each under
 // the per-range limit, expanded a 1 KB file to millions of hosts.
 TEST(Hostfile, RejectsMoreThan65536HostsInTotal) {
   std::string text;
