@@ -3,8 +3,9 @@
 # a bounded time over its kept corpus (tests/fuzz/corpus/<target>/). Fails on
 # any crash, leak, timeout or out-of-memory. Usage:
 #   tests/fuzz/run.sh [seconds-per-target] [target...]
-# DSL_FUZZ_RUNS=N runs N inputs per target instead of a time limit (the long
-# run in docs/fuzzing.md); DSL_FUZZ_MAX_LEN=N caps input length below the
+# DSL_FUZZ_RUNS=N stops each target after N inputs (or the time limit,
+# whichever comes first; 0 seconds = no time limit), as in the long run of
+# docs/fuzzing.md; DSL_FUZZ_MAX_LEN=N caps input length below the
 # defaults below.
 # Targets: hostfile frames progress config (default: all). New inputs the
 # fuzzer finds go to build-fuzz/fuzz-corpus/<target>/, never into the kept
@@ -38,11 +39,8 @@ for t in "${targets[@]}"; do
   mkdir -p "$work" "$artifacts"
   args=(-rss_limit_mb=2048 -timeout=10 -max_len="${DSL_FUZZ_MAX_LEN:-${max_len[$t]}}"
         -print_final_stats=1 -artifact_prefix="$artifacts")
-  if [ -n "${DSL_FUZZ_RUNS:-}" ]; then
-    args+=(-runs="$DSL_FUZZ_RUNS")
-  else
-    args+=(-max_total_time="$seconds")
-  fi
+  [ "$seconds" != 0 ] && args+=(-max_total_time="$seconds")
+  [ -n "${DSL_FUZZ_RUNS:-}" ] && args+=(-runs="$DSL_FUZZ_RUNS")
   [ -n "${dict[$t]:-}" ] && args+=(-dict="$root/tests/fuzz/${dict[$t]}")
   echo "== $t: ${seconds}s"
   if ! ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
