@@ -22,7 +22,8 @@ build_pkgs=(build-essential cmake ninja-build pkg-config
   nlohmann-json3-dev libgtest-dev libgmock-dev libgloo-dev libopenblas-dev python3
   bible-kjv bible-kjv-text)
 test_pkgs=(python3 python3-torch openmpi-bin libopenmpi-dev
-  iproute2 procps openssh-server openssh-client pdsh)
+  iproute2 procps openssh-server openssh-client pdsh
+  clang-14 libclang-rt-14-dev libomp-14-dev)  # tests/fuzz (libFuzzer)
 
 pkgs=("${build_pkgs[@]}")
 if [ "$want_tests" = 1 ]; then pkgs+=("${test_pkgs[@]}"); fi

@@ -26,3 +26,10 @@ if [ "${DSL_TEST_SANITIZE:-1}" != 0 ]; then
   UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
     ctest --test-dir build-asan --output-on-failure -j 2 -L unit
 fi
+
+# Fuzzing (tests/fuzz, docs/fuzzing.md): each libFuzzer target for a short
+# bounded time over its kept corpus; a crash, leak or timeout fails the run.
+# DSL_FUZZ_SECONDS=0 skips it.
+if [ "${DSL_FUZZ_SECONDS:-20}" != 0 ]; then
+  bash tests/fuzz/run.sh "${DSL_FUZZ_SECONDS:-20}"
+fi

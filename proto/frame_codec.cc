@@ -1,5 +1,7 @@
 #include "proto/frame_codec.h"
 
+#include <google/protobuf/stubs/logging.h>  // LogSilencer
+
 namespace dslaunch::proto {
 
 void AppendFrame(std::string_view payload, std::string* out) {
@@ -50,6 +52,9 @@ Status FrameDecoder::Feed(std::string_view data,
 
 StatusOr<wire::Envelope> ParseEnvelope(std::string_view payload) {
   wire::Envelope msg;
+  // A malformed message is reported through the status only: libprotobuf's
+  // own log line (e.g. for invalid UTF-8) would reach the terminal.
+  google::protobuf::LogSilencer silence;
   if (!msg.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
     return ProtocolError("malformed message (" +
                          std::to_string(payload.size()) + " bytes)");

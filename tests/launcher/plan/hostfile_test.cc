@@ -355,6 +355,24 @@ TEST(Hostfile, CrlfWithKeysAndCommentsParses) {
   EXPECT_EQ(ok->hosts[1].line, 4);
 }
 
+// Seen as a timeout of tests/fuzz/hostfile_fuzz: many ranges, each under
+// the per-range limit, expanded a 1 KB file to millions of hosts.
+TEST(Hostfile, RejectsMoreThan65536HostsInTotal) {
+  std::string text;
+  for (char c = 'a'; c <= 'c'; ++c) text += std::string(1, c) + "[1-30000]\n";
+  const std::string error = ParseError(text);
+  EXPECT_EQ(error.rfind("hosts.txt:3: ", 0), 0u) << error;
+  EXPECT_NE(error.find("limit of 65536 hosts per hostfile"), std::string::npos)
+      << error;
+}
+
+TEST(Hostfile, AcceptsExactly65536HostsInTotal) {
+  StatusOr<Hostfile> result =
+      ParseHostfile("a[1-30000]\nb[1-30000]\nc[1-5536]\n", "hosts.txt");
+  ASSERT_TRUE(result.ok()) << result.status().message();
+  EXPECT_EQ(result->hosts.size(), 65536u);
+}
+
 TEST(Hostfile, RejectsHostNameWithShellCharacters) {
   EXPECT_EQ(ParseError("node1\nhost;rm\n"),
             "hosts.txt:2: invalid host name 'host;rm' (allowed: letters, "
