@@ -56,7 +56,7 @@ std::vector<pid_t> LiveMembers(const std::string& dir) {
 
 JobContainment::~JobContainment() {
   if (!set_up_) return;
-  KillAll();
+  if (!all_gone_) KillAll();  // Finish usually did, and nothing runs since
   RemoveCgroup();
   if (guard_fd_ >= 0) ::close(guard_fd_);  // the guard finds nothing left
 }
@@ -132,11 +132,20 @@ void JobContainment::KillAll() {
       }
       any |= !members.empty();
     }
-    for (pid_t pid : proto::LiveDescendants(::getpid(), {guard_pid_})) {
-      ::kill(pid, SIGKILL);
-      any = true;
+    // With a cgroup, its members are the job (every descendant inherits it;
+    // only root can move a process out): the /proc walk, which costs a few
+    // ms of teardown per node, is for nodes without one.
+    if (cgroup_dir_.empty()) {
+      for (pid_t pid : proto::LiveDescendants(::getpid(), {guard_pid_})) {
+        ::kill(pid, SIGKILL);
+        any = true;
+      }
     }
-    if (!any) return;
+    if (!any) {
+      all_gone_ = true;
+      return;
+    }
+    all_gone_ = false;
     SleepMs(5);
   }
   spdlog::warn("descendants of the job still alive after SIGKILL");

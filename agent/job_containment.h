@@ -27,6 +27,8 @@ class JobContainment {
   void SetUp(const std::string& job_id, int node_rank);
   // The cgroup directory workers join, or "" when there is none.
   const std::string& cgroup_dir() const { return cgroup_dir_; }
+  // A worker was started: the next teardown must look again.
+  void NoteSpawned() { all_gone_ = false; }
   // "cgroup <dir>" or "subreaper".
   std::string mechanism() const;
   // SIGKILLs everything in the cgroup and every live descendant of this
@@ -38,6 +40,8 @@ class JobContainment {
   void RemoveCgroup();
 
   bool set_up_ = false;
+  // The last KillAll found nothing left; no worker was spawned since.
+  bool all_gone_ = false;
   std::string cgroup_dir_;
   pid_t guard_pid_ = -1;
   int guard_fd_ = -1;  // our end of the guard's lifeline

@@ -3,6 +3,7 @@
 #include <signal.h>  // SIGKILL, SIGTERM
 #include <spdlog/spdlog.h>
 #include <sys/prctl.h>  // PR_SET_CHILD_SUBREAPER
+#include <sys/wait.h>   // WIFSIGNALED
 #include <unistd.h>     // getpid, usleep
 
 #include <boost/asio/post.hpp>
@@ -82,8 +83,12 @@ void LocalStarter::OnProcessExited(pid_t pid, const proto::ExitInfo& info) {
   if (!info.error.empty()) {
     spdlog::error("node {}: cannot start the agent: {}", node, info.error);
   }
-  SweepOrphans();
-  RemoveCgroup(cgroup);
+  // An agent that ended on its own killed its job's tree itself; one killed
+  // by a signal (SIGKILL) left it to us.
+  if (WIFSIGNALED(info.wait_status)) {
+    SweepOrphans();
+    RemoveCgroup(cgroup);
+  }
   delegate_->OnAgentProcessExited(node, DescribeWaitStatus(info.wait_status));
 }
 
