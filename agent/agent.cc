@@ -337,6 +337,7 @@ Status Agent::SpawnWorkers() {
     started->set_time(Now());
     Send(env);
   }
+  workers_.GuardContainment();
   return Status::Ok();
 }
 

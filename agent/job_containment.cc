@@ -72,7 +72,6 @@ void JobContainment::SetUp(const std::string& job_id, int node_rank) {
   if (!dir.empty()) ::rmdir(dir.c_str());
   if (!dir.empty() && ::mkdir(dir.c_str(), 0700) == 0) {
     cgroup_dir_ = dir;
-    StartGuard();
   } else if (!dir.empty()) {
     spdlog::debug("cannot make cgroup {}: {}", dir, std::strerror(errno));
   }
@@ -86,6 +85,7 @@ std::string JobContainment::mechanism() const {
 // The guard outlives an agent that is SIGKILLed: when its lifeline (a pipe
 // from us) reaches end of file, it kills the cgroup and removes it.
 void JobContainment::StartGuard() {
+  if (cgroup_dir_.empty() || guard_pid_ > 0) return;
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return;
   const std::string kill_path = cgroup_dir_ + "/cgroup.kill";

@@ -25,6 +25,10 @@ class JobContainment {
   // Makes this process a child subreaper and, where it can, makes the
   // job's cgroup (proto::JobCgroupDir). Logs the mechanism once at info.
   void SetUp(const std::string& job_id, int node_rank);
+  // With a cgroup: forks the guard that kills and removes it should this
+  // process be SIGKILLed. Called once the workers run (off the launch path:
+  // until then a SIGKILL takes the workers by PR_SET_PDEATHSIG).
+  void StartGuard();
   // The cgroup directory workers join, or "" when there is none.
   const std::string& cgroup_dir() const { return cgroup_dir_; }
   // A worker was started: the next teardown must look again.
@@ -36,7 +40,6 @@ class JobContainment {
   void KillAll();
 
  private:
-  void StartGuard();
   void RemoveCgroup();
 
   bool set_up_ = false;

@@ -58,6 +58,8 @@ class WorkerSet : private proto::ProcessSet::Delegate {
   void SignalAll(int sig) { processes_.SignalAll(sig); }
   // SIGKILLs every descendant (cgroup and /proc walk) until none is left.
   void KillDescendants() { containment_.KillAll(); }
+  // After the workers started: guards the job's cgroup (JobContainment).
+  void GuardContainment() { containment_.StartGuard(); }
   // Stop/restart reading worker output (backpressure from the channel).
   void PauseOutput() { processes_.PauseOutput(); }
   void ResumeOutput() { processes_.ResumeOutput(); }

@@ -28,12 +28,14 @@ bool IsLocalHost(const std::string& host) {
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
   if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
-  const auto addresses = proto::InterfaceAddresses(true);
-  const std::set<std::string> local(addresses.begin(), addresses.end());
   bool is_local = false;
-  for (addrinfo* r = res; r && !is_local; r = r->ai_next) {
-    is_local = IsLoopback(r->ai_addr) ||
-               local.count(proto::AddressToString(r->ai_addr)) > 0;
+  for (addrinfo* r = res; r && !is_local; r = r->ai_next)
+    is_local = IsLoopback(r->ai_addr);
+  if (!is_local) {  // only then ask for the interfaces (a netlink dump)
+    const auto addresses = proto::InterfaceAddresses(true);
+    const std::set<std::string> local(addresses.begin(), addresses.end());
+    for (addrinfo* r = res; r && !is_local; r = r->ai_next)
+      is_local = local.count(proto::AddressToString(r->ai_addr)) > 0;
   }
   ::freeaddrinfo(res);
   return is_local;
