@@ -8,7 +8,8 @@
 // States (each transition logged once):
 //   Connecting -> Spawning -> Running -> Draining -> Exited
 //   Connecting -> Exited            (launcher unreachable or auth failed)
-//   Spawning/Running -> Draining    (abort, launcher lost, SIGTERM/INT/HUP)
+//   Connecting/Spawning/Running -> Draining
+//                                   (abort, launcher lost, SIGTERM/INT/HUP)
 //   Running -> Exited               (Shutdown after every worker is done)
 #pragma once
 

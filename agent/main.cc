@@ -12,6 +12,7 @@
 #include "agent/agent_args.h"
 #include "proto/auth.h"
 #include "proto/exit_status.h"
+#include "proto/host_info.h"
 #include "proto/version.h"
 
 // Bad flags: one line on stderr, exit 64 (EX_USAGE).
@@ -22,6 +23,7 @@ static int Usage(const dslaunch::Status& st) {
 
 int main(int argc, char** argv) {
   ::prctl(PR_SET_DUMPABLE, 0);  // no rank may read our memory or secret
+  dslaunch::proto::EnsureStandardDescriptors();
   CLI::App app("dsagent: runs one node's ranks of a dslaunch job");
   dslaunch::agent::AgentOptions options;
   std::string connect, log_level = "warn";

@@ -14,6 +14,7 @@
 #include "launcher/plan/hostfile.h"
 #include "launcher/plan/plan.h"
 #include "proto/exit_status.h"
+#include "proto/host_info.h"
 
 namespace dsl = dslaunch::launcher;
 
@@ -25,6 +26,7 @@ static int ExitFor(const dslaunch::Status& st) {
 
 int main(int argc, char** argv) {
   ::prctl(PR_SET_DUMPABLE, 0);  // no rank may read our memory or secret
+  dslaunch::proto::EnsureStandardDescriptors();
   int exit_now = -1;
   auto options = dsl::ParseFlags(argc, argv, &exit_now);
   if (!options.ok()) return ExitFor(options.status());

@@ -8,8 +8,9 @@
 #include <netdb.h>              // getaddrinfo
 #include <signal.h>             // sigprocmask, signal
 #include <sys/resource.h>       // getrlimit
-#include <unistd.h>             // close_range, close
+#include <unistd.h>
 
+#include <cerrno>  // close_range, close
 #include <charconv>
 
 namespace dslaunch::proto {
@@ -90,11 +91,22 @@ StatusOr<Route> RouteTo(const std::string& host) {
   return route;
 }
 
+void EnsureStandardDescriptors() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) == -1 && errno == EBADF) {
+      // open() returns the lowest free descriptor: this one.
+      (void)::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+    }
+  }
+}
+
 void PrepareChildForExec() {
+  // Default dispositions first, then unblock: a signal pending since the
+  // fork (the parent blocks all around it) must not run its handlers here.
+  for (int sig = 1; sig < NSIG; ++sig) ::signal(sig, SIG_DFL);
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  for (int sig = 1; sig < NSIG; ++sig) ::signal(sig, SIG_DFL);
   if (::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
     // Kernels before 5.11: mark each descriptor (async-signal-safe calls).
     rlimit lim{};

@@ -35,6 +35,10 @@ struct Route {
 };
 StatusOr<Route> RouteTo(const std::string& host);
 
+// At a program's start: descriptors 0-2 that are closed become /dev/null,
+// so that no pipe or socket opened later lands on them.
+void EnsureStandardDescriptors();
+
 // In a child after fork: default dispositions for every signal, an empty
 // signal mask, and close-on-exec for every descriptor above 2, so nothing
 // of the parent's (sockets, listeners, pipes) leaks into the new program.

@@ -1,13 +1,14 @@
 #include "proto/process_set.h"
 
-#include <fcntl.h>      // open, O_CLOEXEC
+#include <fcntl.h>        // open, O_CLOEXEC
 #include <linux/sched.h>  // clone_args, CLONE_INTO_CGROUP
-#include <signal.h>     // kill
-#include <sys/prctl.h>  // PR_SET_PDEATHSIG
-#include <sys/stat.h>   // stat
+#include <pthread.h>      // pthread_sigmask
+#include <signal.h>       // kill
+#include <sys/prctl.h>    // PR_SET_PDEATHSIG
+#include <sys/stat.h>     // stat
 #include <sys/syscall.h>  // SYS_clone3
-#include <sys/wait.h>   // WIFSIGNALED
-#include <unistd.h>     // fork, execve, pipe2
+#include <sys/wait.h>     // WIFSIGNALED
+#include <unistd.h>       // fork, execve, pipe2
 
 #include <array>
 #include <boost/asio/buffer.hpp>
@@ -265,22 +266,40 @@ StatusOr<pid_t> ProcessSet::Spawn(const ProcessSpec& spec) {
   RETURN_IF_ERROR(pipes.Open(spec));
   auto argv = CStrings(spec.argv);
   auto envp = CStrings(env);
-  ChildPlan plan{::getpid(),        !error.empty(),   spec.new_session,
-                 spec.death_signal, pipes.in[0],      pipes.out[1],
-                 pipes.err[1],      pipes.report[1],  path.c_str(),
-                 spec.cwd.c_str(),  "",               argv.data(),
+  ChildPlan plan{::getpid(),
+                 !error.empty(),
+                 spec.new_session,
+                 spec.death_signal,
+                 pipes.in[0],
+                 pipes.out[1],
+                 pipes.err[1],
+                 pipes.report[1],
+                 path.c_str(),
+                 spec.cwd.c_str(),
+                 "",
+                 argv.data(),
                  envp.data()};
   // Straight into the cgroup where the kernel can (clone3): moving a process
   // in afterwards costs an RCU grace period, ~10 ms per rank at launch.
+  // Every signal blocked across the fork: the child must not run the
+  // parent's handlers (Asio's signal pipe is shared) before it resets them.
+  sigset_t all, old_mask;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &old_mask);
   pid_t pid = spec.cgroup_dir.empty() ? -1 : CloneIntoCgroup(spec.cgroup_dir);
   std::string cgroup_procs;
   if (pid < 0) {
-    if (!spec.cgroup_dir.empty()) cgroup_procs = spec.cgroup_dir + "/cgroup.procs";
+    if (!spec.cgroup_dir.empty())
+      cgroup_procs = spec.cgroup_dir + "/cgroup.procs";
     plan.cgroup_procs = cgroup_procs.c_str();  // the child joins it itself
     pid = ::fork();
   }
-  if (pid < 0) return ErrnoStatus("fork", errno);
+  // The clone3 child skipped glibc's fork bookkeeping (its cached thread id
+  // is the parent's): ExecChild calls nothing that reads it.
   if (pid == 0) ExecChild(plan);
+  const int fork_errno = errno;
+  ::pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  if (pid < 0) return ErrnoStatus("fork", fork_errno);
   if (!spec.new_session) ::setpgid(pid, pid);  // so kill(-pid) works at once
   pipes.CloseChildEnds();
   if (error.empty()) error = ExecError(pipes.report[0], spec, path);

@@ -93,7 +93,9 @@ void Console::Line(int rank, bool is_stderr, std::string_view line,
     it->second->Piece(is_stderr, line, !partial);
   }
   auto& last = last_[rank];
-  last.emplace_back(line);
+  // Kept for the failure report: bounded per line, so that many ranks of
+  // long lines cannot fill the launcher's memory.
+  last.emplace_back(line.substr(0, kKeptLineBytes));
   if (last.size() > kKeptLines) last.pop_front();
 }
 

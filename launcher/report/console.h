@@ -29,6 +29,7 @@ namespace dslaunch::launcher {
 class Console {
  public:
   static constexpr size_t kKeptLines = 10;
+  static constexpr size_t kKeptLineBytes = 4096;
   // Bounds on rank 0's progress line: per field and in all.
   static constexpr size_t kMaxProgressFieldBytes = 160;
   static constexpr size_t kMaxProgressLineBytes = 1024;

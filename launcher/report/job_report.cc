@@ -58,11 +58,13 @@ void Job::PrintConsequences() {
     }
   }
   if (!stopped.empty()) {
-    console_.Note(
-        "stopped in consequence: " + Plural(stopped.size(), "rank") +
-        ", all gone " +
-        Fixed(Seconds(state_.end_time() - state_.stop_time()) * 1000, 0) +
-        " ms after the stop began");
+    const std::string ms =
+        Fixed(Seconds(state_.end_time() - state_.stop_time()) * 1000, 0);
+    console_.Note("stopped in consequence: " + Plural(stopped.size(), "rank") +
+                  (state_.gave_up()
+                       ? ", not every agent confirmed its end " + ms +
+                             " ms after the stop began (killed)"
+                       : ", all gone " + ms + " ms after the stop began"));
     for (const auto& s : stopped) console_.Note("  " + s);
   }
   for (const auto& s : still) console_.Note("  " + s);

@@ -79,8 +79,22 @@ Status CreateLogDir(const std::string& dir) {
 StatusOr<std::unique_ptr<SinkFile>> SinkFile::Create(const std::string& path,
                                                      ErrorCallback on_error) {
   const mode_t mode = LogFileMode(CurrentUmask());
-  const int fd =
-      ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  // A symbolic link is followed only to a device or a pipe (a log sent to
+  // /dev/null or a FIFO on purpose); one planted in a shared --log_dir that
+  // points at somebody's file is refused, never truncated.
+  int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+  struct stat link;
+  if (::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+    struct stat target;
+    if (::stat(path.c_str(), &target) != 0 || S_ISREG(target.st_mode) ||
+        S_ISDIR(target.st_mode)) {
+      return IoError("cannot write " + path +
+                     ": a symbolic link to a file is not followed");
+    }
+  } else {
+    flags |= O_NOFOLLOW;  // and none may appear meanwhile
+  }
+  const int fd = ::open(path.c_str(), flags, mode);
   if (fd < 0) return ErrnoStatus("cannot write " + path, errno);
   // A file left by an earlier run keeps its mode through O_TRUNC. Only
   // regular files: --log_dir may hold links to devices or pipes.

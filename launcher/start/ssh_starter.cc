@@ -170,6 +170,12 @@ void SshStarter::Start(const AgentBootstrap& boot, StartDone done) {
                                 "started:" +
                                 failures));
               }
+              // Stopped meanwhile (Ctrl-C, a node lost): no agent gets the
+              // secret; those waiting for it end with their connections.
+              for (const auto& node : nodes_) {
+                if (node->cancelled)
+                  return done(Unavailable("the start was cancelled"));
+              }
               HandOverSecret(secret);
               done(Started{checks.at(0).peer_address});
             });

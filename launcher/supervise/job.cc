@@ -58,12 +58,23 @@ void Job::Start(Starter* starter, AgentLinks* links, int control_port) {
 }
 
 void Job::OnStarted(StatusOr<Starter::Started> started) {
-  if (state_.phase() != Phase::kStarting) return;  // interrupted meanwhile
   if (!started.ok()) {
     console_.Note(started.status().message());
-    state_.StartFailed(started.status());
-    return io_.stop();
+    if (state_.phase() == Phase::kStarting) {
+      state_.StartFailed(started.status());
+      return io_.stop();
+    }
+    // Already stopping (interrupted meanwhile): what was not started never
+    // will be, and no process of it will report its end.
+    for (size_t n = 0; n < state_.nodes().size(); ++n) {
+      const NodeRecord& node = state_.node(static_cast<int>(n));
+      if (!node.authenticated && !node.process_exited)
+        Act(state_.AgentProcessExited(static_cast<int>(n),
+                                      "was never started"));
+    }
+    return MaybeEnd();
   }
+  if (state_.phase() != Phase::kStarting) return;  // interrupted meanwhile
   if (options_.plan.master_addr.empty() && !started->master_addr.empty())
     plan_.master_addr = started->master_addr;
   spdlog::info("agents started on {} nodes", plan_.nodes.size());
@@ -174,12 +185,13 @@ void Job::OnAgentMessage(int node_rank, wire::Envelope&& msg) {
   switch (msg.msg_case()) {
     case wire::Envelope::kLogBatch:
       for (const auto& e : msg.log_batch().entries()) {
+        if (!RankOfNode(e.rank(), node_rank)) continue;
         console_.Line(e.rank(), e.stream() == wire::LogBatch::STDERR, e.line(),
                       e.partial());
       }
       return console_.Flush();
     case wire::Envelope::kProgressBatch:
-      return HandleProgress(msg.progress_batch());
+      return HandleProgress(node_rank, msg.progress_batch());
     case wire::Envelope::kWorkerStarted:
       return HandleWorkerStarted(node_rank, msg.worker_started());
     case wire::Envelope::kWorkerExited:
@@ -195,15 +207,25 @@ void Job::OnAgentMessage(int node_rank, wire::Envelope&& msg) {
   }
 }
 
-void Job::HandleProgress(const wire::ProgressBatch& batch) {
+bool Job::RankOfNode(int rank, int node_rank) const {
+  auto it = state_.ranks().find(rank);
+  if (it != state_.ranks().end() && it->second.node_rank == node_rank)
+    return true;
+  spdlog::warn("node {}: output or progress of rank {}, not one of its own",
+               node_rank, rank);
+  return false;
+}
+
+void Job::HandleProgress(int node_rank, const wire::ProgressBatch& batch) {
   for (const auto& r : batch.records()) {
-    console_.Progress(r.rank(), r.json(), r.time());
+    if (RankOfNode(r.rank(), node_rank))
+      console_.Progress(r.rank(), r.json(), r.time());
   }
   for (const auto& [rank, count] : batch.malformed()) {
-    malformed_progress_[rank] += count;
+    if (RankOfNode(rank, node_rank)) malformed_progress_[rank] += count;
   }
   for (const auto& [rank, count] : batch.dropped()) {
-    dropped_progress_[rank] += count;
+    if (RankOfNode(rank, node_rank)) dropped_progress_[rank] += count;
   }
 }
 
@@ -319,7 +341,11 @@ void Job::ArmStopTimer() {
     }
     stop_timer_.expires_after(std::chrono::seconds(3));
     stop_timer_.async_wait([this](const boost::system::error_code& ec) {
-      if (!ec) io_.stop();
+      if (ec) return;
+      state_.GiveUp();
+      store_.FailAll("job ended");
+      links_->Shutdown();
+      io_.stop();
     });
   });
 }

@@ -64,7 +64,9 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   wire::JobSpec MakeJobSpec(int node_rank) const;
   void HandleWorkerStarted(int node_rank, const wire::WorkerStarted& started);
   void HandleWorkerExited(int node_rank, const wire::WorkerExited& exited);
-  void HandleProgress(const wire::ProgressBatch& batch);
+  void HandleProgress(int node_rank, const wire::ProgressBatch& batch);
+  // Whether `rank` runs on node_rank (else its entry is dropped, logged).
+  bool RankOfNode(int rank, int node_rank) const;
   void HandleStore(int node_rank, const wire::StoreRequest& request);
   void Act(JobState::Action action);
   // Aborts every rank (SIGTERM, SIGKILL after the grace; at once if kill_now).

@@ -1,5 +1,6 @@
 #include "launcher/supervise/job_state.h"
 
+#include <signal.h>
 #include <spdlog/spdlog.h>
 
 #include "launcher/report/report.h"
@@ -152,7 +153,10 @@ StatusOr<JobState::Action> JobState::RankExited(int node, int rank,
     o.reason = "rank " + std::to_string(rank) + " on " + hosts_[node] + " " +
                DescribeExit(exit_code, signal);
     if (Decide(o)) return Action::kAbortAll;
-    if (outcome_.cause == Outcome::Cause::kRankFailed &&
+    // Our own stop ends ranks by SIGTERM or SIGKILL: such an exit is a
+    // consequence, whatever its (other node's) clock says.
+    const bool stopped_by_us = signal == SIGTERM || signal == SIGKILL;
+    if (outcome_.cause == Outcome::Cause::kRankFailed && !stopped_by_us &&
         exit_time < outcome_.exit_time) {
       o.when = outcome_.when;
       outcome_ = std::move(o);  // the earlier failure is the cause
@@ -229,6 +233,13 @@ bool JobState::AllNodesFinished() const {
     if (!n.finished()) return false;
   }
   return true;
+}
+
+void JobState::GiveUp() {
+  if (phase_ != Phase::kStopping) return;
+  end_time_ = Clock::now();
+  gave_up_ = true;
+  SetPhase(Phase::kEnded);
 }
 
 bool JobState::MaybeEnd() {

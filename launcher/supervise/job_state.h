@@ -8,7 +8,8 @@
 //   Starting -> Stopping   a rank failed, a node was lost, an interrupt
 //   Running  -> Stopping   the same, or every rank finished
 //   Starting -> Ended      the start failed: nothing was started
-//   Stopping -> Ended      every agent finished (or was given up on)
+//   Stopping -> Ended      every agent finished, or was given up on after it
+//                          was killed past the grace period
 #pragma once
 
 #include <chrono>
@@ -30,7 +31,8 @@ using Clock = std::chrono::steady_clock;
 
 // What ended the job. The first cause wins, except that a rank failure that
 // happened earlier (by its agent's clock) than the recorded one replaces it:
-// a peer that failed because the first rank died may be heard of first.
+// a peer that failed because the first rank died may be heard of first. A
+// rank ended by SIGTERM or SIGKILL never replaces one (our stop sends those).
 struct Outcome {
   enum class Cause {
     kNone,         // still running
@@ -99,8 +101,9 @@ class JobState {
   Clock::time_point stop_time() const { return stop_time_; }
   Clock::time_point end_time() const { return end_time_; }
 
-  // Events from agents. Invalid ones (unknown rank, wrong node, repeated)
-  // return a non-OK Status and change nothing.
+  // Events from agents. Invalid ones (unknown rank or node, a rank's start
+  // or exit from another node, or repeated) return a non-OK Status and change
+  // nothing; a repeated authentication is harmless and accepted.
   Status NodeAuthenticated(int node);
   StatusOr<Action> RankStarted(int node, int rank, int pid);
   StatusOr<Action> RankExited(int node, int rank, int exit_code, int signal,
@@ -116,6 +119,10 @@ class JobState {
   void StartFailed(const Status& why);
   // Stopping -> Ended once every node finished; true when that happened now.
   bool MaybeEnd();
+  // Stopping -> Ended although some agent never confirmed its end (it was
+  // killed after the grace period and still did not answer).
+  void GiveUp();
+  bool gave_up() const { return gave_up_; }
 
   bool AllNodesFinished() const;
   int interrupts() const { return interrupts_; }
@@ -135,6 +142,7 @@ class JobState {
   size_t started_ = 0;
   size_t exited_ = 0;
   int interrupts_ = 0;
+  bool gave_up_ = false;
   Clock::time_point stop_time_{};
   Clock::time_point end_time_{};
 };

@@ -119,6 +119,19 @@ TEST_F(ConsoleTest, WritesEachRanksLinesToItsLogFile) {
   EXPECT_EQ(Log(2), "");
 }
 
+TEST_F(ConsoleTest, RefusesALogThatIsASymlinkToSomebodysFile) {
+  fs::create_directories(dir_);
+  const fs::path victim = dir_ / "victim";
+  { std::ofstream(victim) << "precious\n"; }
+  fs::create_symlink(victim, dir_ / "rank-0.log");
+  Console& c = Make();
+  const Status st = c.Open(TwoNodePlan(), dir_.string());
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("symbolic link"), std::string::npos)
+      << st.message();
+  EXPECT_EQ(ReadFile(victim), "precious\n");
+}
+
 TEST_F(ConsoleTest, JoinsPiecesOfALongLineWithoutTearingTheOtherStream) {
   Console& c = Make();
   ASSERT_TRUE(c.Open(TwoNodePlan(), dir_.string()).ok());

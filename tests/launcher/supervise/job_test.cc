@@ -229,6 +229,42 @@ TEST_F(JobTest, EarliestFailureByTheAgentsClockIsTheCause) {
   EXPECT_EQ(job_->Finish(), 4);
 }
 
+TEST_F(JobTest, ARankOurStopKilledNeverReplacesTheCause) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  RunAll();
+  RankExited(0, 0, 1, 0, 100.0);
+  // Node 1's clock is behind: its SIGTERMed rank looks earlier.
+  RankExited(1, 2, 0, SIGTERM, 99.0);
+  EXPECT_EQ(job_->state().outcome().rank, 0);
+  for (int r : {1, 3}) RankExited(r / 2, r, 0, SIGKILL, 98.0);
+  AgentGone(0);
+  AgentGone(1);
+  EXPECT_EQ(job_->Finish(), 1);
+}
+
+TEST_F(JobTest, StartFailureAfterAnInterruptEndsTheJobAndSaysWhy) {
+  StartJob();
+  job_->OnSignal(SIGINT);
+  starter_.Finish(
+      InvalidArgument("--launcher local: host x is not this machine"));
+  EXPECT_EQ(phase(), Phase::kEnded);
+  EXPECT_EQ(job_->Finish(), 130);
+  EXPECT_NE(Report().find("host x is not this machine"), std::string::npos);
+}
+
+TEST_F(JobTest, OutputOfARankOfAnotherNodeIsDropped) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  RunAll();
+  wire::Envelope env;
+  auto* e = env.mutable_log_batch()->add_entries();
+  e->set_rank(3);  // node 1's
+  e->set_line("forged");
+  job_->OnAgentMessage(0, std::move(env));
+  EXPECT_TRUE(console_->LastLines(3).empty());
+}
+
 TEST_F(JobTest, EveryRankFinishingShutsTheAgentsDownAndExits0) {
   StartJob();
   starter_.Finish(Starter::Started{});
