@@ -13,6 +13,7 @@
 #include <array>
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <cerrno>
 #include <cstring>
@@ -29,7 +30,8 @@ namespace dslaunch::proto {
 namespace asio = boost::asio;
 
 struct ProcessSet::Child {
-  explicit Child(asio::io_context& io) : out(io), err(io), drain_timer(io) {}
+  explicit Child(asio::io_context& io)
+      : out(io), err(io), report(io), drain_timer(io) {}
   struct Stream {
     explicit Stream(asio::io_context& io) : pipe(io) {}
     asio::posix::stream_descriptor pipe;
@@ -44,6 +46,13 @@ struct ProcessSet::Child {
   int stdin_fd = -1;
   int destroy_signal = SIGKILL;
   Stream out, err;
+  // The exec report pipe: end of file once the child exec'd (close-on-exec),
+  // {stage, errno} when it could not. Read on the loop: spawning does not
+  // wait for the child's exec.
+  asio::posix::stream_descriptor report;
+  bool report_open = false;
+  std::array<int, 2> reported{};
+  std::string what_chdir, what_cgroup, what_exec;  // for the report's words
   bool reaped = false;
   ExitInfo info;
   asio::steady_timer drain_timer;
@@ -212,23 +221,6 @@ struct SpawnPipes {
   }
 };
 
-// Waits for the child's exec: end of file on the report pipe means it
-// succeeded; otherwise the child wrote {stage, errno}.
-std::string ExecError(int report_fd, const ProcessSpec& spec,
-                      const std::string& path) {
-  int reported[2] = {0, 0};
-  ssize_t got;
-  do {
-    got = ::read(report_fd, reported, sizeof(reported));
-  } while (got < 0 && errno == EINTR);
-  if (got != sizeof(reported)) return "";
-  const std::string what =
-      reported[0] == kChdir    ? "cannot change directory to '" + spec.cwd + "'"
-      : reported[0] == kCgroup ? "cannot join cgroup '" + spec.cgroup_dir + "'"
-                               : "cannot execute '" + path + "'";
-  return what + ": " + std::strerror(reported[1]);
-}
-
 }  // namespace
 
 ProcessSet::ProcessSet(asio::io_context& io, Delegate* delegate)
@@ -302,12 +294,15 @@ StatusOr<pid_t> ProcessSet::Spawn(const ProcessSpec& spec) {
   if (pid < 0) return ErrnoStatus("fork", fork_errno);
   if (!spec.new_session) ::setpgid(pid, pid);  // so kill(-pid) works at once
   pipes.CloseChildEnds();
-  if (error.empty()) error = ExecError(pipes.report[0], spec, path);
-
   auto c = std::make_shared<Child>(io_);
   c->pid = pid;
   c->destroy_signal = spec.destroy_signal;
   c->info.error = error;
+  c->what_chdir = "cannot change directory to '" + spec.cwd + "'";
+  c->what_cgroup = "cannot join cgroup '" + spec.cgroup_dir + "'";
+  c->what_exec = "cannot execute '" + path + "'";
+  c->report.assign(pipes.Take(&pipes.report[0]));
+  c->report_open = true;
   c->stdin_fd = pipes.Take(&pipes.in[1]);
   if (spec.capture_output) {
     c->out.pipe.assign(pipes.Take(&pipes.out[0]));
@@ -320,9 +315,29 @@ StatusOr<pid_t> ProcessSet::Spawn(const ProcessSpec& spec) {
             [this, c, alive = alive_](int status) {
               if (*alive) OnReaped(c, status);
             }});
+  ReadExecReport(c);
   StartRead(c, false);
   StartRead(c, true);
   return pid;
+}
+
+void ProcessSet::ReadExecReport(const std::shared_ptr<Child>& c) {
+  asio::async_read(
+      c->report, asio::buffer(c->reported),
+      [this, c, alive = alive_](const boost::system::error_code& ec, size_t) {
+        if (!*alive) return;
+        if (!ec && c->info.error.empty()) {  // the child could not go on
+          const int stage = c->reported[0];
+          c->info.error = (stage == kChdir    ? c->what_chdir
+                           : stage == kCgroup ? c->what_cgroup
+                                              : c->what_exec) +
+                          ": " + std::strerror(c->reported[1]);
+        }
+        boost::system::error_code ignored;
+        c->report.close(ignored);
+        c->report_open = false;
+        MaybeFinish(c);
+      });
 }
 
 int ProcessSet::StdinOf(pid_t pid) const {
@@ -418,7 +433,7 @@ void ProcessSet::CloseStream(const std::shared_ptr<Child>& c, bool is_stderr) {
 }
 
 void ProcessSet::MaybeFinish(const std::shared_ptr<Child>& c) {
-  if (!c->reaped || c->out.open || c->err.open) return;
+  if (!c->reaped || c->out.open || c->err.open || c->report_open) return;
   if (children_.erase(c->pid) == 0) return;  // already reported
   c->drain_timer.cancel();
   if (c->stdin_fd >= 0) ::close(std::exchange(c->stdin_fd, -1));

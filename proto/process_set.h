@@ -85,6 +85,7 @@ class ProcessSet {
  private:
   void OnReaped(const std::shared_ptr<Child>& c, int status);
   void ArmDrainTimer(const std::shared_ptr<Child>& c);
+  void ReadExecReport(const std::shared_ptr<Child>& c);
   void StartRead(const std::shared_ptr<Child>& c, bool is_stderr);
   void OnRead(const std::shared_ptr<Child>& c, bool is_stderr,
               const boost::system::error_code& ec, size_t n);

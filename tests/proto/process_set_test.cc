@@ -264,10 +264,15 @@ TEST(ProcessSet, ChildGetsItsDeathSignalWhenItsParentDies) {
     asio::io_context io;
     Recorder rec;
     ProcessSet set(io, &rec);
-    ProcessSpec spec = Shell("exec sleep 30");
+    ProcessSpec spec = Shell("echo ready; exec sleep 30");
     spec.death_signal = SIGTERM;
     StatusOr<pid_t> pid = set.Spawn(spec);
-    const pid_t child = pid.ok() ? *pid : -1;
+    pid_t child = pid.ok() ? *pid : -1;
+    // Spawning does not wait for the exec: die only once the child runs
+    // (before that, a child whose parent is gone exits 127 on its own).
+    if (child > 0 && !dslaunch::testing::RunUntil(
+                         io, [&] { return !rec.out[child].empty(); }))
+      child = -1;
     (void)!::write(fds[1], &child, sizeof(child));
     ::_exit(0);
   }
