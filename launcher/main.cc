@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   if (!plan.ok()) return ExitFor(plan.status());
   if (options->doctor) return dsl::RunDoctor(*options, *plan);
   if (options->dry_run) {
+    if (!options->master_port_given) plan->master_port = 0;  // not known yet
     std::printf("%s", dsl::FormatPlanTable(*plan).c_str());
     return 0;
   }

@@ -294,7 +294,10 @@ std::string FormatPlanTable(const Plan& plan) {
   }
   out += Plural(plan.nodes.size(), "node") + ", " +
          Plural(static_cast<size_t>(plan.world_size), "rank") + ", master " +
-         proto::JoinHostPort(plan.master_addr, plan.master_port) + "\n";
+         (plan.master_port > 0
+              ? proto::JoinHostPort(plan.master_addr, plan.master_port)
+              : plan.master_addr + " (port: one free on node 0, at launch)") +
+         "\n";
   return out;
 }
 

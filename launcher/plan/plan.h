@@ -59,7 +59,8 @@ StatusOr<std::vector<FilterTerm>> ParseFilterSpec(std::string_view spec,
 StatusOr<Plan> MakePlan(const Hostfile& hostfile, const PlanOptions& options);
 
 // A fixed-width text table (host, node rank, local rank, global rank, GPU
-// slot id), one row per rank, then a line "N nodes, W ranks, master A:P".
+// slot id), one row per rank, then a line "N nodes, W ranks, master A:P"
+// (master_port 0: the port is chosen at launch, a free one on node 0).
 // Used by --dry-run.
 std::string FormatPlanTable(const Plan& plan);
 
