@@ -32,12 +32,14 @@ void CheckConfig(const TrainConfig& c) {
               b.gradient_accumulation_steps > 0,
           "batch sizes are positive");
   Require(int64_t{b.micro_batch_per_gpu} * b.gradient_accumulation_steps *
-                  b.world_size == b.train_batch_size,
+                  b.world_size ==
+              b.train_batch_size,
           "train_batch_size = micro * accumulation * world_size");
   Require(c.zero.stage >= 0 && c.zero.stage <= 3, "zero stage in 0..3");
   Require(c.model.n_layer > 0 && c.model.n_head > 0 && c.model.n_embd > 0,
           "model shape is positive");
-  for (int64_t step : {int64_t{0}, int64_t{1}, int64_t{1000}, int64_t{1} << 40}) {
+  for (int64_t step :
+       {int64_t{0}, int64_t{1}, int64_t{1000}, int64_t{1} << 40}) {
     const double lr = dslaunch::worker::LearningRate(c, step);
     Require(!std::isnan(lr), "learning rate is a number");
   }

@@ -4,6 +4,9 @@
 // changes the result), and each frame goes through ParseEnvelope, whose
 // messages must survive an encode/decode round trip. Single-threaded.
 #include <fuzzer/FuzzedDataProvider.h>
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/stubs/logging.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -11,10 +14,6 @@
 #include <cstdlib>
 #include <string>
 #include <vector>
-
-#include <google/protobuf/stubs/logging.h>
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
 #include "proto/frame_codec.h"
 
@@ -44,7 +43,8 @@ std::string Canonical(const dslaunch::wire::Envelope& msg) {
 void CheckEnvelope(const std::string& payload) {
   auto msg = dslaunch::proto::ParseEnvelope(payload);
   if (!msg.ok()) return;
-  Require(dslaunch::proto::MessageName(*msg) != "none", "a parsed message has a name");
+  Require(dslaunch::proto::MessageName(*msg) != "none",
+          "a parsed message has a name");
   const std::string frame = dslaunch::proto::EncodeFrame(*msg);
   FrameDecoder decoder;
   std::vector<std::string> frames;
@@ -68,32 +68,37 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider input(data, size);
   // Small limits reach the "too large" path; 0 stands for the default.
   const size_t max_frame = input.ConsumeIntegralInRange<size_t>(0, 300);
-  const std::vector<uint8_t> cuts = input.ConsumeBytes<uint8_t>(
-      input.ConsumeIntegralInRange<size_t>(0, 16));
+  const std::vector<uint8_t> cuts =
+      input.ConsumeBytes<uint8_t>(input.ConsumeIntegralInRange<size_t>(0, 16));
   const std::string stream = input.ConsumeRemainingBytesAsString();
 
-  FrameDecoder whole(max_frame == 0 ? dslaunch::proto::kDefaultMaxFrameBytes : max_frame);
+  FrameDecoder whole(max_frame == 0 ? dslaunch::proto::kDefaultMaxFrameBytes
+                                    : max_frame);
   std::vector<std::string> expected;
   const bool whole_ok = whole.Feed(stream, &expected).ok();
 
-  FrameDecoder chunked(max_frame == 0 ? dslaunch::proto::kDefaultMaxFrameBytes : max_frame);
+  FrameDecoder chunked(max_frame == 0 ? dslaunch::proto::kDefaultMaxFrameBytes
+                                      : max_frame);
   std::vector<std::string> frames;
   bool chunked_ok = true;
   size_t pos = 0;
   for (size_t i = 0; pos < stream.size() && chunked_ok; ++i) {
     const size_t n = i < cuts.size() ? cuts[i] : stream.size() - pos;
-    chunked_ok = chunked.Feed(std::string_view(stream).substr(pos, n), &frames).ok();
+    chunked_ok =
+        chunked.Feed(std::string_view(stream).substr(pos, n), &frames).ok();
     pos += std::min(n, stream.size() - pos);
   }
   Require(whole_ok == chunked_ok, "chunking does not change failure");
   Require(frames == expected, "chunking does not change the frames");
   if (whole_ok) {
     size_t framed = whole.buffered();
-    for (const auto& f : expected) framed += f.size() + dslaunch::proto::kFrameHeaderBytes;
+    for (const auto& f : expected)
+      framed += f.size() + dslaunch::proto::kFrameHeaderBytes;
     Require(framed == stream.size(), "every byte is in a frame or buffered");
     Require(whole.buffered() == chunked.buffered(), "same bytes held back");
   } else {
-    Require(whole.failed() && !whole.Feed("x", &expected).ok(), "failure sticks");
+    Require(whole.failed() && !whole.Feed("x", &expected).ok(),
+            "failure sticks");
   }
   for (const auto& payload : expected) CheckEnvelope(payload);
   return 0;

@@ -39,7 +39,8 @@ PlanOptions OptionsFrom(std::string_view text) {
     };
     if (auto v = value("#include ")) options.include = *v;
     if (auto v = value("#exclude ")) options.exclude = *v;
-    if (auto v = value("#num_nodes ")) options.num_nodes = std::atoi(v->c_str());
+    if (auto v = value("#num_nodes "))
+      options.num_nodes = std::atoi(v->c_str());
     if (auto v = value("#num_gpus ")) options.num_gpus = std::atoi(v->c_str());
   }
   return options;
@@ -48,7 +49,8 @@ PlanOptions OptionsFrom(std::string_view text) {
 void CheckHostfile(const Hostfile& hostfile) {
   Require(!hostfile.hosts.empty(), "a parsed hostfile has hosts");
   for (const auto& entry : hostfile.hosts) {
-    Require(!entry.host.empty() && entry.host.size() <= 253, "host name length");
+    Require(!entry.host.empty() && entry.host.size() <= 253,
+            "host name length");
     Require(entry.host.find_first_of("[] \t=#") == std::string::npos,
             "host name has no syntax characters");
     Require(entry.slots >= 1, "slots >= 1");
