@@ -135,11 +135,9 @@ void JobContainment::KillAll() {
     // With a cgroup, its members are the job (every descendant inherits it;
     // only root can move a process out): the /proc walk, which costs a few
     // ms of teardown per node, is for nodes without one.
-    if (cgroup_dir_.empty()) {
-      for (pid_t pid : proto::LiveDescendants(::getpid(), {guard_pid_})) {
-        ::kill(pid, SIGKILL);
-        any = true;
-      }
+    if (cgroup_dir_.empty() &&
+        proto::SignalLiveDescendants(::getpid(), {guard_pid_}, SIGKILL) > 0) {
+      any = true;
     }
     if (!any) {
       all_gone_ = true;

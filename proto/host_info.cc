@@ -100,7 +100,7 @@ void EnsureStandardDescriptors() {
   }
 }
 
-void PrepareChildForExec() {
+DSL_NO_ASAN void PrepareChildForExec() {
   // Default dispositions first, then unblock: a signal pending since the
   // fork (the parent blocks all around it) must not run its handlers here.
   for (int sig = 1; sig < NSIG; ++sig) ::signal(sig, SIG_DFL);

@@ -1,8 +1,12 @@
 #include "proto/process_tree.h"
 
-#include <dirent.h>  // opendir, readdir
+#include <dirent.h>       // opendir, readdir
+#include <signal.h>       // kill
+#include <sys/syscall.h>  // SYS_pidfd_open, SYS_pidfd_send_signal
+#include <unistd.h>       // syscall, close
 
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>  // strtol
 #include <fstream>
 #include <map>
@@ -59,6 +63,39 @@ std::vector<pid_t> LiveDescendants(pid_t root, const std::set<pid_t>& skip) {
     }
   }
   return out;
+}
+
+int SignalLiveDescendants(pid_t root, const std::set<pid_t>& skip, int sig) {
+  const std::vector<pid_t> found = LiveDescendants(root, skip);
+  std::set<pid_t> tree(found.begin(), found.end());
+  tree.insert(root);
+  // Every process is pinned and checked before any is signalled: a killed
+  // parent would hand its children to init (or a subreaper) at once.
+  std::vector<int> pinned;
+  int sent = 0;
+  for (pid_t pid : found) {
+    const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    if (fd < 0) {
+      // Before Linux 5.3 there is no pidfd: the plain kill, with its race.
+      if (errno == ENOSYS && ::kill(pid, sig) == 0) ++sent;
+      continue;  // ESRCH: gone already
+    }
+    // The pidfd holds the process: if this pid still hangs below the tree
+    // now, it is the one found (or a new child of the tree: ours too).
+    pid_t ppid;
+    char state;
+    if (ReadStat(pid, &ppid, &state) && state != 'Z' && state != 'X' &&
+        tree.count(ppid) != 0) {
+      pinned.push_back(fd);
+    } else {
+      ::close(fd);
+    }
+  }
+  for (int fd : pinned) {
+    if (::syscall(SYS_pidfd_send_signal, fd, sig, nullptr, 0) == 0) ++sent;
+    ::close(fd);
+  }
+  return sent;
 }
 
 std::string Cgroup2Mount(const std::string& mountinfo) {

@@ -18,6 +18,15 @@ bool IsLiveProcess(pid_t pid);
 std::vector<pid_t> LiveDescendants(pid_t root,
                                    const std::set<pid_t>& skip = {});
 
+// Sends `sig` to each of LiveDescendants(root, skip) that is still the
+// process found: each is pinned with a pidfd and checked to hang below the
+// tree still before any signal, so a pid that died and was reused by another
+// process in between is left alone. `root` should be a child subreaper (the
+// agent and the local starter are): a descendant orphaned by a death of its
+// own accord before the check goes to init otherwise, out of the tree.
+// Returns how many were signalled.
+int SignalLiveDescendants(pid_t root, const std::set<pid_t>& skip, int sig);
+
 // The mount point of the cgroup2 hierarchy in a /proc/self/mountinfo text,
 // or "" when none is mounted (a bind-mounted subtree does not count).
 std::string Cgroup2Mount(const std::string& mountinfo);

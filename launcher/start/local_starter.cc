@@ -107,9 +107,7 @@ void LocalStarter::SweepOrphans() {
   std::set<pid_t> agents;
   for (const auto& [pid, node] : node_of_) agents.insert(pid);
   for (int round = 0; round < 100; ++round) {
-    const std::vector<pid_t> left = proto::LiveDescendants(::getpid(), agents);
-    if (left.empty()) return;
-    for (pid_t pid : left) ::kill(pid, SIGKILL);
+    if (proto::SignalLiveDescendants(::getpid(), agents, SIGKILL) == 0) return;
     if (round > 0) ::usleep(5000);  // let the kernel finish the kills
   }
   spdlog::warn("processes left by a lost agent are still alive after SIGKILL");

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -48,36 +49,73 @@ bool Contains(const std::vector<pid_t>& v, pid_t p) {
   return std::find(v.begin(), v.end(), p) != v.end();
 }
 
-TEST(LiveDescendants, FindsChildrenAndGrandchildrenButNotOthers) {
-  int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
-  const pid_t child = ::fork();
-  if (child == 0) {  // child: a grandchild, then tell its pid and wait
-    const pid_t grandchild = ::fork();
-    if (grandchild == 0) {
+// A child of ours that has a child of its own; both wait for a signal.
+struct SmallTree {
+  pid_t child = -1;
+  pid_t grandchild = -1;
+  SmallTree() {
+    int fds[2];
+    if (::pipe(fds) != 0) return;
+    child = ::fork();
+    if (child == 0) {  // child: a grandchild, then tell its pid and wait
+      const pid_t g = ::fork();
+      if (g == 0) {
+        ::pause();
+        ::_exit(0);
+      }
+      (void)!::write(fds[1], &g, sizeof(g));
       ::pause();
       ::_exit(0);
     }
-    (void)!::write(fds[1], &grandchild, sizeof(grandchild));
-    ::pause();
-    ::_exit(0);
+    if (::read(fds[0], &grandchild, sizeof(grandchild)) != sizeof(grandchild))
+      grandchild = -1;
+    ::close(fds[0]);
+    ::close(fds[1]);
   }
-  pid_t grandchild = -1;
-  ASSERT_EQ(::read(fds[0], &grandchild, sizeof(grandchild)),
-            static_cast<ssize_t>(sizeof(grandchild)));
+  ~SmallTree() {
+    if (grandchild > 0) ::kill(grandchild, SIGKILL);
+    if (child > 0) {
+      ::kill(child, SIGKILL);
+      ::waitpid(child, nullptr, 0);
+    }
+  }
+};
+
+TEST(LiveDescendants, FindsChildrenAndGrandchildrenButNotOthers) {
+  SmallTree tree;
+  ASSERT_GT(tree.child, 0);
+  ASSERT_GT(tree.grandchild, 0);
   const std::vector<pid_t> found = proto::LiveDescendants(::getpid());
-  const std::vector<pid_t> pruned = proto::LiveDescendants(::getpid(), {child});
-  EXPECT_TRUE(Contains(found, child));
-  EXPECT_TRUE(Contains(found, grandchild));
+  const std::vector<pid_t> pruned =
+      proto::LiveDescendants(::getpid(), {tree.child});
+  EXPECT_TRUE(Contains(found, tree.child));
+  EXPECT_TRUE(Contains(found, tree.grandchild));
   EXPECT_FALSE(Contains(found, ::getpid()));
   EXPECT_FALSE(Contains(found, 1));
-  EXPECT_FALSE(Contains(pruned, child));
-  EXPECT_FALSE(Contains(pruned, grandchild));
-  ::kill(grandchild, SIGKILL);
-  ::kill(child, SIGKILL);
-  ::waitpid(child, nullptr, 0);
-  ::close(fds[0]);
-  ::close(fds[1]);
+  EXPECT_FALSE(Contains(pruned, tree.child));
+  EXPECT_FALSE(Contains(pruned, tree.grandchild));
+}
+
+TEST(SignalLiveDescendants, KillsTheTreeButNotWhatIsSkipped) {
+  SmallTree spared, doomed;
+  ASSERT_GT(spared.grandchild, 0);
+  ASSERT_GT(doomed.grandchild, 0);
+  EXPECT_EQ(proto::SignalLiveDescendants(::getpid(), {spared.child}, SIGKILL),
+            2);
+  int status = 0;
+  ASSERT_EQ(::waitpid(doomed.child, &status, 0), doomed.child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  doomed.child = -1;
+  // The grandchild went to init (or a subreaper): wait until it is dead.
+  for (int i = 0; i < 500 && proto::IsLiveProcess(doomed.grandchild); ++i) {
+    ::usleep(2000);
+  }
+  EXPECT_FALSE(proto::IsLiveProcess(doomed.grandchild));
+  EXPECT_TRUE(proto::IsLiveProcess(spared.child));
+  EXPECT_TRUE(proto::IsLiveProcess(spared.grandchild));
+  // Nothing left below us but what is skipped: nothing more is signalled.
+  EXPECT_EQ(proto::SignalLiveDescendants(::getpid(), {spared.child}, SIGKILL),
+            0);
 }
 
 class Recorder : public WorkerSet::Delegate {

@@ -143,33 +143,10 @@ class DescendantsTest(LaunchTest):
                 self.fail("%s never appeared: %s" % (path, proc.communicate()[1].decode()))
             time.sleep(0.02)
 
-    def test_nothing_outlives_an_agent_killed_with_sigkill(self):
-        # With a cgroup (root here): the agent's guard empties it.
-        if not os.access("/sys/fs/cgroup", os.W_OK) or os.geteuid() != 0:
-            self.skipTest("needs a writable cgroup v2 hierarchy")
-        cgroups_before = job_cgroups()
-        proc = self.start_job(self.job_args("escape", "hang", nodes=1), HOME=self.dir)
-        self.wait_for(os.path.join(self.out, "desc-0.json"), proc)
-        pids = self.descendants(1)
-        rank = self.started_pids()[0]
-        with open("/proc/%d/stat" % rank) as f:
-            agent = int(f.read().rsplit(")", 1)[1].split()[1])
-        os.kill(agent, signal.SIGKILL)
-        try:
-            proc.communicate(timeout=30)
-        finally:
-            proc.kill()
-        self.assertNotEqual(proc.returncode, 0)
-        self.assert_gone(pids + [rank])
-        self.assertEqual(job_cgroups(), cgroups_before, "the job's cgroup was left behind")
-
-    def test_nothing_outlives_an_agent_killed_without_a_cgroup(self):
-        # Unprivileged, no cgroup: the ranks die with their agent
-        # (PR_SET_PDEATHSIG); what left the agent's reach before (setsid
-        # grandchildren, daemons, background children) is re-parented to the
-        # launcher, a subreaper with the local starter, which kills it. (On a
-        # remote node without a cgroup that part survives: docs/decisions.md.)
-        argv = self.as_nobody(self.job_args("escape", "hang", nodes=1, unprivileged=True))
+    def kill_agent_mid_job(self, argv):
+        """Starts a one-node job whose rank leaves escaped descendants,
+        SIGKILLs the agent once they run, and asserts that the job fails and
+        that the rank and every descendant are gone."""
         proc = self.start_job(argv, HOME=self.dir)
         self.wait_for(os.path.join(self.out, "desc-0.json"), proc)
         pids = self.descendants(1)
@@ -183,6 +160,23 @@ class DescendantsTest(LaunchTest):
             proc.kill()
         self.assertNotEqual(proc.returncode, 0)
         self.assert_gone(pids + [rank])
+
+    def test_nothing_outlives_an_agent_killed_with_sigkill(self):
+        # With a cgroup (root here): the agent's guard empties it.
+        if not os.access("/sys/fs/cgroup", os.W_OK) or os.geteuid() != 0:
+            self.skipTest("needs a writable cgroup v2 hierarchy")
+        cgroups_before = job_cgroups()
+        self.kill_agent_mid_job(self.job_args("escape", "hang", nodes=1))
+        self.assertEqual(job_cgroups(), cgroups_before, "the job's cgroup was left behind")
+
+    def test_nothing_outlives_an_agent_killed_without_a_cgroup(self):
+        # Unprivileged, no cgroup: the ranks die with their agent
+        # (PR_SET_PDEATHSIG); what left the agent's reach before (setsid
+        # grandchildren, daemons, background children) is re-parented to the
+        # launcher, a subreaper with the local starter, which kills it. (On a
+        # remote node without a cgroup that part survives: docs/decisions.md.)
+        self.kill_agent_mid_job(
+            self.as_nobody(self.job_args("escape", "hang", nodes=1, unprivileged=True)))
 
     def test_rank_cannot_read_its_agents_memory_or_environment(self):
         # As an unprivileged user: root could read any process anyway.

@@ -1,14 +1,20 @@
 #include "proto/process_set.h"
 
 #include <gtest/gtest.h>
+#include <linux/filter.h>   // sock_filter, BPF_STMT
+#include <linux/seccomp.h>  // SECCOMP_MODE_FILTER
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>  // SYS_clone3
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
+#include <cerrno>
 #include <chrono>
+#include <cstddef>  // offsetof
 #include <fstream>
+#include <iterator>  // size
 #include <map>
 #include <sstream>
 #include <string>
@@ -296,6 +302,41 @@ TEST(ProcessSet, ChildGetsItsDeathSignalWhenItsParentDies) {
   ASSERT_EQ(got, child);
   ASSERT_TRUE(WIFSIGNALED(status));
   EXPECT_EQ(WTERMSIG(status), SIGTERM);
+}
+
+// Where clone3 is refused (kernels before 5.3; container runtimes' seccomp
+// profiles answer ENOSYS), children are forked instead and behave the same.
+TEST(ProcessSet, StartsChildrenWhereClone3IsRefused) {
+  const pid_t tester = ::fork();
+  if (tester == 0) {
+    sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone3, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    sock_fprog prog{static_cast<unsigned short>(std::size(filter)), filter};
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
+      ::_exit(2);
+    if (::syscall(SYS_clone3, nullptr, 0) != -1 || errno != ENOSYS) ::_exit(3);
+    asio::io_context io;
+    Recorder rec;
+    ProcessSet set(io, &rec);
+    StatusOr<pid_t> pid = set.Spawn(Shell("echo ran; exit 5"));
+    if (!pid.ok()) ::_exit(4);
+    if (!dslaunch::testing::RunUntil(io, [&] { return rec.exits.count(*pid); }))
+      ::_exit(5);
+    const bool ok = rec.exits[*pid].exit_code == 5 &&
+                    rec.out[*pid] == std::vector<std::string>{"ran"};
+    ::_exit(ok ? 0 : 6);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(tester, &status, 0), tester);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "2: no seccomp here, 3: clone3 not refused, 4: spawn failed, "
+         "5: no exit seen, 6: wrong output or exit code";
 }
 
 TEST(ChildReaper, IsOnePerLoop) {

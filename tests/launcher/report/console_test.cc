@@ -14,21 +14,16 @@
 #include <string>
 
 #include "proto/progress.h"
+#include "tests/common/temp_fd.h"
 
 namespace dslaunch::launcher {
 namespace {
 
+using dslaunch::testing::ReadFd;
+using dslaunch::testing::TempFd;
+
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
-
-std::string ReadFd(int fd) {
-  std::string out;
-  char buf[65536];
-  ::lseek(fd, 0, SEEK_SET);
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
-  return out;
-}
 
 std::string ReadFile(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -36,8 +31,6 @@ std::string ReadFile(const fs::path& path) {
   ss << in.rdbuf();
   return ss.str();
 }
-
-int TempFd() { return ::dup(fileno(std::tmpfile())); }
 
 Plan TwoNodePlan() {
   Plan plan;

@@ -10,27 +10,18 @@
 #include <string>
 #include <thread>
 
+#include "tests/common/temp_fd.h"
+
 namespace dslaunch::launcher {
 namespace {
+
+using dslaunch::testing::ReadFd;
+using dslaunch::testing::TempFd;
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 using Stream = TerminalWriter::Stream;
 using Result = TerminalWriter::Result;
-
-std::string ReadFd(int fd) {
-  std::string out;
-  char buf[65536];
-  ::lseek(fd, 0, SEEK_SET);
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
-  return out;
-}
-
-int TempFd() {
-  FILE* f = std::tmpfile();
-  return ::dup(fileno(f));  // the FILE leaks in tests only
-}
 
 struct Pipe {
   Pipe() { EXPECT_EQ(::pipe2(fds, O_CLOEXEC), 0); }
@@ -104,6 +95,15 @@ TEST(TerminalWriter, StalledStdoutDoesNotHoldBackStderr) {
 
 TEST(TerminalWriter, SaysWhenItResumesAfterDropping) {
   Pipe pipe;
+  // The pipe is full before the writer starts: nothing it queues can leave
+  // until the reader below runs, however the threads are scheduled.
+  const int flags = ::fcntl(pipe.fds[1], F_GETFL);
+  ASSERT_EQ(::fcntl(pipe.fds[1], F_SETFL, flags | O_NONBLOCK), 0);
+  const std::string fill(4096, 'f');
+  size_t filled = 0;
+  for (ssize_t n; (n = ::write(pipe.fds[1], fill.data(), fill.size())) > 0;)
+    filled += static_cast<size_t>(n);
+  ASSERT_EQ(::fcntl(pipe.fds[1], F_SETFL, flags), 0);
   const int err = TempFd();
   TerminalWriter writer(pipe.fds[1], err, /*limit=*/64 << 10);
   const std::string line = std::string(999, 'x') + "\n";
@@ -126,6 +126,9 @@ TEST(TerminalWriter, SaysWhenItResumesAfterDropping) {
   ::close(pipe.fds[1]);
   pipe.fds[1] = ::open("/dev/null", O_WRONLY);  // for ~Pipe
   reader.join();
+  ASSERT_GE(got.size(), filled);
+  EXPECT_EQ(got.substr(0, filled), std::string(filled, 'f'));
+  got.erase(0, filled);
   EXPECT_EQ(got.size() % line.size(), 5 + 6 + 5);  // note, after, more
   EXPECT_EQ(got.substr(got.size() - 11), "after\nmore\n");
   EXPECT_EQ(writer.dropped(Stream::kOut), 2);
