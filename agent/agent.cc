@@ -1,9 +1,11 @@
 #include "agent/agent.h"
 
+#include <limits.h>  // PATH_MAX
 #include <signal.h>  // SIGTERM, SIGKILL
 #include <spdlog/spdlog.h>
-#include <stdlib.h>  // mkdtemp
-#include <unistd.h>  // environ
+#include <stdlib.h>    // mkdtemp
+#include <sys/stat.h>  // stat
+#include <unistd.h>    // environ
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -16,6 +18,7 @@
 #include "agent/node_facts.h"
 #include "proto/auth.h"
 #include "proto/exit_status.h"
+#include "proto/host_info.h"  // UsableCores
 #include "proto/version.h"
 
 namespace dslaunch::agent {
@@ -313,8 +316,30 @@ Status Agent::SetUpRunDir() {
   return Status::Ok();
 }
 
+// The launcher's working directory where this node has it (a shared
+// filesystem), else ours (under ssh: the home directory), as DeepSpeed's
+// `cd DIR; python ...` does; said once.
+std::string Agent::RankDirectory() const {
+  struct stat st;
+  if (job_.cwd().empty() ||
+      (::stat(job_.cwd().c_str(), &st) == 0 && S_ISDIR(st.st_mode)))
+    return job_.cwd();
+  char here[PATH_MAX] = {0};
+  spdlog::warn("{} does not exist on {}: ranks start in {}", job_.cwd(),
+               job_.host(), ::getcwd(here, sizeof(here)) ? here : "?");
+  return "";
+}
+
 Status Agent::SpawnWorkers() {
   workers_.Contain(job_.job_id(), job_.node_rank());
+  const std::string cwd = RankDirectory();
+  std::vector<std::vector<int>> cores;
+  if (job_.bind_cores_to_rank()) {
+    std::vector<int> list(job_.bind_core_list().begin(),
+                          job_.bind_core_list().end());
+    if (list.empty()) list = proto::UsableCores();
+    ASSIGN_OR_RETURN(cores, ShareCores(list, job_.ranks_size()));
+  }
   for (const auto& r : job_.ranks()) {
     const std::string rank = std::to_string(r.rank());
     RankPaths paths{
@@ -326,8 +351,17 @@ Status Agent::SpawnWorkers() {
         .rank = r.rank(),
         .argv = BuildRankArgv(job_, r),
         .env = BuildRankEnv(job_, r, paths, environ),
-        .cwd = job_.cwd(),
+        .cwd = cwd,
+        .cpus = {},
     };
+    if (!cores.empty()) {
+      // DeepSpeed gives a bound rank as many OpenMP threads as cores.
+      spec.cpus = cores[static_cast<size_t>(r.local_rank())];
+      std::erase_if(spec.env, [](const std::string& kv) {
+        return kv.rfind("OMP_NUM_THREADS=", 0) == 0;
+      });
+      spec.env.push_back("OMP_NUM_THREADS=" + std::to_string(spec.cpus.size()));
+    }
     ASSIGN_OR_RETURN(pid_t pid, workers_.Spawn(spec));
     spawned_.insert(r.rank());
     wire::Envelope env;

@@ -68,6 +68,7 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   void HandleWelcome(const wire::Welcome& welcome);
   void HandleJobSpec(const wire::JobSpec& job);
   Status SetUpRunDir();
+  std::string RankDirectory() const;
   Status SpawnWorkers();
   void OnLauncherLost(const std::string& why);
   void Drain(bool kill_now, const std::string& why);

@@ -1,5 +1,7 @@
 #include "agent/env_contract.h"
 
+#include "proto/host_info.h"  // CpuListString
+
 namespace dslaunch::agent {
 
 static std::string JoinSlots(const wire::JobSpec& job) {
@@ -45,6 +47,18 @@ std::map<std::string, std::string> ContractEnv(const wire::JobSpec& job,
   };
 }
 
+// What the agent's own transport put into its environment (sshd, the
+// remote shell) is nothing of the job's.
+static bool IsTransportVariable(const std::string& key) {
+  static const char* const kNames[] = {"SSH_CLIENT",    "SSH_CONNECTION",
+                                       "SSH_TTY",       "SSH_ORIGINAL_COMMAND",
+                                       "SSH_AUTH_SOCK", "SHLVL"};
+  for (const char* name : kNames) {
+    if (key == name) return true;
+  }
+  return false;
+}
+
 std::vector<std::string> BuildRankEnv(const wire::JobSpec& job,
                                       const wire::RankSpec& rank,
                                       const RankPaths& paths,
@@ -54,7 +68,9 @@ std::vector<std::string> BuildRankEnv(const wire::JobSpec& job,
     std::string kv(*p);
     const size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) continue;
-    env[kv.substr(0, eq)] = kv.substr(eq + 1);
+    std::string key = kv.substr(0, eq);
+    if (IsTransportVariable(key)) continue;
+    env[std::move(key)] = kv.substr(eq + 1);
   }
   for (const auto& var : job.env()) env[var.key()] = var.value();
   for (auto& [k, v] : ContractEnv(job, rank, paths)) env[k] = v;
@@ -64,11 +80,35 @@ std::vector<std::string> BuildRankEnv(const wire::JobSpec& job,
   return out;
 }
 
+StatusOr<std::vector<std::vector<int>>> ShareCores(
+    const std::vector<int>& cores, int ranks) {
+  if (ranks <= 0) return std::vector<std::vector<int>>{};
+  const size_t each = cores.size() / static_cast<size_t>(ranks);
+  if (each == 0) {
+    return InvalidArgument(
+        "--bind_cores_to_rank: " + std::to_string(cores.size()) + " cores (" +
+        proto::CpuListString(cores) + ") for " + std::to_string(ranks) +
+        " ranks; each rank needs one at least");
+  }
+  std::vector<std::vector<int>> shares;
+  for (int r = 0; r < ranks; ++r) {
+    shares.emplace_back(cores.begin() + r * each,
+                        cores.begin() + (r + 1) * each);
+  }
+  return shares;
+}
+
 std::vector<std::string> BuildRankArgv(const wire::JobSpec& job,
                                        const wire::RankSpec& rank) {
   std::vector<std::string> argv(job.argv().begin(), job.argv().end());
   if (job.append_local_rank()) {
-    argv.push_back("--local_rank=" + std::to_string(rank.local_rank()));
+    std::string flag = "--local_rank=" + std::to_string(rank.local_rank());
+    const int at = job.local_rank_at();
+    if (at > 0 && static_cast<size_t>(at) <= argv.size()) {
+      argv.insert(argv.begin() + at, std::move(flag));
+    } else {
+      argv.push_back(std::move(flag));
+    }
   }
   return argv;
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "proto/dslaunch.pb.h"
+#include "proto/status.h"
 
 namespace dslaunch::agent {
 
@@ -24,13 +25,22 @@ std::map<std::string, std::string> ContractEnv(const wire::JobSpec& job,
                                                const RankPaths& paths);
 
 // The rank's whole environment as "K=V" strings: `base` (usually the agent's
-// environ), then the job's env entries, then the contract; later wins.
+// environ) without what the agent's transport set (SSH_CLIENT,
+// SSH_CONNECTION, SSH_TTY, SSH_ORIGINAL_COMMAND, SSH_AUTH_SOCK, SHLVL), then
+// the job's env entries, then the contract; later wins.
 std::vector<std::string> BuildRankEnv(const wire::JobSpec& job,
                                       const wire::RankSpec& rank,
                                       const RankPaths& paths,
                                       const char* const* base);
 
-// The rank's argv: the job's argv, plus --local_rank=N when asked for.
+// --bind_cores_to_rank as DeepSpeed shares out cores: each of `ranks` ranks
+// gets cores.size() / ranks of them, in order (rank i the i-th block); the
+// rest stay unused. InvalidArgument when there is not one core per rank.
+StatusOr<std::vector<std::vector<int>>> ShareCores(
+    const std::vector<int>& cores, int ranks);
+
+// The rank's argv: the job's argv, with --local_rank=N where the job
+// says (before argv[local_rank_at], else at the end) when asked for.
 std::vector<std::string> BuildRankArgv(const wire::JobSpec& job,
                                        const wire::RankSpec& rank);
 

@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>  // getenv
 
 #include "agent/agent.h"
 #include "agent/agent_args.h"
@@ -40,12 +41,16 @@ int main(int argc, char** argv) {
   // command everywhere: the agent finds its node in --hosts by --node_host
   // and makes the secret itself, printing it on stdout, which only the
   // launcher reads (through pdsh).
-  std::string hosts, node_host;
+  std::string hosts, node_host, node_host_env;
   bool secret_stdout = false, announce = false;
   app.add_flag("--announce", announce,
                "print the version line on stdout before reading the secret");
   app.add_option("--hosts", hosts, "the plan's hosts, comma-separated");
   app.add_option("--node_host", node_host, "this node's name in --hosts");
+  // srun starts one command on every node too; SLURM names the node in
+  // SLURMD_NODENAME.
+  app.add_option("--node_host_env", node_host_env,
+                 "the variable holding this node's name in --hosts");
   app.add_flag("--secret_stdout", secret_stdout,
                "make the job secret and print it on stdout");
   CLI11_PARSE(app, argc, argv);
@@ -53,6 +58,14 @@ int main(int argc, char** argv) {
     std::printf("dsagent %s (protocol %u)\n", dslaunch::kVersion,
                 dslaunch::kProtocolVersion);
     return 0;
+  }
+  if (!node_host_env.empty()) {
+    const char* value = std::getenv(node_host_env.c_str());
+    if (value == nullptr || *value == '\0') {
+      return Usage(dslaunch::InvalidArgument(
+          "--node_host_env " + node_host_env + ": not set on this node"));
+    }
+    node_host = value;
   }
   if (!node_host.empty()) {
     auto rank = dslaunch::agent::NodeRankInHosts(hosts, node_host);

@@ -24,6 +24,7 @@ StatusOr<pid_t> WorkerSet::Spawn(const WorkerSpec& spec) {
   p.argv = spec.argv;
   p.env = spec.env;
   p.cwd = spec.cwd;
+  p.cpus = spec.cpus;
   p.death_signal = SIGKILL;
   p.cgroup_dir = containment_.cgroup_dir();
   containment_.NoteSpawned();

@@ -26,6 +26,7 @@ struct WorkerSpec {
   std::vector<std::string> argv;  // argv[0]: program, searched in env's PATH
   std::vector<std::string> env;   // "KEY=VALUE", the worker's whole environment
   std::string cwd;                // empty = the agent's
+  std::vector<int> cpus;          // bound to these CPUs (empty = not bound)
 };
 
 using ExitInfo = proto::ExitInfo;

@@ -4,7 +4,9 @@
 #include <cmath>  // isfinite
 #include <cstdio>
 #include <filesystem>
+#include <string_view>
 
+#include "proto/host_info.h"  // ParseCpuList
 #include "proto/version.h"
 
 namespace dslaunch::launcher {
@@ -17,8 +19,8 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
   app.add_option("-e,--exclude", o.plan.exclude,
                  "leave out these hosts/slots: host[:slot,slot][@host...]");
   app.add_option("--num_nodes", o.plan.num_nodes, "use the first N hosts");
-  app.add_option("--num_gpus", o.plan.num_gpus,
-                 "use the first N slots per host");
+  app.add_option("--num_gpus,--num_accelerators", o.plan.num_gpus,
+                 "use the first N slots per host (no hostfile: N ranks here)");
   app.add_option("--master_addr", o.plan.master_addr,
                  "rendezvous address for the ranks (default: node 0)");
   app.add_option(
@@ -45,7 +47,27 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
   app.add_option("--kill_grace", o.kill_grace_s,
                  "seconds from SIGTERM to SIGKILL on abort (default 5)");
   app.add_flag("--no_local_rank", o.no_local_rank,
-               "do not append --local_rank=N to the program's arguments");
+               "do not pass --local_rank=N to the program");
+  app.add_flag("--no_python", o.no_python,
+               "run PROGRAM as it is, also when it is a .py script");
+  app.add_flag("-m,--module", o.module,
+               "run PROGRAM as a Python module (python -u -m PROGRAM)");
+  app.add_option("--launcher_args", o.launcher_args,
+                 "arguments appended to pdsh, srun or mpirun");
+  app.add_flag("--no_ssh_check", o.no_ssh_check,
+               "skip the check that every node answers before the start");
+  app.add_flag("--force_multi", o.force_multi,
+               "start over ssh even when every node is this machine");
+  app.add_flag("--save_pid", o.save_pid,
+               "write our pid to /tmp/<pid>.deepspeed while the job runs");
+  app.add_option("--enable_each_rank_log", o.each_rank_log_dir,
+                 "write each rank's output to DIR/<time>_rank<N>.log "
+                 "instead of the console");
+  app.add_flag("--bind_cores_to_rank", o.bind_cores_to_rank,
+               "bind each rank to its share of the node's cores");
+  app.add_option("--bind_core_list", o.bind_core_list,
+                 "cores to share out with --bind_cores_to_rank, e.g. "
+                 "1,3-5,7 (default: the node's cores)");
   app.add_flag("--dry-run,--dry_run", o.dry_run,
                "print the rank plan and exit");
   app.add_option("--log_level", o.log_level,
@@ -80,6 +102,43 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
 }
 
 namespace {
+
+// DeepSpeed's flags that dslaunch does not do: taken (so that they are never
+// read as PROGRAM) and refused with a reason.
+struct RefusedFlag {
+  const char* name;
+  bool takes_value;
+  const char* why;
+};
+constexpr RefusedFlag kRefusedFlags[] = {
+    {"--elastic_training", false,
+     "elastic training is not supported yet; run with a fixed set of nodes"},
+    {"--min_elastic_nodes", true,
+     "elastic training is not supported yet; run with a fixed set of nodes"},
+    {"--max_elastic_nodes", true,
+     "elastic training is not supported yet; run with a fixed set of nodes"},
+    {"--autotuning", true,
+     "DeepSpeed's autotuner is not supported; find the configuration with "
+     "`deepspeed --autotuning tune`, then launch it with dslaunch"},
+};
+
+void AddRefusedFlags(CLI::App& app) {
+  for (const RefusedFlag& f : kRefusedFlags) {
+    if (f.takes_value) {
+      app.add_option(f.name)->group("");  // hidden from --help
+    } else {
+      app.add_flag(f.name)->group("");
+    }
+  }
+}
+
+Status CheckRefusedFlags(const CLI::App& app) {
+  for (const RefusedFlag& f : kRefusedFlags) {
+    if (app.count(f.name) > 0)
+      return InvalidArgument(std::string(f.name) + ": " + f.why);
+  }
+  return Status::Ok();
+}
 
 std::string FormatNumber(double value) {
   char buf[64];
@@ -203,6 +262,47 @@ Status TakeProgram(const CLI::App& app, int argc, const char* const* argv,
 
 }  // namespace
 
+StatusOr<std::vector<std::string>> SplitShellWords(const std::string& text) {
+  std::vector<std::string> words;
+  std::string word;
+  bool in_word = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == ' ' || c == '\t' || c == '\n') {
+      if (in_word) words.push_back(std::move(word));
+      word.clear();
+      in_word = false;
+      continue;
+    }
+    in_word = true;
+    if (c == '\'') {
+      const size_t end = text.find('\'', i + 1);
+      if (end == std::string::npos)
+        return InvalidArgument("unterminated ' quote");
+      word.append(text, i + 1, end - i - 1);
+      i = end;
+    } else if (c == '"') {
+      for (++i;; ++i) {
+        if (i >= text.size()) return InvalidArgument("unterminated \" quote");
+        if (text[i] == '"') break;
+        // Inside "...", a backslash escapes only these (as in sh).
+        if (text[i] == '\\' && i + 1 < text.size() &&
+            std::string_view("\"\\$`").find(text[i + 1]) !=
+                std::string_view::npos)
+          ++i;
+        word.push_back(text[i]);
+      }
+    } else if (c == '\\') {
+      if (i + 1 >= text.size()) return InvalidArgument("trailing backslash");
+      word.push_back(text[++i]);
+    } else {
+      word.push_back(c);
+    }
+  }
+  if (in_word) words.push_back(std::move(word));
+  return words;
+}
+
 static Status Validate(const LaunchOptions& o) {
   if (o.program.empty() && !o.dry_run && !o.doctor) {
     return InvalidArgument(
@@ -215,12 +315,16 @@ static Status Validate(const LaunchOptions& o) {
       return InvalidArgument("--env '" + kv + "': expected KEY=VALUE");
     }
   }
-  if (o.launcher == "slurm" || o.launcher == "openmpi" ||
-      o.launcher == "join") {
+  if (!o.log_dir.empty() && !o.each_rank_log_dir.empty()) {
+    return InvalidArgument(
+        "--log_dir and --enable_each_rank_log both name where rank logs go; "
+        "give one");
+  }
+  if (o.launcher == "openmpi" || o.launcher == "join") {
     return InvalidArgument(
         "--launcher " + o.launcher +
-        " is not available in this build yet; use local, ssh "
-        "or pdsh");
+        " is not available in this build yet; use local, ssh, pdsh or "
+        "slurm");
   }
   return Status::Ok();
 }
@@ -235,6 +339,7 @@ StatusOr<LaunchOptions> ParseFlags(int argc, const char* const* argv,
   app.get_formatter()->column_width(30);
   LaunchOptions o;
   AddOptions(app, o);
+  AddRefusedFlags(app);
   bool version = false;
   // `dslaunch doctor [options]`: the preflight alone, as a table.
   if (argc >= 2 && std::string(argv[1]) == "doctor") {
@@ -261,8 +366,22 @@ StatusOr<LaunchOptions> ParseFlags(int argc, const char* const* argv,
   o.hostfile_given = app.count("--hostfile") > 0;
   o.master_port_given = app.count("--master_port") > 0;
   RETURN_IF_ERROR(TakeProgram(app, argc, argv, o));
+  RETURN_IF_ERROR(CheckRefusedFlags(app));
   RETURN_IF_ERROR(CheckIntegers(app, o));
   RETURN_IF_ERROR(Validate(o));
+  auto words = SplitShellWords(o.launcher_args);
+  if (!words.ok())
+    return InvalidArgument("--launcher_args: " + words.status().message());
+  o.launcher_words = std::move(words).value();
+  if (!o.bind_core_list.empty()) {
+    if (!o.bind_cores_to_rank)
+      return InvalidArgument(
+          "--bind_core_list is used with --bind_cores_to_rank");
+    auto cores = proto::ParseCpuList(o.bind_core_list);
+    if (!cores.ok())
+      return InvalidArgument("--bind_core_list: " + cores.status().message());
+    o.bind_cores = std::move(cores).value();
+  }
   return o;
 }
 
@@ -278,7 +397,10 @@ StatusOr<Hostfile> LoadJobHostfile(const LaunchOptions& options) {
   Hostfile local;
   HostEntry entry;
   entry.host = "localhost";
-  entry.slots = gpus > 0 ? gpus : 1;
+  // --num_gpus N: N ranks here, also without (as many) GPUs, as DeepSpeed.
+  entry.slots = options.plan.num_gpus > 0 ? options.plan.num_gpus
+                : gpus > 0                ? gpus
+                                          : 1;
   local.hosts.push_back(entry);
   return local;
 }

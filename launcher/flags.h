@@ -35,6 +35,18 @@ struct LaunchOptions {
   std::string log_dir;
   double kill_grace_s = 5;
   bool no_local_rank = false;
+  // DeepSpeed's launcher flags, with DeepSpeed's meaning (design section 10).
+  bool no_python = false;     // run PROGRAM as given, never via python
+  bool module = false;        // -m: PYTHON -u -m PROGRAM
+  std::string launcher_args;  // --launcher_args as given
+  std::vector<std::string> launcher_words;  // ... split as sh would
+  bool no_ssh_check = false;                // skip the reachability preflight
+  bool force_multi = false;       // one local node still starts over ssh
+  bool save_pid = false;          // /tmp/<pid>.deepspeed while we run
+  std::string each_rank_log_dir;  // --enable_each_rank_log DIR
+  bool bind_cores_to_rank = false;
+  std::string bind_core_list;   // "1,3-5,7"; empty = the node's cores
+  std::vector<int> bind_cores;  // ... parsed
   bool dry_run = false;
   std::string log_level = "warn";
   double heartbeat_interval_s = 1;
@@ -55,14 +67,19 @@ struct LaunchOptions {
   std::vector<std::string> program;  // PROGRAM ARGS..., byte-exact
 };
 
+// Splits --launcher_args into words as a POSIX shell would, without any
+// expansion: blanks separate, '...' is literal, "..." and a backslash escape
+// as in sh. InvalidArgument for an unterminated quote or trailing backslash.
+StatusOr<std::vector<std::string>> SplitShellWords(const std::string& text);
+
 // Parses argv. Returns the options, or a Status: kInvalidArgument for bad
 // usage (exit 64). `--help`/`--version` print and set *exit_now to 0.
 StatusOr<LaunchOptions> ParseFlags(int argc, const char* const* argv,
                                    int* exit_now);
 
 // The job's hosts: the named hostfile (missing = error, never a silent local
-// run), or without one this machine as "localhost" with one slot per GPU
-// (one slot if it has none).
+// run), or without one this machine as "localhost" with --num_gpus slots,
+// else one per GPU (one if it has none).
 StatusOr<Hostfile> LoadJobHostfile(const LaunchOptions& options);
 
 }  // namespace dslaunch::launcher

@@ -1,7 +1,12 @@
 #include "launcher/launcher.h"
 
+#include <fcntl.h>  // open
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>  // getpid
+
+#include <cerrno>
+#include <ctime>  // strftime
 
 #include "launcher/plan/addresses.h"
 #include "launcher/report/log_sink.h"
@@ -22,7 +27,8 @@ static ControlServer::Options ServerOptions(
   return s;
 }
 
-Launcher::Launcher(LaunchOptions options, Plan plan, EnvList job_env)
+Launcher::Launcher(LaunchOptions options, Plan plan, EnvList job_env,
+                   RankCommand command)
     : options_(std::move(options)),
       job_id_(proto::HexEncode(proto::RandomBytes(8))),
       console_(stdout, stderr),
@@ -31,11 +37,55 @@ Launcher::Launcher(LaunchOptions options, Plan plan, EnvList job_env)
           ServerOptions(options_, job_id_, static_cast<int>(plan.nodes.size()),
                         [this](int node) { return job_.NodeSecret(node); }),
           &job_),
-      job_(io_, options_, std::move(plan), std::move(job_env), console_,
-           job_id_, proto::HexEncode(proto::RandomBytes(proto::kSecretBytes))),
+      job_(io_, options_, std::move(plan), std::move(job_env),
+           std::move(command), console_, job_id_,
+           proto::HexEncode(proto::RandomBytes(proto::kSecretBytes))),
       signals_(io_, SIGINT, SIGTERM, SIGHUP) {}
 
 Launcher::~Launcher() = default;
+
+// --log_dir, or DeepSpeed's --enable_each_rank_log DIR: each rank's output in
+// DIR/<YYYYmmddHHMMSS>_rank<N>.log (the launch time, as DeepSpeed names
+// them) instead of on the console.
+static Console::LogLayout LogLayoutFor(const LaunchOptions& o) {
+  if (o.each_rank_log_dir.empty()) return {o.log_dir};
+  char stamp[32] = {0};
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  ::localtime_r(&now, &local);
+  std::strftime(stamp, sizeof(stamp), "%Y%m%d%H%M%S", &local);
+  return {o.each_rank_log_dir, std::string(stamp) + "_rank", false};
+}
+
+// DeepSpeed's --save_pid: /tmp/<pid>.deepspeed holds our pid while the job
+// runs, for whoever started us to signal; refused if the file exists.
+class PidFile {
+ public:
+  Status Create() {
+    path_ = "/tmp/" + std::to_string(::getpid()) + ".deepspeed";
+    const int fd =
+        ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      const int err = errno;
+      path_.clear();
+      return ErrnoStatus("--save_pid: cannot create /tmp/" +
+                             std::to_string(::getpid()) + ".deepspeed",
+                         err);
+    }
+    const std::string pid = std::to_string(::getpid());
+    const bool ok =
+        ::write(fd, pid.data(), pid.size()) == static_cast<ssize_t>(pid.size());
+    ::close(fd);
+    if (!ok) return ErrnoStatus("--save_pid: cannot write " + path_, EIO);
+    return Status::Ok();
+  }
+  ~PidFile() {
+    if (!path_.empty()) ::unlink(path_.c_str());
+  }
+
+ private:
+  std::string path_;
+};
 
 // Routes the default logger through the console's terminal writer while it
 // lives, and back to plain stderr after.
@@ -59,7 +109,9 @@ class ScopedLogSink {
 int Launcher::Run() {
   ::signal(SIGPIPE, SIG_IGN);
   ScopedLogSink log_sink(&console_.terminal());
-  Status st = console_.Open(job_.plan(), options_.log_dir);
+  Status st = console_.Open(job_.plan(), LogLayoutFor(options_));
+  PidFile pid_file;
+  if (st.ok() && options_.save_pid) st = pid_file.Create();
   std::vector<std::string> hosts;
   for (const auto& node : job_.plan().nodes) hosts.push_back(node.host);
   StatusOr<int> port =

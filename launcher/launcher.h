@@ -23,7 +23,8 @@ namespace dslaunch::launcher {
 class Launcher {
  public:
   // `job_env`: what every rank gets on top of its agent's environment.
-  Launcher(LaunchOptions options, Plan plan, EnvList job_env);
+  Launcher(LaunchOptions options, Plan plan, EnvList job_env,
+           RankCommand command);
   ~Launcher();
 
   // Runs the job; returns the process exit status (design section 3).

@@ -13,10 +13,16 @@
 #include "launcher/launcher.h"
 #include "launcher/plan/hostfile.h"
 #include "launcher/plan/plan.h"
+#include "launcher/plan/rank_command.h"
 #include "proto/exit_status.h"
 #include "proto/host_info.h"
 
 namespace dsl = dslaunch::launcher;
+
+static std::string Getenv(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? value : "";
+}
 
 // sysexits: 64 usage, 65 data.
 static int ExitFor(const dslaunch::Status& st) {
@@ -46,17 +52,21 @@ int main(int argc, char** argv) {
     std::printf("%s", dsl::FormatPlanTable(*plan).c_str());
     return 0;
   }
+  auto command = dsl::MakeRankCommand(
+      {options->program, options->no_python, options->module,
+       options->no_local_rank, Getenv("DSLAUNCH_PYTHON"), Getenv("PATH")});
+  if (!command.ok()) return ExitFor(command.status());
   dsl::JobEnvSources env_sources;
   env_sources.environ = environ;
   env_sources.export_prefixes = options->export_prefixes;
-  if (const char* home = std::getenv("HOME"))
-    env_sources.env_file_dirs.push_back(home);
-  env_sources.env_file_dirs.push_back(".");
+  env_sources.deepspeed_env_files =
+      dsl::DeepSpeedEnvFiles(Getenv("HOME"), Getenv("DS_ENV_FILE"));
   env_sources.env_files = options->env_files;
   env_sources.env = options->env;
   auto job_env = dsl::CollectJobEnv(env_sources);
   if (!job_env.ok()) return ExitFor(job_env.status());
   dsl::Launcher launcher(std::move(options).value(), std::move(plan).value(),
-                         std::move(job_env).value());
+                         std::move(job_env).value(),
+                         std::move(command).value());
   return launcher.Run();
 }

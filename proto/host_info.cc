@@ -6,12 +6,16 @@
 #include <linux/close_range.h>  // CLOSE_RANGE_CLOEXEC
 #include <net/if.h>             // IFF_LOOPBACK
 #include <netdb.h>              // getaddrinfo
+#include <sched.h>              // sched_getaffinity
 #include <signal.h>             // sigprocmask, signal
 #include <sys/resource.h>       // getrlimit
 #include <unistd.h>
 
 #include <cerrno>  // close_range, close
 #include <charconv>
+#include <fstream>
+#include <set>
+#include <string_view>
 
 namespace dslaunch::proto {
 
@@ -116,6 +120,78 @@ DSL_NO_ASAN void PrepareChildForExec() {
             : 65536;
     for (int fd = 3; fd < max_fd; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   }
+}
+
+StatusOr<std::vector<int>> ParseCpuList(const std::string& text) {
+  std::vector<int> cpus;
+  std::set<int> seen;
+  auto number = [](std::string_view s, int* out) {
+    if (s.empty() || s.size() > 4) return false;
+    int v = 0;
+    for (char c : s) {
+      if (c < '0' || c > '9') return false;
+      v = v * 10 + (c - '0');
+    }
+    *out = v;
+    return v < kMaxCpu;
+  };
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string_view part(text.data() + start, end - start);
+    const size_t dash = part.find('-');
+    int lo = 0, hi = 0;
+    const bool ok = dash == std::string_view::npos
+                        ? number(part, &lo) && number(part, &hi)
+                        : number(part.substr(0, dash), &lo) &&
+                              number(part.substr(dash + 1), &hi) && lo <= hi;
+    if (!ok) {
+      return InvalidArgument("'" + std::string(part) +
+                             "' is not a CPU or a range lo-hi of CPUs below " +
+                             std::to_string(kMaxCpu));
+    }
+    for (int cpu = lo; cpu <= hi; ++cpu) {
+      if (!seen.insert(cpu).second)
+        return InvalidArgument("CPU " + std::to_string(cpu) + " given twice");
+      cpus.push_back(cpu);
+    }
+    start = end + 1;
+  }
+  return cpus;
+}
+
+std::string CpuListString(const std::vector<int>& cpus) {
+  std::string out;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    if (!out.empty()) out += ",";
+    out += std::to_string(cpus[i]);
+    if (j > i) out += "-" + std::to_string(cpus[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+std::vector<int> UsableCores() {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  std::vector<int> cores;
+  if (::sched_getaffinity(0, sizeof(mask), &mask) != 0) return cores;
+  std::set<std::pair<int, int>> seen_cores;  // {package, core}
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &mask)) continue;
+    const std::string topo =
+        "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+    int package = -1, core = -1;
+    std::ifstream(topo + "physical_package_id") >> package;
+    std::ifstream(topo + "core_id") >> core;
+    if (package >= 0 && core >= 0 && !seen_cores.insert({package, core}).second)
+      continue;  // a second hardware thread of a core already taken
+    cores.push_back(cpu);
+  }
+  return cores;
 }
 
 }  // namespace dslaunch::proto

@@ -35,6 +35,17 @@ struct Route {
 };
 StatusOr<Route> RouteTo(const std::string& host);
 
+// CPU lists as Linux writes them ("1,3-5,7"). ParseCpuList refuses anything
+// else (InvalidArgument naming the bad part), CPUs at or above kMaxCpu and
+// repeats; CpuListString writes ranges for runs of consecutive numbers.
+inline constexpr int kMaxCpu = 1024;  // glibc's CPU_SETSIZE
+StatusOr<std::vector<int>> ParseCpuList(const std::string& text);
+std::string CpuListString(const std::vector<int>& cpus);
+// The CPUs this process may run on, one per physical core (the first
+// hardware thread of each, as /sys describes the topology; all of them
+// where it does not), in ascending order.
+std::vector<int> UsableCores();
+
 // At a program's start: descriptors 0-2 that are closed become /dev/null,
 // so that no pipe or socket opened later lands on them.
 void EnsureStandardDescriptors();

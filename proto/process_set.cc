@@ -3,6 +3,7 @@
 #include <fcntl.h>        // open, O_CLOEXEC
 #include <linux/sched.h>  // clone_args, CLONE_INTO_CGROUP
 #include <pthread.h>      // pthread_sigmask
+#include <sched.h>        // sched_setaffinity
 #include <signal.h>       // kill
 #include <sys/mman.h>     // mmap (the child's stack)
 #include <sys/prctl.h>    // PR_SET_PDEATHSIG
@@ -53,7 +54,8 @@ struct ProcessSet::Child {
   asio::posix::stream_descriptor report;
   bool report_open = false;
   std::array<int, 2> reported{};
-  std::string what_chdir, what_cgroup, what_exec;  // for the report's words
+  // For the report's words.
+  std::string what_chdir, what_cgroup, what_affinity, what_exec;
   bool reaped = false;
   ExitInfo info;
   asio::steady_timer drain_timer;
@@ -121,12 +123,13 @@ struct ChildPlan {
   const char* path = nullptr;
   const char* cwd = "";
   const char* cgroup_procs = "";
+  const cpu_set_t* cpus = nullptr;  // sched_setaffinity before exec
   char** argv = nullptr;
   char** envp = nullptr;
 };
 
 // Stages reported back through the report pipe as {stage, errno}.
-enum Stage : int { kChdir = 1, kExec = 2, kCgroup = 3 };
+enum Stage : int { kChdir = 1, kExec = 2, kCgroup = 3, kAffinity = 4 };
 
 [[noreturn]] DSL_NO_ASAN void ReportAndExit(int report_w, int stage, int err) {
   int report[2] = {stage, err};
@@ -153,6 +156,8 @@ enum Stage : int { kChdir = 1, kExec = 2, kCgroup = 3 };
       ReportAndExit(p.report_w, kCgroup, errno);
     ::close(fd);
   }
+  if (p.cpus != nullptr && ::sched_setaffinity(0, sizeof(cpu_set_t), p.cpus))
+    ReportAndExit(p.report_w, kAffinity, errno);
   const int in_fd = p.in_r >= 0 ? p.in_r : ::open("/dev/null", O_RDONLY);
   ::dup2(in_fd, 0);
   if (p.out_w >= 0) ::dup2(p.out_w, 1);
@@ -332,6 +337,13 @@ StatusOr<pid_t> ProcessSet::Spawn(const ProcessSpec& spec) {
   RETURN_IF_ERROR(pipes.Open(spec));
   auto argv = CStrings(spec.argv);
   auto envp = CStrings(env);
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  for (int cpu : spec.cpus) {
+    if (cpu < 0 || cpu >= CPU_SETSIZE)
+      return InvalidArgument("no CPU " + std::to_string(cpu) + " to bind to");
+    CPU_SET(cpu, &cpus);
+  }
   ChildPlan plan{::getpid(),
                  !error.empty(),
                  spec.new_session,
@@ -343,8 +355,10 @@ StatusOr<pid_t> ProcessSet::Spawn(const ProcessSpec& spec) {
                  path.c_str(),
                  spec.cwd.c_str(),
                  "",
+                 nullptr,
                  argv.data(),
                  envp.data()};
+  if (!spec.cpus.empty()) plan.cpus = &cpus;
   // Every signal blocked across the start: the child must not run the
   // parent's handlers (Asio's signal pipe is shared) before it resets them.
   sigset_t all, old_mask;
@@ -364,6 +378,7 @@ StatusOr<pid_t> ProcessSet::Spawn(const ProcessSpec& spec) {
   c->what_chdir = "cannot change directory to '" + spec.cwd + "'";
   c->what_cgroup = "cannot join cgroup '" + spec.cgroup_dir + "'";
   c->what_exec = "cannot execute '" + path + "'";
+  c->what_affinity = "cannot bind to CPUs " + CpuListString(spec.cpus);
   c->report.assign(pipes.Take(&pipes.report[0]));
   c->report_open = true;
   c->stdin_fd = pipes.Take(&pipes.in[1]);
@@ -391,9 +406,10 @@ void ProcessSet::ReadExecReport(const std::shared_ptr<Child>& c) {
         if (!*alive) return;
         if (!ec && c->info.error.empty()) {  // the child could not go on
           const int stage = c->reported[0];
-          c->info.error = (stage == kChdir    ? c->what_chdir
-                           : stage == kCgroup ? c->what_cgroup
-                                              : c->what_exec) +
+          c->info.error = (stage == kChdir      ? c->what_chdir
+                           : stage == kCgroup   ? c->what_cgroup
+                           : stage == kAffinity ? c->what_affinity
+                                                : c->what_exec) +
                           ": " + std::strerror(c->reported[1]);
         }
         boost::system::error_code ignored;

@@ -35,6 +35,8 @@ struct ProcessSpec {
   bool capture_output = true;     // false: stdout/stderr are the parent's
   // A cgroup v2 directory the child joins before it execs ("" = none).
   std::string cgroup_dir;
+  // CPUs the child is bound to before it execs (empty = not bound).
+  std::vector<int> cpus;
   // Sent to the child's group when the ProcessSet goes first (0 = none).
   int destroy_signal = SIGKILL;
 };

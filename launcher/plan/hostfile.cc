@@ -197,39 +197,84 @@ Status ExpandRangeItem(std::string_view item, std::string_view range,
   return Status::Ok();
 }
 
-// Expands `prefix[items]suffix` into at most `room` host names; a name
-// without brackets is returned as is.
-StatusOr<std::vector<std::string>> ExpandHostRange(std::string_view host,
-                                                   size_t room) {
-  size_t open = host.find('[');
-  size_t close = host.find(']');
-  if (open == std::string_view::npos && close == std::string_view::npos) {
-    return std::vector<std::string>{std::string(host)};
-  }
-  std::string bad = "malformed range " + Quote(host) + ": ";
-  if (open == std::string_view::npos || close < open)
-    return DataError(bad + "']' without '['");
-  if (close == std::string_view::npos) return DataError(bad + "missing ']'");
-  std::string_view suffix = host.substr(close + 1);
-  if (suffix.find_first_of("[]") != std::string_view::npos ||
-      host.substr(open + 1, close - open - 1).find('[') !=
-          std::string_view::npos) {
-    return DataError(bad + "only one [...] group is allowed");
-  }
-  std::string_view items = host.substr(open + 1, close - open - 1);
-  if (items.empty()) return DataError(bad + "empty range");
-  std::vector<std::string> names;
+// The numbers of one bracket group's items ("01-04,07"), zero-padded as
+// written; at most `room` of them.
+StatusOr<std::vector<std::string>> ExpandGroup(std::string_view items,
+                                               std::string_view host,
+                                               size_t room) {
+  if (items.empty())
+    return DataError("malformed range " + Quote(host) + ": empty range");
+  std::vector<std::string> numbers;
   while (true) {
     size_t comma = items.find(',');
-    std::string_view item = items.substr(0, comma);
-    RETURN_IF_ERROR(ExpandRangeItem(item, host, room, names,
-                                    std::string(host.substr(0, open)),
-                                    std::string(suffix)));
+    RETURN_IF_ERROR(
+        ExpandRangeItem(items.substr(0, comma), host, room, numbers, "", ""));
     if (comma == std::string_view::npos) break;
     items.remove_prefix(comma + 1);
   }
+  return numbers;
+}
+
+}  // namespace
+
+StatusOr<std::vector<std::string>> ExpandHostRange(std::string_view host,
+                                                   size_t room) {
+  const std::string_view whole = host;
+  const std::string bad = "malformed range " + Quote(host) + ": ";
+  std::vector<std::string> names = {""};
+  while (!host.empty()) {
+    const size_t open = host.find_first_of("[]");
+    const std::string_view text = host.substr(0, open);
+    for (auto& name : names) name.append(text);
+    if (open == std::string_view::npos) break;
+    if (host[open] == ']') return DataError(bad + "']' without '['");
+    const size_t close = host.find_first_of("[]", open + 1);
+    if (close == std::string_view::npos) return DataError(bad + "missing ']'");
+    if (host[close] == '[') return DataError(bad + "'[' inside [...]");
+    ASSIGN_OR_RETURN(
+        std::vector<std::string> numbers,
+        ExpandGroup(host.substr(open + 1, close - open - 1), whole, room));
+    // Every name so far times every number: the first group varies slowest.
+    if (numbers.size() * names.size() > room) {
+      return DataError(bad + "expands to more than " + std::to_string(room) +
+                       " hosts");
+    }
+    std::vector<std::string> product;
+    product.reserve(names.size() * numbers.size());
+    for (const auto& name : names) {
+      for (const auto& number : numbers) product.push_back(name + number);
+    }
+    names = std::move(product);
+    host.remove_prefix(close + 1);
+  }
   return names;
 }
+
+StatusOr<std::vector<std::string>> ExpandHostlist(std::string_view list,
+                                                  size_t room) {
+  std::vector<std::string> hosts;
+  size_t start = 0;
+  int depth = 0;
+  for (size_t i = 0; i <= list.size(); ++i) {
+    if (i < list.size() && list[i] == '[') ++depth;
+    if (i < list.size() && list[i] == ']') --depth;
+    if (i < list.size() && (list[i] != ',' || depth > 0)) continue;
+    const std::string_view item = list.substr(start, i - start);
+    if (item.empty()) {
+      return DataError("empty host name in host list " + Quote(list));
+    }
+    ASSIGN_OR_RETURN(std::vector<std::string> names,
+                     ExpandHostRange(item, room - hosts.size()));
+    for (auto& name : names) {
+      RETURN_IF_ERROR(ValidateHostName(name));
+      hosts.push_back(std::move(name));
+    }
+    start = i + 1;
+  }
+  return hosts;
+}
+
+namespace {
 
 // Applies one `key=value` token to `entry`.
 Status ApplyKey(std::string_view token, std::set<std::string>& seen,

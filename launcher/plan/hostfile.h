@@ -50,4 +50,15 @@ StatusOr<Hostfile> ParseHostfile(std::string_view text,
 // naming the path and strerror.
 StatusOr<Hostfile> LoadHostfile(const std::string& path);
 
+// SLURM's host ranges, as in a hostfile and in SLURM_JOB_NODELIST: each
+// [...] group holds numbers and number ranges (`01-04,07`, zero padding
+// kept), several groups multiply (`r[1-2]n[1-2]`: r1n1 r1n2 r2n1 r2n2).
+// At most `room` names; DataError "malformed range '...': ..." otherwise.
+StatusOr<std::vector<std::string>> ExpandHostRange(std::string_view host,
+                                                   size_t room);
+// A SLURM host list (`gpu-a[001-003,010],gpu-b7`): comma-separated host
+// ranges, each expanded, every name a valid host name; at most `room`.
+StatusOr<std::vector<std::string>> ExpandHostlist(std::string_view list,
+                                                  size_t room = kMaxHosts);
+
 }  // namespace dslaunch::launcher

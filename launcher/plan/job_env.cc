@@ -1,5 +1,6 @@
 #include "launcher/plan/job_env.h"
 
+#include <algorithm>  // find
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -11,9 +12,27 @@ namespace dslaunch::launcher {
 
 const std::vector<std::string>& DefaultExportPrefixes() {
   static const std::vector<std::string> kPrefixes = {
-      "NCCL_",           "GLOO_", "PYTHON", "UCX_", "OMP_",  "CUDA",
-      "LD_LIBRARY_PATH", "MV2_",  "MLFLOW", "HF_",  "TORCH", "TRANSFORMERS_"};
+      "NCCL_",       "GLOO_", "PYTHON", "UCX_", "OMP_",
+      "CUDA",        "MV2_",  "MLFLOW", "HF_",  "TRANSFORMERS_",
+      "ACCELERATE_", "TORCH", "WANDB_"};
   return kPrefixes;
+}
+
+const std::vector<std::string>& InterpreterVariables() {
+  static const std::vector<std::string> kNames = {
+      "PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV",
+      "LD_LIBRARY_PATH"};
+  return kNames;
+}
+
+std::vector<std::string> DeepSpeedEnvFiles(const std::string& home,
+                                           const std::string& ds_env_file) {
+  const std::string name = ds_env_file.empty() ? ".deepspeed_env" : ds_env_file;
+  if (name.front() == '/') return {name};
+  std::vector<std::string> files;
+  if (!home.empty()) files.push_back(home + "/" + name);
+  files.push_back("./" + name);
+  return files;
 }
 
 static bool ValidKey(std::string_view key) {
@@ -127,11 +146,13 @@ StatusOr<EnvList> CollectJobEnv(const JobEnvSources& sources) {
     const std::string kv(*p);
     const size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) continue;
-    if (Exported(kv.substr(0, eq), prefixes))
-      all.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+    const std::string key = kv.substr(0, eq);
+    if (Exported(key, prefixes) ||
+        std::find(InterpreterVariables().begin(), InterpreterVariables().end(),
+                  key) != InterpreterVariables().end())
+      all.emplace_back(key, kv.substr(eq + 1));
   }
-  for (const auto& dir : sources.env_file_dirs) {
-    const std::string path = dir + "/.deepspeed_env";
+  for (const auto& path : sources.deepspeed_env_files) {
     std::ifstream probe(path);
     if (!probe) continue;
     ASSIGN_OR_RETURN(EnvList vars, LoadEnvFile(path));

@@ -1,8 +1,12 @@
 // The environment a job carries to its ranks on top of what each node's
-// agent has: variables exported from the launcher's environment by prefix
-// (--export; NCCL_, PYTHON, UCX_, OMP_, CUDA, LD_LIBRARY_PATH, ... by
-// default), .deepspeed_env from the home and current directories, each
-// --env_file, and each --env K=V, later sources winning. Pure functions.
+// agent has: the launcher's interpreter environment (PATH, VIRTUAL_ENV,
+// CONDA_PREFIX, CONDA_DEFAULT_ENV, LD_LIBRARY_PATH: remote ranks run the
+// same python in the same venv or conda env, as DeepSpeed's runners make
+// them), variables exported from the launcher's environment by prefix
+// (--export; NCCL_, PYTHON, UCX_, OMP_, CUDA, HF_, WANDB_, ... by default),
+// .deepspeed_env from the home and current directories ($DS_ENV_FILE names
+// another file, as for DeepSpeed), each --env_file, and each --env K=V,
+// later sources winning. Pure functions.
 #pragma once
 
 #include <string>
@@ -18,6 +22,16 @@ using EnvList = std::vector<std::pair<std::string, std::string>>;
 
 // Prefixes exported to remote ranks unless told otherwise.
 const std::vector<std::string>& DefaultExportPrefixes();
+// Variables that always go with the job (the interpreter environment);
+// --env and env files can still set them.
+const std::vector<std::string>& InterpreterVariables();
+
+// The .deepspeed_env files to read, as DeepSpeed's runner finds them: the
+// name $DS_ENV_FILE (default ".deepspeed_env") in the home directory, then
+// in the current one (an absolute $DS_ENV_FILE: that file, once). Files that
+// do not exist are skipped when read.
+std::vector<std::string> DeepSpeedEnvFiles(const std::string& home,
+                                           const std::string& ds_env_file);
 
 // Parses an env file: KEY=VALUE per line, optional leading "export ",
 // blank lines, '#' comments (whole line, or after whitespace outside quotes),
@@ -28,11 +42,11 @@ StatusOr<EnvList> ParseEnvFile(std::string_view text, const std::string& path);
 StatusOr<EnvList> LoadEnvFile(const std::string& path);
 
 struct JobEnvSources {
-  const char* const* environ = nullptr;      // the launcher's environment
-  std::vector<std::string> export_prefixes;  // empty = the defaults
-  std::vector<std::string> env_file_dirs;    // where .deepspeed_env may be
-  std::vector<std::string> env_files;        // --env_file, in order
-  std::vector<std::string> env;              // --env K=V, in order
+  const char* const* environ = nullptr;          // the launcher's environment
+  std::vector<std::string> export_prefixes;      // empty = the defaults
+  std::vector<std::string> deepspeed_env_files;  // read when they exist
+  std::vector<std::string> env_files;            // --env_file, in order
+  std::vector<std::string> env;                  // --env K=V, in order
 };
 
 // The job's env, deduplicated (last wins) and in first-seen order.

@@ -60,7 +60,9 @@ Console::~Console() {
   DrainTerminal();
 }
 
-Status Console::Open(const Plan& plan, const std::string& log_dir) {
+Status Console::Open(const Plan& plan, const LogLayout& layout) {
+  const std::string& log_dir = layout.dir;
+  ranks_on_terminal_ = layout.ranks_on_terminal;
   for (const auto& node : plan.nodes) {
     for (size_t i = 0; i < node.slots.size(); ++i) {
       const int rank = node.first_rank + static_cast<int>(i);
@@ -73,7 +75,8 @@ Status Console::Open(const Plan& plan, const std::string& log_dir) {
   log_dir_ = log_dir;
   auto on_error = [this](const Status& st) { OnSinkError(st); };
   for (const auto& [rank, prefix] : prefix_) {
-    const std::string path = log_dir + "/rank-" + std::to_string(rank) + ".log";
+    const std::string path =
+        log_dir + "/" + layout.rank_file_prefix + std::to_string(rank) + ".log";
     ASSIGN_OR_RETURN(auto file, SinkFile::Create(path, on_error));
     logs_[rank] = std::make_unique<RankLog>(std::move(file), log_dir,
                                             options_.line_memory);
@@ -85,10 +88,12 @@ Status Console::Open(const Plan& plan, const std::string& log_dir) {
 
 void Console::Line(int rank, bool is_stderr, std::string_view line,
                    bool partial) {
-  std::string text = prefix_[rank];
-  text.append(line);
-  text.push_back('\n');
-  ToTerminal(is_stderr ? Stream::kErr : Stream::kOut, std::move(text));
+  if (ranks_on_terminal_) {
+    std::string text = prefix_[rank];
+    text.append(line);
+    text.push_back('\n');
+    ToTerminal(is_stderr ? Stream::kErr : Stream::kOut, std::move(text));
+  }
   if (auto it = logs_.find(rank); it != logs_.end()) {
     it->second->Piece(is_stderr, line, !partial);
   }

@@ -48,8 +48,21 @@ class Console {
   Console(const Console&) = delete;
   Console& operator=(const Console&) = delete;
 
-  // Creates log_dir (if non-empty) and one log file per rank of `plan`.
-  Status Open(const Plan& plan, const std::string& log_dir);
+  // Where rank output is written besides the terminal.
+  struct LogLayout {
+    std::string dir;  // "" = no files
+    // Rank r's file is <dir>/<rank_file_prefix><r>.log.
+    std::string rank_file_prefix = "rank-";
+    // false: rank output goes to the files only (DeepSpeed's
+    // --enable_each_rank_log); the launcher's own notes still show.
+    bool ranks_on_terminal = true;
+  };
+  // Creates the directory (if any), one log file per rank of `plan` and
+  // metrics.jsonl.
+  Status Open(const Plan& plan, const LogLayout& layout);
+  Status Open(const Plan& plan, const std::string& log_dir) {
+    return Open(plan, LogLayout{log_dir});
+  }
   // One piece of a rank's output. `partial`: no newline followed it (a piece
   // of a line longer than the agent's limit, or the end of the stream). The
   // terminal shows every piece as it comes, on a line of its own; the log
@@ -93,6 +106,7 @@ class Console {
   Options options_;
   TerminalWriter terminal_;
   std::string log_dir_;
+  bool ranks_on_terminal_ = true;
   std::map<int, std::string> prefix_;  // rank -> "[host:rank] "
   std::map<int, std::string> host_;
   std::map<int, std::unique_ptr<RankLog>> logs_;

@@ -78,6 +78,7 @@ void Job::PrintOutcome() {
     case Outcome::Cause::kNodeLost:
       return console_.Note("FAILED: " + o.reason);
     case Outcome::Cause::kInterrupted:
+      if (!o.scheduler.empty()) return console_.Note("stopped: " + o.scheduler);
       return console_.Note("stopped: interrupted by the user (" +
                            SignalName(o.signal) + ")");
     default:

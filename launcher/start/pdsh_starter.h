@@ -24,6 +24,7 @@ struct PdshSettings {
   int fanout = 32;
   std::string ssh_args;  // PDSH_SSH_ARGS_APPEND: port, user, identity, ...
   double timeout_s = 10;
+  std::vector<std::string> extra_args;  // --launcher_args, after -w HOSTS
 };
 
 class PdshStarter : public Starter, private proto::ProcessSet::Delegate {
@@ -35,6 +36,8 @@ class PdshStarter : public Starter, private proto::ProcessSet::Delegate {
   // Runs `agent --version` on every node through pdsh (blocking).
   std::vector<NodeCheck> Preflight(const std::string& agent_path,
                                    const std::string& expected_version);
+  // Without the preflight (--no_ssh_check): every node counts as answering.
+  std::vector<NodeCheck> Unchecked() const;
   // The preflight (blocking), then pdsh running node 0's agent command made
   // node-independent on every node.
   void Start(const AgentBootstrap& boot, StartDone done) override;
@@ -47,6 +50,7 @@ class PdshStarter : public Starter, private proto::ProcessSet::Delegate {
   void OnProcessExited(pid_t pid, const proto::ExitInfo& info) override;
   void HandleLine(bool is_stderr, const std::string& line);
   int NodeOf(const std::string& host) const;
+  static void AddRoutes(std::vector<NodeCheck>* checks);
 
   boost::asio::io_context& io_;
   Starter::Delegate* delegate_;

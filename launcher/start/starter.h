@@ -55,6 +55,9 @@ class Starter {
     // connection (ssh stderr, pdsh's own messages); `source` names its host.
     virtual void OnStarterOutput(const std::string& source,
                                  std::string line) = 0;
+    // The batch system ended the job (scancel, a time limit): stop as
+    // Ctrl-C would; `why` says who and why, for the report.
+    virtual void OnStoppedByScheduler(const std::string& why) { (void)why; }
   };
 
   struct Started {
@@ -83,7 +86,7 @@ struct StarterContext {
 };
 
 // The start mode --launcher names; `auto` is ssh when a host of the plan is
-// not this machine, else local.
+// not this machine or --force_multi is given, else local.
 std::string ResolveStartMode(const LaunchOptions& options, const Plan& plan);
 // Makes the starter of the resolved start mode, or InvalidArgument.
 StatusOr<std::unique_ptr<Starter>> MakeStarter(const StarterContext& context);
@@ -92,5 +95,6 @@ StatusOr<std::unique_ptr<Starter>> MakeStarter(const StarterContext& context);
 std::unique_ptr<Starter> NewLocalStarter(const StarterContext& context);
 std::unique_ptr<Starter> NewSshStarter(const StarterContext& context);
 std::unique_ptr<Starter> NewPdshStarter(const StarterContext& context);
+std::unique_ptr<Starter> NewSlurmStarter(const StarterContext& context);
 
 }  // namespace dslaunch::launcher

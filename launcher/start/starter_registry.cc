@@ -18,12 +18,14 @@ constexpr StartMode kStartModes[] = {
     {"local", NewLocalStarter},
     {"ssh", NewSshStarter},
     {"pdsh", NewPdshStarter},
+    {"slurm", NewSlurmStarter},
 };
 
 }  // namespace
 
 std::string ResolveStartMode(const LaunchOptions& options, const Plan& plan) {
   if (options.launcher != "auto") return options.launcher;
+  if (options.force_multi) return "ssh";  // DeepSpeed's "multi-node mode"
   for (const auto& node : plan.nodes) {
     if (!IsLocalHost(node.host)) return "ssh";
   }
@@ -32,12 +34,18 @@ std::string ResolveStartMode(const LaunchOptions& options, const Plan& plan) {
 
 StatusOr<std::unique_ptr<Starter>> MakeStarter(const StarterContext& context) {
   const std::string mode = ResolveStartMode(context.options, context.plan);
+  if (!context.options.launcher_args.empty() &&
+      (mode == "local" || mode == "ssh")) {
+    return InvalidArgument(
+        "--launcher_args is passed to pdsh, srun or mpirun; --launcher " +
+        mode + " runs none of them");
+  }
   for (const auto& m : kStartModes) {
     if (mode == m.name) return m.make(context);
   }
   return InvalidArgument("--launcher " + mode +
                          " is not available in this build yet; use local, "
-                         "ssh or pdsh");
+                         "ssh, pdsh or slurm");
 }
 
 std::string DefaultAgentPath() {

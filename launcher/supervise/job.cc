@@ -5,6 +5,8 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>  // getcwd
 
+#include <algorithm>  // max
+
 #include "launcher/report/report.h"
 
 namespace dslaunch::launcher {
@@ -21,12 +23,13 @@ static std::string WorkingDirectory() {
 }
 
 Job::Job(asio::io_context& io, const LaunchOptions& options, Plan plan,
-         EnvList job_env, Console& console, std::string job_id,
-         std::string secret)
+         EnvList job_env, RankCommand command, Console& console,
+         std::string job_id, std::string secret)
     : io_(io),
       options_(options),
       plan_(std::move(plan)),
       job_env_(std::move(job_env)),
+      command_(std::move(command)),
       console_(console),
       job_id_(std::move(job_id)),
       secret_(std::move(secret)),
@@ -154,7 +157,7 @@ wire::JobSpec Job::MakeJobSpec(int node_rank) const {
   const NodePlan& node = plan_.nodes[node_rank];
   wire::JobSpec job;
   job.set_job_id(job_id_);
-  for (const auto& a : options_.program) job.add_argv(a);
+  for (const auto& a : command_.argv) job.add_argv(a);
   for (const auto& [key, value] : job_env_) {
     auto* var = job.add_env();
     var->set_key(key);
@@ -176,7 +179,10 @@ wire::JobSpec Job::MakeJobSpec(int node_rank) const {
   job.set_kill_grace_s(options_.kill_grace_s);
   job.set_heartbeat_interval_s(options_.heartbeat_interval_s);
   job.set_heartbeat_timeout_s(options_.heartbeat_timeout_s);
-  job.set_append_local_rank(!options_.no_local_rank);
+  job.set_append_local_rank(command_.local_rank_at >= 0);
+  job.set_local_rank_at(std::max(command_.local_rank_at, 0));
+  job.set_bind_cores_to_rank(options_.bind_cores_to_rank);
+  for (int core : options_.bind_cores) job.add_bind_core_list(core);
   job.set_host(node.host);
   return job;
 }
@@ -276,6 +282,13 @@ void Job::OnSignal(int sig) {
   } else if (action == JobState::Action::kKillAll) {
     console_.Note("killing every rank now");
   }
+  Act(action);
+}
+
+void Job::OnStoppedByScheduler(const std::string& why) {
+  const JobState::Action action = state_.StoppedByScheduler(why);
+  if (action == JobState::Action::kAbortAll)
+    console_.Note(why + "; stopping every rank");
   Act(action);
 }
 

@@ -15,6 +15,7 @@
 #include "launcher/flags.h"
 #include "launcher/plan/job_env.h"
 #include "launcher/plan/plan.h"
+#include "launcher/plan/rank_command.h"
 #include "launcher/report/console.h"
 #include "launcher/start/starter.h"
 #include "launcher/supervise/control_server.h"
@@ -27,8 +28,8 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
  public:
   // `job_env`: what every rank gets on top of its agent's environment.
   Job(boost::asio::io_context& io, const LaunchOptions& options, Plan plan,
-      EnvList job_env, Console& console, std::string job_id,
-      std::string secret);
+      EnvList job_env, RankCommand command, Console& console,
+      std::string job_id, std::string secret);
   ~Job() override;
 
   // Starts the agents through `starter`; they dial `control_port`. The job
@@ -55,6 +56,7 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   void OnAgentProcessExited(int node_rank, const std::string& how) override;
   void OnAgentSecret(int node_rank, std::string secret) override;
   void OnStarterOutput(const std::string& source, std::string line) override;
+  void OnStoppedByScheduler(const std::string& why) override;
 
  private:
   void OnStarted(StatusOr<Starter::Started> started);
@@ -84,6 +86,7 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   const LaunchOptions& options_;
   Plan plan_;
   EnvList job_env_;
+  RankCommand command_;
   Console& console_;
   std::string job_id_;
   std::string secret_;

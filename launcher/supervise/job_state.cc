@@ -218,6 +218,20 @@ JobState::Action JobState::Interrupted(int signal) {
   return Action::kKillAll;  // already stopping: now at once
 }
 
+JobState::Action JobState::StoppedByScheduler(const std::string& why) {
+  if (phase_ == Phase::kEnded) return Action::kNone;
+  if (outcome_.cause == Outcome::Cause::kInterrupted) {
+    outcome_.scheduler = why;
+    return Action::kNone;
+  }
+  Outcome o;
+  o.cause = Outcome::Cause::kInterrupted;
+  o.signal = SIGTERM;
+  o.reason = why;
+  o.scheduler = why;
+  return Decide(o) ? Action::kAbortAll : Action::kNone;
+}
+
 void JobState::StartFailed(const Status& why) {
   if (phase_ != Phase::kStarting) return;
   outcome_.cause = Outcome::Cause::kStartFailed;

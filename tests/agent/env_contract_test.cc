@@ -197,5 +197,53 @@ TEST(BuildRankArgv, PassesArgumentsByteExact) {
       (std::vector<std::string>{"prog", "with space", "$HOME;'quoted'\"", ""}));
 }
 
+TEST(BuildRankArgv, PutsLocalRankWhereTheJobSays) {
+  wire::JobSpec job = Node1Of3x2();
+  job.set_local_rank_at(2);  // right after the script: DeepSpeed's order
+  EXPECT_EQ(BuildRankArgv(job, job.ranks(1)),
+            (std::vector<std::string>{"/usr/bin/python3", "train.py",
+                                      "--local_rank=1", "--lr=0.1"}));
+  job.set_local_rank_at(3);  // argv.size(): at the end
+  EXPECT_EQ(BuildRankArgv(job, job.ranks(0)).back(), "--local_rank=0");
+  job.set_local_rank_at(99);  // out of range (a newer launcher?): at the end
+  EXPECT_EQ(BuildRankArgv(job, job.ranks(0)).back(), "--local_rank=0");
+}
+
+TEST(BuildRankEnv, LeavesOutWhatTheAgentsTransportSet) {
+  const wire::JobSpec job = Node1Of3x2();
+  const char* base[] = {"SSH_CLIENT=10.0.0.1 5 22",
+                        "SSH_CONNECTION=10.0.0.1 5 10.0.0.2 22",
+                        "SSH_TTY=/dev/pts/1",
+                        "SSH_ORIGINAL_COMMAND=dsagent",
+                        "SSH_AUTH_SOCK=/tmp/a",
+                        "SHLVL=0",
+                        "SSH_KEEP=1",
+                        "HOME=/home/u",
+                        nullptr};
+  auto env = AsMap(BuildRankEnv(job, job.ranks(0), Paths(), base));
+  for (const char* gone : {"SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY",
+                           "SSH_ORIGINAL_COMMAND", "SSH_AUTH_SOCK", "SHLVL"})
+    EXPECT_EQ(env.count(gone), 0u) << gone;
+  EXPECT_EQ(env["SSH_KEEP"], "1");
+  EXPECT_EQ(env["HOME"], "/home/u");
+}
+
+TEST(ShareCores, GivesEachRankAnEqualBlockInOrder) {
+  auto shares = ShareCores({0, 1, 2, 3, 4, 5, 6}, 3);
+  ASSERT_TRUE(shares.ok()) << shares.status().message();
+  EXPECT_EQ(*shares, (std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}}));
+  shares = ShareCores({1, 3, 4, 5, 7}, 1);
+  ASSERT_TRUE(shares.ok());
+  EXPECT_EQ(*shares, (std::vector<std::vector<int>>{{1, 3, 4, 5, 7}}));
+}
+
+TEST(ShareCores, FewerCoresThanRanksIsAnErrorNamingThem) {
+  auto shares = ShareCores({2, 3}, 4);
+  ASSERT_FALSE(shares.ok());
+  EXPECT_NE(shares.status().message().find("2 cores (2-3) for 4 ranks"),
+            std::string::npos)
+      << shares.status().message();
+}
+
 }  // namespace
 }  // namespace dslaunch::agent

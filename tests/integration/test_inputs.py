@@ -104,7 +104,7 @@ class InputTest(RefusalCase):
             (b"127.0.0.1 user=\n", "hosts.txt:1: empty user"),
             (b"127.0.0.1 user=a;id\n", "hosts.txt:1: invalid user 'a;id'"),
             (b"n[5-1]\n", "hosts.txt:1: malformed range 'n[5-1]': lower bound"),
-            (b"r[1-2]n[1-2]\n", "hosts.txt:1: malformed range"),
+            (b"r[1-2]n[1[2]]\n", "hosts.txt:1: malformed range 'r[1-2]n[1[2]]': '[' inside"),
         ]
         for data, needle in cases:
             with self.subTest(data=data):

@@ -189,7 +189,8 @@ TEST(Flags, UnknownOptionBeforeProgramIsAnErrorNamingIt) {
   EXPECT_EQ(UsageError({"--bogus=1", "python"}),
             "unknown option '--bogus" + rest);
   EXPECT_EQ(UsageError({"-x", "python"}), "unknown option '-x" + rest);
-  EXPECT_EQ(UsageError({"--no_python"}), "unknown option '--no_python" + rest);
+  EXPECT_EQ(UsageError({"--no_such_flag"}),
+            "unknown option '--no_such_flag" + rest);
 }
 
 TEST(Flags, DoubleDashLetsAProgramStartWithADash) {
@@ -210,6 +211,75 @@ TEST(Flags, EverythingFromProgramOnIsByteExactEvenWhenItLooksLikeFlags) {
                             "python", "-m", "pkg", "--kill_grace", "nan", "-i",
                             "", "--", "--bogus", "\xff\x01"}));
   EXPECT_EQ(o->kill_grace_s, 5);
+}
+
+TEST(Flags, DeepSpeedLauncherFlagsKeepTheirMeaning) {
+  int exit_now;
+  auto o =
+      Parse({"--no_python", "--launcher_args", "-x 'a b' \"c\\\"d\"",
+             "--no_ssh_check", "--force_multi", "--save_pid",
+             "--enable_each_rank_log", "/tmp/logs", "--bind_cores_to_rank",
+             "--bind_core_list", "1,3-5,7", "--num_accelerators", "2", "prog"},
+            &exit_now);
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_TRUE(o->no_python);
+  EXPECT_EQ(o->launcher_words, (std::vector<std::string>{"-x", "a b", "c\"d"}));
+  EXPECT_TRUE(o->no_ssh_check);
+  EXPECT_TRUE(o->force_multi);
+  EXPECT_TRUE(o->save_pid);
+  EXPECT_EQ(o->each_rank_log_dir, "/tmp/logs");
+  EXPECT_TRUE(o->bind_cores_to_rank);
+  EXPECT_EQ(o->bind_cores, (std::vector<int>{1, 3, 4, 5, 7}));
+  EXPECT_EQ(o->plan.num_gpus, 2);
+  o = Parse({"-m", "pkg.mod", "--x"}, &exit_now);
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_TRUE(o->module);
+  EXPECT_EQ(o->program, (std::vector<std::string>{"pkg.mod", "--x"}));
+}
+
+TEST(Flags, DeepSpeedFlagsWeDoNotDoAreRefusedWithAReason) {
+  EXPECT_NE(UsageError({"--elastic_training", "train.py"})
+                .find("--elastic_training: elastic training is not supported"),
+            std::string::npos);
+  EXPECT_NE(UsageError({"--min_elastic_nodes", "2", "train.py"})
+                .find("--min_elastic_nodes"),
+            std::string::npos);
+  EXPECT_NE(UsageError({"--autotuning", "tune", "train.py"})
+                .find("autotuner is not supported"),
+            std::string::npos);
+}
+
+TEST(Flags, BadLauncherArgsAndCoreListsAreUsageErrors) {
+  EXPECT_NE(UsageError({"--launcher_args", "-x 'open", "p"})
+                .find("--launcher_args: unterminated ' quote"),
+            std::string::npos);
+  EXPECT_NE(UsageError({"--bind_cores_to_rank", "--bind_core_list", "1,x", "p"})
+                .find("--bind_core_list: 'x' is not a CPU"),
+            std::string::npos);
+  EXPECT_NE(UsageError({"--bind_core_list", "1", "p"})
+                .find("used with --bind_cores_to_rank"),
+            std::string::npos);
+  EXPECT_NE(UsageError({"--log_dir", "a", "--enable_each_rank_log", "b", "p"})
+                .find("give one"),
+            std::string::npos);
+}
+
+TEST(Flags, NumGpusWithoutAHostfileIsThatManyRanksHere) {
+  LaunchOptions o;
+  o.plan.num_gpus = 6;
+  auto h = LoadJobHostfile(o);
+  ASSERT_TRUE(h.ok());
+  ASSERT_EQ(h->hosts.size(), 1u);
+  EXPECT_EQ(h->hosts[0].slots, 6);
+}
+
+TEST(SplitShellWords, SplitsAsAShellWouldWithoutExpanding) {
+  auto w = SplitShellWords("  a\\ b 'c d'\"e\\$f\\g\" '' $HOME ");
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  EXPECT_EQ(*w, (std::vector<std::string>{"a b", "c de$f\\g", "", "$HOME"}));
+  EXPECT_FALSE(SplitShellWords("\"open").ok());
+  EXPECT_FALSE(SplitShellWords("end\\").ok());
+  EXPECT_TRUE(SplitShellWords("")->empty());
 }
 
 }  // namespace

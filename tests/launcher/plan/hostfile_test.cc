@@ -270,15 +270,43 @@ TEST(Hostfile, RejectsUnclosedOrUnopenedBracket) {
             "hosts.txt:1: malformed range 'node1-3]': ']' without '['");
 }
 
-TEST(Hostfile, RejectsEmptyOrNestedOrSecondBracketGroup) {
+TEST(Hostfile, RejectsEmptyOrNestedBracketGroups) {
   EXPECT_EQ(ParseError("node[]\n"),
             "hosts.txt:1: malformed range 'node[]': empty range");
-  EXPECT_EQ(ParseError("r[1-2]n[1-2]\n"),
-            "hosts.txt:1: malformed range 'r[1-2]n[1-2]': only one [...] group "
-            "is allowed");
   EXPECT_EQ(ParseError("r[1[2]]\n"),
-            "hosts.txt:1: malformed range 'r[1[2]]': only one [...] group is "
-            "allowed");
+            "hosts.txt:1: malformed range 'r[1[2]]': '[' inside [...]");
+}
+
+TEST(Hostfile, SeveralBracketGroupsMultiplyAsInSlurm) {
+  StatusOr<Hostfile> result = ParseHostfile("r[1-2]n[08-09] slots=2\n", "h");
+  ASSERT_TRUE(result.ok()) << result.status().message();
+  std::vector<std::string> names;
+  for (const auto& h : result->hosts) names.push_back(h.host);
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"r1n08", "r1n09", "r2n08", "r2n09"}));
+}
+
+TEST(Hostlist, ExpandsSlurmNodeLists) {
+  auto hosts = ExpandHostlist("gpu-a[001-003,010],gpu-b7,r[1-2]-n[1,3]");
+  ASSERT_TRUE(hosts.ok()) << hosts.status().message();
+  EXPECT_EQ(*hosts, (std::vector<std::string>{
+                        "gpu-a001", "gpu-a002", "gpu-a003", "gpu-a010",
+                        "gpu-b7", "r1-n1", "r1-n3", "r2-n1", "r2-n3"}));
+  EXPECT_EQ(*ExpandHostlist("node1"), (std::vector<std::string>{"node1"}));
+}
+
+TEST(Hostlist, RefusesMalformedListsNamingThem) {
+  EXPECT_EQ(ExpandHostlist("a,,b").status().message(),
+            "empty host name in host list 'a,,b'");
+  EXPECT_EQ(ExpandHostlist("").status().message(),
+            "empty host name in host list ''");
+  EXPECT_EQ(ExpandHostlist("n[1-3").status().message(),
+            "malformed range 'n[1-3': missing ']'");
+  EXPECT_EQ(ExpandHostlist("n[1-3],m;x").status().message(),
+            "invalid host name 'm;x' (allowed: letters, digits, '.', '-', "
+            "'_')");
+  EXPECT_FALSE(ExpandHostlist("a[0-999]b[0-999]").ok());  // 10^6 > 65536
+  EXPECT_FALSE(ExpandHostlist("a[1-2]", 1).ok());
 }
 
 TEST(Hostfile, RejectsHugeRange) {

@@ -60,7 +60,8 @@ TEST(JobEnv, LaterSourcesWinAndOrderIsKept) {
                            "SECRET=no", nullptr};
   JobEnvSources s;
   s.environ = environ;
-  s.env_file_dirs = {dir.string()};
+  s.deepspeed_env_files = {(dir / ".deepspeed_env").string(),
+                           (dir / "missing").string()};
   s.env_files = {(dir / "extra.env").string()};
   s.env = {"FROM_FILE=flag"};
   auto env = CollectJobEnv(s);
@@ -71,6 +72,44 @@ TEST(JobEnv, LaterSourcesWinAndOrderIsKept) {
                   {"FROM_DS", "file"},
                   {"FROM_FILE", "flag"}};
   EXPECT_EQ(*env, want);
+}
+
+TEST(JobEnv, TheInterpreterEnvironmentAlwaysGoesWithTheJob) {
+  const char* environ[] = {"PATH=/venv/bin:/usr/bin", "VIRTUAL_ENV=/venv",
+                           "CONDA_PREFIX=/c",         "CONDA_DEFAULT_ENV=c",
+                           "LD_LIBRARY_PATH=/l",      "PATHOLOGY=no",
+                           "SSH_CLIENT=1 2 3",        "WANDB_MODE=offline",
+                           "ACCELERATE_X=1",          nullptr};
+  JobEnvSources s;
+  s.environ = environ;
+  s.export_prefixes = {"NONE_"};  // prefixes replaced: these still go
+  s.env = {"CONDA_DEFAULT_ENV=flag"};
+  auto env = CollectJobEnv(s);
+  ASSERT_TRUE(env.ok()) << env.status().message();
+  EnvList want = {{"PATH", "/venv/bin:/usr/bin"},
+                  {"VIRTUAL_ENV", "/venv"},
+                  {"CONDA_PREFIX", "/c"},
+                  {"CONDA_DEFAULT_ENV", "flag"},
+                  {"LD_LIBRARY_PATH", "/l"}};
+  EXPECT_EQ(*env, want);
+  s.export_prefixes = {};  // the defaults include WANDB_ and ACCELERATE_
+  env = CollectJobEnv(s);
+  ASSERT_TRUE(env.ok());
+  EXPECT_EQ(env->size(), 7u);
+  EXPECT_EQ(env->at(5),
+            (std::pair<std::string, std::string>{"WANDB_MODE", "offline"}));
+}
+
+TEST(JobEnv, DeepSpeedEnvFilesAreFoundAsDeepSpeedFindsThem) {
+  EXPECT_EQ(
+      DeepSpeedEnvFiles("/home/u", ""),
+      (std::vector<std::string>{"/home/u/.deepspeed_env", "./.deepspeed_env"}));
+  EXPECT_EQ(DeepSpeedEnvFiles("/home/u", "my.env"),
+            (std::vector<std::string>{"/home/u/my.env", "./my.env"}));
+  EXPECT_EQ(DeepSpeedEnvFiles("", "/etc/ds.env"),
+            (std::vector<std::string>{"/etc/ds.env"}));
+  EXPECT_EQ(DeepSpeedEnvFiles("", ""),
+            (std::vector<std::string>{"./.deepspeed_env"}));
 }
 
 TEST(JobEnv, ExportPrefixesReplaceTheDefaults) {

@@ -63,8 +63,9 @@ class JobTest : public ::testing::Test {
   void StartJob() {
     console_ = std::make_unique<Console>(out_, err_);
     ASSERT_TRUE(console_->Open(plan_, "").ok());
-    job_ = std::make_unique<Job>(io_, options_, plan_, EnvList{}, *console_,
-                                 "job1", "secret");
+    job_ = std::make_unique<Job>(io_, options_, plan_, EnvList{},
+                                 RankCommand{{"train"}, 1}, *console_, "job1",
+                                 "secret");
     job_->Start(&starter_, &links_, 4242);
   }
   void Authenticate(int node, int free_port = 0) {

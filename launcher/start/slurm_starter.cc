@@ -1,0 +1,178 @@
+#include "launcher/start/slurm_starter.h"
+
+#include <signal.h>  // SIGKILL, SIGTERM
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/post.hpp>
+
+#include "launcher/report/report.h"
+#include "proto/host_info.h"    // RouteTo
+#include "proto/unix_socket.h"  // WriteAll
+
+namespace dslaunch::launcher {
+
+namespace asio = boost::asio;
+
+static std::string Join(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : ",") + s;
+  return out;
+}
+
+std::vector<std::string> SrunArgv(const SrunSettings& s,
+                                  const std::vector<std::string>& hosts,
+                                  std::vector<std::string> agent_argv) {
+  const std::string n = std::to_string(hosts.size());
+  std::vector<std::string> argv = {s.srun,
+                                   "--nodes=" + n,
+                                   "--ntasks=" + n,
+                                   "--ntasks-per-node=1",
+                                   "--nodelist=" + Join(hosts),
+                                   "--kill-on-bad-exit=1",
+                                   "--overlap",
+                                   "--input=all",
+                                   "--job-name=dsagent"};
+  argv.insert(argv.end(), s.extra_args.begin(), s.extra_args.end());
+  // The step runs one command everywhere: each agent finds its node itself.
+  for (size_t i = 0; i + 1 < agent_argv.size(); ++i) {
+    if (agent_argv[i] == "--node_rank")
+      agent_argv.erase(agent_argv.begin() + i, agent_argv.begin() + i + 2);
+  }
+  agent_argv.insert(agent_argv.end(), {"--hosts", Join(hosts),
+                                       "--node_host_env", "SLURMD_NODENAME"});
+  argv.insert(argv.end(), agent_argv.begin(), agent_argv.end());
+  return argv;
+}
+
+SrunEvent ParseSrunLine(const std::string& line,
+                        const std::vector<std::string>& hosts) {
+  SrunEvent e;
+  // slurmstepd: error: *** JOB 12 ON n1 CANCELLED AT 2026-... DUE TO TIME LIMIT
+  // *** slurmstepd: error: *** STEP 12.0 ON n1 CANCELLED AT 2026-... ***
+  const size_t stars = line.find("*** ");
+  if (stars != std::string::npos &&
+      line.find(" CANCELLED AT ", stars) != std::string::npos) {
+    const bool job = line.compare(stars + 4, 4, "JOB ") == 0;
+    const size_t id_end = line.find(' ', stars + (job ? 8 : 9));
+    const std::string id =
+        line.substr(stars + (job ? 8 : 9), id_end - stars - (job ? 8 : 9));
+    e.cancelled =
+        std::string("SLURM cancelled ") + (job ? "job " : "step ") + id;
+    const size_t due = line.find(" DUE TO ");
+    if (due != std::string::npos) {
+      std::string why = line.substr(due + 8);
+      if (why.size() >= 4 && why.compare(why.size() - 4, 4, " ***") == 0)
+        why.resize(why.size() - 4);
+      for (char& c : why) c = static_cast<char>(std::tolower(c));
+      e.cancelled += " (" + why + ")";
+    } else {
+      e.cancelled += " (scancel)";
+    }
+    return e;
+  }
+  // srun: error: n2: task 1: Exited with exit code 3
+  // srun: error: n2: tasks 0-1: Killed
+  static const std::string kError = "srun: error: ";
+  if (line.rfind(kError, 0) != 0) return e;
+  const size_t host_end = line.find(": ", kError.size());
+  if (host_end == std::string::npos) return e;
+  const std::string host = line.substr(kError.size(), host_end - kError.size());
+  if (line.compare(host_end + 2, 4, "task") != 0) return e;
+  const size_t how = line.find(": ", host_end + 2);
+  if (how == std::string::npos) return e;
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    if (hosts[i] == host) {
+      e.node = static_cast<int>(i);
+      e.how = line.substr(how + 2);
+    }
+  }
+  return e;
+}
+
+SlurmStarter::SlurmStarter(asio::io_context& io, Starter::Delegate* delegate,
+                           SrunSettings settings,
+                           std::vector<std::string> hosts)
+    : io_(io),
+      delegate_(delegate),
+      settings_(std::move(settings)),
+      hosts_(std::move(hosts)),
+      exited_(hosts_.size(), false),
+      processes_(io, this) {}
+
+// processes_ sends srun SIGTERM (ProcessSpec::destroy_signal): srun passes
+// it to the step and ends it.
+SlurmStarter::~SlurmStarter() { *alive_ = false; }
+
+std::unique_ptr<Starter> NewSlurmStarter(const StarterContext& context) {
+  std::vector<std::string> hosts;
+  for (const auto& node : context.plan.nodes) hosts.push_back(node.host);
+  SrunSettings settings;
+  settings.extra_args = context.options.launcher_words;
+  return std::make_unique<SlurmStarter>(context.io, context.delegate,
+                                        std::move(settings), std::move(hosts));
+}
+
+void SlurmStarter::Start(const AgentBootstrap& boot, StartDone done) {
+  Status st = StartSrun(boot);
+  asio::post(io_,
+             [st, started = started_, done = std::move(done), alive = alive_] {
+               if (!*alive) return;
+               if (st.ok()) return done(started);
+               done(st);
+             });
+}
+
+Status SlurmStarter::StartSrun(const AgentBootstrap& boot) {
+  // The agents dial back our address on the route to node 0 (the nodes of
+  // an allocation share a network); node 0's end of it is MASTER_ADDR.
+  auto route = proto::RouteTo(hosts_.at(0));
+  if (!route.ok()) {
+    return Unavailable("cannot reach node 0 (" + hosts_[0] +
+                       ") from here: " + route.status().message());
+  }
+  started_.master_addr = route->peer;
+  proto::ProcessSpec spec;
+  spec.argv = SrunArgv(settings_, hosts_, AgentArgv(boot, 0, route->local));
+  spec.inherit_env = true;  // srun reads the allocation from it
+  spec.new_session = true;
+  spec.death_signal = SIGTERM;
+  spec.destroy_signal = SIGTERM;
+  spec.stdin_pipe = true;
+  StatusOr<pid_t> pid = processes_.Spawn(spec);
+  if (!pid.ok())
+    return Unavailable("cannot start srun: " + pid.status().message());
+  pid_ = *pid;
+  // srun hands it to every task; a pipe takes it without blocking.
+  return proto::WriteAll(processes_.StdinOf(pid_), boot.secret + "\n");
+}
+
+void SlurmStarter::OnProcessOutput(pid_t, bool is_stderr, std::string line,
+                                   bool) {
+  const SrunEvent e = ParseSrunLine(line, hosts_);
+  delegate_->OnStarterOutput("srun", line);
+  (void)is_stderr;
+  if (!e.cancelled.empty()) delegate_->OnStoppedByScheduler(e.cancelled);
+  if (e.node >= 0 && !exited_[e.node]) {
+    exited_[e.node] = true;
+    delegate_->OnAgentProcessExited(e.node, e.how);
+  }
+}
+
+void SlurmStarter::OnProcessExited(pid_t, const proto::ExitInfo& info) {
+  pid_ = -1;
+  if (!info.error.empty()) spdlog::error("cannot start srun: {}", info.error);
+  const std::string how =
+      "ended with srun, which " +
+      (info.error.empty() ? DescribeWaitStatus(info.wait_status) : info.error);
+  for (size_t n = 0; n < hosts_.size(); ++n) {
+    if (exited_[n]) continue;
+    exited_[n] = true;
+    delegate_->OnAgentProcessExited(static_cast<int>(n), how);
+  }
+}
+
+void SlurmStarter::Kill(int) {
+  if (pid_ > 0) processes_.Signal(pid_, SIGKILL);
+}
+
+}  // namespace dslaunch::launcher

@@ -1,0 +1,74 @@
+// SlurmStarter (--launcher slurm): the agents run as one job step of the
+// allocation dslaunch runs in:
+//   srun --nodes=N --ntasks=N --ntasks-per-node=1 --nodelist=H1,..,HN
+//        --kill-on-bad-exit=1 --overlap --input=all [--launcher_args]
+//        dsagent --connect ... --hosts H1,..,HN --node_host_env SLURMD_NODENAME
+// The job secret is srun's stdin, which srun hands to every task
+// (--input=all), never argv; it stays open as the agents' lifeline. Each
+// agent finds its node rank from SLURMD_NODENAME in --hosts. srun's own
+// messages say which agent ended ("srun: error: n2: task 1: Exited with exit
+// code 3") and whether SLURM cancelled the step or the job (scancel, the
+// time limit): that is reported as a stop by SLURM, as Ctrl-C would stop the
+// job. No SLURM library is linked. Owned by the Launcher; io_context thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <boost/asio/io_context.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "launcher/start/starter.h"
+#include "proto/process_set.h"
+
+namespace dslaunch::launcher {
+
+struct SrunSettings {
+  std::string srun = "srun";
+  std::vector<std::string> extra_args;  // --launcher_args, before the agent
+};
+
+// The srun command line that starts `agent_argv` on `hosts`, one per node.
+std::vector<std::string> SrunArgv(const SrunSettings& settings,
+                                  const std::vector<std::string>& hosts,
+                                  std::vector<std::string> agent_argv);
+
+// What one line of srun's stderr says: the node (index in `hosts`) whose
+// agent ended and how, or a cancellation by SLURM (why it ended).
+struct SrunEvent {
+  int node = -1;          // >= 0: that node's agent ended
+  std::string how;        // ... in srun's words
+  std::string cancelled;  // non-empty: SLURM stopped the step or the job
+};
+SrunEvent ParseSrunLine(const std::string& line,
+                        const std::vector<std::string>& hosts);
+
+class SlurmStarter : public Starter, private proto::ProcessSet::Delegate {
+ public:
+  SlurmStarter(boost::asio::io_context& io, Starter::Delegate* delegate,
+               SrunSettings settings, std::vector<std::string> hosts);
+  ~SlurmStarter() override;  // srun gets SIGTERM if it still runs
+
+  void Start(const AgentBootstrap& boot, StartDone done) override;
+  // srun cannot end one node's task alone: ends the step.
+  void Kill(int node_rank) override;
+
+ private:
+  Status StartSrun(const AgentBootstrap& boot);
+  void OnProcessOutput(pid_t pid, bool is_stderr, std::string line,
+                       bool partial) override;
+  void OnProcessExited(pid_t pid, const proto::ExitInfo& info) override;
+
+  boost::asio::io_context& io_;
+  Starter::Delegate* delegate_;
+  SrunSettings settings_;
+  std::vector<std::string> hosts_;
+  std::vector<bool> exited_;
+  pid_t pid_ = -1;
+  Started started_;
+  proto::ProcessSet processes_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+}  // namespace dslaunch::launcher
