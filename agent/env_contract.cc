@@ -13,6 +13,37 @@ static std::string JoinSlots(const wire::JobSpec& job) {
   return out;
 }
 
+// What srun --ntasks-per-node=SLOTS would set for this task (the agent's
+// own are those of its one-task-per-node step). "" = leave the variable out.
+static std::map<std::string, std::string> SlurmTaskEnv(
+    const wire::JobSpec& job, const wire::RankSpec& rank) {
+  const std::string world = std::to_string(job.world_size());
+  std::string gtids;
+  for (const auto& r : job.ranks())
+    gtids += (gtids.empty() ? "" : ",") + std::to_string(r.rank());
+  // Known only when every node has as many ranks as this one.
+  std::string per_node;
+  if (job.num_nodes() > 0 &&
+      job.ranks_size() * job.num_nodes() == job.world_size()) {
+    per_node = std::to_string(job.ranks_size());
+    if (job.num_nodes() > 1) per_node += "(x" + std::to_string(job.num_nodes()) + ")";
+  }
+  return {
+      {"SLURM_PROCID", std::to_string(rank.rank())},
+      {"SLURM_LOCALID", std::to_string(rank.local_rank())},
+      {"SLURM_NODEID", std::to_string(job.node_rank())},
+      {"SLURM_NTASKS", world},
+      {"SLURM_NPROCS", world},
+      {"SLURM_STEP_NUM_TASKS", world},
+      {"SLURM_STEP_NUM_NODES", std::to_string(job.num_nodes())},
+      {"SLURM_GTIDS", gtids},
+      {"SLURM_NTASKS_PER_NODE", per_node.empty() ? "" : std::to_string(job.ranks_size())},
+      {"SLURM_TASKS_PER_NODE", per_node},
+      {"SLURM_STEP_TASKS_PER_NODE", per_node},
+      {"SLURM_TASK_PID", ""},  // the agent's; a rank has its own pid
+  };
+}
+
 std::map<std::string, std::string> ContractEnv(const wire::JobSpec& job,
                                                const wire::RankSpec& rank,
                                                const RankPaths& paths) {
@@ -73,6 +104,15 @@ std::vector<std::string> BuildRankEnv(const wire::JobSpec& job,
     env[std::move(key)] = kv.substr(eq + 1);
   }
   for (const auto& var : job.env()) env[var.key()] = var.value();
+  if (job.slurm_task_env()) {
+    for (auto& [k, v] : SlurmTaskEnv(job, rank)) {
+      if (v.empty()) {
+        env.erase(k);
+      } else {
+        env[k] = v;
+      }
+    }
+  }
   for (auto& [k, v] : ContractEnv(job, rank, paths)) env[k] = v;
   std::vector<std::string> out;
   out.reserve(env.size());

@@ -27,7 +27,9 @@ std::map<std::string, std::string> ContractEnv(const wire::JobSpec& job,
 // The rank's whole environment as "K=V" strings: `base` (usually the agent's
 // environ) without what the agent's transport set (SSH_CLIENT,
 // SSH_CONNECTION, SSH_TTY, SSH_ORIGINAL_COMMAND, SSH_AUTH_SOCK, SHLVL), then
-// the job's env entries, then the contract; later wins.
+// the job's env entries, then (slurm_task_env) the per-task SLURM variables
+// (SLURM_PROCID = RANK, SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS, ...),
+// then the contract; later wins.
 std::vector<std::string> BuildRankEnv(const wire::JobSpec& job,
                                       const wire::RankSpec& rank,
                                       const RankPaths& paths,

@@ -405,4 +405,24 @@ StatusOr<Hostfile> LoadJobHostfile(const LaunchOptions& options) {
   return local;
 }
 
+StatusOr<Hostfile> LoadJobHosts(LaunchOptions* o, const EnvLookup& env,
+                                std::string* said) {
+  said->clear();
+  const bool auto_slurm =
+      o->launcher == "auto" && !o->hostfile_given && InSlurmAllocation(env);
+  if (!auto_slurm && (o->launcher != "slurm" || o->hostfile_given))
+    return LoadJobHostfile(*o);
+  auto allocation = ReadSlurmAllocation(env, o->plan.num_gpus);
+  if (!allocation.ok()) {
+    if (allocation.status().code() == StatusCode::kNotFound)
+      return InvalidArgument("--launcher slurm: " +
+                             allocation.status().message());
+    return allocation.status();
+  }
+  if (auto_slurm) o->launcher = "slurm";
+  *said = DescribeAllocation(*allocation) +
+          (auto_slurm ? " (inside the allocation: --launcher slurm)" : "");
+  return AllocationHostfile(*allocation);
+}
+
 }  // namespace dslaunch::launcher

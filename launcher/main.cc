@@ -42,8 +42,11 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(options->log_level));
 
-  auto hostfile = dsl::LoadJobHostfile(*options);
+  std::string said;
+  auto hostfile = dsl::LoadJobHosts(
+      &options.value(), [](const char* name) { return Getenv(name); }, &said);
   if (!hostfile.ok()) return ExitFor(hostfile.status());
+  if (!said.empty()) std::fprintf(stderr, "dslaunch: %s\n", said.c_str());
   auto plan = dsl::MakePlan(*hostfile, options->plan);
   if (!plan.ok()) return ExitFor(plan.status());
   if (options->doctor) return dsl::RunDoctor(*options, *plan);

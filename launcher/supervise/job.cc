@@ -182,6 +182,7 @@ wire::JobSpec Job::MakeJobSpec(int node_rank) const {
   job.set_append_local_rank(command_.local_rank_at >= 0);
   job.set_local_rank_at(std::max(command_.local_rank_at, 0));
   job.set_bind_cores_to_rank(options_.bind_cores_to_rank);
+  job.set_slurm_task_env(options_.launcher == "slurm");
   for (int core : options_.bind_cores) job.add_bind_core_list(core);
   job.set_host(node.host);
   return job;

@@ -8,6 +8,10 @@
 #   cluster.sh pids DIR I        pids running in node I's namespace, one per line
 #   cluster.sh link DIR I down|up  cut / restore node I's link
 #   cluster.sh exec DIR I CMD... run CMD inside node I's namespace
+#   cluster.sh login DIR CMD...  run CMD as on the cluster's login node (SLURM)
+#
+# CLUSTER_SLURM=1: a SLURM cluster too (slurmctld in a namespace of its own,
+# a slurmd on every node, one munged); CLUSTER_SSHD=0: no sshd. See README.md.
 #
 # Exit 77 when the machine cannot host a cluster (not root, no netns, no sshd),
 # so that callers can skip.
@@ -33,7 +37,7 @@ skip() {
 
 usage() {
   cat >&2 <<EOF
-usage: $PROG up N DIR | down DIR | status DIR | pids DIR I | link DIR I down|up | exec DIR I CMD...
+usage: $PROG up N DIR | down DIR | status DIR | pids DIR I | link DIR I down|up | exec DIR I CMD... | login DIR CMD...
 EOF
   exit 2
 }
@@ -61,12 +65,14 @@ check_dir_name() {
 # ---------------------------------------------------------------- state
 # DIR/state is an intent log: a line is written *before* the thing it names is
 # created, so that `down` can undo a half-finished `up`.  Lines:
-#   tag T | x X | n N | uts 0|1 | bridge B | node I NS VETH | iptables B
+#   tag T | x X | n N | uts 0|1 | slurm 0|1 | sshd 0|1 | bridge B |
+#   node I NS VETH (node 0: the SLURM controller) | iptables B |
+#   daemon PID (munged, slurmctld, slurmd: written once they run)
 record() { echo "$*" >>"$DIR/state"; }
 
 load_state() {
-  TAG='' X='' N=0 UTS=0 BRIDGE='' IPT=''
-  NODE_NS=() NODE_VETH=()
+  TAG='' X='' N=0 UTS=0 BRIDGE='' IPT='' SLURM=0 SSHD_ON=1
+  NODE_NS=() NODE_VETH=() DAEMONS=()
   [[ -f $DIR/state ]] || return 0
   local k a b c
   while read -r k a b c; do
@@ -75,6 +81,9 @@ load_state() {
       x) X=$a ;;
       n) N=$a ;;
       uts) UTS=$a ;;
+      slurm) SLURM=$a ;;
+      sshd) SSHD_ON=$a ;;
+      daemon) DAEMONS+=("$a") ;;
       bridge) BRIDGE=$a ;;
       iptables) IPT=$a ;;
       node)
@@ -143,6 +152,18 @@ cmdline_of() { # pid -> short command line (or [comm])
 teardown() { # uses DIR; removes everything recorded in DIR/state, then DIR
   load_state
   local i ns pid pids p desc
+  # 0. the SLURM daemons and munged we started (only while the pid is still
+  #    the process we started: its command line names DIR)
+  pids=()
+  for pid in "${DAEMONS[@]}"; do
+    if alive "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "$DIR"; then
+      kill -TERM "$pid" 2>/dev/null || true
+      pids+=("$pid")
+    fi
+  done
+  if ((${#pids[@]})) && ! wait_gone 3 "${pids[@]}"; then
+    kill -KILL "${pids[@]}" 2>/dev/null || true
+  fi
   # 1. the sshd daemons we started
   pids=()
   for i in "${!NODE_NS[@]}"; do
@@ -200,6 +221,140 @@ cmd_down() {
   DIR=$(cd "$1" && pwd -P)
   teardown
   echo "$PROG: cluster in $DIR is down"
+}
+
+# ---------------------------------------------------------------- SLURM
+SLURM_GPUS=${CLUSTER_SLURM_GPUS:-2}
+SLURM_CPUS=${CLUSTER_SLURM_CPUS:-8}
+SLURM_PATH=/usr/sbin:/usr/bin:/sbin:/bin
+
+need_slurm_tools() {
+  local t missing=()
+  for t in slurmctld slurmd munged srun salloc sbatch scontrol sinfo unshare setsid mknod; do
+    command -v "$t" >/dev/null 2>&1 || missing+=("$t")
+  done
+  if ((${#missing[@]})); then
+    skip "missing ${missing[*]} (apt-get install -y slurm-wlm munge)"
+  fi
+}
+
+node_name() { echo "${TAG}n$1"; }
+
+# DIR/hosts (every node's and the login node's /etc/hosts), DIR/slurm.conf,
+# DIR/gres.conf and fake GPU device files for SLURM.
+write_slurm_config() {
+  local i d=$DIR/slurm
+  mkdir -p "$d/state" "$d/log" "$d/dev" "$d/munge"
+  {
+    echo "127.0.0.1 localhost"
+    echo "10.213.$X.253 ${TAG}c"
+    echo "10.213.$X.254 ${TAG}login"
+    for ((i = 1; i <= N; i++)); do echo "10.213.$X.$i $(node_name "$i")"; done
+  } >"$DIR/hosts"
+  for ((i = 0; i < SLURM_GPUS; i++)); do mknod "$d/dev/nvidia$i" c 195 "$i"; done
+  cat >"$DIR/slurm.conf" <<EOF
+# SLURM for test cluster $TAG, written by $PROG
+ClusterName=${TAG}
+SlurmctldHost=${TAG}c(10.213.$X.253)
+SlurmctldPort=6817
+SlurmdPort=6818
+AuthType=auth/munge
+AuthInfo=socket=$d/munge/munge.socket
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$d/state
+SlurmdSpoolDir=$d/spool-%n
+SlurmctldPidFile=$d/slurmctld.pid
+SlurmdPidFile=$d/slurmd-%n.pid
+SlurmctldLogFile=$d/log/slurmctld.log
+SlurmdLogFile=$d/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+ReturnToService=2
+MpiDefault=none
+GresTypes=gpu
+SlurmctldTimeout=10
+SlurmdTimeout=10
+InactiveLimit=0
+MinJobAge=2
+KillWait=2
+Waittime=0
+MessageTimeout=5
+EOF
+  for ((i = 1; i <= N; i++)); do
+    echo "NodeName=$(node_name "$i") NodeAddr=10.213.$X.$i CPUs=$SLURM_CPUS RealMemory=1024 Gres=gpu:$SLURM_GPUS State=UNKNOWN"
+  done >>"$DIR/slurm.conf"
+  echo "PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP" >>"$DIR/slurm.conf"
+  {
+    echo "AutoDetect=off"
+    echo "NodeName=${TAG}n[1-$N] Name=gpu File=$d/dev/nvidia[0-$((SLURM_GPUS - 1))]"
+  } >"$DIR/gres.conf"
+}
+
+# CMD with the cluster's SLURM environment only.
+slurm_env() {
+  env -i PATH="$SLURM_PATH" SLURM_CONF="$DIR/slurm.conf" "$@"
+}
+
+# CMD in namespace NS with its own hostname NAME and /etc/hosts (own UTS and
+# mount namespaces), in a session of its own, with a clean environment.
+in_node_view() { # NS NAME CMD...
+  local ns=$1 name=$2
+  shift 2
+  # shellcheck disable=SC2016
+  # nsenter, not `ip netns exec`, which mounts a sysfs of the namespace over
+  # /sys and so hides /sys/fs/cgroup, without which slurmd will not start.
+  nsenter --net="/run/netns/$ns" unshare --uts --mount --propagation private -- \
+    setsid /bin/sh -c 'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"' \
+    "$name" "$DIR/hosts" env -i PATH="$SLURM_PATH" SLURM_CONF="$DIR/slurm.conf" "$@"
+}
+
+start_slurm() {
+  local i d=$DIR/slurm pid
+  dd if=/dev/urandom of="$d/munge/munge.key" bs=1024 count=1 status=none
+  chmod 0400 "$d/munge/munge.key"
+  chmod 0755 "$d/munge"  # the socket is for every user; the key is not
+  slurm_env setsid munged --force --foreground --socket="$d/munge/munge.socket" \
+    --key-file="$d/munge/munge.key" --pid-file="$d/munge/munged.pid" \
+    --log-file="$d/log/munged.log" --seed-file="$d/munge/munge.seed" \
+    </dev/null >>"$d/log/munged.out" 2>&1 &
+  record "daemon $!"
+  make_node 0 253
+  in_node_view "${NODE_NS[0]}" "${TAG}c" slurmctld -D -i -f "$DIR/slurm.conf" \
+    </dev/null >>"$d/log/slurmctld.out" 2>&1 &
+  record "daemon $!"
+  for ((i = 1; i <= N; i++)); do
+    in_node_view "${NODE_NS[i]}" "$(node_name "$i")" \
+      slurmd -D -N "$(node_name "$i")" -f "$DIR/slurm.conf" \
+      </dev/null >>"$d/log/slurmd-$i.out" 2>&1 &
+    pid=$!
+    record "daemon $pid"
+    echo "$pid" >"$DIR/node$i.init"
+  done
+}
+
+# Every node IDLE in sinfo, or die with the daemons' complaints.
+wait_slurm() { # deadline
+  local end=$1 idle
+  while :; do
+    idle=$(slurm_env sinfo -h -N -o '%N %t' 2>/dev/null | grep -c ' idle$' || true)
+    ((idle == N)) && return 0
+    if ((SECONDS >= end)); then
+      echo "$PROG: SLURM nodes not idle in time:" >&2
+      slurm_env sinfo -N 2>&1 | head -20 >&2 || true
+      tail -n 5 "$DIR"/slurm/log/* >&2 2>/dev/null || true
+      return 1
+    fi
+    sleep 0.05
+  done
 }
 
 # ---------------------------------------------------------------- up
@@ -268,14 +423,14 @@ open_forward() {
     warn "could not add iptables FORWARD rule for $BRIDGE; node<->node traffic may be dropped"
 }
 
-make_node() { # I
-  local i=$1 ns=${TAG}n$1 veth=${TAG}v$1
+make_node() { # I [HOST] (the address's last byte; default I)
+  local i=$1 host=${2:-$1} ns=${TAG}n$1 veth=${TAG}v$1
   record "node $i $ns $veth"
   ip netns add "$ns"
   ip link add name "$veth" type veth peer name eth0 netns "$ns"
   ip link set dev "$veth" master "$BRIDGE" up
   ip -n "$ns" link set dev lo up
-  ip -n "$ns" addr add "10.213.$X.$i/24" dev eth0
+  ip -n "$ns" addr add "10.213.$X.$host/24" dev eth0
   ip -n "$ns" link set dev eth0 up
   ip -n "$ns" route add default via "10.213.$X.254"
   NODE_NS[i]=$ns
@@ -357,8 +512,12 @@ cmd_up() {
   [[ $# -eq 2 ]] || usage
   local n=$1 i nodes=() nslist=()
   need_root
+  SLURM=0 SSHD_ON=1
+  if [[ ${CLUSTER_SLURM:-0} == 1 ]]; then SLURM=1; fi
+  if [[ ${CLUSTER_SSHD:-1} == 0 ]]; then SSHD_ON=0; fi
   need_tools
-  if ! [[ $n =~ ^[0-9]+$ ]] || ((n < 1 || n > 253)); then die "N must be 1..253, got '$n'"; fi
+  if ((SLURM)); then need_slurm_tools; fi
+  if ! [[ $n =~ ^[0-9]+$ ]] || ((n < 1 || n > 252)); then die "N must be 1..252, got '$n'"; fi
   [[ $SLOTS =~ ^[0-9]+$ ]] || die "SLOTS must be a number, got '$SLOTS'"
   check_dir_name "$2"
   if [[ -e $2 ]]; then
@@ -380,6 +539,8 @@ cmd_up() {
   allocate_and_make_bridge
   record "n $N"
   record "uts $UTS"
+  record "slurm $SLURM"
+  record "sshd $SSHD_ON"
   open_forward
   for ((i = 1; i <= N; i++)); do
     make_node "$i"
@@ -431,22 +592,36 @@ CLUSTER_SSH_CONFIG="$DIR/ssh_config"
 CLUSTER_PDSH_SSH_ARGS_APPEND="-F $DIR/ssh_config"
 EOF
 
-  # privilege-separation chroot: the mount namespace is shared, so /run/sshd is too
-  mkdir -p /run/sshd
-  chmod 0755 /run/sshd
-  for ((i = 1; i <= N; i++)); do
-    start_sshd "$i" || die "node $i: sshd failed to start"
-  done
-
   local end=$((SECONDS + UP_TIMEOUT)) failed=0 w
-  for ((i = 1; i <= N; i++)); do
-    wait_ssh "$i" "$end" &
-    WAITERS+=($!)
-  done
-  for w in "${WAITERS[@]}"; do wait "$w" || failed=1; done
-  WAITERS=()
-  ((failed == 0)) || die "not every node's sshd came up (timeout ${UP_TIMEOUT}s)"
-  check_node_to_node
+  if ((SLURM)); then
+    write_slurm_config
+    local names=()
+    for ((i = 1; i <= N; i++)); do names+=("$(node_name "$i")"); done
+    cat >>"$DIR/env" <<EOF
+CLUSTER_SLURM_CONF="$DIR/slurm.conf"
+CLUSTER_HOSTS="$DIR/hosts"
+CLUSTER_NODE_NAMES="${names[*]}"
+CLUSTER_CONTROLLER="10.213.$X.253"
+EOF
+    start_slurm
+  fi
+  if ((SSHD_ON)); then
+    # privilege-separation chroot: the mount namespace is shared, so /run/sshd is too
+    mkdir -p /run/sshd
+    chmod 0755 /run/sshd
+    for ((i = 1; i <= N; i++)); do
+      start_sshd "$i" || die "node $i: sshd failed to start"
+    done
+    for ((i = 1; i <= N; i++)); do
+      wait_ssh "$i" "$end" &
+      WAITERS+=($!)
+    done
+    for w in "${WAITERS[@]}"; do wait "$w" || failed=1; done
+    WAITERS=()
+  fi
+  if ((SLURM)) && ! wait_slurm "$end"; then failed=1; fi
+  ((failed == 0)) || die "not every node's daemons came up (timeout ${UP_TIMEOUT}s)"
+  if ((SSHD_ON)); then check_node_to_node; fi
 
   UP_DONE=1
   cat "$DIR/env"
@@ -483,7 +658,9 @@ cmd_status() {
       link=missing
     fi
     [[ $link == up ]] || ok=1
-    if pid=$(sshd_pid "$i"); then sshd="sshd $pid"; else
+    if ((!SSHD_ON)); then
+      sshd="no sshd"
+    elif pid=$(sshd_pid "$i"); then sshd="sshd $pid"; else
       sshd="sshd not running"
       ok=1
     fi
@@ -520,10 +697,31 @@ cmd_exec() {
   node_index "$2"
   local i=$2 pid
   shift 2
+  # A SLURM node: in its slurmd's view (hostname, /etc/hosts), as a step is.
+  if ((SLURM)) && pid=$(cat "$DIR/node$i.init" 2>/dev/null) && alive "$pid"; then
+    exec ip netns exec "${NODE_NS[i]}" nsenter --uts="/proc/$pid/ns/uts" \
+      --mount="/proc/$pid/ns/mnt" -- "$@"
+  fi
   if ((UTS)) && pid=$(sshd_pid "$i"); then
     exec ip netns exec "${NODE_NS[i]}" nsenter --uts="/proc/$pid/ns/uts" -- "$@"
   fi
   exec ip netns exec "${NODE_NS[i]}" "$@"
+}
+
+# The login node of a SLURM cluster: this (root) network namespace, hostname
+# <tag>login and the cluster's /etc/hosts (own UTS and mount namespaces), and
+# SLURM_CONF pointing at the cluster's slurm.conf; the rest of the caller's
+# environment stays.
+cmd_login() {
+  [[ $# -ge 2 ]] || usage
+  need_root
+  open_dir "$1"
+  shift
+  ((SLURM)) || die "$DIR is not a SLURM cluster (CLUSTER_SLURM=1 at up)"
+  # shellcheck disable=SC2016
+  SLURM_CONF="$DIR/slurm.conf" exec unshare --uts --mount --propagation private -- \
+    /bin/sh -c 'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"' \
+    "${TAG}login" "$DIR/hosts" "$@"
 }
 
 main() {
@@ -537,6 +735,7 @@ main() {
     pids) cmd_pids "$@" ;;
     link) cmd_link "$@" ;;
     exec) cmd_exec "$@" ;;
+    login) cmd_login "$@" ;;
     -h | --help | help) usage ;;
     *) usage ;;
   esac
