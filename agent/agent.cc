@@ -95,6 +95,12 @@ void Agent::WatchSignals() {
   signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
     if (ec) return;
     spdlog::warn("received signal {}; stopping workers", sig);
+    if (state_ == State::kRunning) {
+      // Before the workers' exits: they die of our stop, not of their own.
+      wire::Envelope env;
+      env.mutable_agent_signalled()->set_signal(sig);
+      Send(env);
+    }
     if (state_ == State::kConnecting) {
       exit_code_ = ExitStatusForProcess(0, sig);
       SetState(State::kExited);

@@ -23,6 +23,7 @@ build_pkgs=(build-essential cmake ninja-build pkg-config
   bible-kjv bible-kjv-text)
 test_pkgs=(python3 python3-torch openmpi-bin libopenmpi-dev
   iproute2 procps openssh-server openssh-client pdsh
+  slurm-wlm munge  # tests/cluster/test_slurm.py (a real SLURM cluster)
   clang-14 libclang-rt-14-dev libomp-14-dev)  # tests/fuzz (libFuzzer)
 
 pkgs=("${build_pkgs[@]}")

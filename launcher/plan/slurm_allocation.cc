@@ -94,7 +94,7 @@ StatusOr<SlurmAllocation> ReadSlurmAllocation(const EnvLookup& env,
     a.slots_from = "SLURM_TASKS_PER_NODE";
   } else {
     a.slots.assign(n, 1);
-    a.slots_from = "default, 1 per node";
+    a.slots_from = "";  // none of them
   }
   return a;
 }
@@ -125,7 +125,10 @@ std::string DescribeAllocation(const SlurmAllocation& a) {
   const size_t n = a.nodes.size();
   return "SLURM job " + a.job_id + ": " + std::to_string(n) +
          (n == 1 ? " node" : " nodes") + " from SLURM_JOB_NODELIST, ranks " +
-         slots + " from " + a.slots_from;
+         slots +
+         (a.slots_from.empty()
+              ? " (no --num_gpus, SLURM_GPUS_ON_NODE or SLURM_TASKS_PER_NODE)"
+              : " from " + a.slots_from);
 }
 
 }  // namespace dslaunch::launcher

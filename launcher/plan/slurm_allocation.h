@@ -17,7 +17,7 @@ struct SlurmAllocation {
   std::string job_id;              // SLURM_JOB_ID
   std::vector<std::string> nodes;  // SLURM_JOB_NODELIST, expanded, in order
   std::vector<int> slots;          // ranks per node, one entry per node
-  std::string slots_from;          // where `slots` came from, for the line
+  std::string slots_from;  // where `slots` came from ("" = 1 by default)
 };
 
 using EnvLookup = std::function<std::string(const char* name)>;

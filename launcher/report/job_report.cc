@@ -78,7 +78,8 @@ void Job::PrintOutcome() {
     case Outcome::Cause::kNodeLost:
       return console_.Note("FAILED: " + o.reason);
     case Outcome::Cause::kInterrupted:
-      if (!o.scheduler.empty()) return console_.Note("stopped: " + o.scheduler);
+      if (!o.stopped_by.empty())
+        return console_.Note("stopped: " + o.stopped_by);
       return console_.Note("stopped: interrupted by the user (" +
                            SignalName(o.signal) + ")");
     default:

@@ -203,6 +203,8 @@ void Job::OnAgentMessage(int node_rank, wire::Envelope&& msg) {
       return HandleWorkerStarted(node_rank, msg.worker_started());
     case wire::Envelope::kWorkerExited:
       return HandleWorkerExited(node_rank, msg.worker_exited());
+    case wire::Envelope::kAgentSignalled:
+      return HandleAgentSignalled(node_rank, msg.agent_signalled().signal());
     case wire::Envelope::kStoreRequest:
       return HandleStore(node_rank, msg.store_request());
     case wire::Envelope::kAgentDone:
@@ -287,10 +289,25 @@ void Job::OnSignal(int sig) {
 }
 
 void Job::OnStoppedByScheduler(const std::string& why) {
-  const JobState::Action action = state_.StoppedByScheduler(why);
+  StoppedFromOutside(SIGTERM, why);
+}
+
+void Job::StoppedFromOutside(int sig, const std::string& why) {
+  const JobState::Action action = state_.StoppedFromOutside(sig, why);
   if (action == JobState::Action::kAbortAll)
     console_.Note(why + "; stopping every rank");
   Act(action);
+}
+
+// An agent signalled by someone else stops its ranks: they die of that, not
+// of a failure of their own. Under SLURM it is SLURM ending the step.
+void Job::HandleAgentSignalled(int node_rank, int sig) {
+  const std::string& host = plan_.nodes[node_rank].host;
+  StoppedFromOutside(sig, options_.launcher == "slurm"
+                              ? "SLURM stopped the step (" + SignalName(sig) +
+                                    " to the agent on " + host + ")"
+                              : "the agent on " + host + " received " +
+                                    SignalName(sig) + " from outside dslaunch");
 }
 
 void Job::Act(JobState::Action action) {

@@ -57,6 +57,8 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   void OnAgentSecret(int node_rank, std::string secret) override;
   void OnStarterOutput(const std::string& source, std::string line) override;
   void OnStoppedByScheduler(const std::string& why) override;
+  void StoppedFromOutside(int sig, const std::string& why);
+  void HandleAgentSignalled(int node_rank, int sig);
 
  private:
   void OnStarted(StatusOr<Starter::Started> started);

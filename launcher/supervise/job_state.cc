@@ -218,17 +218,18 @@ JobState::Action JobState::Interrupted(int signal) {
   return Action::kKillAll;  // already stopping: now at once
 }
 
-JobState::Action JobState::StoppedByScheduler(const std::string& why) {
+JobState::Action JobState::StoppedFromOutside(int signal,
+                                              const std::string& why) {
   if (phase_ == Phase::kEnded) return Action::kNone;
   if (outcome_.cause == Outcome::Cause::kInterrupted) {
-    outcome_.scheduler = why;
+    outcome_.stopped_by = why;
     return Action::kNone;
   }
   Outcome o;
   o.cause = Outcome::Cause::kInterrupted;
-  o.signal = SIGTERM;
+  o.signal = signal;
   o.reason = why;
-  o.scheduler = why;
+  o.stopped_by = why;
   return Decide(o) ? Action::kAbortAll : Action::kNone;
 }
 

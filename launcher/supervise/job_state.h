@@ -47,10 +47,10 @@ struct Outcome {
   int node = -1;
   int exit_code = 0;
   int signal = 0;
-  double exit_time = 0;   // kRankFailed: wall-clock seconds its agent stamped
-  std::string reason;     // one sentence for the report
-  std::string scheduler;  // kInterrupted by the batch system: who and why
-  Status start_status;    // kStartFailed
+  double exit_time = 0;    // kRankFailed: wall-clock seconds its agent stamped
+  std::string reason;      // one sentence for the report
+  std::string stopped_by;  // kInterrupted from outside: who and why
+  Status start_status;     // kStartFailed
   Clock::time_point when{};
 };
 const char* CauseName(Outcome::Cause cause);
@@ -116,10 +116,12 @@ class JobState {
   Action NodeLost(int node, const std::string& why);
   // SIGINT/SIGTERM/SIGHUP: the first stops gracefully, a second kills.
   Action Interrupted(int signal);
-  // The batch system stopped the job (`why`: "SLURM cancelled job 12
-  // (scancel)"): as a first interrupt; after one, it only names the cause
-  // (SLURM signals us and ends the step, in either order).
-  Action StoppedByScheduler(const std::string& why);
+  // Something outside dslaunch stopped the job: the batch system (`why`:
+  // "SLURM cancelled step 12.0 (scancel)"), or whoever signalled an agent.
+  // As a first interrupt; after an interrupt it only names the cause more
+  // precisely (SLURM signals the agents, us, and says it cancelled the
+  // step, in any order).
+  Action StoppedFromOutside(int signal, const std::string& why);
   // The starter failed before anything ran: Starting -> Ended.
   void StartFailed(const Status& why);
   // Stopping -> Ended once every node finished; true when that happened now.

@@ -305,14 +305,15 @@ slurm_env() {
 }
 
 # CMD in namespace NS with its own hostname NAME and /etc/hosts (own UTS and
-# mount namespaces), in a session of its own, with a clean environment.
+# mount namespaces), in a session of its own, with a clean environment. Run
+# it in the background (a subshell): it execs, so $! is CMD's pid.
 in_node_view() { # NS NAME CMD...
   local ns=$1 name=$2
   shift 2
   # shellcheck disable=SC2016
   # nsenter, not `ip netns exec`, which mounts a sysfs of the namespace over
   # /sys and so hides /sys/fs/cgroup, without which slurmd will not start.
-  nsenter --net="/run/netns/$ns" unshare --uts --mount --propagation private -- \
+  exec nsenter --net="/run/netns/$ns" unshare --uts --mount --propagation private -- \
     setsid /bin/sh -c 'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"' \
     "$name" "$DIR/hosts" env -i PATH="$SLURM_PATH" SLURM_CONF="$DIR/slurm.conf" "$@"
 }
@@ -322,7 +323,7 @@ start_slurm() {
   dd if=/dev/urandom of="$d/munge/munge.key" bs=1024 count=1 status=none
   chmod 0400 "$d/munge/munge.key"
   chmod 0755 "$d/munge"  # the socket is for every user; the key is not
-  slurm_env setsid munged --force --foreground --socket="$d/munge/munge.socket" \
+  env -i PATH="$SLURM_PATH" setsid munged --force --foreground --socket="$d/munge/munge.socket" \
     --key-file="$d/munge/munge.key" --pid-file="$d/munge/munged.pid" \
     --log-file="$d/log/munged.log" --seed-file="$d/munge/munge.seed" \
     </dev/null >>"$d/log/munged.out" 2>&1 &

@@ -1,9 +1,12 @@
 // libFuzzer target: the hostfile parser with SLURM-style range expansion
-// (`node[01-04,07]`) and the --include/--exclude host-list parser, then the
-// plan built from both. The input is hostfile text; comment lines of the form
+// (`node[01-04,07]`, `r[1-2]n[1-2]`) and the --include/--exclude host-list
+// parser, then the plan built from both; and SLURM's host lists and
+// SLURM_TASKS_PER_NODE. The input is hostfile text; comment lines of the form
 // `#include SPEC`, `#exclude SPEC`, `#num_nodes N`, `#num_gpus N` (ignored by
-// the hostfile parser) supply the plan options. Checks the invariants the
-// launcher relies on. Single-threaded, called by libFuzzer's driver.
+// the hostfile parser) supply the plan options, `#nodelist LIST` and
+// `#tasks_per_node TEXT` a SLURM_JOB_NODELIST and SLURM_TASKS_PER_NODE.
+// Checks the invariants the launcher relies on. Single-threaded, called by
+// libFuzzer's driver.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -12,6 +15,7 @@
 
 #include "launcher/plan/hostfile.h"
 #include "launcher/plan/plan.h"
+#include "launcher/plan/slurm_allocation.h"
 
 namespace {
 
@@ -25,8 +29,12 @@ void Require(bool condition, const char* what) {
   }
 }
 
+struct SlurmInput {
+  std::optional<std::string> nodelist, tasks_per_node;
+};
+
 // Reads `#key value` option lines; a number that does not parse stays -1.
-PlanOptions OptionsFrom(std::string_view text) {
+PlanOptions OptionsFrom(std::string_view text, SlurmInput* slurm) {
   PlanOptions options;
   while (!text.empty()) {
     const size_t newline = text.find('\n');
@@ -42,6 +50,8 @@ PlanOptions OptionsFrom(std::string_view text) {
     if (auto v = value("#num_nodes "))
       options.num_nodes = std::atoi(v->c_str());
     if (auto v = value("#num_gpus ")) options.num_gpus = std::atoi(v->c_str());
+    if (auto v = value("#nodelist ")) slurm->nodelist = *v;
+    if (auto v = value("#tasks_per_node ")) slurm->tasks_per_node = *v;
   }
   return options;
 }
@@ -72,6 +82,36 @@ void CheckPlan(const dslaunch::launcher::Plan& plan) {
   Require(plan.world_size == next_rank, "world size is the sum of slots");
 }
 
+void CheckSlurm(const SlurmInput& in) {
+  if (!in.nodelist) return;
+  auto hosts = dslaunch::launcher::ExpandHostlist(*in.nodelist);
+  if (!hosts.ok()) {
+    Require(hosts.status().code() == dslaunch::StatusCode::kDataError,
+            "host list errors are data errors");
+    return;
+  }
+  Require(!hosts->empty(), "an accepted host list has hosts");
+  Require(hosts->size() <= static_cast<size_t>(dslaunch::launcher::kMaxHosts),
+          "a host list is within the host limit");
+  for (const auto& host : *hosts) {
+    Require(!host.empty() && host.find_first_of("[], \t") == std::string::npos,
+            "expanded names have no syntax characters");
+  }
+  if (!in.tasks_per_node) return;
+  auto counts =
+      dslaunch::launcher::ParseTasksPerNode(*in.tasks_per_node, hosts->size());
+  if (!counts.ok()) {
+    Require(counts.status().message().rfind("SLURM_TASKS_PER_NODE", 0) == 0,
+            "tasks-per-node errors name the variable");
+    return;
+  }
+  Require(counts->size() == hosts->size(), "one count per node");
+  for (int c : *counts) {
+    Require(c >= 1 && c <= dslaunch::launcher::kMaxSlotsPerHost,
+            "counts within the slot limit");
+  }
+}
+
 int64_t TotalSlots(const Hostfile& hostfile) {
   int64_t total = 0;
   for (const auto& entry : hostfile.hosts) total += entry.slots;
@@ -82,7 +122,9 @@ int64_t TotalSlots(const Hostfile& hostfile) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
-  const PlanOptions options = OptionsFrom(text);
+  SlurmInput slurm;
+  const PlanOptions options = OptionsFrom(text, &slurm);
+  CheckSlurm(slurm);
   for (const std::string* spec : {&options.include, &options.exclude}) {
     auto terms = dslaunch::launcher::ParseFilterSpec(*spec, "--include");
     if (!terms.ok()) {

@@ -74,6 +74,9 @@ TEST(SlurmAllocation, NodesFromTheNodeListSlotsByPrecedence) {
   a = ReadSlurmAllocation(Env(vars), -1);
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a->slots, (std::vector<int>{1, 1, 1}));
+  EXPECT_EQ(DescribeAllocation(*a),
+            "SLURM job 77: 3 nodes from SLURM_JOB_NODELIST, ranks 1 per node "
+            "(no --num_gpus, SLURM_GPUS_ON_NODE or SLURM_TASKS_PER_NODE)");
 }
 
 TEST(SlurmAllocation, OutsideOrMalformedSaysWhich) {

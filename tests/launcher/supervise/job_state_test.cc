@@ -73,6 +73,35 @@ TEST(JobState, EndsOnlyWhenEveryNodeFinished) {
   EXPECT_EQ(s.ExitStatus(), 130);
 }
 
+TEST(JobState, AStopFromOutsideIsAnInterruptThatRankDeathsDoNotReplace) {
+  JobState s(OneNodeTwoRanks());
+  ASSERT_TRUE(s.NodeAuthenticated(0).ok());
+  ASSERT_TRUE(s.RankStarted(0, 0, 10).ok());
+  ASSERT_TRUE(s.RankStarted(0, 1, 11).ok());
+  EXPECT_EQ(s.StoppedFromOutside(SIGTERM, "SLURM stopped the step"),
+            JobState::Action::kAbortAll);
+  // The ranks die of that stop; a second word from outside only names the
+  // cause better and does not escalate to SIGKILL.
+  EXPECT_EQ(*s.RankExited(0, 1, 0, SIGTERM, 5.0, ""), JobState::Action::kNone);
+  EXPECT_EQ(s.StoppedFromOutside(SIGTERM, "SLURM cancelled step 7.0"),
+            JobState::Action::kNone);
+  EXPECT_EQ(s.outcome().cause, Outcome::Cause::kInterrupted);
+  EXPECT_EQ(s.outcome().stopped_by, "SLURM cancelled step 7.0");
+  EXPECT_EQ(s.ExitStatus(), 130);
+}
+
+TEST(JobState, AStopFromOutsideAfterAFailureChangesNothing) {
+  JobState s(OneNodeTwoRanks());
+  ASSERT_TRUE(s.NodeAuthenticated(0).ok());
+  ASSERT_TRUE(s.RankStarted(0, 0, 10).ok());
+  ASSERT_TRUE(s.RankStarted(0, 1, 11).ok());
+  EXPECT_EQ(*s.RankExited(0, 0, 4, 0, 5.0, ""), JobState::Action::kAbortAll);
+  EXPECT_EQ(s.StoppedFromOutside(SIGTERM, "SLURM"), JobState::Action::kNone);
+  EXPECT_EQ(s.outcome().cause, Outcome::Cause::kRankFailed);
+  EXPECT_TRUE(s.outcome().stopped_by.empty());
+  EXPECT_EQ(s.ExitStatus(), 4);
+}
+
 TEST(JobState, StartFailureGoesStraightToEnded) {
   JobState s(OneNodeTwoRanks());
   s.StartFailed(Unavailable("no route"));

@@ -244,6 +244,37 @@ TEST_F(JobTest, ARankOurStopKilledNeverReplacesTheCause) {
   EXPECT_EQ(job_->Finish(), 1);
 }
 
+TEST_F(JobTest, AnAgentSignalledFromOutsideStopsTheJobAsAnInterrupt) {
+  options_.launcher = "slurm";
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  RunAll();
+  wire::Envelope env;
+  env.mutable_agent_signalled()->set_signal(SIGTERM);
+  job_->OnAgentMessage(1, std::move(env));
+  EXPECT_EQ(phase(), Phase::kStopping);
+  EXPECT_TRUE(Got(0, wire::Envelope::kAbort));
+  // Its ranks die of that SIGTERM first: no rank failure.
+  RankExited(1, 2, 0, SIGTERM, 10.0);
+  RankExited(1, 3, 0, SIGTERM, 10.0);
+  // srun then says why: the report names it.
+  static_cast<Starter::Delegate*>(job_.get())
+      ->OnStoppedByScheduler("SLURM cancelled step 9.0 (scancel)");
+  RankExited(0, 0, 0, SIGTERM, 11.0);
+  RankExited(0, 1, 0, SIGTERM, 11.0);
+  AgentGone(0);
+  AgentGone(1);
+  EXPECT_EQ(job_->Finish(), 130);
+  const std::string report = Report();
+  EXPECT_NE(report.find("SLURM stopped the step (SIGTERM to the agent on "),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("stopped: SLURM cancelled step 9.0 (scancel)"),
+            std::string::npos)
+      << report;
+  EXPECT_EQ(report.find("FAILED"), std::string::npos) << report;
+}
+
 TEST_F(JobTest, StartFailureAfterAnInterruptEndsTheJobAndSaysWhy) {
   StartJob();
   job_->OnSignal(SIGINT);

@@ -1,0 +1,272 @@
+"""SLURM tests: a real SLURM cluster on this machine (slurmctld in a
+namespace of its own, a slurmd in each of 3 node namespaces, each node with
+its own hostname and /etc/hosts, one munged), built by cluster.sh with
+CLUSTER_SLURM=1. dslaunch runs inside salloc and sbatch allocations of 3
+nodes x 2 tasks, as users run it, and starts its agents as an srun step.
+Needs root and Debian's slurm-wlm and munge; skips itself with a message
+otherwise (fails under CI=1). Every test checks that nothing but slurmd is
+left on any node afterwards and that no job is left in the queue."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../integration"))
+from harness import DSLAUNCH, PY, RANK_PY, LaunchTest  # noqa: E402
+
+CLUSTER_SH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster.sh")
+CLUSTER = {}
+HOSTILE = ["a b", "'q'", '"dq"', "$(touch /tmp/pwned-s)", "`id`", "*", "x\ny", "", "\\"]
+SLURM_TASK_KEYS = ["SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS",
+                   "SLURM_NPROCS", "SLURM_GTIDS"]
+
+
+def setUpModule():
+    if os.geteuid() != 0:
+        raise unittest.SkipTest("SLURM tests need root (network namespaces, slurmd)")
+    CLUSTER["dir"] = os.path.join(tempfile.mkdtemp(prefix="dsl-slurm-"), "c")
+    env = dict(os.environ, CLUSTER_SLURM="1", CLUSTER_SSHD="0")
+    p = subprocess.run([CLUSTER_SH, "up", "3", CLUSTER["dir"]], capture_output=True,
+                       timeout=120, env=env)
+    if p.returncode == 77:
+        if os.environ.get("CI"):
+            raise RuntimeError("cannot build a SLURM cluster under CI: " + p.stderr.decode())
+        raise unittest.SkipTest("cannot build a SLURM cluster here: " + p.stderr.decode())
+    if p.returncode != 0:
+        raise RuntimeError("cluster.sh up failed:\n" + p.stderr.decode())
+    with open(os.path.join(CLUSTER["dir"], "env")) as f:
+        for line in f:
+            key, _, value = line.strip().partition("=")
+            CLUSTER[key] = value.strip('"')
+    CLUSTER["names"] = CLUSTER["CLUSTER_NODE_NAMES"].split()
+    CLUSTER["nodes"] = CLUSTER["CLUSTER_NODES"].split()
+
+
+def tearDownModule():
+    if "dir" in CLUSTER:
+        subprocess.run([CLUSTER_SH, "down", CLUSTER["dir"]], timeout=120)
+        shutil.rmtree(os.path.dirname(CLUSTER["dir"]), ignore_errors=True)
+
+
+def login(*argv):
+    """argv run on the cluster's login node (hostname, /etc/hosts, SLURM_CONF)."""
+    return [CLUSTER_SH, "login", CLUSTER["dir"], *argv]
+
+
+class SlurmTest(LaunchTest):
+    def salloc(self, *argv, nodes=3, per_node=2):
+        return login("salloc", "-N%d" % nodes, "--ntasks-per-node=%d" % per_node, *argv)
+
+    def node_pids(self, i):
+        """Live pids in node i's namespace other than its slurmd."""
+        with open(os.path.join(CLUSTER["dir"], "node%d.init" % i)) as f:
+            slurmd = int(f.read())
+        p = subprocess.run([CLUSTER_SH, "pids", CLUSTER["dir"], str(i)],
+                           capture_output=True, timeout=30)
+        # An empty answer from a failed command would read as "nothing left".
+        self.assertEqual(p.returncode, 0, "cluster.sh pids %d: %s" % (i, p.stderr.decode()))
+        return [x for x in (int(x) for x in p.stdout.split()) if x != slurmd and self.alive(x)]
+
+    def queue(self):
+        p = subprocess.run(login("squeue", "-h", "-o", "%i %T"), capture_output=True,
+                           timeout=30)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        return p.stdout.decode().split("\n")[:-1]
+
+    def tearDown(self):
+        # slurmstepd of a finished step may take a moment to go.
+        deadline = time.monotonic() + 15
+        for i in range(1, 4):
+            while self.node_pids(i):
+                if time.monotonic() > deadline:
+                    left = self.node_pids(i)
+                    comms = []
+                    for pid in left:
+                        try:
+                            with open("/proc/%d/cmdline" % pid) as f:
+                                comms.append("%d(%s)" % (pid, f.read().replace("\0", " ")[:80]))
+                        except OSError:
+                            pass
+                    self.fail("processes left on node %d: %s" % (i, comms))
+                time.sleep(0.1)
+        while self.queue():
+            self.assertLess(time.monotonic(), deadline, "jobs left: %s" % self.queue())
+            time.sleep(0.1)
+        super().tearDown()
+
+    def rank_files(self, kind, world=6):
+        out = []
+        for rank in range(world):
+            with open(os.path.join(self.out, "%s-%d.json" % (kind, rank))) as f:
+                out.append(json.load(f))
+        return out
+
+
+class Placement(SlurmTest):
+    def srun_task_env(self):
+        """What srun itself gives the tasks of the same shape (3 x 2)."""
+        tasks = {}
+        with open(os.path.join(self.out, "srun-env")) as f:
+            for line in f:
+                task, _, kv = line.rstrip("\n").partition(": ")
+                key, _, value = kv.partition("=")
+                tasks.setdefault(int(task), {})[key] = value
+        return tasks
+
+    def check_ranks(self, envs):
+        srun = self.srun_task_env()
+        self.assertEqual(len(srun), 6, "srun's own 3 x 2 step")
+        for rank, env in enumerate(envs):
+            node = rank // 2
+            self.assertEqual(env["__address__"], CLUSTER["nodes"][node], "rank %d placement" % rank)
+            self.assertEqual(env["HOSTNAME_SEEN"], CLUSTER["names"][node])
+            self.assertEqual(env["RANK"], str(rank))
+            self.assertEqual(env["NODE_RANK"], str(node))
+            self.assertEqual(env["LOCAL_RANK"], str(rank % 2))
+            self.assertEqual(env["WORLD_SIZE"], "6")
+            self.assertEqual(env["MASTER_ADDR"], CLUSTER["nodes"][0])
+            self.assertEqual(env["SLURM_JOB_NODELIST"], "%s[1-3]" % CLUSTER["names"][0][:-1])
+            # Exactly what srun --ntasks-per-node=2 gives the same task.
+            for key in SLURM_TASK_KEYS:
+                self.assertEqual(env[key], srun[rank].get(key), "rank %d %s" % (rank, key))
+            self.assertEqual(srun[rank].get("SLURMD_NODENAME"), CLUSTER["names"][node])
+        for argv in self.rank_files("argv"):
+            self.assertEqual(argv, HOSTILE)
+        self.assertFalse(os.path.exists("/tmp/pwned-s"))
+
+    def job_script(self):
+        """Runs srun's own 3 x 2 step for comparison, then dslaunch."""
+        keys = ["RANK", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
+                "SLURM_JOB_NODELIST", "HOSTNAME_SEEN", *SLURM_TASK_KEYS]
+        script = os.path.join(self.dir, "job.sh")
+        with open(script, "w") as f:
+            f.write("#!/bin/sh\n"
+                    "srun -l --ntasks-per-node=2 env > %s/srun-env\n"
+                    'exec "$@"\n' % self.out)
+        os.chmod(script, 0o755)
+        probe = os.path.join(self.dir, "probe.sh")
+        with open(probe, "w") as f:
+            f.write('#!/bin/sh\nHOSTNAME_SEEN=$(hostname) exec "$@"\n')
+        os.chmod(probe, 0o755)
+        return [script, DSLAUNCH, "--no_local_rank", probe, PY, RANK_PY, "env", *HOSTILE], keys
+
+    def test_salloc_places_ranks_with_the_task_variables_srun_gives(self):
+        argv, keys = self.job_script()
+        p = self.run_job(self.salloc(*argv), ENV_KEYS=json.dumps(keys))
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 0, err)
+        self.assertIn("SLURM job ", err)
+        self.assertIn(": 3 nodes from SLURM_JOB_NODELIST, ranks 2 per node from "
+                      "SLURM_TASKS_PER_NODE (inside the allocation: --launcher slurm)", err)
+        self.check_ranks(self.rank_files("env"))
+
+    def test_sbatch_runs_the_same_from_a_batch_script(self):
+        argv, keys = self.job_script()
+        batch = os.path.join(self.dir, "batch.sh")
+        log = os.path.join(self.dir, "batch.out")
+        with open(batch, "w") as f:
+            f.write("#!/bin/sh\n#SBATCH -N 3\n#SBATCH --ntasks-per-node=2\n#SBATCH -o %s\n"
+                    "%s\n" % (log, " ".join("'%s'" % a.replace("'", "'\\''") for a in argv)))
+        p = self.run_job(login("sbatch", "--wait", batch), ENV_KEYS=json.dumps(keys))
+        with open(log) as f:
+            out = f.read()
+        self.assertEqual(p.returncode, 0, p.stderr.decode() + out)
+        self.assertIn("all 6 ranks on 3 nodes exited 0", out)
+        self.check_ranks(self.rank_files("env"))
+
+    def test_ranks_per_node_come_from_num_gpus_over_the_allocation(self):
+        keys = ["RANK", "NODE_RANK", "SLURM_PROCID", "SLURM_NTASKS", "CUDA_VISIBLE_DEVICES"]
+        p = self.run_job(self.salloc(DSLAUNCH, "--num_gpus", "1", "--num_nodes", "2",
+                                     "--no_local_rank", PY, RANK_PY, "env"),
+                         ENV_KEYS=json.dumps(keys))
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 0, err)
+        self.assertIn("ranks 1 per node from --num_gpus", err)
+        envs = self.rank_files("env", world=2)
+        self.assertEqual([e["NODE_RANK"] for e in envs], ["0", "1"])
+        self.assertEqual([e["SLURM_PROCID"] for e in envs], ["0", "1"])
+        self.assertEqual(envs[1]["SLURM_NTASKS"], "2")
+        self.assertEqual(envs[1]["CUDA_VISIBLE_DEVICES"], "0")
+
+
+class Failures(SlurmTest):
+    def test_a_failing_rank_ends_the_job_on_every_node(self):
+        p = self.run_job(self.salloc(DSLAUNCH, "--no_local_rank", PY, RANK_PY, "fail", "5",
+                                     "exit9"), timeout=60)
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 9, err)
+        self.assertIn("FAILED: rank 5 on %s" % CLUSTER["names"][2], err)
+        self.assertIn("all gone", err)
+
+    def test_scancel_stops_the_job_like_ctrl_c_and_says_slurm_did(self):
+        job = self.start_job(self.salloc(DSLAUNCH, "--no_local_rank", PY, RANK_PY, "sleep"))
+        self.wait_started(6)
+        jobs = self.queue()
+        self.assertEqual(len(jobs), 1, jobs)
+        subprocess.run(login("scancel", jobs[0].split()[0]), check=True, timeout=30)
+        out, err = job.communicate(timeout=60)
+        err = err.decode()
+        self.assertEqual(job.returncode, 130, err)
+        # SLURM signals the agents and says it cancelled the step, in either
+        # order: the report names SLURM either way, never a rank's failure.
+        self.assertRegex(err, r"stopped: SLURM (cancelled step|stopped the step)")
+        self.assertNotIn("FAILED", err)
+        self.assertIn("all gone", err)
+
+    def test_launcher_killed_leaves_nothing_on_any_node(self):
+        pidfile = os.path.join(self.dir, "launcher.pid")
+        job = self.start_job(self.salloc(
+            "/bin/sh", "-c", 'echo $$ > "$0"; exec "$@"', pidfile,
+            DSLAUNCH, "--no_local_rank", PY, RANK_PY, "sleep"))
+        self.wait_started(6)
+        with open(pidfile) as f:
+            os.kill(int(f.read()), signal.SIGKILL)
+        # (salloc's own exit status then is SLURM's business.)
+        job.communicate(timeout=60)
+        self.assert_no_leftovers(within=15)
+
+
+class Hostlists(SlurmTest):
+    def test_node_lists_expand_as_scontrol_expands_them(self):
+        # (SLURM refuses a suffix after the last bracket group, `n[1-2].c`;
+        # dslaunch takes it, as in a hostfile.)
+        lists = ["n1", "gpu-a[001-003,010],gpu-b7", "r[1-2]n[08-11]", "a[1,3-5],b[09-11]",
+                 "x[0-3]-y[5,7]", "rack[1-2]-node[1,3]", "node[7-12,003]"]
+        for hostlist in lists:
+            with self.subTest(hostlist=hostlist):
+                want = subprocess.run(login("scontrol", "show", "hostnames", hostlist),
+                                      capture_output=True, timeout=30)
+                self.assertEqual(want.returncode, 0, want.stderr.decode())
+                p = self.run_job([DSLAUNCH, "--launcher", "slurm", "--dry-run", "true"],
+                                 SLURM_JOB_ID="1", SLURM_JOB_NODELIST=hostlist,
+                                 SLURM_TASKS_PER_NODE="")
+                self.assertEqual(p.returncode, 0, p.stderr.decode())
+                # The plan table: a header, a row per rank, a summary line.
+                rows = [line.split() for line in p.stdout.decode().splitlines()[1:-1]]
+                self.assertEqual([r[0] for r in rows], want.stdout.decode().split())
+
+
+class PyTorchAcrossSlurmNodes(SlurmTest):
+    def test_ddp_gloo_allreduce_across_three_nodes(self):
+        if subprocess.run(["/usr/bin/python3", "-c", "import torch.distributed"],
+                          capture_output=True).returncode != 0:
+            if os.environ.get("CI"):
+                self.fail("python3-torch is missing")
+            self.skipTest("Debian's python3-torch is not installed")
+        script = os.path.join(os.path.dirname(RANK_PY), "ddp_allreduce.py")
+        # Each node's hostname resolves to its own address, as on a real
+        # cluster: no GLOO_SOCKET_IFNAME is needed.
+        p = self.run_job(self.salloc(DSLAUNCH, "/usr/bin/python3", script), timeout=300,
+                         OMP_NUM_THREADS="1")
+        self.assertEqual(p.returncode, 0, p.stderr.decode()[-3000:])
+        for rank in range(6):
+            self.assertIn("rank %d/6 allreduce ok sum=21.0 ddp ok" % rank, p.stdout.decode())
+
+
+if __name__ == "__main__":
+    unittest.main()
