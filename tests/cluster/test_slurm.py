@@ -194,6 +194,54 @@ class Placement(SlurmTest):
         self.assertEqual(envs[1]["CUDA_VISIBLE_DEVICES"], "0")
 
 
+class SbatchWrapper(SlurmTest):
+    def test_the_wrapper_users_copy_runs_a_python_script_on_every_node(self):
+        """deploy/slurm/dslaunch.sbatch with its EDIT lines edited as a user
+        would: 3 nodes x 2 ranks, 2 (fake) GPUs per node, a venv-less python
+        script run by the python3 first on PATH."""
+        src = os.path.join(os.path.dirname(CLUSTER_SH), "../../deploy/slurm/dslaunch.sbatch")
+        with open(src) as f:
+            text = f.read()
+        script = os.path.join(self.dir, "train.py")
+        with open(script, "w") as f:
+            f.write("import json, os, socket, sys\n"
+                    "r = os.environ['RANK']\n"
+                    "json.dump({'argv': sys.argv, 'host': socket.gethostname(),\n"
+                    "           'exe': sys.executable, 'cwd': os.getcwd(),\n"
+                    "           'cuda': os.environ.get('CUDA_VISIBLE_DEVICES')},\n"
+                    "          open(os.path.join(os.environ['OUT_DIR'], 'py-%s.json' % r), 'w'))\n")
+        log = os.path.join(self.dir, "wrapper.out")
+        edits = {"--nodes=2": "--nodes=3", "--ntasks-per-node=4": "--ntasks-per-node=2",
+                 "--gpus-per-node=4": "--gpus-per-node=2", "--cpus-per-task=8": "--cpus-per-task=1",
+                 "--time=02:00:00": "--time=00:05:00", "--output=%x-%j.out": "--output=" + log,
+                 "exec dslaunch": "exec " + DSLAUNCH,
+                 "train.py --deepspeed --deepspeed_config ds_config.json":
+                     script + " --deepspeed --deepspeed_config ds_config.json"}
+        for old, new in edits.items():
+            self.assertIn(old, text)
+            text = text.replace(old, new)
+        batch = os.path.join(self.dir, "dslaunch.sbatch")
+        with open(batch, "w") as f:
+            f.write(text)
+        p = self.run_job(login("sbatch", "--wait", "--chdir", self.dir, batch),
+                         LOG_DIR=os.path.join(self.dir, "logs"))
+        with open(log) as f:
+            out = f.read()
+        self.assertEqual(p.returncode, 0, p.stderr.decode() + out)
+        self.assertIn("all 6 ranks on 3 nodes exited 0", out)
+        python3 = shutil.which("python3")
+        for rank in range(6):
+            with open(os.path.join(self.out, "py-%d.json" % rank)) as f:
+                got = json.load(f)
+            self.assertEqual(got["host"], CLUSTER["names"][rank // 2])
+            self.assertEqual(got["argv"], [script, "--local_rank=%d" % (rank % 2), "--deepspeed",
+                                           "--deepspeed_config", "ds_config.json"])
+            self.assertEqual(got["exe"], python3)
+            self.assertEqual(got["cwd"], self.dir)
+            self.assertEqual(got["cuda"], "0,1")
+            self.assertTrue(os.path.exists(os.path.join(self.dir, "logs", "rank-%d.log" % rank)))
+
+
 class Failures(SlurmTest):
     def test_a_failing_rank_ends_the_job_on_every_node(self):
         p = self.run_job(self.salloc(DSLAUNCH, "--no_local_rank", PY, RANK_PY, "fail", "5",
