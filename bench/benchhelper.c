@@ -2,12 +2,12 @@
  * reaper of the launch benchmarks (bench/launch_local.sh and
  * bench/launch_cluster.sh compile it into their temp dir with $CC -O2).
  *
- *   rank DIR SETTLE_MS ds|mpi
+ *   rank DIR SETTLE_MS ds|mpi|slurm
  *       a rank: first thing, writes "<CLOCK_REALTIME ns> <pid>" to
  *       DIR/start.<rank>. The rank and world size come from RANK and
  *       WORLD_SIZE (ds: dslaunch, or a shell that sets them like pdsh's
- *       remote command) or from OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE
- *       (mpi: mpirun). The last rank waits until every rank has written its
+ *       remote command), from OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE
+ *       (mpi: mpirun) or from SLURM_PROCID and SLURM_NTASKS (slurm: srun). The last rank waits until every rank has written its
  *       start file, sleeps SETTLE_MS, writes the time to DIR/exit and exits 1;
  *       all other ranks sleep 60 s.
  *   run DIR NRANKS TIMEOUT_MS CAP_MS CMD...
@@ -77,14 +77,15 @@ static int count_starts(const char* dir) {
   return n;
 }
 
-/* rank DIR SETTLE_MS ds|mpi (which environment names the rank) */
+/* rank DIR SETTLE_MS ds|mpi|slurm (which environment names the rank) */
 static int rank_main(char** argv) {
   long long t = now_ns();
   const char* dir = argv[0];
   long long settle_ms = atoll(argv[1]);
   int mpi = strcmp(argv[2], "mpi") == 0;
-  int rank = env_int(mpi ? "OMPI_COMM_WORLD_RANK" : "RANK");
-  int size = env_int(mpi ? "OMPI_COMM_WORLD_SIZE" : "WORLD_SIZE");
+  int slurm = strcmp(argv[2], "slurm") == 0;
+  int rank = env_int(mpi ? "OMPI_COMM_WORLD_RANK" : slurm ? "SLURM_PROCID" : "RANK");
+  int size = env_int(mpi ? "OMPI_COMM_WORLD_SIZE" : slurm ? "SLURM_NTASKS" : "WORLD_SIZE");
   if (rank < 0 || size <= 0) { fprintf(stderr, "benchhelper: no rank env\n"); return 4; }
   char name[64], text[128];
   snprintf(name, sizeof name, "start.%d", rank);

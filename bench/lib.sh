@@ -100,14 +100,14 @@ error() {
   ERRORS=$((ERRORS + 1))
 }
 
-# ok_result WHAT LINE: LINE is "OK launch_ns teardown_ns exitcode leftovers";
-# the launcher must have exited 1 with no rank alive, else ERROR;
-# sets RESULT="OK launch_ns teardown_ns"
+# ok_result WHAT LINE [CODE]: LINE is "OK launch_ns teardown_ns exitcode
+# leftovers"; the launcher must have exited CODE (default 1; "nonzero": any
+# but 0) with no rank alive, else ERROR; sets RESULT="OK launch_ns teardown_ns"
 ok_result() {
-  local what=$1 launch teardown code leftovers
+  local what=$1 want=${3:-1} launch teardown code leftovers
   read -r _ launch teardown code leftovers <<<"$2"
-  if [[ $code -ne 1 ]]; then
-    error "$what: launcher exited $code, expected 1"
+  if [[ $want == nonzero && $code -eq 0 ]] || [[ $want != nonzero && $code -ne $want ]]; then
+    error "$what: launcher exited $code, expected $want"
   fi
   if [[ $leftovers -ne 0 ]]; then
     error "$what: $leftovers rank(s) still alive when the launcher returned"

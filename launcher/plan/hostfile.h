@@ -19,7 +19,11 @@ namespace dslaunch::launcher {
 // `node[0-9999999]`) is an error naming the line instead of exhausting memory.
 // Documented in the README and docs/decisions.md.
 inline constexpr int kMaxSlotsPerHost = 1024;       // slots= and max_slots=
-inline constexpr int kMaxHosts = 65536;             // ranges expanded
+#ifdef DSL_FUZZ_MAX_HOSTS  // the fuzz target's scaled-down limit (docs/fuzzing.md)
+inline constexpr int kMaxHosts = DSL_FUZZ_MAX_HOSTS;
+#else
+inline constexpr int kMaxHosts = 65536;  // ranges expanded
+#endif
 inline constexpr int kMaxTotalSlots = 1 << 20;      // = largest world size
 inline constexpr size_t kMaxLineBytes = 64 * 1024;  // one hostfile line
 inline constexpr size_t kMaxHostfileBytes = 16 * 1024 * 1024;
