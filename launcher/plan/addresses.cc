@@ -41,6 +41,18 @@ bool IsLocalHost(const std::string& host) {
   return is_local;
 }
 
+static std::vector<std::string> ResolveAll(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  std::vector<std::string> out;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return out;
+  for (addrinfo* r = res; r; r = r->ai_next)
+    out.push_back(proto::AddressToString(r->ai_addr));
+  ::freeaddrinfo(res);
+  return out;
+}
+
 AddressLookup AddressLookup::System() {
   return AddressLookup{
       .is_local = IsLocalHost,
@@ -49,7 +61,29 @@ AddressLookup AddressLookup::System() {
             auto route = proto::RouteTo(host);
             return route.ok() ? route->local : std::string();
           },
+      .resolve = ResolveAll,
   };
+}
+
+std::string MasterAddrWarning(const std::string& master_addr,
+                              const std::string& node0_host,
+                              const std::string& node0_peer,
+                              const AddressLookup& lookup) {
+  if (master_addr.empty() || master_addr == node0_host) return "";
+  std::set<std::string> node0;
+  for (const auto& a : lookup.resolve(node0_host)) node0.insert(a);
+  if (!node0_peer.empty()) node0.insert(node0_peer);
+  const std::vector<std::string> given = lookup.resolve(master_addr);
+  for (const auto& a : given) {
+    if (node0.count(a)) return "";
+  }
+  const std::string where =
+      node0_host +
+      (node0_peer.empty() || node0_peer == node0_host ? "" : ", " + node0_peer);
+  return "warning: --master_addr " + master_addr +
+         (given.empty() ? " does not resolve here and" : "") +
+         " is not node 0 (" + where +
+         "): the ranks will rendezvous there, and hang if nothing listens";
 }
 
 // Whether `text` is a numeric IPv4 (family AF_INET) or IPv6 address.

@@ -17,9 +17,19 @@ struct AddressLookup {
   std::function<bool(const std::string& host)> is_local;
   // This machine's source address toward `host`; "" when it cannot tell.
   std::function<std::string(const std::string& host)> route_from;
-  // IsLocalHost and proto::RouteTo.
+  // Every address `host` resolves to (a numeric address: itself).
+  std::function<std::vector<std::string>(const std::string& host)> resolve;
+  // IsLocalHost, proto::RouteTo and getaddrinfo.
   static AddressLookup System();
 };
+
+// The warning for a --master_addr that is not node 0 (DeepSpeed's ranks
+// rendezvous there, so a typo hangs them): "" when `master_addr` resolves to
+// one of node 0's addresses (its name's, or the one it connected from).
+std::string MasterAddrWarning(const std::string& master_addr,
+                              const std::string& node0_host,
+                              const std::string& node0_peer,
+                              const AddressLookup& lookup);
 
 // The addresses the control server binds (all on one port), in this order:
 // - `bind_addr` when given: exactly that (an explicit choice wins);

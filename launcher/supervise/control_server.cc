@@ -16,8 +16,8 @@ struct ControlServer::Handshake {
   explicit Handshake(asio::io_context& io) : timer(io) {}
   uint64_t seq = 0;  // arrival order
   std::shared_ptr<proto::Channel> channel;
-  std::string peer;       // the remote end, for log lines
-  std::string peer_addr;  // our local address the agent reached
+  std::string peer;        // the remote end, for log lines
+  std::string agent_addr;  // the address the agent connected from
   wire::Hello hello;
   std::string server_nonce;
   std::string secret;  // the node's, once known
@@ -120,11 +120,10 @@ void ControlServer::OnAccepted(tcp::socket socket) {
   socket.set_option(tcp::no_delay(true), ec);
   auto remote = socket.remote_endpoint(ec);
   if (ec) return RecordRejection("closed before authenticating", "");
-  auto local = socket.local_endpoint(ec);
   MakeRoom();
   auto hs = std::make_shared<Handshake>(io_);
   hs->seq = next_handshake_++;
-  hs->peer_addr = local.address().to_string();
+  hs->agent_addr = remote.address().to_string();
   hs->peer = remote.address().to_string() + ":" + std::to_string(remote.port());
   hs->channel = proto::Channel::Create(
       proto::Channel::Socket(std::move(socket)), hs->peer, PreAuthLimits());
@@ -340,7 +339,7 @@ void ControlServer::Promote(const std::shared_ptr<Handshake>& hs) {
           },
       .on_drain = nullptr,
   });
-  delegate_->OnAgentAuthenticated(node, hs->hello, hs->peer_addr);
+  delegate_->OnAgentAuthenticated(node, hs->hello, hs->agent_addr);
 }
 
 Status ControlServer::Send(int node_rank, const wire::Envelope& msg) {

@@ -48,9 +48,10 @@ class ControlServer : public AgentLinks {
   class Delegate {
    public:
     virtual ~Delegate() = default;
-    // An agent proved the secret. The delegate sends it its JobSpec.
+    // An agent proved the secret (it connected from `agent_addr`). The
+    // delegate sends it its JobSpec.
     virtual void OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
-                                      const std::string& peer_addr) = 0;
+                                      const std::string& agent_addr) = 0;
     virtual void OnAgentMessage(int node_rank, wire::Envelope&& msg) = 0;
     // The agent's connection ended (closed, malformed input, heartbeat lost).
     virtual void OnAgentDisconnected(int node_rank, const Status& why) = 0;

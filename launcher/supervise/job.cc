@@ -7,6 +7,7 @@
 
 #include <algorithm>  // max
 
+#include "launcher/plan/addresses.h"
 #include "launcher/report/report.h"
 
 namespace dslaunch::launcher {
@@ -111,7 +112,7 @@ void Job::OnStarterOutput(const std::string& source, std::string line) {
 }
 
 void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
-                               const std::string&) {
+                               const std::string& agent_addr) {
   spdlog::info("node {} ({}) joined: agent pid {}, {} cores, {} GPUs",
                node_rank, hello.facts().hostname(), hello.facts().agent_pid(),
                hello.facts().cpu_cores(), hello.facts().gpus_size());
@@ -124,6 +125,12 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
     env.mutable_shutdown();  // too late: the job is already ending
     (void)links_->Send(node_rank, env);
     return;
+  }
+  if (node_rank == 0 && !options_.plan.master_addr.empty()) {
+    const std::string warning =
+        MasterAddrWarning(options_.plan.master_addr, plan_.nodes[0].host,
+                          agent_addr, AddressLookup::System());
+    if (!warning.empty()) console_.Note(warning);
   }
   if (node_rank == 0 && !master_port_known_) {
     master_port_known_ = true;

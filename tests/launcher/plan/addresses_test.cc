@@ -103,5 +103,28 @@ TEST(AddressLookup, SystemRoutesLoopbackToLoopback) {
             Addrs{"127.0.0.1"});
 }
 
+TEST(MasterAddrWarning, NoneWhenItNamesNode0ByNameOrAddress) {
+  AddressLookup l;
+  l.resolve = [](const std::string& h) -> std::vector<std::string> {
+    if (h == "node0" || h == "node0.cluster") return {"10.0.0.1"};
+    if (h == "node1") return {"10.0.0.2"};
+    if (h == "10.0.0.1" || h == "10.0.0.2") return {h};
+    return {};
+  };
+  EXPECT_EQ(MasterAddrWarning("", "node0", "10.0.0.1", l), "");
+  EXPECT_EQ(MasterAddrWarning("node0", "node0", "", l), "");
+  EXPECT_EQ(MasterAddrWarning("node0.cluster", "node0", "", l), "");
+  EXPECT_EQ(MasterAddrWarning("10.0.0.1", "node0", "10.0.0.1", l), "");
+  // Node 0 reached by an address its name does not give here (NAT, ssh).
+  EXPECT_EQ(MasterAddrWarning("10.0.0.2", "elsewhere", "10.0.0.2", l), "");
+  EXPECT_EQ(MasterAddrWarning("node1", "node0", "10.0.0.1", l),
+            "warning: --master_addr node1 is not node 0 (node0, 10.0.0.1): the "
+            "ranks will rendezvous there, and hang if nothing listens");
+  EXPECT_EQ(MasterAddrWarning("typo", "node0", "", l),
+            "warning: --master_addr typo does not resolve here and is not "
+            "node 0 (node0): the ranks will rendezvous there, and hang if "
+            "nothing listens");
+}
+
 }  // namespace
 }  // namespace dslaunch::launcher
