@@ -8,7 +8,7 @@ import time
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=20)
-parser.add_argument("--local_rank", type=int, default=0)  # appended by dslaunch
+parser.add_argument("--local_rank", type=int, default=0)  # given by dslaunch
 args = parser.parse_args()
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
