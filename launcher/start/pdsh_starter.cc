@@ -3,7 +3,6 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <signal.h>  // SIGKILL, SIGTERM
-#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
@@ -106,7 +105,7 @@ PdshStarter::PdshStarter(asio::io_context& io, Starter::Delegate* delegate,
       delegate_(delegate),
       settings_(std::move(settings)),
       hosts_(std::move(hosts)),
-      exited_(hosts_.size(), false),
+      exits_(delegate, "pdsh", hosts_.size()),
       processes_(io, this) {}
 
 // processes_ sends pdsh's group SIGTERM (ProcessSpec::destroy_signal).
@@ -288,25 +287,15 @@ void PdshStarter::HandleLine(bool is_stderr, const std::string& raw) {
     return delegate_->OnAgentSecret(node, said.substr(kSecret.size()));
   }
   delegate_->OnStarterOutput(node >= 0 ? hosts_[node] : "pdsh", said);
-  if (node >= 0 && said.find("exited with exit code") != std::string::npos &&
-      !exited_[node]) {
-    exited_[node] = true;
-    delegate_->OnAgentProcessExited(node, said);
-  }
+  if (said.find("exited with exit code") != std::string::npos)
+    exits_.Ended(node, said);
 }
 
 // Reported after pdsh's last line, so nodes it named are reported as it
 // said; the others end with pdsh.
 void PdshStarter::OnProcessExited(pid_t, const proto::ExitInfo& info) {
   pid_ = -1;
-  if (!info.error.empty()) spdlog::error("cannot start pdsh: {}", info.error);
-  const std::string how =
-      "ended with pdsh, which " + DescribeWaitStatus(info.wait_status);
-  for (size_t n = 0; n < hosts_.size(); ++n) {
-    if (exited_[n]) continue;
-    exited_[n] = true;
-    delegate_->OnAgentProcessExited(static_cast<int>(n), how);
-  }
+  exits_.ToolEnded(info);
 }
 
 void PdshStarter::Kill(int) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "launcher/start/node_exits.h"
 #include "launcher/start/ssh_starter.h"  // NodeCheck
 #include "launcher/start/starter.h"
 #include "proto/process_set.h"
@@ -56,7 +57,7 @@ class PdshStarter : public Starter, private proto::ProcessSet::Delegate {
   Starter::Delegate* delegate_;
   PdshSettings settings_;
   std::vector<std::string> hosts_;
-  std::vector<bool> exited_;
+  NodeExits exits_;
   pid_t pid_ = -1;
   proto::ProcessSet processes_;  // pdsh, its output and its exit
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

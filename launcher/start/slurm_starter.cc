@@ -1,11 +1,9 @@
 #include "launcher/start/slurm_starter.h"
 
 #include <signal.h>  // SIGKILL, SIGTERM
-#include <spdlog/spdlog.h>
 
 #include <boost/asio/post.hpp>
 
-#include "launcher/report/report.h"
 #include "proto/host_info.h"    // RouteTo
 #include "proto/unix_socket.h"  // WriteAll
 
@@ -96,7 +94,7 @@ SlurmStarter::SlurmStarter(asio::io_context& io, Starter::Delegate* delegate,
       delegate_(delegate),
       settings_(std::move(settings)),
       hosts_(std::move(hosts)),
-      exited_(hosts_.size(), false),
+      exits_(delegate, "srun", hosts_.size()),
       processes_(io, this) {}
 
 // processes_ sends srun SIGTERM (ProcessSpec::destroy_signal): srun passes
@@ -146,29 +144,16 @@ Status SlurmStarter::StartSrun(const AgentBootstrap& boot) {
   return proto::WriteAll(processes_.StdinOf(pid_), boot.secret + "\n");
 }
 
-void SlurmStarter::OnProcessOutput(pid_t, bool is_stderr, std::string line,
-                                   bool) {
+void SlurmStarter::OnProcessOutput(pid_t, bool, std::string line, bool) {
   const SrunEvent e = ParseSrunLine(line, hosts_);
   delegate_->OnStarterOutput("srun", line);
-  (void)is_stderr;
   if (!e.cancelled.empty()) delegate_->OnStoppedByScheduler(e.cancelled);
-  if (e.node >= 0 && !exited_[e.node]) {
-    exited_[e.node] = true;
-    delegate_->OnAgentProcessExited(e.node, e.how);
-  }
+  exits_.Ended(e.node, e.how);
 }
 
 void SlurmStarter::OnProcessExited(pid_t, const proto::ExitInfo& info) {
   pid_ = -1;
-  if (!info.error.empty()) spdlog::error("cannot start srun: {}", info.error);
-  const std::string how =
-      "ended with srun, which " +
-      (info.error.empty() ? DescribeWaitStatus(info.wait_status) : info.error);
-  for (size_t n = 0; n < hosts_.size(); ++n) {
-    if (exited_[n]) continue;
-    exited_[n] = true;
-    delegate_->OnAgentProcessExited(static_cast<int>(n), how);
-  }
+  exits_.ToolEnded(info);
 }
 
 void SlurmStarter::Kill(int) {

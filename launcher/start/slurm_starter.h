@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "launcher/start/node_exits.h"
 #include "launcher/start/starter.h"
 #include "proto/process_set.h"
 
@@ -64,7 +65,7 @@ class SlurmStarter : public Starter, private proto::ProcessSet::Delegate {
   Starter::Delegate* delegate_;
   SrunSettings settings_;
   std::vector<std::string> hosts_;
-  std::vector<bool> exited_;
+  NodeExits exits_;
   pid_t pid_ = -1;
   Started started_;
   proto::ProcessSet processes_;

@@ -4,41 +4,26 @@ with a message otherwise. Every test checks that nothing is left running on
 any node afterwards."""
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../integration"))
 from harness import DSLAUNCH, PY, RANK_PY, LaunchTest  # noqa: E402
 
-CLUSTER_SH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster.sh")
+import cluster_env  # noqa: E402
+from cluster_env import CLUSTER_SH  # noqa: E402
 CLUSTER = {}
 
 
 def setUpModule():
-    if os.geteuid() != 0:
-        raise unittest.SkipTest("cluster tests need root (network namespaces, sshd)")
-    CLUSTER["dir"] = os.path.join(tempfile.mkdtemp(prefix="dsl-cluster-"), "c")
-    p = subprocess.run([CLUSTER_SH, "up", "3", CLUSTER["dir"]], capture_output=True, timeout=120)
-    if p.returncode == 77:
-        raise unittest.SkipTest("cannot build a test cluster here: " + p.stderr.decode())
-    if p.returncode != 0:
-        raise RuntimeError("cluster.sh up failed:\n" + p.stderr.decode())
-    with open(os.path.join(CLUSTER["dir"], "env")) as f:
-        for line in f:
-            key, _, value = line.strip().partition("=")
-            CLUSTER[key] = value.strip('"')
+    CLUSTER.update(cluster_env.up(3, "dsl-cluster-"))
     CLUSTER["nodes"] = CLUSTER["CLUSTER_NODES"].split()
 
 
 def tearDownModule():
-    if "dir" in CLUSTER:
-        subprocess.run([CLUSTER_SH, "down", CLUSTER["dir"]], timeout=120)
-        shutil.rmtree(os.path.dirname(CLUSTER["dir"]), ignore_errors=True)
+    cluster_env.down(CLUSTER)
 
 
 class ClusterTest(LaunchTest):

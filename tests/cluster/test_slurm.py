@@ -12,14 +12,14 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../integration"))
 from harness import DSLAUNCH, PY, RANK_PY, LaunchTest  # noqa: E402
 
-CLUSTER_SH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster.sh")
+import cluster_env  # noqa: E402
+from cluster_env import CLUSTER_SH  # noqa: E402
 CLUSTER = {}
 HOSTILE = ["a b", "'q'", '"dq"', "$(touch /tmp/pwned-s)", "`id`", "*", "x\ny", "", "\\"]
 SLURM_TASK_KEYS = ["SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS",
@@ -27,30 +27,13 @@ SLURM_TASK_KEYS = ["SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASK
 
 
 def setUpModule():
-    if os.geteuid() != 0:
-        raise unittest.SkipTest("SLURM tests need root (network namespaces, slurmd)")
-    CLUSTER["dir"] = os.path.join(tempfile.mkdtemp(prefix="dsl-slurm-"), "c")
-    env = dict(os.environ, CLUSTER_SLURM="1", CLUSTER_SSHD="0")
-    p = subprocess.run([CLUSTER_SH, "up", "3", CLUSTER["dir"]], capture_output=True,
-                       timeout=120, env=env)
-    if p.returncode == 77:
-        if os.environ.get("CI"):
-            raise RuntimeError("cannot build a SLURM cluster under CI: " + p.stderr.decode())
-        raise unittest.SkipTest("cannot build a SLURM cluster here: " + p.stderr.decode())
-    if p.returncode != 0:
-        raise RuntimeError("cluster.sh up failed:\n" + p.stderr.decode())
-    with open(os.path.join(CLUSTER["dir"], "env")) as f:
-        for line in f:
-            key, _, value = line.strip().partition("=")
-            CLUSTER[key] = value.strip('"')
+    CLUSTER.update(cluster_env.up(3, "dsl-slurm-", CLUSTER_SLURM="1", CLUSTER_SSHD="0"))
     CLUSTER["names"] = CLUSTER["CLUSTER_NODE_NAMES"].split()
     CLUSTER["nodes"] = CLUSTER["CLUSTER_NODES"].split()
 
 
 def tearDownModule():
-    if "dir" in CLUSTER:
-        subprocess.run([CLUSTER_SH, "down", CLUSTER["dir"]], timeout=120)
-        shutil.rmtree(os.path.dirname(CLUSTER["dir"]), ignore_errors=True)
+    cluster_env.down(CLUSTER)
 
 
 def login(*argv):
