@@ -211,20 +211,27 @@ long Clone3Run(clone_args* args, void (*fn)(void*), void* arg) {
 // seccomp filter refuses it).
 pid_t SpawnSharingMemory(ChildPlan* plan, int cgroup_fd) {
   constexpr size_t kStack = 64 * 1024;  // ExecChild needs a few KiB
-  void* stack = ::mmap(nullptr, kStack, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-  if (stack == MAP_FAILED) return -1;
+  constexpr size_t kGuard = 4096;       // below it: an overflow faults
+  void* map = ::mmap(nullptr, kGuard + kStack, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  if (map == MAP_FAILED) return -1;
+  if (::mprotect(map, kGuard, PROT_NONE) != 0) {
+    const int err = errno;
+    ::munmap(map, kGuard + kStack);
+    errno = err;
+    return -1;
+  }
   clone_args args{};
   args.flags = CLONE_VM | CLONE_VFORK;
   args.exit_signal = SIGCHLD;
-  args.stack = reinterpret_cast<uint64_t>(stack);
+  args.stack = reinterpret_cast<uint64_t>(map) + kGuard;
   args.stack_size = kStack;
   if (cgroup_fd >= 0) {
     args.flags |= CLONE_INTO_CGROUP;
     args.cgroup = static_cast<uint64_t>(cgroup_fd);
   }
   const long pid = Clone3Run(&args, ChildMain, plan);
-  ::munmap(stack, kStack);  // the child exec'd or exited: we run again
+  ::munmap(map, kGuard + kStack);  // the child exec'd or exited: we run on
   if (pid < 0) {
     errno = static_cast<int>(-pid);
     return -1;
