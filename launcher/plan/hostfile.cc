@@ -219,12 +219,25 @@ StatusOr<std::vector<std::string>> ExpandGroup(std::string_view items,
 
 StatusOr<std::vector<std::string>> ExpandHostRange(std::string_view host,
                                                    size_t room) {
+  if (host.find_first_of("[]") == std::string_view::npos)
+    return std::vector<std::string>{std::string(host)};  // checked as a name
   const std::string_view whole = host;
   const std::string bad = "malformed range " + Quote(host) + ": ";
   std::vector<std::string> names = {""};
+  // The longest name so far: past the limit on a host name, it is an error
+  // before anything is multiplied (long names times many groups would
+  // otherwise make megabytes of names that are all invalid).
+  size_t longest = 0;
+  auto too_long = [&] {
+    return DataError("invalid host name " + Quote(whole) +
+                     " (its names are longer than " +
+                     std::to_string(kMaxHostNameLength) + " characters)");
+  };
   while (!host.empty()) {
     const size_t open = host.find_first_of("[]");
     const std::string_view text = host.substr(0, open);
+    longest += text.size();
+    if (longest > kMaxHostNameLength) return too_long();
     for (auto& name : names) name.append(text);
     if (open == std::string_view::npos) break;
     if (host[open] == ']') return DataError(bad + "']' without '['");
@@ -234,6 +247,10 @@ StatusOr<std::vector<std::string>> ExpandHostRange(std::string_view host,
     ASSIGN_OR_RETURN(
         std::vector<std::string> numbers,
         ExpandGroup(host.substr(open + 1, close - open - 1), whole, room));
+    size_t digits = 0;
+    for (const auto& number : numbers) digits = std::max(digits, number.size());
+    longest += digits;
+    if (longest > kMaxHostNameLength) return too_long();
     // Every name so far times every number: the first group varies slowest.
     if (numbers.size() * names.size() > room) {
       return DataError(bad + "expands to more than " + std::to_string(room) +

@@ -286,6 +286,23 @@ TEST(Hostfile, SeveralBracketGroupsMultiplyAsInSlurm) {
             (std::vector<std::string>{"r1n08", "r1n09", "r2n08", "r2n09"}));
 }
 
+TEST(Hostlist, NamesOverTheHostNameLimitAreRefusedBeforeExpanding) {
+  const std::string a250(250, 'a');
+  auto names = ExpandHostRange(a250 + "[0-999]", 65536);
+  ASSERT_TRUE(names.ok()) << names.status().message();  // 253 characters
+  EXPECT_EQ(names->size(), 1000u);
+  // Found by hostfile_fuzz: long names times several groups made megabytes
+  // of names, all invalid, before any was checked (a 10 s timeout).
+  const std::string long_text = "[0-39][0-39]" + std::string(2300, 'T') + "[7]";
+  auto refused = ExpandHostRange(long_text, 65536);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find(
+                "(its names are longer than 253 characters)"),
+            std::string::npos)
+      << refused.status().message();
+  EXPECT_FALSE(ExpandHostRange(std::string(251, 'a') + "[0-999]", 65536).ok());
+}
+
 TEST(Hostlist, ExpandsSlurmNodeLists) {
   auto hosts = ExpandHostlist("gpu-a[001-003,010],gpu-b7,r[1-2]-n[1,3]");
   ASSERT_TRUE(hosts.ok()) << hosts.status().message();
