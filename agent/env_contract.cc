@@ -26,7 +26,8 @@ static std::map<std::string, std::string> SlurmTaskEnv(
   if (job.num_nodes() > 0 &&
       job.ranks_size() * job.num_nodes() == job.world_size()) {
     per_node = std::to_string(job.ranks_size());
-    if (job.num_nodes() > 1) per_node += "(x" + std::to_string(job.num_nodes()) + ")";
+    if (job.num_nodes() > 1)
+      per_node += "(x" + std::to_string(job.num_nodes()) + ")";
   }
   return {
       {"SLURM_PROCID", std::to_string(rank.rank())},
@@ -37,7 +38,8 @@ static std::map<std::string, std::string> SlurmTaskEnv(
       {"SLURM_STEP_NUM_TASKS", world},
       {"SLURM_STEP_NUM_NODES", std::to_string(job.num_nodes())},
       {"SLURM_GTIDS", gtids},
-      {"SLURM_NTASKS_PER_NODE", per_node.empty() ? "" : std::to_string(job.ranks_size())},
+      {"SLURM_NTASKS_PER_NODE",
+       per_node.empty() ? "" : std::to_string(job.ranks_size())},
       {"SLURM_TASKS_PER_NODE", per_node},
       {"SLURM_STEP_TASKS_PER_NODE", per_node},
       {"SLURM_TASK_PID", ""},  // the agent's; a rank has its own pid

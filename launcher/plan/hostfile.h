@@ -18,8 +18,9 @@ namespace dslaunch::launcher {
 // Limits on what one hostfile may ask for, so that a typo (`slots=2147483647`,
 // `node[0-9999999]`) is an error naming the line instead of exhausting memory.
 // Documented in the README and docs/decisions.md.
-inline constexpr int kMaxSlotsPerHost = 1024;       // slots= and max_slots=
-#ifdef DSL_FUZZ_MAX_HOSTS  // the fuzz target's scaled-down limit (docs/fuzzing.md)
+inline constexpr int kMaxSlotsPerHost = 1024;  // slots= and max_slots=
+#ifdef DSL_FUZZ_MAX_HOSTS  // the fuzz target's scaled-down limit
+                           // (docs/fuzzing.md)
 inline constexpr int kMaxHosts = DSL_FUZZ_MAX_HOSTS;
 #else
 inline constexpr int kMaxHosts = 65536;  // ranges expanded

@@ -33,3 +33,12 @@ def down(cluster):
     if "dir" in cluster:
         subprocess.run([CLUSTER_SH, "down", cluster["dir"]], timeout=120)
         shutil.rmtree(os.path.dirname(cluster["dir"]), ignore_errors=True)
+
+
+def need_torch(test):
+    """Skips `test` without Debian's python3-torch (fails it under CI=1)."""
+    if subprocess.run(["/usr/bin/python3", "-c", "import torch.distributed"],
+                      capture_output=True).returncode != 0:
+        if os.environ.get("CI"):
+            test.fail("python3-torch is missing")
+        test.skipTest("Debian's python3-torch is not installed")

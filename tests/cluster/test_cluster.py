@@ -244,11 +244,7 @@ class Pdsh(ClusterTest):
 
 class PyTorchAcrossNamespaces(ClusterTest):
     def test_ddp_gloo_allreduce_across_three_nodes(self):
-        if subprocess.run(["/usr/bin/python3", "-c", "import torch.distributed"],
-                          capture_output=True).returncode != 0:
-            if os.environ.get("CI"):
-                self.fail("python3-torch is missing")
-            self.skipTest("Debian's python3-torch is not installed")
+        cluster_env.need_torch(self)
         script = os.path.join(os.path.dirname(RANK_PY), "ddp_allreduce.py")
         argv = [a for a in self.ssh_args() if a != "--no_local_rank"]
         p = self.run_job(argv + ["--master_port", "29641", "/usr/bin/python3", script],

@@ -284,11 +284,7 @@ class Hostlists(SlurmTest):
 
 class PyTorchAcrossSlurmNodes(SlurmTest):
     def test_ddp_gloo_allreduce_across_three_nodes(self):
-        if subprocess.run(["/usr/bin/python3", "-c", "import torch.distributed"],
-                          capture_output=True).returncode != 0:
-            if os.environ.get("CI"):
-                self.fail("python3-torch is missing")
-            self.skipTest("Debian's python3-torch is not installed")
+        cluster_env.need_torch(self)
         script = os.path.join(os.path.dirname(RANK_PY), "ddp_allreduce.py")
         # Each node's hostname resolves to its own address, as on a real
         # cluster: no GLOO_SOCKET_IFNAME is needed.
