@@ -79,6 +79,14 @@ Agent::~Agent() {
 
 int Agent::Run() {
   ::signal(SIGPIPE, SIG_IGN);
+  if (options_.mpi) {
+    mpi_ = std::make_unique<MpiHolders>(io_, options_.job_id, options_.secret,
+                                        *options_.mpi);
+    if (Status st = mpi_->Listen(); !st.ok()) {
+      spdlog::error("{}", st.message());
+      return kExitUnavailable;
+    }
+  }
   WatchSignals();
   if (options_.stdin_is_lifeline) WatchStdin();
   Connect();
@@ -285,25 +293,35 @@ void Agent::HandleJobSpec(const wire::JobSpec& job) {
   if (job_.heartbeat_timeout_s() > 0)
     heartbeat_timeout_s_ = job_.heartbeat_timeout_s();
   StartHeartbeats();
-  Status st = SetUpRunDir();
-  if (st.ok()) st = SpawnWorkers();
-  if (!st.ok()) {
-    spdlog::error("cannot start workers: {}", st.message());
-    exit_code_ = kExitSoftware;
-    // The launcher learns why: every rank not started "exits" 70 with it.
-    for (const auto& r : job_.ranks()) {
-      if (spawned_.count(r.rank())) continue;
-      wire::Envelope env;
-      auto* exited = env.mutable_worker_exited();
-      exited->set_rank(r.rank());
-      exited->set_exit_code(70);
-      exited->set_error("the agent could not start it: " + st.message());
-      exited->set_time(Now());
-      Send(env);
-    }
-    return Drain(true, st.message());
-  }
+  if (Status st = SetUpRunDir(); !st.ok()) return FailSpawn(st);
+  if (!mpi_) return StartWorkers();
+  mpi_->WhenReady(options_.connect_timeout_s, [this](Status st) {
+    if (state_ != State::kSpawning) return;  // stopped meanwhile
+    if (!st.ok()) return FailSpawn(st);
+    StartWorkers();
+  });
+}
+
+void Agent::StartWorkers() {
+  if (Status st = SpawnWorkers(); !st.ok()) return FailSpawn(st);
   SetState(State::kRunning);
+}
+
+void Agent::FailSpawn(const Status& st) {
+  spdlog::error("cannot start workers: {}", st.message());
+  exit_code_ = kExitSoftware;
+  // The launcher learns why: every rank not started "exits" 70 with it.
+  for (const auto& r : job_.ranks()) {
+    if (spawned_.count(r.rank())) continue;
+    wire::Envelope env;
+    auto* exited = env.mutable_worker_exited();
+    exited->set_rank(r.rank());
+    exited->set_exit_code(70);
+    exited->set_error("the agent could not start it: " + st.message());
+    exited->set_time(Now());
+    Send(env);
+  }
+  Drain(true, st.message());
 }
 
 Status Agent::SetUpRunDir() {
@@ -353,10 +371,23 @@ Status Agent::SpawnWorkers() {
         .store_address = "unix:" + run_dir_ + "/store.sock",
         .error_file = run_dir_ + "/error-" + rank + ".json",
     };
+    std::vector<std::string> mpi_vars;
+    if (mpi_) {
+      const int world = mpi_->WorldRankOf(r.local_rank());
+      if (world != r.rank()) {
+        return InvalidArgument("mpirun's process for local rank " +
+                               std::to_string(r.local_rank()) +
+                               " is MPI rank " + std::to_string(world) +
+                               ", the plan's rank is " + rank);
+      }
+      mpi_vars = r.local_rank() == 0 ? MpiVariables(environ)
+                                     : mpi_->VariablesOf(r.local_rank());
+    }
     WorkerSpec spec{
         .rank = r.rank(),
         .argv = BuildRankArgv(job_, r),
-        .env = BuildRankEnv(job_, r, paths, environ),
+        .env =
+            BuildRankEnv(job_, r, paths, environ, mpi_ ? &mpi_vars : nullptr),
         .cwd = cwd,
         .cpus = {},
     };
@@ -442,6 +473,7 @@ void Agent::Drain(bool kill_now, const std::string& why) {
 void Agent::Finish() {
   if (state_ == State::kExited) return;
   workers_.KillDescendants();  // nothing of the job outlives it
+  if (mpi_) mpi_->Release();   // mpirun's processes of this node end now
   Flush();
   SetState(State::kExited);
   grace_timer_.cancel();

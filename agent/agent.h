@@ -18,9 +18,11 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 
+#include "agent/mpi_ranks.h"
 #include "agent/progress_server.h"
 #include "agent/store_proxy.h"
 #include "agent/worker_set.h"
@@ -37,6 +39,10 @@ struct AgentOptions {
   std::string secret;             // read from stdin by main, never from argv
   bool stdin_is_lifeline = true;  // EOF on stdin = the launcher is gone
   double connect_timeout_s = 30;
+  // Started by mpirun (--launcher openmpi) as local rank 0 of its node: the
+  // node's other MPI processes register with this agent, which starts each
+  // rank with its process's MPI identity (mpi_ranks.h).
+  std::optional<MpiPlacement> mpi;
 };
 
 class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
@@ -69,6 +75,10 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   void HandleJobSpec(const wire::JobSpec& job);
   Status SetUpRunDir();
   std::string RankDirectory() const;
+  // Spawns the ranks (once the node's MPI processes registered, under
+  // mpirun); on failure every rank not started is reported and we drain.
+  void StartWorkers();
+  void FailSpawn(const Status& why);
   Status SpawnWorkers();
   void OnLauncherLost(const std::string& why);
   void Drain(bool kill_now, const std::string& why);
@@ -109,6 +119,7 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   WorkerSet workers_;
   ProgressServer progress_;
   StoreProxy store_;
+  std::unique_ptr<MpiHolders> mpi_;  // --from_mpirun only
   // Output and progress collected since the last flush.
   wire::Envelope pending_logs_;
   size_t pending_log_bytes_ = 0;

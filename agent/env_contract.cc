@@ -1,5 +1,6 @@
 #include "agent/env_contract.h"
 
+#include "agent/mpi_ranks.h"  // IsMpiVariable
 #include "proto/host_info.h"  // CpuListString
 
 namespace dslaunch::agent {
@@ -92,20 +93,28 @@ static bool IsTransportVariable(const std::string& key) {
   return false;
 }
 
-std::vector<std::string> BuildRankEnv(const wire::JobSpec& job,
-                                      const wire::RankSpec& rank,
-                                      const RankPaths& paths,
-                                      const char* const* base) {
+std::vector<std::string> BuildRankEnv(
+    const wire::JobSpec& job, const wire::RankSpec& rank,
+    const RankPaths& paths, const char* const* base,
+    const std::vector<std::string>* process_vars) {
   std::map<std::string, std::string> env;
   for (const char* const* p = base; p && *p; ++p) {
     std::string kv(*p);
     const size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) continue;
+    if (process_vars && IsMpiVariable(kv)) continue;  // another process's
     std::string key = kv.substr(0, eq);
     if (IsTransportVariable(key)) continue;
     env[std::move(key)] = kv.substr(eq + 1);
   }
   for (const auto& var : job.env()) env[var.key()] = var.value();
+  if (process_vars) {
+    for (const auto& kv : *process_vars) {
+      const size_t eq = kv.find('=');
+      if (eq != std::string::npos && eq > 0)
+        env[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
+  }
   if (job.slurm_task_env()) {
     for (auto& [k, v] : SlurmTaskEnv(job, rank)) {
       if (v.empty()) {

@@ -29,11 +29,13 @@ std::map<std::string, std::string> ContractEnv(const wire::JobSpec& job,
 // SSH_CONNECTION, SSH_TTY, SSH_ORIGINAL_COMMAND, SSH_AUTH_SOCK, SHLVL), then
 // the job's env entries, then (slurm_task_env) the per-task SLURM variables
 // (SLURM_PROCID = RANK, SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS, ...),
-// then the contract; later wins.
-std::vector<std::string> BuildRankEnv(const wire::JobSpec& job,
-                                      const wire::RankSpec& rank,
-                                      const RankPaths& paths,
-                                      const char* const* base);
+// then the contract; later wins. `process_vars`, when given, are the MPI
+// runtime's variables of the process mpirun started for this rank (see
+// mpi_ranks.h): they replace the base's, after the job's env entries.
+std::vector<std::string> BuildRankEnv(
+    const wire::JobSpec& job, const wire::RankSpec& rank,
+    const RankPaths& paths, const char* const* base,
+    const std::vector<std::string>* process_vars = nullptr);
 
 // --bind_cores_to_rank as DeepSpeed shares out cores: each of `ranks` ranks
 // gets cores.size() / ranks of them, in order (rank i the i-th block); the

@@ -8,9 +8,11 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>  // getenv
+#include <cstring>  // memset, strlen
 
 #include "agent/agent.h"
 #include "agent/agent_args.h"
+#include "agent/mpi_ranks.h"
 #include "proto/auth.h"
 #include "proto/exit_status.h"
 #include "proto/host_info.h"
@@ -53,6 +55,16 @@ int main(int argc, char** argv) {
                  "the variable holding this node's name in --hosts");
   app.add_flag("--secret_stdout", secret_stdout,
                "make the job secret and print it on stdout");
+  // mpirun (--launcher openmpi) starts one process per rank and forwards no
+  // stdin to most: the secret comes in a variable (-x), erased once read.
+  bool from_mpirun = false;
+  std::string node_slots, secret_env;
+  app.add_flag("--from_mpirun", from_mpirun,
+               "started by mpirun, one process per rank (see mpi_ranks.h)");
+  app.add_option("--node_slots", node_slots,
+                 "with --from_mpirun: each node's rank count, comma-separated");
+  app.add_option("--secret_env", secret_env,
+                 "read the job secret from this variable (then erased)");
   CLI11_PARSE(app, argc, argv);
   if (version) {
     std::printf("dsagent %s (protocol %u)\n", dslaunch::kVersion,
@@ -75,6 +87,36 @@ int main(int argc, char** argv) {
   if (options.job_id.empty()) {
     return Usage(dslaunch::InvalidArgument("--job_id is required"));
   }
+  if (!secret_env.empty()) {
+    char* value = std::getenv(secret_env.c_str());
+    if (value == nullptr || *value == '\0') {
+      return Usage(dslaunch::InvalidArgument("--secret_env " + secret_env +
+                                             ": not set on this node"));
+    }
+    options.secret = value;
+    // Wiped in place too: /proc/PID/environ shows the original block.
+    std::memset(value, 'x', std::strlen(value));
+    ::unsetenv(secret_env.c_str());
+    options.stdin_is_lifeline = false;
+  }
+  if (from_mpirun) {
+    auto slots = dslaunch::agent::ParseNodeSlots(node_slots);
+    if (!slots.ok()) return Usage(slots.status());
+    auto placement = dslaunch::agent::MpiPlacementFrom(
+        [](const char* name) { return std::getenv(name); }, *slots);
+    if (!placement.ok()) return Usage(placement.status());
+    if (options.secret.empty()) {
+      return Usage(
+          dslaunch::InvalidArgument("--from_mpirun needs --secret_env"));
+    }
+    options.node_rank = placement->node_rank;
+    if (placement->local_rank > 0) {
+      return dslaunch::agent::RunMpiHolder(options.job_id, options.secret,
+                                           *placement,
+                                           options.connect_timeout_s);
+    }
+    options.mpi = *placement;
+  }
   if (auto st = dslaunch::agent::ParseConnect(connect, &options.launcher_host,
                                               &options.launcher_port);
       !st.ok()) {
@@ -96,8 +138,9 @@ int main(int argc, char** argv) {
     std::printf("DSLAUNCH-SECRET %s\n", options.secret.c_str());
     std::fflush(stdout);
     options.stdin_is_lifeline = false;
-  } else if (!dslaunch::agent::ReadSecretLine(0, &options.secret) ||
-             options.secret.empty()) {
+  } else if (options.secret.empty() &&
+             (!dslaunch::agent::ReadSecretLine(0, &options.secret) ||
+              options.secret.empty())) {
     spdlog::error("no job secret on stdin");
     return dslaunch::kExitUsage;
   }

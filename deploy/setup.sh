@@ -21,7 +21,7 @@ build_pkgs=(build-essential cmake ninja-build pkg-config
   libssl-dev libssh-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev
   nlohmann-json3-dev libgtest-dev libgmock-dev libgloo-dev libopenblas-dev python3
   bible-kjv bible-kjv-text)
-test_pkgs=(python3 python3-torch openmpi-bin libopenmpi-dev
+test_pkgs=(python3 python3-torch openmpi-bin libopenmpi-dev python3-mpi4py
   iproute2 procps openssh-server openssh-client pdsh
   slurm-wlm munge  # tests/cluster/test_slurm.py (a real SLURM cluster)
   clang-14 libclang-rt-14-dev libomp-14-dev)  # tests/fuzz (libFuzzer)

@@ -320,11 +320,10 @@ static Status Validate(const LaunchOptions& o) {
         "--log_dir and --enable_each_rank_log both name where rank logs go; "
         "give one");
   }
-  if (o.launcher == "openmpi" || o.launcher == "join") {
+  if (o.launcher == "join") {
     return InvalidArgument(
-        "--launcher " + o.launcher +
-        " is not available in this build yet; use local, ssh, pdsh or "
-        "slurm");
+        "--launcher join is not available in this build yet; use local, ssh, "
+        "pdsh, slurm or openmpi");
   }
   return Status::Ok();
 }
@@ -410,7 +409,11 @@ StatusOr<Hostfile> LoadJobHosts(LaunchOptions* o, const EnvLookup& env,
   said->clear();
   const bool auto_slurm =
       o->launcher == "auto" && !o->hostfile_given && InSlurmAllocation(env);
-  if (!auto_slurm && (o->launcher != "slurm" || o->hostfile_given))
+  // mpirun inside an allocation runs over it, as srun would.
+  const bool mpirun_in_allocation =
+      o->launcher == "openmpi" && !o->hostfile_given && InSlurmAllocation(env);
+  if (!auto_slurm && !mpirun_in_allocation &&
+      (o->launcher != "slurm" || o->hostfile_given))
     return LoadJobHostfile(*o);
   auto allocation = ReadSlurmAllocation(env, o->plan.num_gpus);
   if (!allocation.ok()) {
@@ -420,8 +423,11 @@ StatusOr<Hostfile> LoadJobHosts(LaunchOptions* o, const EnvLookup& env,
     return allocation.status();
   }
   if (auto_slurm) o->launcher = "slurm";
+  o->hosts_from_slurm = true;
   *said = DescribeAllocation(*allocation) +
-          (auto_slurm ? " (inside the allocation: --launcher slurm)" : "");
+          (auto_slurm             ? " (inside the allocation: --launcher slurm)"
+           : mpirun_in_allocation ? " (mpirun runs over the allocation)"
+                                  : "");
   return AllocationHostfile(*allocation);
 }
 

@@ -25,6 +25,7 @@ inline constexpr int kMaxSshFanout = 1024;
 struct LaunchOptions {
   std::string hostfile;  // empty = none given
   bool hostfile_given = false;
+  bool hosts_from_slurm = false;  // the nodes are a SLURM allocation's
   PlanOptions plan;
   std::string launcher =
       "auto";                    // auto, local, ssh, pdsh, slurm, openmpi, join
@@ -86,7 +87,8 @@ StatusOr<Hostfile> LoadJobHostfile(const LaunchOptions& options);
 // Where the job's hosts come from (design section 9): inside a SLURM
 // allocation with neither --hostfile nor --launcher, the allocation, and
 // options->launcher becomes "slurm"; --launcher slurm without a hostfile,
-// the allocation too (InvalidArgument outside one); else LoadJobHostfile.
+// the allocation too (InvalidArgument outside one), and --launcher openmpi
+// without a hostfile inside one; else LoadJobHostfile.
 // *said is the one line to show about the choice ("" when there is none).
 StatusOr<Hostfile> LoadJobHosts(LaunchOptions* options, const EnvLookup& env,
                                 std::string* said);

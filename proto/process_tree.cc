@@ -38,6 +38,12 @@ bool IsLiveProcess(pid_t pid) {
   return ReadStat(pid, &ppid, &state) && state != 'Z' && state != 'X';
 }
 
+pid_t ParentOf(pid_t pid) {
+  pid_t ppid;
+  char state;
+  return ReadStat(pid, &ppid, &state) ? ppid : -1;
+}
+
 std::vector<pid_t> LiveDescendants(pid_t root, const std::set<pid_t>& skip) {
   std::map<pid_t, std::vector<pid_t>> children;
   if (DIR* proc = ::opendir("/proc")) {

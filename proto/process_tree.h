@@ -13,6 +13,8 @@ namespace dslaunch::proto {
 
 // True while `pid` exists and is not a zombie.
 bool IsLiveProcess(pid_t pid);
+// The parent of `pid`, or -1 when it is gone.
+pid_t ParentOf(pid_t pid);
 // The live (not zombie) descendants of `root`, parents before children,
 // leaving out the pids in `skip` and everything below them.
 std::vector<pid_t> LiveDescendants(pid_t root,

@@ -2,7 +2,8 @@
 // starts one dsagent per node of the plan, each dialing the control server
 // back (the job secret goes over the agent's stdin or the mode's own secure
 // path, never argv), reports an agent process that ends, and kills one as a
-// last resort. Start modes: local, ssh, pdsh (start/*_starter.cc), chosen by
+// last resort. Start modes: local, ssh, pdsh, slurm, openmpi
+// (start/*_starter.cc), chosen by
 // MakeStarter (starter_registry.cc): adding one is a new file and one line
 // there. Owned by the Launcher; io_context thread only.
 #pragma once
@@ -75,6 +76,13 @@ class Starter {
   // Last resort for an agent that does not respond or has not connected:
   // ends it (and, with it, its workers). OnAgentProcessExited follows.
   virtual void Kill(int node_rank) = 0;
+  // The job is stopping (a failure, a signal, its end): what the start tool
+  // says from now on is about the teardown.
+  virtual void Stopping() {}
+  // Whether OnAgentProcessExited follows each agent's end promptly. When not
+  // (mpirun's daemons own the agents and report late), an agent that said
+  // it is done and closed its connection counts as ended.
+  virtual bool SeesAgentProcesses() const { return true; }
 };
 
 // What a start mode is built with.
@@ -96,5 +104,6 @@ std::unique_ptr<Starter> NewLocalStarter(const StarterContext& context);
 std::unique_ptr<Starter> NewSshStarter(const StarterContext& context);
 std::unique_ptr<Starter> NewPdshStarter(const StarterContext& context);
 std::unique_ptr<Starter> NewSlurmStarter(const StarterContext& context);
+std::unique_ptr<Starter> NewOpenMpiStarter(const StarterContext& context);
 
 }  // namespace dslaunch::launcher

@@ -15,10 +15,9 @@ struct StartMode {
 };
 
 constexpr StartMode kStartModes[] = {
-    {"local", NewLocalStarter},
-    {"ssh", NewSshStarter},
-    {"pdsh", NewPdshStarter},
-    {"slurm", NewSlurmStarter},
+    {"local", NewLocalStarter},     {"ssh", NewSshStarter},
+    {"pdsh", NewPdshStarter},       {"slurm", NewSlurmStarter},
+    {"openmpi", NewOpenMpiStarter},
 };
 
 }  // namespace
@@ -45,7 +44,7 @@ StatusOr<std::unique_ptr<Starter>> MakeStarter(const StarterContext& context) {
   }
   return InvalidArgument("--launcher " + mode +
                          " is not available in this build yet; use local, "
-                         "ssh, pdsh or slurm");
+                         "ssh, pdsh, slurm or openmpi");
 }
 
 std::string DefaultAgentPath() {

@@ -189,7 +189,11 @@ wire::JobSpec Job::MakeJobSpec(int node_rank) const {
   job.set_append_local_rank(command_.local_rank_at >= 0);
   job.set_local_rank_at(std::max(command_.local_rank_at, 0));
   job.set_bind_cores_to_rank(options_.bind_cores_to_rank);
-  job.set_slurm_task_env(options_.launcher == "slurm");
+  // Ranks inside an allocation see srun's per-task variables also when
+  // mpirun started them (its daemons are SLURM tasks, one per node).
+  job.set_slurm_task_env(
+      options_.launcher == "slurm" ||
+      (options_.launcher == "openmpi" && options_.hosts_from_slurm));
   for (int core : options_.bind_cores) job.add_bind_core_list(core);
   job.set_host(node.host);
   return job;
@@ -216,6 +220,7 @@ void Job::OnAgentMessage(int node_rank, wire::Envelope&& msg) {
       return HandleStore(node_rank, msg.store_request());
     case wire::Envelope::kAgentDone:
       spdlog::info("node {} done", node_rank);
+      done_nodes_.insert(node_rank);
       return;
     default:
       spdlog::warn("node {}: unexpected {}", node_rank,
@@ -276,6 +281,11 @@ void Job::HandleStore(int node_rank, const wire::StoreRequest& request) {
 void Job::OnAgentDisconnected(int node_rank, const Status& why) {
   Act(state_.NodeDisconnected(
       node_rank, why.ok() ? std::string("closed") : why.message()));
+  // Where the start tool's daemons own the agent process (mpirun), an agent
+  // that said it is done and closed has ended as far as we can tell.
+  if (starter_ && !starter_->SeesAgentProcesses() &&
+      done_nodes_.count(node_rank))
+    Act(state_.AgentProcessExited(node_rank, "ended"));
   MaybeEnd();
 }
 
@@ -364,6 +374,7 @@ void Job::ArmStopTimer() {
   start_timer_.cancel();
   if (stop_timer_armed_) return;
   stop_timer_armed_ = true;
+  if (starter_) starter_->Stopping();
   // Agents SIGKILL their workers after the grace period; one that still has
   // not finished well after that is killed itself.
   stop_timer_.expires_after(Ms(options_.kill_grace_s + 5));

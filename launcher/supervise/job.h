@@ -10,6 +10,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "launcher/flags.h"
@@ -100,6 +101,7 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   boost::asio::steady_timer start_timer_;
   boost::asio::steady_timer stop_timer_;
   std::map<int, std::string> node_secrets_;  // pdsh only
+  std::set<int> done_nodes_;                 // agents that sent AgentDone
   // Nodes authenticated while the master port is still unknown.
   std::vector<int> waiting_for_port_;
   bool master_port_known_ = false;

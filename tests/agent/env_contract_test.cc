@@ -153,6 +153,28 @@ TEST(BuildRankEnv, ContractOverridesJobEnvAndBaseEnv) {
   EXPECT_EQ(env["WORLD_SIZE"], "6");
 }
 
+TEST(BuildRankEnv, TakesTheMpiIdentityOfTheRanksOwnProcess) {
+  wire::JobSpec job = Node1Of3x2();
+  wire::EnvVar* var = job.add_env();
+  var->set_key("OMPI_COMM_WORLD_RANK");  // exported by mistake: not ours
+  var->set_value("9");
+  // The agent is local rank 0's process: its identity is not rank 3's.
+  const char* base[] = {"OMPI_COMM_WORLD_RANK=2", "PMIX_RANK=2",
+                        "OMPI_ONLY_IN_AGENT=x", "PATH=/bin", nullptr};
+  const std::vector<std::string> own = {"OMPI_COMM_WORLD_RANK=3", "PMIX_RANK=3",
+                                        "PMIX_ID=7.3"};
+  auto env = AsMap(BuildRankEnv(job, job.ranks(1), Paths(), base, &own));
+  EXPECT_EQ(env["OMPI_COMM_WORLD_RANK"], "3");
+  EXPECT_EQ(env["PMIX_RANK"], "3");
+  EXPECT_EQ(env["PMIX_ID"], "7.3");
+  EXPECT_EQ(env.count("OMPI_ONLY_IN_AGENT"), 0u);
+  EXPECT_EQ(env["PATH"], "/bin");
+  EXPECT_EQ(env["RANK"], "3");
+  // Without process variables the base's MPI variables pass as they are.
+  env = AsMap(BuildRankEnv(job, job.ranks(1), Paths(), base));
+  EXPECT_EQ(env["OMPI_ONLY_IN_AGENT"], "x");
+}
+
 TEST(BuildRankEnv, SkipsMalformedBaseEntriesAndKeepsEqualsInValues) {
   const wire::JobSpec job = Node1Of3x2();
   const char* base[] = {"NOEQUALS", "=novalue", "OPTS=a=b=c", nullptr};

@@ -10,7 +10,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../integration"))
-from harness import DSLAUNCH, PY, RANK_PY, LaunchTest  # noqa: E402
+from harness import DSLAUNCH, MPI_RANK_PY, PY, RANK_PY, SYSTEM_PY, LaunchTest, need_mpi  # noqa: E402,E501
 
 import cluster_env  # noqa: E402
 from cluster_env import CLUSTER_SH  # noqa: E402
@@ -240,6 +240,62 @@ class Pdsh(ClusterTest):
         self.assertEqual(p.returncode, 69, p.stderr.decode())
         self.assertIn("/nonexistent/dsagent is missing on the node", p.stderr.decode())
         self.assertIn("started nothing", p.stderr.decode())
+
+
+class OpenMpiAcrossNamespaces(ClusterTest):
+    """mpirun reaches the nodes over OpenSSH (the cluster's ssh_config) and
+    starts its daemons there; the ranks are MPI processes of one world."""
+
+    def mpirun_args(self, extra=()):
+        argv = self.ssh_args(extra=extra)
+        argv[argv.index("ssh")] = "openmpi"
+        # The nodes share one hostname and /dev/shm (only the network
+        # namespace differs): OpenMPI would take ranks of different nodes for
+        # neighbours and pair them over shared memory.
+        return argv + ["--launcher_args", "--mca btl tcp,self"]
+
+    def run_mpi(self, argv, **kw):
+        return self.run_job(argv, OMPI_MCA_plm_rsh_args="-F " + CLUSTER["CLUSTER_SSH_CONFIG"],
+                            **kw)
+
+    def test_mpi_world_equals_dslaunchs_across_three_nodes(self):
+        need_mpi(self)
+        hostile = ["a b", "'q'", "$(touch /tmp/pwned-m)", "`id`", "*", "x\ny", ""]
+        p = self.run_mpi(self.mpirun_args() + [SYSTEM_PY, MPI_RANK_PY, "ok", *hostile],
+                         timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        for rank in range(6):
+            with open(os.path.join(self.out, "mpi-%d.json" % rank)) as f:
+                r = json.load(f)
+            self.assertEqual((r["mpi_rank"], r["mpi_size"], r["sum"]), (rank, 6, 15))
+            self.assertEqual(r["env"]["RANK"], str(rank))
+            self.assertEqual(r["env"]["NODE_RANK"], str(rank // 2))
+            self.assertEqual(r["env"]["OMPI_COMM_WORLD_LOCAL_RANK"], str(rank % 2))
+            self.assertEqual(r["address"], CLUSTER["nodes"][rank // 2])
+            self.assertIsNone(r["env"]["DSLAUNCH_AGENT_SECRET"])
+            self.assertEqual(r["argv"][1:], ["ok", *hostile])
+        self.assertFalse(os.path.exists("/tmp/pwned-m"))
+
+    def test_a_rank_failing_on_node_2_stops_every_node(self):
+        need_mpi(self)
+        p = self.run_mpi(self.mpirun_args() + [SYSTEM_PY, MPI_RANK_PY, "fail", "3"],
+                         timeout=120)
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 7, err)
+        self.assertIn("FAILED: rank 3 on %s" % CLUSTER["nodes"][1], err)
+        self.assertIn("stopped in consequence: 5 ranks", err)
+        self.assertNotIn("exiting improperly", err)
+
+    def test_a_mapping_that_is_not_the_plans_is_refused_and_says_so(self):
+        need_mpi(self)
+        argv = self.mpirun_args()
+        argv[-1] += " --map-by node"  # later than ours: mpirun takes it
+        p = self.run_mpi(argv + [SYSTEM_PY, MPI_RANK_PY], timeout=120)
+        err = p.stderr.decode()
+        self.assertNotEqual(p.returncode, 0, err)
+        self.assertIn("mpirun placed MPI rank", err)
+        self.assertIn("--launcher_args", err)
+        self.assertFalse([n for n in os.listdir(self.out) if n.startswith("mpi-")])
 
 
 class PyTorchAcrossNamespaces(ClusterTest):

@@ -16,7 +16,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../integration"))
-from harness import DSLAUNCH, PY, RANK_PY, LaunchTest  # noqa: E402
+from harness import DSLAUNCH, MPI_RANK_PY, PY, RANK_PY, SYSTEM_PY, LaunchTest, need_mpi  # noqa: E402,E501
 
 import cluster_env  # noqa: E402
 from cluster_env import CLUSTER_SH  # noqa: E402
@@ -280,6 +280,41 @@ class Hostlists(SlurmTest):
                 # The plan table: a header, a row per rank, a summary line.
                 rows = [line.split() for line in p.stdout.decode().splitlines()[1:-1]]
                 self.assertEqual([r[0] for r in rows], want.stdout.decode().split())
+
+
+class OpenMpiInsideTheAllocation(SlurmTest):
+    """--launcher openmpi inside salloc: mpirun runs over the allocation and
+    starts its daemons with srun (--overlap added by dslaunch)."""
+
+    def test_mpi_world_equals_dslaunchs_on_the_allocations_nodes(self):
+        need_mpi(self)
+        p = self.run_job(self.salloc(DSLAUNCH, "--launcher", "openmpi", "--no_local_rank",
+                                     SYSTEM_PY, MPI_RANK_PY, "ok", *HOSTILE), timeout=120)
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 0, err)
+        self.assertIn("mpirun runs over the allocation", err)
+        for rank in range(6):
+            with open(os.path.join(self.out, "mpi-%d.json" % rank)) as f:
+                r = json.load(f)
+            node = rank // 2
+            self.assertEqual((r["mpi_rank"], r["mpi_size"], r["sum"]), (rank, 6, 15))
+            self.assertEqual(r["host"], CLUSTER["names"][node])
+            self.assertEqual(r["address"], CLUSTER["nodes"][node])
+            self.assertEqual(r["env"]["RANK"], str(rank))
+            # As under --launcher slurm: srun's per-task variables of the rank.
+            self.assertEqual(r["env"]["SLURM_PROCID"], str(rank))
+            self.assertIsNone(r["env"]["DSLAUNCH_AGENT_SECRET"])
+            self.assertEqual(r["argv"][1:], ["ok", *HOSTILE])
+        self.assertFalse(os.path.exists("/tmp/pwned-s"))
+
+    def test_a_failing_rank_ends_the_job_on_every_node(self):
+        need_mpi(self)
+        p = self.run_job(self.salloc(DSLAUNCH, "--launcher", "openmpi", "--no_local_rank",
+                                     SYSTEM_PY, MPI_RANK_PY, "fail", "4"), timeout=120)
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 7, err)
+        self.assertIn("FAILED: rank 4 on %s" % CLUSTER["names"][2], err)
+        self.assertIn("stopped in consequence: 5 ranks", err)
 
 
 class PyTorchAcrossSlurmNodes(SlurmTest):

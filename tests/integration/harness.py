@@ -3,6 +3,7 @@
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,23 @@ BIN = os.environ.get("DSL_BIN", os.path.join(os.path.dirname(__file__), "../../b
 DSLAUNCH = os.path.join(BIN, "dslaunch")
 RANK_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank.py")
 PY = sys.executable
+# Debian's interpreter: python3-torch and python3-mpi4py live there only.
+SYSTEM_PY = "/usr/bin/python3"
+MPI_RANK_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_rank.py")
+
+
+def need_mpi(test):
+    """Skips `test` without OpenMPI's mpirun or Debian's python3-mpi4py
+    (fails it under CI=1)."""
+    missing = None
+    if shutil.which("mpirun") is None:
+        missing = "OpenMPI's mpirun (openmpi-bin)"
+    elif subprocess.run([SYSTEM_PY, "-c", "import mpi4py"], capture_output=True).returncode:
+        missing = "Debian's python3-mpi4py"
+    if missing:
+        if os.environ.get("CI"):
+            test.fail(missing + " is missing")
+        test.skipTest(missing + " is not installed")
 
 
 class LaunchTest(unittest.TestCase):

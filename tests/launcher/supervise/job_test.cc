@@ -19,7 +19,12 @@ class FakeStarter : public Starter {
     done_ = std::move(done);
   }
   void Kill(int node_rank) override { killed.push_back(node_rank); }
+  void Stopping() override { stopping = true; }
+  bool SeesAgentProcesses() const override { return sees_processes; }
   void Finish(StatusOr<Started> result) { done_(std::move(result)); }
+
+  bool sees_processes = true;
+  bool stopping = false;
 
   AgentBootstrap boot_;
   StartDone done_;
@@ -309,6 +314,43 @@ TEST_F(JobTest, EveryRankFinishingShutsTheAgentsDownAndExits0) {
   EXPECT_EQ(job_->Finish(), 0);
   EXPECT_NE(Report().find("all 4 ranks on 2 nodes exited 0"),
             std::string::npos);
+}
+
+TEST_F(JobTest, WhereTheStarterCannotSeeAgentsAnAgentDoneAndClosedHasEnded) {
+  starter_.sees_processes = false;  // mpirun's daemons own the agents
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  RunAll();
+  for (int r = 0; r < 4; ++r) RankExited(r / 2, r, 0, 0);
+  EXPECT_TRUE(starter_.stopping);
+  wire::Envelope done;
+  done.mutable_agent_done();
+  job_->OnAgentMessage(0, wire::Envelope(done));
+  job_->OnAgentDisconnected(0, Status::Ok());
+  EXPECT_NE(phase(), Phase::kEnded);
+  // Closing without saying it is done is not an end.
+  job_->OnAgentDisconnected(1, Status::Ok());
+  EXPECT_NE(phase(), Phase::kEnded);
+  job_->OnAgentProcessExited(1, "ended with mpirun");
+  EXPECT_EQ(phase(), Phase::kEnded);
+  EXPECT_EQ(job_->Finish(), 0);
+}
+
+TEST_F(JobTest, AStarterThatSeesAgentsWaitsForTheProcessToEnd) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  RunAll();
+  for (int r = 0; r < 4; ++r) RankExited(r / 2, r, 0, 0);
+  wire::Envelope done;
+  done.mutable_agent_done();
+  for (int n = 0; n < 2; ++n) {
+    job_->OnAgentMessage(n, wire::Envelope(done));
+    job_->OnAgentDisconnected(n, Status::Ok());
+  }
+  EXPECT_NE(phase(), Phase::kEnded);
+  job_->OnAgentProcessExited(0, "exited with code 0");
+  job_->OnAgentProcessExited(1, "exited with code 0");
+  EXPECT_EQ(phase(), Phase::kEnded);
 }
 
 TEST_F(JobTest, StartFailureEndsTheJobWithItsStatus) {

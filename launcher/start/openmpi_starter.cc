@@ -1,0 +1,200 @@
+#include "launcher/start/openmpi_starter.h"
+
+#include <signal.h>  // SIGTERM
+#include <spdlog/spdlog.h>
+#include <stdlib.h>  // mkstemp, getenv
+#include <unistd.h>  // geteuid, unlink, close
+
+#include <boost/asio/post.hpp>
+
+#include "launcher/plan/slurm_allocation.h"  // InSlurmAllocation
+#include "proto/host_info.h"                 // RouteTo
+#include "proto/unix_socket.h"               // WriteAll
+
+namespace dslaunch::launcher {
+
+namespace asio = boost::asio;
+
+std::string MpirunHostfile(const std::vector<std::string>& hosts,
+                           const std::vector<int>& slots) {
+  std::string out = "# dslaunch's plan for mpirun: node by node\n";
+  for (size_t i = 0; i < hosts.size(); ++i)
+    out += hosts[i] + " slots=" + std::to_string(slots.at(i)) + "\n";
+  return out;
+}
+
+std::vector<std::string> MpirunArgv(const MpirunSettings& s,
+                                    const std::string& hostfile_path,
+                                    const std::vector<int>& slots,
+                                    std::vector<std::string> agent_argv) {
+  int world = 0;
+  std::string slot_list;
+  for (int n : slots) {
+    world += n;
+    slot_list += (slot_list.empty() ? "" : ",") + std::to_string(n);
+  }
+  std::vector<std::string> argv = {s.mpirun,
+                                   "--np",
+                                   std::to_string(world),
+                                   "--hostfile",
+                                   hostfile_path,
+                                   "--map-by",
+                                   "slot",
+                                   "--bind-to",
+                                   "none",
+                                   "-x",
+                                   kAgentSecretVariable};
+  if (s.as_root) argv.push_back("--allow-run-as-root");
+  argv.insert(argv.end(), s.extra_args.begin(), s.extra_args.end());
+  // One command for every process: each finds its place from mpirun's
+  // variables.
+  for (size_t i = 0; i + 1 < agent_argv.size(); ++i) {
+    if (agent_argv[i] == "--node_rank")
+      agent_argv.erase(agent_argv.begin() + i, agent_argv.begin() + i + 2);
+  }
+  agent_argv.insert(agent_argv.end(),
+                    {"--from_mpirun", "--node_slots", slot_list, "--secret_env",
+                     kAgentSecretVariable});
+  argv.insert(argv.end(), agent_argv.begin(), agent_argv.end());
+  return argv;
+}
+
+MpirunEvent ParseMpirunLine(const std::string& line,
+                            const std::vector<int>& slots) {
+  // mpirun noticed that process rank 3 with PID 0 on node n1 exited on
+  // signal 9 (Killed).
+  MpirunEvent e;
+  static const std::string kNoticed = "mpirun noticed that process rank ";
+  const size_t at = line.find(kNoticed);
+  if (at == std::string::npos) return e;
+  size_t pos = at + kNoticed.size();
+  long rank = 0;
+  size_t digits = 0;
+  while (pos < line.size() &&
+         std::isdigit(static_cast<unsigned char>(line[pos])) && digits < 9) {
+    rank = rank * 10 + (line[pos++] - '0');
+    ++digits;
+  }
+  if (digits == 0) return e;
+  const size_t how = line.find(" exited ", pos);
+  if (how == std::string::npos) return e;
+  long first = 0;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (rank < first + slots[i]) {
+      e.node = static_cast<int>(i);
+      e.how =
+          "mpirun's process of rank " + std::to_string(rank) + line.substr(how);
+      while (!e.how.empty() && e.how.back() == '.') e.how.pop_back();
+      return e;
+    }
+    first += slots[i];
+  }
+  return e;
+}
+
+OpenMpiStarter::OpenMpiStarter(asio::io_context& io,
+                               Starter::Delegate* delegate,
+                               MpirunSettings settings,
+                               std::vector<std::string> hosts,
+                               std::vector<int> slots)
+    : io_(io),
+      delegate_(delegate),
+      settings_(std::move(settings)),
+      hosts_(std::move(hosts)),
+      slots_(std::move(slots)),
+      exits_(delegate, "mpirun", hosts_.size()),
+      processes_(io, this) {}
+
+// processes_ sends mpirun SIGTERM (ProcessSpec::destroy_signal): it ends
+// the job's processes on every node and its daemons.
+OpenMpiStarter::~OpenMpiStarter() {
+  *alive_ = false;
+  if (!hostfile_path_.empty()) ::unlink(hostfile_path_.c_str());
+}
+
+std::unique_ptr<Starter> NewOpenMpiStarter(const StarterContext& context) {
+  std::vector<std::string> hosts;
+  std::vector<int> slots;
+  for (const auto& node : context.plan.nodes) {
+    hosts.push_back(node.host);
+    slots.push_back(static_cast<int>(node.slots.size()));
+  }
+  MpirunSettings settings;
+  settings.extra_args = context.options.launcher_words;
+  settings.as_root = ::geteuid() == 0;
+  return std::make_unique<OpenMpiStarter>(context.io, context.delegate,
+                                          std::move(settings), std::move(hosts),
+                                          std::move(slots));
+}
+
+void OpenMpiStarter::Start(const AgentBootstrap& boot, StartDone done) {
+  Status st = StartMpirun(boot);
+  asio::post(io_,
+             [st, started = started_, done = std::move(done), alive = alive_] {
+               if (!*alive) return;
+               if (st.ok()) return done(started);
+               done(st);
+             });
+}
+
+Status OpenMpiStarter::StartMpirun(const AgentBootstrap& boot) {
+  // The agents dial back our address on the route to node 0, as under SLURM.
+  auto route = proto::RouteTo(hosts_.at(0));
+  if (!route.ok()) {
+    return Unavailable("cannot reach node 0 (" + hosts_[0] +
+                       ") from here: " + route.status().message());
+  }
+  started_.master_addr = route->peer;
+  const char* tmp = std::getenv("TMPDIR");
+  std::string path =
+      std::string(tmp && *tmp ? tmp : "/tmp") + "/dslaunch-mpirun-hosts-XXXXXX";
+  const int fd = ::mkstemp(path.data());
+  if (fd < 0)
+    return ErrnoStatus("cannot create mpirun's hostfile " + path, errno);
+  hostfile_path_ = path;
+  Status written = proto::WriteAll(fd, MpirunHostfile(hosts_, slots_));
+  ::close(fd);
+  RETURN_IF_ERROR(written);
+  proto::ProcessSpec spec;
+  spec.argv = MpirunArgv(settings_, hostfile_path_, slots_,
+                         AgentArgv(boot, 0, route->local));
+  spec.inherit_env = true;  // mpirun reads a SLURM allocation from it
+  spec.env.push_back(std::string(kAgentSecretVariable) + "=" + boot.secret);
+  // Inside an allocation mpirun starts its daemons with srun; the step must
+  // share the allocation's resources with whatever else runs in it.
+  const EnvLookup env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v ? v : "");
+  };
+  if (InSlurmAllocation(env) && env("OMPI_MCA_plm_slurm_args").empty())
+    spec.env.push_back("OMPI_MCA_plm_slurm_args=--overlap");
+  spec.new_session = true;
+  spec.death_signal = SIGTERM;
+  spec.destroy_signal = SIGTERM;
+  StatusOr<pid_t> pid = processes_.Spawn(spec);
+  if (!pid.ok())
+    return Unavailable("cannot start mpirun: " + pid.status().message());
+  pid_ = *pid;
+  return Status::Ok();
+}
+
+void OpenMpiStarter::OnProcessOutput(pid_t, bool, std::string line, bool) {
+  const MpirunEvent e = ParseMpirunLine(line, slots_);
+  if (stopping_) {
+    spdlog::info("[mpirun] {}", line);
+  } else {
+    delegate_->OnStarterOutput("mpirun", line);
+  }
+  exits_.Ended(e.node, e.how);
+}
+
+void OpenMpiStarter::OnProcessExited(pid_t, const proto::ExitInfo& info) {
+  pid_ = -1;
+  exits_.ToolEnded(info);
+}
+
+void OpenMpiStarter::Kill(int) {
+  if (pid_ > 0) processes_.Signal(pid_, SIGTERM);
+}
+
+}  // namespace dslaunch::launcher

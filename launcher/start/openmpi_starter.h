@@ -1,0 +1,90 @@
+// OpenMpiStarter (--launcher openmpi): OpenMPI's mpirun starts the job over
+// the plan's hosts (a hostfile it is given, with each node's slot count), or
+// over the SLURM allocation when dslaunch runs inside one (mpirun then
+// starts its daemons with srun, --overlap added):
+//   mpirun --np WORLD --hostfile PLAN --map-by slot --bind-to none
+//          -x DSLAUNCH_AGENT_SECRET [--allow-run-as-root] [--launcher_args]
+//          dsagent --connect ... --from_mpirun --node_slots S1,..,SN
+//                  --secret_env DSLAUNCH_AGENT_SECRET
+// One process per rank, node by node: on each node local rank 0 is the
+// node's agent, the others hand it their MPI identity (agent/mpi_ranks.h),
+// so a rank's MPI_Init sees MPI rank == RANK and size == WORLD_SIZE. The
+// secret travels in mpirun's environment (-x), never argv: mpirun gives
+// stdin to one process only. What mpirun says about a process that ended
+// ("mpirun noticed that process rank 3 ... exited on signal 9") names the
+// node; once the job is stopping, mpirun's own reports of the teardown go to
+// the log only. Owned by the Launcher; io_context thread only.
+#pragma once
+
+#include <sys/types.h>
+
+#include <boost/asio/io_context.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "launcher/start/node_exits.h"
+#include "launcher/start/starter.h"
+#include "proto/process_set.h"
+
+namespace dslaunch::launcher {
+
+inline constexpr const char* kAgentSecretVariable = "DSLAUNCH_AGENT_SECRET";
+
+struct MpirunSettings {
+  std::string mpirun = "mpirun";
+  std::vector<std::string> extra_args;  // --launcher_args, before the agent
+  bool as_root = false;                 // adds --allow-run-as-root
+};
+
+// The hostfile mpirun is given: "HOST slots=N" per node, in plan order.
+std::string MpirunHostfile(const std::vector<std::string>& hosts,
+                           const std::vector<int>& slots);
+// The mpirun command line that starts `agent_argv` once per rank.
+std::vector<std::string> MpirunArgv(const MpirunSettings& settings,
+                                    const std::string& hostfile_path,
+                                    const std::vector<int>& slots,
+                                    std::vector<std::string> agent_argv);
+// The node (index) whose process mpirun says ended, and how; node -1 when
+// the line says no such thing.
+struct MpirunEvent {
+  int node = -1;
+  std::string how;
+};
+MpirunEvent ParseMpirunLine(const std::string& line,
+                            const std::vector<int>& slots);
+
+class OpenMpiStarter : public Starter, private proto::ProcessSet::Delegate {
+ public:
+  OpenMpiStarter(boost::asio::io_context& io, Starter::Delegate* delegate,
+                 MpirunSettings settings, std::vector<std::string> hosts,
+                 std::vector<int> slots);
+  ~OpenMpiStarter() override;  // mpirun gets SIGTERM if it still runs
+
+  void Start(const AgentBootstrap& boot, StartDone done) override;
+  // mpirun cannot end one node alone: ends the job's processes everywhere.
+  void Kill(int node_rank) override;
+  void Stopping() override { stopping_ = true; }
+  bool SeesAgentProcesses() const override { return false; }
+
+ private:
+  Status StartMpirun(const AgentBootstrap& boot);
+  void OnProcessOutput(pid_t pid, bool is_stderr, std::string line,
+                       bool partial) override;
+  void OnProcessExited(pid_t pid, const proto::ExitInfo& info) override;
+
+  boost::asio::io_context& io_;
+  Starter::Delegate* delegate_;
+  MpirunSettings settings_;
+  std::vector<std::string> hosts_;
+  std::vector<int> slots_;
+  NodeExits exits_;
+  std::string hostfile_path_;
+  pid_t pid_ = -1;
+  bool stopping_ = false;
+  Started started_;
+  proto::ProcessSet processes_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+}  // namespace dslaunch::launcher
