@@ -24,7 +24,10 @@ build_pkgs=(build-essential cmake ninja-build pkg-config
 test_pkgs=(python3 python3-torch openmpi-bin libopenmpi-dev python3-mpi4py
   iproute2 procps openssh-server openssh-client pdsh
   slurm-wlm munge  # tests/cluster/test_slurm.py (a real SLURM cluster)
-  clang-14 libclang-rt-14-dev libomp-14-dev)  # tests/fuzz (libFuzzer)
+  clang-14 libclang-rt-14-dev libomp-14-dev  # tests/fuzz (libFuzzer)
+  # A real DeepSpeed in a venv (tests/cluster/deepspeed_env.py): its CPU
+  # launcher runs numactl, and its CPU comm op is built at first use.
+  python3-venv python3-dev numactl pybind11-dev libtorch-dev)
 
 pkgs=("${build_pkgs[@]}")
 if [ "$want_tests" = 1 ]; then pkgs+=("${test_pkgs[@]}"); fi
@@ -42,6 +45,25 @@ if [ "${#missing[@]}" -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# DeepSpeed from PyPI (CPU, no prebuilt ops) over Debian's torch, once.
+if [ "$want_tests" = 1 ]; then
+  venv=${DSL_DEEPSPEED_VENV:-/opt/dslaunch-test/deepspeed-venv}
+  if [ ! -x "$venv/bin/deepspeed" ]; then
+    echo "setup.sh: installing DeepSpeed 0.14.4 into $venv"
+    /usr/bin/python3 -m venv --system-site-packages "$venv"
+    DS_BUILD_OPS=0 "$venv/bin/pip" install -q --disable-pip-version-check \
+      "deepspeed==0.14.4"
+  fi
+  # The CPU accelerator's shared-memory comm op, built now rather than by the
+  # first test's ranks all at once (cached in ~/.cache/torch_extensions).
+  if ! "$venv/bin/python" -c "from deepspeed.ops.op_builder.cpu import \
+ShareMemCommBuilder as B; B().load()" >/tmp/dslaunch-ds-op.log 2>&1; then
+    tail -20 /tmp/dslaunch-ds-op.log >&2
+    echo "setup.sh: DeepSpeed's CPU comm op does not build" >&2
+    exit 70
+  fi
 fi
 
 if [ "$build" = 1 ]; then

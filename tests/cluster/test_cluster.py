@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../
 from harness import DSLAUNCH, MPI_RANK_PY, PY, RANK_PY, SYSTEM_PY, LaunchTest, need_mpi  # noqa: E402,E501
 
 import cluster_env  # noqa: E402
+import deepspeed_env  # noqa: E402
 from cluster_env import CLUSTER_SH  # noqa: E402
 CLUSTER = {}
 
@@ -296,6 +297,23 @@ class OpenMpiAcrossNamespaces(ClusterTest):
         self.assertIn("mpirun placed MPI rank", err)
         self.assertIn("--launcher_args", err)
         self.assertFalse([n for n in os.listdir(self.out) if n.startswith("mpi-")])
+
+
+class DeepSpeedScriptAcrossNamespaces(ClusterTest):
+    def test_a_deepspeed_script_in_a_venv_gets_deepspeeds_own_losses(self):
+        deepspeed_env.need_deepspeed(self)
+        # The venv is on no node's login PATH: only our environment names it.
+        login = subprocess.run(["ssh", "-F", CLUSTER["CLUSTER_SSH_CONFIG"], CLUSTER["nodes"][1],
+                                "echo $PATH"], capture_output=True, timeout=30)
+        self.assertEqual(login.returncode, 0, login.stderr.decode())
+        self.assertNotIn(deepspeed_env.VENV, login.stdout.decode())
+        argv = [a for a in self.ssh_args() if a != "--no_local_rank"]
+        # The script as `deepspeed train.py --deepspeed_config ...` gets it.
+        p = self.run_job(argv + deepspeed_env.script_args(self.out), timeout=600,
+                         # The nodes share one hostname, which resolves to loopback.
+                         GLOO_SOCKET_IFNAME="eth0", **deepspeed_env.activated())
+        self.assertEqual(p.returncode, 0, p.stderr.decode()[-3000:])
+        deepspeed_env.check_same_losses(self, self.out, world=6, local_size=2)
 
 
 class PyTorchAcrossNamespaces(ClusterTest):

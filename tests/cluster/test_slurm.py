@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../
 from harness import DSLAUNCH, MPI_RANK_PY, PY, RANK_PY, SYSTEM_PY, LaunchTest, need_mpi  # noqa: E402,E501
 
 import cluster_env  # noqa: E402
+import deepspeed_env  # noqa: E402
 from cluster_env import CLUSTER_SH  # noqa: E402
 CLUSTER = {}
 HOSTILE = ["a b", "'q'", '"dq"', "$(touch /tmp/pwned-s)", "`id`", "*", "x\ny", "", "\\"]
@@ -315,6 +316,15 @@ class OpenMpiInsideTheAllocation(SlurmTest):
         self.assertEqual(p.returncode, 7, err)
         self.assertIn("FAILED: rank 4 on %s" % CLUSTER["names"][2], err)
         self.assertIn("stopped in consequence: 5 ranks", err)
+
+
+class DeepSpeedScriptInsideTheAllocation(SlurmTest):
+    def test_a_deepspeed_script_in_a_venv_gets_deepspeeds_own_losses(self):
+        deepspeed_env.need_deepspeed(self)
+        p = self.run_job(self.salloc(DSLAUNCH, *deepspeed_env.script_args(self.out)),
+                         timeout=600, **deepspeed_env.activated())
+        self.assertEqual(p.returncode, 0, p.stderr.decode()[-3000:])
+        deepspeed_env.check_same_losses(self, self.out, world=6, local_size=2)
 
 
 class PyTorchAcrossSlurmNodes(SlurmTest):
