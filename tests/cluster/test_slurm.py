@@ -327,6 +327,99 @@ class DeepSpeedScriptInsideTheAllocation(SlurmTest):
         deepspeed_env.check_same_losses(self, self.out, world=6, local_size=2)
 
 
+class HpcRecipes(SlurmTest):
+    """examples/hpc/ run as their comments say, with stand-ins where this
+    machine lacks the real thing: a `singularity` that runs the command
+    without a container, a conda whose env is a venv with DeepSpeed, and a
+    DeepSpeed script for the Hugging Face Trainer script (transformers is
+    not installed here)."""
+    EXAMPLES = os.path.join(os.path.dirname(CLUSTER_SH), "../../examples/hpc")
+
+    def test_lumi_runs_every_rank_in_the_container_offline(self):
+        fake = os.path.join(self.dir, "singularity")
+        with open(fake, "w") as f:
+            f.write('#!/bin/sh\n[ "$1" = exec ] || exit 64\nshift\n'
+                    'while [ "$1" = -B ]; do echo "$2" > "$OUT_DIR/binds"; shift 2; done\n'
+                    'SINGULARITY_CONTAINER=$1; export SINGULARITY_CONTAINER; shift\n'
+                    'exec "$@"\n')
+        os.chmod(fake, 0o755)
+        keys = ["RANK", "SLURM_NODEID", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE",
+                "SINGULARITY_CONTAINER"]
+        p = self.run_job(self.salloc(os.path.join(self.EXAMPLES, "lumi.sh"), RANK_PY, "env",
+                                     "--epochs", "1", nodes=2, per_node=4),
+                         timeout=120, DSLAUNCH=DSLAUNCH, CONTAINER=fake, SIF="/images/pt.sif",
+                         BINDS="/scratch/p,/project/p", ENV_KEYS=json.dumps(keys))
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        self.assertIn("all 8 ranks on 2 nodes exited 0", p.stderr.decode())
+        for rank, env in enumerate(self.rank_files("env", world=8)):
+            self.assertEqual(env["__address__"], CLUSTER["nodes"][rank // 4])
+            self.assertEqual(env["SLURM_NODEID"], str(rank // 4))
+            self.assertEqual(env["TRANSFORMERS_OFFLINE"], "1")
+            self.assertEqual(env["HF_DATASETS_OFFLINE"], "1")
+            self.assertEqual(env["SINGULARITY_CONTAINER"], "/images/pt.sif")
+        for rank, argv in enumerate(self.rank_files("argv", world=8)):
+            self.assertEqual(argv, ["--epochs", "1", "--local_rank=%d" % (rank % 4)])
+        with open(os.path.join(self.out, "binds")) as f:
+            self.assertEqual(f.read().strip(), "/scratch/p,/project/p")
+
+    def fake_conda(self):
+        """CONDA_ROOT with etc/profile.d/conda.sh whose `conda activate hf`
+        activates envs/hf: a venv that sees the DeepSpeed venv's packages."""
+        root = os.path.join(self.dir, "miniconda3")
+        env = os.path.join(root, "envs", "hf")
+        subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages",
+                        "--without-pip", env], check=True, timeout=120)
+        site = subprocess.run([os.path.join(deepspeed_env.VENV, "bin", "python3"), "-c",
+                               "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, check=True).stdout.decode().strip()
+        mine = subprocess.run([os.path.join(env, "bin", "python3"), "-c",
+                               "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, check=True).stdout.decode().strip()
+        with open(os.path.join(mine, "deepspeed_venv.pth"), "w") as f:
+            f.write(site + "\n")
+        os.makedirs(os.path.join(root, "etc", "profile.d"))
+        with open(os.path.join(root, "etc", "profile.d", "conda.sh"), "w") as f:
+            f.write('conda() {\n  [ "$1" = activate ] || return 64\n'
+                    '  CONDA_PREFIX=%s/envs/$2; CONDA_DEFAULT_ENV=$2\n'
+                    '  PATH=$CONDA_PREFIX/bin:$PATH\n'
+                    '  export CONDA_PREFIX CONDA_DEFAULT_ENV PATH\n}\n' % root)
+        return root, env
+
+    def test_hpc5_batch_job_runs_a_deepspeed_script_from_a_conda_env(self):
+        deepspeed_env.need_deepspeed(self)
+        root, env = self.fake_conda()
+        log = os.path.join(self.dir, "hpc5.out")
+        p = self.run_job(login("sbatch", "--wait", "--chdir", self.dir, "--nodes=3",
+                               "--ntasks-per-node=2", "--gpus-per-node=2", "--cpus-per-task=1",
+                               "--time=00:10:00", "--output=" + log,
+                               os.path.join(self.EXAMPLES, "hpc5.sbatch")),
+                         timeout=600, DSLAUNCH=DSLAUNCH, CONDA_ROOT=root, CONDA_ENV="hf",
+                         TRAIN=deepspeed_env.SCRIPT, OMP_NUM_THREADS="1",
+                         TRAIN_ARGS=" ".join(deepspeed_env.script_args(self.out)[1:]))
+        with open(log) as f:
+            out = f.read()
+        self.assertEqual(p.returncode, 0, p.stderr.decode() + out[-3000:])
+        self.assertIn("all 6 ranks on 3 nodes exited 0", out)
+        want = deepspeed_env.reference(6)
+        for rank, record in enumerate(deepspeed_env.read_losses(self.out, 6)):
+            self.assertEqual(record["prefix"], env, "rank %d ran the conda env's python" % rank)
+            self.assertEqual(record["local_rank_arg"], rank % 2)
+            for got, expected in zip(record["losses"], want[rank]):
+                self.assertAlmostEqual(got, expected, delta=1e-5 * max(1.0, abs(expected)))
+        self.assertTrue(os.path.isdir(os.path.join(self.dir, "logs")))
+
+    def test_mpirun_recipe_gives_an_mpi_script_dslaunchs_world(self):
+        need_mpi(self)
+        p = self.run_job(self.salloc(os.path.join(self.EXAMPLES, "mpirun.sh"), MPI_RANK_PY, "ok"),
+                         timeout=120, DSLAUNCH=DSLAUNCH, DSLAUNCH_PYTHON=SYSTEM_PY)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        for rank in range(6):
+            with open(os.path.join(self.out, "mpi-%d.json" % rank)) as f:
+                r = json.load(f)
+            self.assertEqual((r["mpi_rank"], r["mpi_size"]), (rank, 6))
+            self.assertEqual(r["host"], CLUSTER["names"][rank // 2])
+
+
 class PyTorchAcrossSlurmNodes(SlurmTest):
     def test_ddp_gloo_allreduce_across_three_nodes(self):
         cluster_env.need_torch(self)
