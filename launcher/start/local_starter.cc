@@ -6,7 +6,6 @@
 #include <sys/wait.h>   // WIFSIGNALED
 #include <unistd.h>     // getpid, usleep
 
-#include <boost/asio/post.hpp>
 #include <cerrno>
 #include <set>
 
@@ -37,11 +36,7 @@ void LocalStarter::Start(const AgentBootstrap& boot, StartDone done) {
   if (!st.ok()) {
     for (const auto& [pid, node] : node_of_) processes_.Signal(pid, SIGKILL);
   }
-  boost::asio::post(io_, [st, done = std::move(done), alive = alive_] {
-    if (!*alive) return;
-    if (st.ok()) return done(Started{});
-    done(st);
-  });
+  PostStartDone(io_, alive_, st, Started{}, std::move(done));
 }
 
 Status LocalStarter::StartAll(const AgentBootstrap& boot) {

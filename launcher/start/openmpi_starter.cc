@@ -5,10 +5,7 @@
 #include <stdlib.h>  // mkstemp, getenv
 #include <unistd.h>  // geteuid, unlink, close
 
-#include <boost/asio/post.hpp>
-
 #include "launcher/plan/slurm_allocation.h"  // InSlurmAllocation
-#include "proto/host_info.h"                 // RouteTo
 #include "proto/unix_socket.h"               // WriteAll
 
 namespace dslaunch::launcher {
@@ -129,22 +126,13 @@ std::unique_ptr<Starter> NewOpenMpiStarter(const StarterContext& context) {
 
 void OpenMpiStarter::Start(const AgentBootstrap& boot, StartDone done) {
   Status st = StartMpirun(boot);
-  asio::post(io_,
-             [st, started = started_, done = std::move(done), alive = alive_] {
-               if (!*alive) return;
-               if (st.ok()) return done(started);
-               done(st);
-             });
+  PostStartDone(io_, alive_, st, started_, std::move(done));
 }
 
 Status OpenMpiStarter::StartMpirun(const AgentBootstrap& boot) {
   // The agents dial back our address on the route to node 0, as under SLURM.
-  auto route = proto::RouteTo(hosts_.at(0));
-  if (!route.ok()) {
-    return Unavailable("cannot reach node 0 (" + hosts_[0] +
-                       ") from here: " + route.status().message());
-  }
-  started_.master_addr = route->peer;
+  ASSIGN_OR_RETURN(proto::Route route, RouteToNode0(hosts_.at(0)));
+  started_.master_addr = route.peer;
   const char* tmp = std::getenv("TMPDIR");
   std::string path =
       std::string(tmp && *tmp ? tmp : "/tmp") + "/dslaunch-mpirun-hosts-XXXXXX";
@@ -157,7 +145,7 @@ Status OpenMpiStarter::StartMpirun(const AgentBootstrap& boot) {
   RETURN_IF_ERROR(written);
   proto::ProcessSpec spec;
   spec.argv = MpirunArgv(settings_, hostfile_path_, slots_,
-                         AgentArgv(boot, 0, route->local));
+                         AgentArgv(boot, 0, route.local));
   spec.inherit_env = true;  // mpirun reads a SLURM allocation from it
   spec.env.push_back(std::string(kAgentSecretVariable) + "=" + boot.secret);
   // Inside an allocation mpirun starts its daemons with srun; the step must

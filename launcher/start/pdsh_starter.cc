@@ -5,7 +5,6 @@
 #include <signal.h>  // SIGKILL, SIGTERM
 #include <unistd.h>
 
-#include <boost/asio/post.hpp>
 #include <chrono>
 #include <cstdio>  // fwrite
 
@@ -247,11 +246,7 @@ void PdshStarter::Start(const AgentBootstrap& boot, StartDone done) {
   if (st.ok()) st = Launch(AgentArgv(boot, 0, checks.at(0).local_address));
   Started started;
   if (st.ok()) started.master_addr = checks.at(0).peer_address;
-  asio::post(io_, [st, started, done = std::move(done), alive = alive_] {
-    if (!*alive) return;
-    if (st.ok()) return done(started);
-    done(st);
-  });
+  PostStartDone(io_, alive_, st, started, std::move(done));
 }
 
 Status PdshStarter::Launch(std::vector<std::string> argv) {

@@ -2,9 +2,6 @@
 
 #include <signal.h>  // SIGKILL, SIGTERM
 
-#include <boost/asio/post.hpp>
-
-#include "proto/host_info.h"    // RouteTo
 #include "proto/unix_socket.h"  // WriteAll
 
 namespace dslaunch::launcher {
@@ -112,25 +109,16 @@ std::unique_ptr<Starter> NewSlurmStarter(const StarterContext& context) {
 
 void SlurmStarter::Start(const AgentBootstrap& boot, StartDone done) {
   Status st = StartSrun(boot);
-  asio::post(io_,
-             [st, started = started_, done = std::move(done), alive = alive_] {
-               if (!*alive) return;
-               if (st.ok()) return done(started);
-               done(st);
-             });
+  PostStartDone(io_, alive_, st, started_, std::move(done));
 }
 
 Status SlurmStarter::StartSrun(const AgentBootstrap& boot) {
   // The agents dial back our address on the route to node 0 (the nodes of
   // an allocation share a network); node 0's end of it is MASTER_ADDR.
-  auto route = proto::RouteTo(hosts_.at(0));
-  if (!route.ok()) {
-    return Unavailable("cannot reach node 0 (" + hosts_[0] +
-                       ") from here: " + route.status().message());
-  }
-  started_.master_addr = route->peer;
+  ASSIGN_OR_RETURN(proto::Route route, RouteToNode0(hosts_.at(0)));
+  started_.master_addr = route.peer;
   proto::ProcessSpec spec;
-  spec.argv = SrunArgv(settings_, hosts_, AgentArgv(boot, 0, route->local));
+  spec.argv = SrunArgv(settings_, hosts_, AgentArgv(boot, 0, route.local));
   spec.inherit_env = true;  // srun reads the allocation from it
   spec.new_session = true;
   spec.death_signal = SIGTERM;

@@ -17,6 +17,7 @@
 #include "launcher/flags.h"
 #include "launcher/plan/addresses.h"  // IsLocalHost
 #include "launcher/plan/plan.h"
+#include "proto/host_info.h"  // Route
 #include "proto/status.h"
 
 namespace dslaunch::launcher {
@@ -84,6 +85,18 @@ class Starter {
   // it is done and closed its connection counts as ended.
   virtual bool SeesAgentProcesses() const { return true; }
 };
+
+// Runs `done` on the loop, with `started` when `st` is ok, else with `st`,
+// unless `alive` is false by then (the starter is gone): Start's answer is
+// never given from within Start.
+void PostStartDone(boost::asio::io_context& io, std::shared_ptr<bool> alive,
+                   Status st, Starter::Started started,
+                   Starter::StartDone done);
+
+// This side's address on the route to node 0's `host` and node 0's own
+// (its MASTER_ADDR), for modes whose one tool starts every agent (srun,
+// mpirun: the nodes share a network); Unavailable naming node 0 otherwise.
+StatusOr<proto::Route> RouteToNode0(const std::string& host);
 
 // What a start mode is built with.
 struct StarterContext {

@@ -2,6 +2,8 @@
 #include <limits.h>  // PATH_MAX
 #include <unistd.h>  // readlink
 
+#include <boost/asio/post.hpp>
+
 #include "launcher/start/starter.h"
 #include "proto/host_info.h"
 
@@ -45,6 +47,26 @@ StatusOr<std::unique_ptr<Starter>> MakeStarter(const StarterContext& context) {
   return InvalidArgument("--launcher " + mode +
                          " is not available in this build yet; use local, "
                          "ssh, pdsh, slurm or openmpi");
+}
+
+void PostStartDone(boost::asio::io_context& io, std::shared_ptr<bool> alive,
+                   Status st, Starter::Started started,
+                   Starter::StartDone done) {
+  boost::asio::post(io, [st = std::move(st), started = std::move(started),
+                         done = std::move(done), alive = std::move(alive)] {
+    if (!*alive) return;
+    if (st.ok()) return done(started);
+    done(st);
+  });
+}
+
+StatusOr<proto::Route> RouteToNode0(const std::string& host) {
+  auto route = proto::RouteTo(host);
+  if (!route.ok()) {
+    return Unavailable("cannot reach node 0 (" + host +
+                       ") from here: " + route.status().message());
+  }
+  return route;
 }
 
 std::string DefaultAgentPath() {

@@ -5,7 +5,6 @@ by its arguments (after DeepSpeed's --local_rank=N) exits, fails or sleeps:
 Needs Debian's python3-mpi4py (run it with /usr/bin/python3)."""
 import json
 import os
-import socket
 import sys
 import time
 
@@ -15,19 +14,11 @@ with open(os.path.join(OUT, "start-" + os.environ["RANK"]), "w") as f:
 
 from mpi4py import MPI  # noqa: E402  (after the start file: MPI_Init may hang)
 
+from rank import my_address  # noqa: E402
+
 KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "OMPI_MCA_btl",
         "DSLAUNCH_AGENT_SECRET", "DSLAUNCH_JOB_ID", "PMIX_RANK",
         "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID")
-
-
-def my_address():
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        s.connect((os.environ.get("MASTER_ADDR", "127.0.0.1"), 9))
-        return s.getsockname()[0]
-    finally:
-        s.close()
-
 
 c = MPI.COMM_WORLD
 args = [a for a in sys.argv[1:] if not a.startswith("--local_rank=")]
