@@ -236,7 +236,7 @@ void MpiHolders::Accept() {
           const std::string why = CheckSibling(h->socket.native_handle());
           if (!why.empty()) {
             Refuse(h, why);
-          } else if (pending_.size() + holders_.size() >=
+          } else if (pending_.size() + holders_.size() + 1 >=
                      static_cast<size_t>(me_.local_size)) {
             Refuse(h, "every MPI process of this node has registered");
           } else {

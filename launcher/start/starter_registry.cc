@@ -41,6 +41,16 @@ StatusOr<std::unique_ptr<Starter>> MakeStarter(const StarterContext& context) {
         "--launcher_args is passed to pdsh, srun or mpirun; --launcher " +
         mode + " runs none of them");
   }
+  if (mode == "openmpi") {
+    for (const auto& node : context.plan.nodes) {
+      if (node.ssh_port || node.ssh_user) {
+        return InvalidArgument(
+            "--launcher openmpi: the hostfile gives " + node.host +
+            " an ssh port or user, which mpirun cannot take from a hostfile; "
+            "put them in ~/.ssh/config (mpirun runs ssh)");
+      }
+    }
+  }
   for (const auto& m : kStartModes) {
     if (mode == m.name) return m.make(context);
   }

@@ -113,5 +113,14 @@ class OpenMpi(LaunchTest):
         self.assertIn("ended with mpirun, which exited with code", err)
 
 
+    def test_ssh_ports_and_users_in_the_hostfile_are_refused_not_dropped(self):
+        with open(self.hosts, "w") as f:
+            f.write("localhost slots=2 port=2222\n")
+        p = self.run_job(self.dslaunch(), DSLAUNCH_PYTHON=SYSTEM_PY)
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 64, err)
+        self.assertIn("localhost an ssh port or user", err)
+        self.assertIn("~/.ssh/config", err)
+
 if __name__ == "__main__":
     unittest.main()
