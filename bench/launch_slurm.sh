@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Launch and tear-down latency under SLURM: dslaunch (--launcher slurm, one
-# srun step of agents) against srun itself and OpenMPI's mpirun (which starts
-# its daemons through srun) starting the same rank program, in the same
+# srun step of agents; and --launcher openmpi, mpirun starting them) against
+# srun itself and OpenMPI's mpirun (which starts its daemons through srun)
+# starting the same rank program, in the same
 # allocation, on a real SLURM cluster built on this machine
 # (tests/cluster/cluster.sh with CLUSTER_SLURM=1: slurmctld, a slurmd per
 # node namespace).
@@ -52,7 +53,7 @@ SLOTS=${SLOTS:-2}
 SETTLE_MS=${BENCH_SETTLE_MS:-20}
 RUN_TIMEOUT_MS=$(( ${BENCH_RUN_TIMEOUT_S:-30} * 1000 ))
 CAP_MS=$(( ${BENCH_CAP_S:-3} * 1000 ))
-TOOLS=(dslaunch srun mpirun)
+TOOLS=(dslaunch dslaunch-openmpi srun mpirun)
 
 # ------------------------------------------------------ inside the allocation ---
 # Called as `salloc ... launch_slurm.sh --inner` with BENCH_WORK,
@@ -68,6 +69,9 @@ if ((INNER)); then
     rm -rf "$dir"; mkdir -p "$dir"
     case $tool in
       dslaunch) CMD=("$DSLAUNCH" --no_local_rank "$HELPER" rank "$dir" "$SETTLE_MS" ds) ;;
+      # the same ranks, with mpirun starting one agent process per rank
+      dslaunch-openmpi) CMD=("$DSLAUNCH" --launcher openmpi --no_local_rank
+                             "$HELPER" rank "$dir" "$SETTLE_MS" ds) ;;
       srun) CMD=(srun --ntasks-per-node="$SLOTS" --kill-on-bad-exit=1 --overlap
                  "$HELPER" rank "$dir" "$SETTLE_MS" slurm) ;;
       # its daemons' srun step overlaps too (plm_slurm_args)
