@@ -4,6 +4,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/prctl.h>  // PR_SET_DUMPABLE
+#include <unistd.h>     // environ
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -84,8 +85,12 @@ int main(int argc, char** argv) {
     if (!rank.ok()) return Usage(rank.status());
     options.node_rank = *rank;
   }
-  if (options.job_id.empty()) {
-    return Usage(dslaunch::InvalidArgument("--job_id is required"));
+  if (options.job_id.empty() || options.job_id.size() > 64 ||
+      options.job_id.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                       "abcdefghijklmnopqrstuvwxyz"
+                                       "0123456789_-") != std::string::npos) {
+    return Usage(dslaunch::InvalidArgument(
+        "--job_id: 1 to 64 letters, digits, '_' or '-' are required"));
   }
   if (!secret_env.empty()) {
     char* value = std::getenv(secret_env.c_str());
@@ -94,8 +99,13 @@ int main(int argc, char** argv) {
                                              ": not set on this node"));
     }
     options.secret = value;
-    // Wiped in place too: /proc/PID/environ shows the original block.
-    std::memset(value, 'x', std::strlen(value));
+    // Every copy wiped in place too: /proc/PID/environ shows the original
+    // block, and getenv finds only the first of repeated entries.
+    const std::string prefix = secret_env + "=";
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (std::strncmp(*e, prefix.c_str(), prefix.size()) == 0)
+        std::memset(*e + prefix.size(), 'x', std::strlen(*e) - prefix.size());
+    }
     ::unsetenv(secret_env.c_str());
     options.stdin_is_lifeline = false;
   }

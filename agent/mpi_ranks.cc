@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>  // environ
 
+#include <algorithm>
 #include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
@@ -53,6 +54,8 @@ std::string Proof(const std::string& secret, const std::string& job_id,
 // our user and has our parent (mpirun's daemon on this node started us
 // both); else why it may not be trusted.
 std::string CheckSibling(int fd) {
+  // Orphans share init (or a subreaper) as their parent: not a proof.
+  if (::getppid() == 1) return "our parent (mpirun's daemon) is gone";
   ucred cred{};
   socklen_t len = sizeof(cred);
   if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
@@ -66,8 +69,11 @@ std::string CheckSibling(int fd) {
   return "";
 }
 
+// Seconds as milliseconds, clamped to [0, one day] (NaN: 0).
 std::chrono::milliseconds Millis(double seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  if (!(seconds > 0)) return std::chrono::milliseconds(0);
+  return std::chrono::milliseconds(
+      static_cast<int64_t>(std::min(seconds, 86400.0) * 1000));
 }
 
 std::string AbstractName(const std::string& name) {
@@ -181,8 +187,13 @@ std::vector<std::string> MpiVariables(const char* const* env) {
   return out;
 }
 
-std::string MpiSocketName(const std::string& job_id, int first_rank) {
-  return "dslaunch-mpi-" + job_id + "-" + std::to_string(first_rank);
+std::string MpiSocketName(const std::string& secret, const std::string& job_id,
+                          int first_rank) {
+  return "dslaunch-mpi-" +
+         proto::HexEncode(
+             proto::HmacSha256(secret, "mpi-socket " + job_id + " " +
+                                           std::to_string(first_rank)))
+             .substr(0, 32);
 }
 
 // ---------------------------------------------------------------- agent side
@@ -206,7 +217,8 @@ MpiHolders::MpiHolders(asio::io_context& io, std::string job_id,
       secret_(std::move(secret)),
       me_(me),
       acceptor_(io),
-      ready_timer_(io) {}
+      ready_timer_(io),
+      accept_retry_(io) {}
 
 MpiHolders::~MpiHolders() {
   *alive_ = false;
@@ -214,7 +226,7 @@ MpiHolders::~MpiHolders() {
 }
 
 Status MpiHolders::Listen() {
-  const std::string name = MpiSocketName(job_id_, me_.first_rank);
+  const std::string name = MpiSocketName(secret_, job_id_, me_.first_rank);
   boost::system::error_code ec;
   acceptor_.open(Local(), ec);
   if (!ec) acceptor_.bind(Local::endpoint(AbstractName(name)), ec);
@@ -232,7 +244,15 @@ void MpiHolders::Accept() {
   acceptor_.async_accept(
       h->socket, [this, h, alive = alive_](boost::system::error_code ec) {
         if (!*alive || ec == asio::error::operation_aborted) return;
-        if (!ec) {
+        if (ec) {  // out of descriptors, say: try again shortly, never spin
+          accept_retry_.expires_after(std::chrono::milliseconds(100));
+          accept_retry_.async_wait(
+              [this, alive](const boost::system::error_code& e) {
+                if (*alive && !e) Accept();
+              });
+          return;
+        }
+        {
           const std::string why = CheckSibling(h->socket.native_handle());
           if (!why.empty()) {
             Refuse(h, why);
@@ -264,7 +284,10 @@ void MpiHolders::ReadRegistration(const std::shared_ptr<Holder>& h) {
   h->deadline.expires_after(Millis(kRegistrationDeadlineS));
   h->deadline.async_wait(
       [this, h, alive = alive_](const boost::system::error_code& ec) {
-        if (!*alive || ec) return;
+        // Registered in the same turn the deadline passed: not refused.
+        if (!*alive || ec ||
+            std::find(pending_.begin(), pending_.end(), h) == pending_.end())
+          return;
         Refuse(h, fmt::format("no registration within {:g} s",
                               kRegistrationDeadlineS));
       });
@@ -392,6 +415,7 @@ void MpiHolders::Release() {
   boost::system::error_code ec;
   acceptor_.close(ec);
   ready_timer_.cancel();
+  accept_retry_.cancel();
   for (auto& [local, h] : holders_) {
     if (!h->socket.is_open()) continue;
     (void)::send(h->socket.native_handle(), &kReleased, 1,
@@ -417,14 +441,15 @@ static int HolderFails(const MpiPlacement& me, int code,
 int RunMpiHolder(const std::string& job_id, const std::string& secret,
                  const MpiPlacement& me, double timeout_s) {
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // mpirun's daemon gone: so are we
-  const std::string name = AbstractName(MpiSocketName(job_id, me.first_rank));
+  const std::string name =
+      AbstractName(MpiSocketName(secret, job_id, me.first_rank));
+  static_assert(sizeof(sockaddr_un::sun_path) > 64);  // the name is 45 bytes
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, name.data(), name.size());
   const auto addr_len =
       static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size());
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration<double>(timeout_s);
+  const auto deadline = std::chrono::steady_clock::now() + Millis(timeout_s);
   int fd = -1;
   auto delay = std::chrono::milliseconds(5);
   while (true) {

@@ -59,8 +59,12 @@ bool IsMpiVariable(std::string_view entry);
 // The MPI runtime's variables of an environment block.
 std::vector<std::string> MpiVariables(const char* const* env);
 
-// The abstract socket name of a node's agent ("dslaunch-mpi-JOB-FIRST").
-std::string MpiSocketName(const std::string& job_id, int first_rank);
+// The abstract socket name of a node's agent: "dslaunch-mpi-" and 32 hex
+// digits of an HMAC of the job id and the node's first rank under the job
+// secret. Abstract names have no permissions: one that others could
+// predict, they could take first.
+std::string MpiSocketName(const std::string& secret, const std::string& job_id,
+                          int first_rank);
 
 inline constexpr size_t kMaxRegistrationBytes = 256 * 1024;
 
@@ -103,6 +107,7 @@ class MpiHolders {
   std::vector<std::shared_ptr<Holder>> pending_;    // not registered yet
   std::function<void(Status)> ready_;
   boost::asio::steady_timer ready_timer_;
+  boost::asio::steady_timer accept_retry_;  // after an accept error
   int refused_ = 0;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

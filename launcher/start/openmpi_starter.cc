@@ -59,9 +59,9 @@ std::vector<std::string> MpirunArgv(const MpirunSettings& s,
 MpirunEvent ParseMpirunLine(const std::string& line,
                             const std::vector<int>& slots) {
   // mpirun noticed that process rank 3 with PID 0 on node n1 exited on
-  // signal 9 (Killed).
+  // signal 9 (Killed). (The tool names itself: mpiexec, orterun, ...)
   MpirunEvent e;
-  static const std::string kNoticed = "mpirun noticed that process rank ";
+  static const std::string kNoticed = " noticed that process rank ";
   const size_t at = line.find(kNoticed);
   if (at == std::string::npos) return e;
   size_t pos = at + kNoticed.size();
@@ -72,7 +72,9 @@ MpirunEvent ParseMpirunLine(const std::string& line,
     rank = rank * 10 + (line[pos++] - '0');
     ++digits;
   }
-  if (digits == 0) return e;
+  if (digits == 0 || (pos < line.size() &&
+                      std::isdigit(static_cast<unsigned char>(line[pos]))))
+    return e;
   const size_t how = line.find(" exited ", pos);
   if (how == std::string::npos) return e;
   long first = 0;

@@ -94,6 +94,17 @@ TEST(MpiPlacementFrom, SaysWhatMpirunDidDifferently) {
   EXPECT_FALSE(MpiPlacementFrom(Lookup(Ompi(1, 2, 2, 2)), {2}).ok());
 }
 
+TEST(MpiSocketName, TakesTheSecretSoNoOneElseCanTakeTheNameFirst) {
+  const std::string a = MpiSocketName("secret", "job", 2);
+  EXPECT_EQ(a.rfind("dslaunch-mpi-", 0), 0u);
+  EXPECT_EQ(a.size(), 13u + 32u);
+  EXPECT_EQ(a.find("job"), std::string::npos);
+  EXPECT_EQ(a, MpiSocketName("secret", "job", 2));
+  EXPECT_NE(a, MpiSocketName("other", "job", 2));
+  EXPECT_NE(a, MpiSocketName("secret", "job", 4));
+  EXPECT_NE(a, MpiSocketName("secret", "job2", 2));
+}
+
 TEST(IsMpiVariable, TheRuntimesOwnPrefixesOnly) {
   for (const char* yes : {"OMPI_COMM_WORLD_RANK=1", "PMIX_RANK=3",
                           "OPAL_PREFIX=/usr", "ORTE_X=", "PRTE_MCA_y=1"}) {
@@ -192,6 +203,38 @@ class MpiHoldersTest : public ::testing::Test {
     return pid;
   }
 
+  // Forks a sibling of the agent that connects to its socket (retrying
+  // until it listens) and sends `payload` as a registration; it exits 64
+  // when refused ('X'), 0 when registered, 69 otherwise.
+  pid_t StartForger(const std::string& payload) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      const std::string name =
+          std::string(1, '\0') + MpiSocketName("secret", job_, 3);
+      sockaddr_un addr{};
+      addr.sun_family = AF_UNIX;
+      std::memcpy(addr.sun_path, name.data(), name.size());
+      for (int i = 0; i < 300; ++i) {
+        const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+        if (::connect(fd, reinterpret_cast<sockaddr*>(&addr),
+                      offsetof(sockaddr_un, sun_path) + name.size()) == 0) {
+          const uint32_t n = static_cast<uint32_t>(payload.size());
+          const char header[4] = {char(n >> 24), char(n >> 16), char(n >> 8),
+                                  char(n)};
+          (void)proto::WriteAll(fd, std::string(header, 4) + payload);
+          char reply = 0;
+          const ssize_t got = ::read(fd, &reply, 1);
+          ::_exit(got == 1 && reply == 'X' ? 64 : got == 1 ? 0 : 69);
+        }
+        ::close(fd);
+        ::usleep(10000);
+      }
+      ::_exit(69);
+    }
+    children_.push_back(pid);
+    return pid;
+  }
+
   static int ExitOf(pid_t pid) {
     int status = 0;
     if (::waitpid(pid, &status, 0) != pid) return -1;
@@ -227,13 +270,19 @@ TEST_F(MpiHoldersTest, HoldersHandTheirMpiIdentityAndExitZeroWhenReleased) {
 
 TEST_F(MpiHoldersTest, AWrongSecretIsRefusedAndTheAgentSaysWhoIsMissing) {
   int report = -1;
-  const pid_t agent = StartAgent(0.6, &report);
+  const pid_t agent = StartAgent(0.8, &report);
   const pid_t h1 = StartHolder(1, "secret");
-  const pid_t bad = StartHolder(2, "not the secret");
-  EXPECT_EQ(ExitOf(bad), 64);
+  // Without the secret a holder does not even find the agent's socket...
+  const pid_t lost = StartHolder(2, "not the secret", "", false, 0.3);
+  // ...and a sibling that knows the name still has to prove the secret.
+  const pid_t forger = StartForger(
+      std::string("dslaunch-mpi-holder-1") + '\0' + "5" + '\0' + "2" + '\0' +
+      std::string(64, 'a') + '\0' + "OMPI_COMM_WORLD_RANK=5");
+  EXPECT_EQ(ExitOf(lost), 69);
+  EXPECT_EQ(ExitOf(forger), 64);
   EXPECT_EQ(ReadAll(report),
             "the MPI processes of ranks 5 did not register with node 1's "
-            "agent within 0.6 s\n");
+            "agent within 0.8 s\n");
   EXPECT_EQ(ExitOf(agent), 0);
   EXPECT_EQ(ExitOf(h1), 0);  // released all the same
 }
@@ -246,7 +295,7 @@ TEST_F(MpiHoldersTest, NeitherSideTalksToAProcessThatIsNotItsSibling) {
   EXPECT_EQ(ExitOf(stray), 69);
   // This test process (the agent's parent, not its sibling) is refused.
   const std::string name =
-      std::string(1, '\0') + MpiSocketName(job_, Place(0).first_rank);
+      std::string(1, '\0') + MpiSocketName("secret", job_, Place(0).first_rank);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, name.data(), name.size());

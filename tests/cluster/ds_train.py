@@ -38,3 +38,7 @@ with open(os.path.join(args.out, "losses-%d.json" % rank), "w") as f:
                "local_rank_arg": args.local_rank, "prefix": sys.prefix,
                "virtual_env": os.environ.get("VIRTUAL_ENV")}, f)
 print("rank %d losses %s" % (rank, " ".join("%.6f" % x for x in losses)), flush=True)
+# As training scripts end: without it, Gloo's threads can outlive the
+# interpreter's shutdown on torch 1.13 (std::terminate, SIGABRT).
+torch.distributed.barrier()
+torch.distributed.destroy_process_group()

@@ -78,6 +78,11 @@ TEST(ParseMpirunLine, NamesTheNodeOfTheRankThatEnded) {
                             slots)
                 .node,
             0);
+  EXPECT_EQ(ParseMpirunLine("mpiexec noticed that process rank 2 with PID 7 "
+                            "on node n2 exited on signal 9 (Killed).",
+                            slots)
+                .node,
+            1);
 }
 
 TEST(ParseMpirunLine, IgnoresEverythingElse) {
@@ -89,6 +94,9 @@ TEST(ParseMpirunLine, IgnoresEverythingElse) {
         "mpirun noticed that process rank x with PID 0 exited",
         "mpirun noticed that process rank 1 with PID 0 on node n1",
         "[n1:0] mpirun noticed that process rank 99999999999999 exited",
+        // ten digits are not read as the first nine
+        "mpirun noticed that process rank 1000000001 with PID 0 on node n "
+        "exited on signal 9 (Killed).",
         "--------------------------------------------------------------",
         "mpirun has exited due to process rank 1 with PID 0 on"}) {
     EXPECT_EQ(ParseMpirunLine(line, slots).node, -1) << line;
