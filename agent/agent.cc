@@ -577,6 +577,7 @@ void Agent::OnWorkerExited(int rank, pid_t pid, const ExitInfo& info) {
   exited->set_signal(info.signal);
   exited->set_error(info.error);
   exited->set_time(Now());
+  exited->set_stopped(info.signalled);
   Send(env);
   if (state_ == State::kDraining && workers_.unfinished() == 0) Finish();
 }

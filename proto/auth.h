@@ -12,7 +12,8 @@ namespace dslaunch::proto {
 inline constexpr size_t kSecretBytes = 32;
 inline constexpr size_t kNonceBytes = 32;
 
-// Cryptographically random bytes (OpenSSL RAND_bytes); aborts on failure.
+// Cryptographically random bytes (the kernel's getrandom); aborts on
+// failure.
 std::string RandomBytes(size_t n);
 std::string HexEncode(std::string_view bytes);
 std::string HmacSha256(std::string_view key, std::string_view data);

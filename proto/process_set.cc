@@ -438,15 +438,28 @@ void ProcessSet::CloseStdin(pid_t pid) {
   }
 }
 
+// Whether the child has not ended yet (not even as a zombie not yet reaped:
+// the reaper runs on this thread, so its end is still to be seen).
+static bool StillRuns(pid_t pid) {
+  siginfo_t si{};
+  return !(::waitid(P_PID, static_cast<id_t>(pid), &si,
+                    WEXITED | WNOHANG | WNOWAIT) == 0 &&
+           si.si_pid == pid);
+}
+
+static void SignalChild(ProcessSet::Child& c, int sig) {
+  if (c.reaped) return;
+  if (StillRuns(c.pid)) c.info.signalled = true;
+  ::kill(-c.pid, sig);
+}
+
 void ProcessSet::Signal(pid_t pid, int sig) {
   auto it = children_.find(pid);
-  if (it != children_.end() && !it->second->reaped) ::kill(-pid, sig);
+  if (it != children_.end()) SignalChild(*it->second, sig);
 }
 
 void ProcessSet::SignalAll(int sig) {
-  for (auto& [pid, c] : children_) {
-    if (!c->reaped) ::kill(-pid, sig);
-  }
+  for (auto& [pid, c] : children_) SignalChild(*c, sig);
 }
 
 void ProcessSet::OnReaped(const std::shared_ptr<Child>& c, int status) {

@@ -46,6 +46,9 @@ struct ExitInfo {
   int signal = 0;       // the signal that ended the process, or 0
   int wait_status = 0;  // as waitpid gave it
   std::string error;    // set when the program could not be started
+  // Signal/SignalAll reached it while it still ran: an end of the owner's
+  // making (one that had already ended when signalled is not).
+  bool signalled = false;
 };
 
 class ProcessSet {
@@ -72,7 +75,8 @@ class ProcessSet {
   // when the child is reported finished, or by CloseStdin.
   int StdinOf(pid_t pid) const;
   void CloseStdin(pid_t pid);
-  // Sends `sig` to the process group of one / every child not yet reaped.
+  // Sends `sig` to the process group of one / every child not yet reaped;
+  // one still running is marked ExitInfo::signalled.
   void Signal(pid_t pid, int sig);
   void SignalAll(int sig);
   // Stop/restart reading output (backpressure from the owner's consumer).

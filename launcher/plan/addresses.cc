@@ -23,6 +23,16 @@ static bool IsLoopback(const sockaddr* a) {
   return false;
 }
 
+// This machine's addresses, asked for once (a netlink dump costs about a
+// millisecond on a host with many interfaces, and planning asks per node).
+static const std::set<std::string>& LocalAddresses() {
+  static const std::set<std::string> local = [] {
+    const auto addresses = proto::InterfaceAddresses(true);
+    return std::set<std::string>(addresses.begin(), addresses.end());
+  }();
+  return local;
+}
+
 bool IsLocalHost(const std::string& host) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
@@ -31,9 +41,8 @@ bool IsLocalHost(const std::string& host) {
   bool is_local = false;
   for (addrinfo* r = res; r && !is_local; r = r->ai_next)
     is_local = IsLoopback(r->ai_addr);
-  if (!is_local) {  // only then ask for the interfaces (a netlink dump)
-    const auto addresses = proto::InterfaceAddresses(true);
-    const std::set<std::string> local(addresses.begin(), addresses.end());
+  if (!is_local) {  // only then ask for the interfaces
+    const std::set<std::string>& local = LocalAddresses();
     for (addrinfo* r = res; r && !is_local; r = r->ai_next)
       is_local = local.count(proto::AddressToString(r->ai_addr)) > 0;
   }

@@ -29,8 +29,6 @@
 
 namespace dslaunch::launcher {
 
-inline constexpr const char* kAgentSecretVariable = "DSLAUNCH_AGENT_SECRET";
-
 struct MpirunSettings {
   std::string mpirun = "mpirun";
   std::vector<std::string> extra_args;  // --launcher_args, before the agent

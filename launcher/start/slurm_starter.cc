@@ -2,8 +2,6 @@
 
 #include <signal.h>  // SIGKILL, SIGTERM
 
-#include "proto/unix_socket.h"  // WriteAll
-
 namespace dslaunch::launcher {
 
 namespace asio = boost::asio;
@@ -25,7 +23,8 @@ std::vector<std::string> SrunArgv(const SrunSettings& s,
                                    "--nodelist=" + Join(hosts),
                                    "--kill-on-bad-exit=1",
                                    "--overlap",
-                                   "--input=all",
+                                   "--input=none",
+                                   "--export=ALL",
                                    "--job-name=dsagent"};
   argv.insert(argv.end(), s.extra_args.begin(), s.extra_args.end());
   // The step runs one command everywhere: each agent finds its node itself.
@@ -33,8 +32,9 @@ std::vector<std::string> SrunArgv(const SrunSettings& s,
     if (agent_argv[i] == "--node_rank")
       agent_argv.erase(agent_argv.begin() + i, agent_argv.begin() + i + 2);
   }
-  agent_argv.insert(agent_argv.end(), {"--hosts", Join(hosts),
-                                       "--node_host_env", "SLURMD_NODENAME"});
+  agent_argv.insert(agent_argv.end(),
+                    {"--hosts", Join(hosts), "--node_host_env",
+                     "SLURMD_NODENAME", "--secret_env", kAgentSecretVariable});
   argv.insert(argv.end(), agent_argv.begin(), agent_argv.end());
   return argv;
 }
@@ -112,7 +112,21 @@ void SlurmStarter::Start(const AgentBootstrap& boot, StartDone done) {
   PostStartDone(io_, alive_, st, started_, std::move(done));
 }
 
+Status CheckSrunArgs(const SrunSettings& s) {
+  for (const auto& word : s.extra_args) {
+    if (word.rfind("--export", 0) == 0) {
+      return InvalidArgument(
+          "--launcher_args: srun's " + word +
+          " is not accepted: the agents read the job secret from srun's "
+          "environment, and ranks get the job's environment from dslaunch "
+          "(--exports, --env, .deepspeed_env)");
+    }
+  }
+  return Status::Ok();
+}
+
 Status SlurmStarter::StartSrun(const AgentBootstrap& boot) {
+  RETURN_IF_ERROR(CheckSrunArgs(settings_));
   // The agents dial back our address on the route to node 0 (the nodes of
   // an allocation share a network); node 0's end of it is MASTER_ADDR.
   ASSIGN_OR_RETURN(proto::Route route, RouteToNode0(hosts_.at(0)));
@@ -123,13 +137,14 @@ Status SlurmStarter::StartSrun(const AgentBootstrap& boot) {
   spec.new_session = true;
   spec.death_signal = SIGTERM;
   spec.destroy_signal = SIGTERM;
-  spec.stdin_pipe = true;
+  // srun exports it to every task (--export=ALL) and the agent erases it;
+  // stdin would be slower (srun forwards it only once the tasks run).
+  spec.env.push_back(std::string(kAgentSecretVariable) + "=" + boot.secret);
   StatusOr<pid_t> pid = processes_.Spawn(spec);
   if (!pid.ok())
     return Unavailable("cannot start srun: " + pid.status().message());
   pid_ = *pid;
-  // srun hands it to every task; a pipe takes it without blocking.
-  return proto::WriteAll(processes_.StdinOf(pid_), boot.secret + "\n");
+  return Status::Ok();
 }
 
 void SlurmStarter::OnProcessOutput(pid_t, bool, std::string line, bool) {

@@ -1,11 +1,14 @@
 // SlurmStarter (--launcher slurm): the agents run as one job step of the
 // allocation dslaunch runs in:
 //   srun --nodes=N --ntasks=N --ntasks-per-node=1 --nodelist=H1,..,HN
-//        --kill-on-bad-exit=1 --overlap --input=all [--launcher_args]
-//        dsagent --connect ... --hosts H1,..,HN --node_host_env SLURMD_NODENAME
-// The job secret is srun's stdin, which srun hands to every task
-// (--input=all), never argv; it stays open as the agents' lifeline. Each
-// agent finds its node rank from SLURMD_NODENAME in --hosts. srun's own
+//        --kill-on-bad-exit=1 --overlap --input=none --export=ALL
+//        [--launcher_args] dsagent --connect ... --hosts H1,..,HN
+//        --node_host_env SLURMD_NODENAME --secret_env DSLAUNCH_AGENT_SECRET
+// The job secret is in srun's environment, which srun exports to every task
+// (the agent erases it), never argv: srun forwards stdin only once the
+// tasks run, which cost up to 10 ms of launch. `--export` in
+// --launcher_args is refused. Each agent finds its node rank from
+// SLURMD_NODENAME in --hosts. srun's own
 // messages say which agent ended ("srun: error: n2: task 1: Exited with exit
 // code 3") and whether SLURM cancelled the step or the job (scancel, the
 // time limit): that is reported as a stop by SLURM, as Ctrl-C would stop the
@@ -34,6 +37,9 @@ struct SrunSettings {
 std::vector<std::string> SrunArgv(const SrunSettings& settings,
                                   const std::vector<std::string>& hosts,
                                   std::vector<std::string> agent_argv);
+
+// --launcher_args srun cannot take from us: --export (see above).
+Status CheckSrunArgs(const SrunSettings& settings);
 
 // What one line of srun's stderr says: the node (index in `hosts`) whose
 // agent ended and how, or a cancellation by SLURM (why it ended).

@@ -31,6 +31,11 @@ struct AgentBootstrap {
   int control_port = 0;
 };
 
+// Starters whose tool forwards the environment to every agent (srun,
+// mpirun -x) hand the secret in this variable (dsagent --secret_env), which
+// the agent erases once read; the others write it to the agent's stdin.
+inline constexpr const char* kAgentSecretVariable = "DSLAUNCH_AGENT_SECRET";
+
 // The dsagent command line for node_rank dialing connect_host (this side's
 // address as that node reaches it; --control_addr overrides) at the port.
 std::vector<std::string> AgentArgv(const AgentBootstrap& boot, int node_rank,

@@ -259,7 +259,7 @@ void Job::HandleWorkerStarted(int node_rank, const wire::WorkerStarted& s) {
 
 void Job::HandleWorkerExited(int node_rank, const wire::WorkerExited& e) {
   auto action = state_.RankExited(node_rank, e.rank(), e.exit_code(),
-                                  e.signal(), e.time(), e.error());
+                                  e.signal(), e.time(), e.error(), e.stopped());
   if (!action.ok())
     return spdlog::warn("node {}: {}", node_rank, action.status().message());
   console_.EndOfOutput(e.rank());

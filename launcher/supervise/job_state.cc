@@ -130,7 +130,8 @@ StatusOr<JobState::Action> JobState::RankStarted(int node, int rank, int pid) {
 StatusOr<JobState::Action> JobState::RankExited(int node, int rank,
                                                 int exit_code, int signal,
                                                 double exit_time,
-                                                std::string error) {
+                                                std::string error,
+                                                bool stopped) {
   auto it = ranks_.find(rank);
   if (it == ranks_.end() || it->second.node_rank != node || it->second.exited)
     return ProtocolError("exit of unknown rank " + std::to_string(rank));
@@ -153,10 +154,10 @@ StatusOr<JobState::Action> JobState::RankExited(int node, int rank,
     o.reason = "rank " + std::to_string(rank) + " on " + hosts_[node] + " " +
                DescribeExit(exit_code, signal);
     if (Decide(o)) return Action::kAbortAll;
-    // Our own stop ends ranks by SIGTERM or SIGKILL: such an exit is a
-    // consequence, whatever its (other node's) clock says.
-    const bool stopped_by_us = signal == SIGTERM || signal == SIGKILL;
-    if (outcome_.cause == Outcome::Cause::kRankFailed && !stopped_by_us &&
+    // A rank our stop reached while it ran ends as a consequence, whatever
+    // its (other node's) clock says; one that died first, even of a
+    // SIGKILL from someone else, may be the cause.
+    if (outcome_.cause == Outcome::Cause::kRankFailed && !stopped &&
         exit_time < outcome_.exit_time) {
       o.when = outcome_.when;
       outcome_ = std::move(o);  // the earlier failure is the cause

@@ -107,8 +107,11 @@ class JobState {
   // nothing; a repeated authentication is harmless and accepted.
   Status NodeAuthenticated(int node);
   StatusOr<Action> RankStarted(int node, int rank, int pid);
+  // `stopped`: the agent had signalled the rank while it ran (its end is a
+  // consequence of a stop, never the cause).
   StatusOr<Action> RankExited(int node, int rank, int exit_code, int signal,
-                              double exit_time, std::string error);
+                              double exit_time, std::string error,
+                              bool stopped = false);
   // The node's connection ended; a node with ranks still running is lost.
   Action NodeDisconnected(int node, const std::string& why);
   // The starter saw the agent process end; lost if it never connected.

@@ -1,6 +1,8 @@
 #include "proto/auth.h"
 
 #include <gtest/gtest.h>
+#include <openssl/evp.h>   // EVP_sha256, the reference
+#include <openssl/hmac.h>  // HMAC, the reference
 
 #include <set>
 #include <string>
@@ -54,6 +56,36 @@ TEST(Auth, HmacSha256MatchesRfc4231TestCase2) {
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
 }
 
+TEST(Auth, HmacSha256MatchesRfc4231TestCases1And6) {
+  EXPECT_EQ(HexEncode(HmacSha256(std::string(20, '\x0b'), "Hi There")),
+            "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  // A key longer than SHA-256's block is hashed first.
+  EXPECT_EQ(
+      HexEncode(HmacSha256(std::string(131, '\xaa'),
+                           "Test Using Larger Than Block-Size Key - Hash Key "
+                           "First")),
+      "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+}
+
+TEST(Auth, HmacSha256EqualsOpenSslsHmacForEveryKeyLength) {
+  const std::string data = RandomBytes(200);
+  for (size_t key_len = 0; key_len <= 130; ++key_len) {
+    const std::string key = RandomBytes(key_len);
+    for (size_t data_len : {size_t{0}, size_t{1}, size_t{55}, size_t{64},
+                            size_t{65}, size_t{200}}) {
+      unsigned char md[EVP_MAX_MD_SIZE];
+      unsigned int md_len = 0;
+      ASSERT_NE(HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+                     reinterpret_cast<const unsigned char*>(data.data()),
+                     data_len, md, &md_len),
+                nullptr);
+      EXPECT_EQ(HmacSha256(key, std::string_view(data).substr(0, data_len)),
+                std::string(reinterpret_cast<char*>(md), md_len))
+          << "key " << key_len << " data " << data_len;
+    }
+  }
+}
+
 TEST(Auth, HexEncodeWritesLowercasePairs) {
   EXPECT_EQ(HexEncode(""), "");
   EXPECT_EQ(HexEncode(std::string("\x00\x01\x7f\x80\xab\xff", 6)),
@@ -82,6 +114,10 @@ TEST(Auth, RandomBytesHaveTheRequestedSizeAndDiffer) {
   }
   EXPECT_EQ(seen.size(), 16u);
   EXPECT_EQ(RandomBytes(0), "");
+  // More than one getrandom call may return.
+  const std::string many = RandomBytes(100000);
+  EXPECT_EQ(many.size(), 100000u);
+  EXPECT_NE(many.find_first_not_of('\0'), std::string::npos);
 }
 
 }  // namespace

@@ -107,6 +107,28 @@ TEST_F(ProcessSetTest, ReportsTheSignalThatEndedTheChild) {
   set_.Signal(pid, SIGTERM);
   ASSERT_TRUE(WaitForExit(pid));
   EXPECT_EQ(rec_.exits[pid].signal, SIGTERM);
+  EXPECT_TRUE(rec_.exits[pid].signalled);
+}
+
+// The agent tells a rank its stop ended from one killed by someone else
+// first (tests/launcher/supervise/job_test.cc: the cause of a job's end).
+TEST_F(ProcessSetTest, MarksTheChildrenItsSignalReachedAndNotOneDeadBefore) {
+  const pid_t stopped = SpawnOk(Shell("echo up; exec sleep 30"));
+  const pid_t killed = SpawnOk(Shell("echo up; exec sleep 30"));
+  ASSERT_TRUE(RunUntil(io_, [&] {
+    return rec_.out[stopped].size() == 1 && rec_.out[killed].size() == 1;
+  }));
+  // Killed from outside; not reaped yet (the loop does not run meanwhile).
+  ASSERT_EQ(::kill(killed, SIGKILL), 0);
+  for (int i = 0; i < 500 && StatField(killed, 3) != "Z"; ++i) ::usleep(10000);
+  ASSERT_EQ(StatField(killed, 3), "Z");
+  set_.SignalAll(SIGTERM);
+  ASSERT_TRUE(WaitForExit(stopped));
+  ASSERT_TRUE(WaitForExit(killed));
+  EXPECT_EQ(rec_.exits[stopped].signal, SIGTERM);
+  EXPECT_TRUE(rec_.exits[stopped].signalled);
+  EXPECT_EQ(rec_.exits[killed].signal, SIGKILL);
+  EXPECT_FALSE(rec_.exits[killed].signalled);
 }
 
 TEST_F(ProcessSetTest, ReportsExecFailureWithTheReason) {

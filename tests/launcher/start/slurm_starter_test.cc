@@ -10,7 +10,7 @@ namespace {
 
 using Words = std::vector<std::string>;
 
-TEST(SrunArgv, OneAgentPerNodeAsOneStepWithTheSecretOnStdin) {
+TEST(SrunArgv, OneAgentPerNodeAsOneStepWithTheSecretInTheEnvironment) {
   SrunSettings s;
   s.extra_args = {"--cpu-bind=none", "-A", "proj"};
   const Words argv = SrunArgv(s, {"n1", "n2"},
@@ -23,7 +23,8 @@ TEST(SrunArgv, OneAgentPerNodeAsOneStepWithTheSecretOnStdin) {
                          "--nodelist=n1,n2",
                          "--kill-on-bad-exit=1",
                          "--overlap",
-                         "--input=all",
+                         "--input=none",
+                         "--export=ALL",
                          "--job-name=dsagent",
                          "--cpu-bind=none",
                          "-A",
@@ -36,7 +37,21 @@ TEST(SrunArgv, OneAgentPerNodeAsOneStepWithTheSecretOnStdin) {
                          "--hosts",
                          "n1,n2",
                          "--node_host_env",
-                         "SLURMD_NODENAME"}));
+                         "SLURMD_NODENAME",
+                         "--secret_env",
+                         "DSLAUNCH_AGENT_SECRET"}));
+}
+
+TEST(CheckSrunArgs, RefusesExportWhichWouldWithholdTheSecret) {
+  SrunSettings s;
+  s.extra_args = {"--cpu-bind=none", "--exclusive"};
+  EXPECT_TRUE(CheckSrunArgs(s).ok());
+  for (const char* word : {"--export=NONE", "--export", "--export=PATH"}) {
+    s.extra_args = {"-A", "proj", word};
+    const Status st = CheckSrunArgs(s);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << word;
+    EXPECT_NE(st.message().find(word), std::string::npos) << st.message();
+  }
 }
 
 TEST(ParseSrunLine, NamesTheNodeWhoseTaskEnded) {

@@ -85,13 +85,16 @@ class JobTest : public ::testing::Test {
     env.mutable_worker_started()->set_pid(1000 + rank);
     job_->OnAgentMessage(node, std::move(env));
   }
-  void RankExited(int node, int rank, int code, int sig, double time = 0) {
+  // `stopped`: its agent had signalled it (a stop of ours).
+  void RankExited(int node, int rank, int code, int sig, double time = 0,
+                  bool stopped = false) {
     wire::Envelope env;
     auto* e = env.mutable_worker_exited();
     e->set_rank(rank);
     e->set_exit_code(code);
     e->set_signal(sig);
     e->set_time(time);
+    e->set_stopped(stopped);
     job_->OnAgentMessage(node, std::move(env));
   }
   void RunAll() {
@@ -164,7 +167,7 @@ TEST_F(JobTest, RankFailingWhileOthersStartStopsEveryNodeWithItsCode) {
   EXPECT_EQ(links_.Last(0).msg_case(), wire::Envelope::kAbort);
   EXPECT_EQ(links_.Last(1).msg_case(), wire::Envelope::kAbort);
   RankStarted(1, 3);  // a late start is still recorded
-  for (int r = 1; r < 4; ++r) RankExited(r / 2, r, 0, SIGTERM);
+  for (int r = 1; r < 4; ++r) RankExited(r / 2, r, 0, SIGTERM, 0, true);
   AgentGone(0);
   EXPECT_EQ(phase(), Phase::kStopping);
   AgentGone(1);
@@ -199,7 +202,7 @@ TEST_F(JobTest, SecondCtrlCKillsAtOnce) {
   job_->OnSignal(SIGINT);
   EXPECT_TRUE(links_.Last(0).abort().kill_now());
   EXPECT_TRUE(links_.Last(1).abort().kill_now());
-  for (int r = 0; r < 4; ++r) RankExited(r / 2, r, 0, SIGKILL);
+  for (int r = 0; r < 4; ++r) RankExited(r / 2, r, 0, SIGKILL, 0, true);
   AgentGone(0);
   AgentGone(1);
   EXPECT_EQ(job_->Finish(), 130);
@@ -212,8 +215,8 @@ TEST_F(JobTest, LostConnectionToARunningAgentIsNodeLost69) {
   job_->OnAgentDisconnected(1, Unavailable("no heartbeat for 10 s"));
   EXPECT_EQ(phase(), Phase::kStopping);
   EXPECT_EQ(links_.Last(0).msg_case(), wire::Envelope::kAbort);
-  RankExited(0, 0, 0, SIGTERM);
-  RankExited(0, 1, 0, SIGTERM);
+  RankExited(0, 0, 0, SIGTERM, 0, true);
+  RankExited(0, 1, 0, SIGTERM, 0, true);
   AgentGone(0);
   job_->OnAgentProcessExited(1, "exited with code 69");
   EXPECT_EQ(job_->Finish(), 69);
@@ -228,7 +231,7 @@ TEST_F(JobTest, EarliestFailureByTheAgentsClockIsTheCause) {
   RunAll();
   RankExited(1, 2, 0, SIGPIPE, 100.5);  // heard first, happened later
   RankExited(0, 0, 4, 0, 100.0);
-  for (int r : {1, 3}) RankExited(r / 2, r, 0, SIGTERM, 101);
+  for (int r : {1, 3}) RankExited(r / 2, r, 0, SIGTERM, 101, true);
   AgentGone(0);
   AgentGone(1);
   EXPECT_EQ(job_->state().outcome().rank, 0);
@@ -241,12 +244,33 @@ TEST_F(JobTest, ARankOurStopKilledNeverReplacesTheCause) {
   RunAll();
   RankExited(0, 0, 1, 0, 100.0);
   // Node 1's clock is behind: its SIGTERMed rank looks earlier.
-  RankExited(1, 2, 0, SIGTERM, 99.0);
+  RankExited(1, 2, 0, SIGTERM, 99.0, /*stopped=*/true);
   EXPECT_EQ(job_->state().outcome().rank, 0);
-  for (int r : {1, 3}) RankExited(r / 2, r, 0, SIGKILL, 98.0);
+  for (int r : {1, 3}) RankExited(r / 2, r, 0, SIGKILL, 98.0, true);
   AgentGone(0);
   AgentGone(1);
   EXPECT_EQ(job_->Finish(), 1);
+}
+
+// integration.test_worker's killed rank, seen once under load: rank 1 was
+// SIGKILLed (the cause), rank 0 then failed on the broken connection and its
+// agent reported first; rank 1's agent reaped it late, when the abort had
+// come. The agent says whether it had signalled the rank, so a SIGKILL from
+// outside stays the cause.
+TEST_F(JobTest, ARankKilledFromOutsideBeforeTheStopIsTheCause) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  RunAll();
+  RankExited(0, 0, 69, 0, 100.2);  // heard first, happened later
+  EXPECT_EQ(job_->state().outcome().rank, 0);
+  RankExited(0, 1, 0, SIGTERM, 100.3, /*stopped=*/true);
+  RankExited(1, 2, 0, SIGKILL, 100.0, /*stopped=*/false);
+  EXPECT_EQ(job_->state().outcome().rank, 2);
+  RankExited(1, 3, 0, SIGTERM, 100.4, true);
+  AgentGone(0);
+  AgentGone(1);
+  EXPECT_EQ(job_->Finish(), 137);
+  EXPECT_NE(Report().find("rank 2 on "), std::string::npos) << Report();
 }
 
 TEST_F(JobTest, AnAgentSignalledFromOutsideStopsTheJobAsAnInterrupt) {
@@ -260,13 +284,13 @@ TEST_F(JobTest, AnAgentSignalledFromOutsideStopsTheJobAsAnInterrupt) {
   EXPECT_EQ(phase(), Phase::kStopping);
   EXPECT_TRUE(Got(0, wire::Envelope::kAbort));
   // Its ranks die of that SIGTERM first: no rank failure.
-  RankExited(1, 2, 0, SIGTERM, 10.0);
-  RankExited(1, 3, 0, SIGTERM, 10.0);
+  RankExited(1, 2, 0, SIGTERM, 10.0, true);
+  RankExited(1, 3, 0, SIGTERM, 10.0, true);
   // srun then says why: the report names it.
   static_cast<Starter::Delegate*>(job_.get())
       ->OnStoppedByScheduler("SLURM cancelled step 9.0 (scancel)");
-  RankExited(0, 0, 0, SIGTERM, 11.0);
-  RankExited(0, 1, 0, SIGTERM, 11.0);
+  RankExited(0, 0, 0, SIGTERM, 11.0, true);
+  RankExited(0, 1, 0, SIGTERM, 11.0, true);
   AgentGone(0);
   AgentGone(1);
   EXPECT_EQ(job_->Finish(), 130);
