@@ -1,5 +1,6 @@
 #include "agent/agent.h"
 
+#include <fcntl.h>   // open
 #include <limits.h>  // PATH_MAX
 #include <signal.h>  // SIGTERM, SIGKILL
 #include <spdlog/spdlog.h>
@@ -49,6 +50,13 @@ static double Now() {
   return duration<double>(system_clock::now().time_since_epoch()).count();
 }
 
+// 600 -> "600", 0.5 -> "0.5".
+static std::string FormatSeconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", s);
+  return buf;
+}
+
 static std::chrono::milliseconds Seconds(double s) {
   return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
 }
@@ -71,6 +79,7 @@ Agent::Agent(AgentOptions options)
       }) {}
 
 Agent::~Agent() {
+  if (ready_file_made_) ::unlink(options_.ready_file.c_str());
   if (!run_dir_.empty()) {
     std::error_code ec;
     std::filesystem::remove_all(run_dir_, ec);
@@ -141,15 +150,27 @@ static int64_t Jitter(int64_t n) {
 }
 
 void Agent::Connect() {
+  ArmConnectTimer();
+  Dial();
+}
+
+void Agent::ArmConnectTimer() {
+  connect_timer_armed_ = true;
   connect_timer_.expires_after(Seconds(options_.connect_timeout_s));
   connect_timer_.async_wait([this](const boost::system::error_code& ec) {
-    if (ec || state_ != State::kConnecting) return;
-    OnLauncherLost(
-        "no job from the launcher within " +
-        std::to_string(options_.connect_timeout_s) + " s" +
-        (last_dial_error_.empty() ? "" : " (" + last_dial_error_ + ")"));
+    if (ec) return;
+    connect_timer_armed_ = false;
+    if (state_ != State::kConnecting) return;
+    const std::string within =
+        " within " + FormatSeconds(options_.connect_timeout_s) + " s" +
+        (last_dial_error_.empty() ? "" : " (" + last_dial_error_ + ")");
+    OnLauncherLost(options_.join
+                       ? "could not join " +
+                             proto::JoinHostPort(options_.launcher_host,
+                                                 options_.launcher_port) +
+                             within
+                       : "no job from the launcher" + within);
   });
-  Dial();
 }
 
 void Agent::Dial() {
@@ -161,12 +182,19 @@ void Agent::Dial() {
                                tcp::resolver::results_type results) {
         // A launcher that cannot be found or refuses is gone (or never was):
         // no retry, so an agent whose launcher died does not linger.
+        // A joining agent's launcher (and its Service's DNS name) may come
+        // up after it: dial again until the join timeout.
+        if (ec && options_.join)
+          return RetryDial("cannot resolve " + options_.launcher_host + ": " +
+                           ec.message());
         if (ec)
           return OnLauncherLost("cannot resolve launcher: " + ec.message());
         asio::async_connect(
             *socket, results,
             [this, socket](const boost::system::error_code& ec,
                            const tcp::endpoint&) {
+              if (ec && options_.join)
+                return RetryDial("cannot connect: " + ec.message());
               if (ec) return OnLauncherLost("cannot connect: " + ec.message());
               socket->set_option(tcp::no_delay(true));
               channel_ = proto::Channel::Create(
@@ -184,6 +212,9 @@ void Agent::RetryDial(const std::string& why) {
   last_dial_error_ = why;
   channel_.reset();
   auth_sent_ = false;
+  // A joined agent waits for the others without a deadline of its own; if
+  // its connection drops meanwhile, the join timeout runs again.
+  if (!connect_timer_armed_) ArmConnectTimer();
   // Exponential backoff with jitter (half to the full delay), 50 ms to 2 s.
   const auto delay = std::chrono::milliseconds(dial_delay_ms_ / 2 +
                                                Jitter(dial_delay_ms_ / 2 + 1));
@@ -244,6 +275,13 @@ void Agent::HandleMessage(wire::Envelope&& msg) {
     // while this agent was still connecting.
     case wire::Envelope::kAbort:
       if (!auth_sent_) break;
+      if (options_.join) {
+        // The pod fails with the job (or with its refusal).
+        exit_code_ =
+            msg.abort().exit_status() != 0 ? msg.abort().exit_status() : 1;
+        if (state_ == State::kConnecting)
+          spdlog::error("{}", msg.abort().reason());
+      }
       return Drain(msg.abort().kill_now(), msg.abort().reason());
     case wire::Envelope::kShutdown:
       if (!auth_sent_) break;
@@ -277,6 +315,12 @@ void Agent::HandleWelcome(const wire::Welcome& welcome) {
       options_.secret, client_nonce_, welcome.server_nonce()));
   auth_sent_ = true;
   Send(env);
+  // Joined: the job starts when every node has joined, which may take as
+  // long as the launcher's --join_timeout; the heartbeats watch the link.
+  if (options_.join) {
+    connect_timer_armed_ = false;
+    connect_timer_.cancel();
+  }
   if (welcome.heartbeat_interval_s() > 0)
     heartbeat_interval_s_ = welcome.heartbeat_interval_s();
   if (welcome.heartbeat_timeout_s() > 0)
@@ -288,6 +332,13 @@ void Agent::HandleJobSpec(const wire::JobSpec& job) {
   job_ = job;
   connect_timer_.cancel();
   SetState(State::kSpawning);
+  if (options_.join) {
+    spdlog::info("joined job {} as node rank {} of {} (claimed: {})",
+                 job_.job_id(), job_.node_rank(), job_.num_nodes(),
+                 options_.join_rank_from);
+    options_.node_rank = job_.node_rank();
+    MakeReadyFile();
+  }
   if (job_.heartbeat_interval_s() > 0)
     heartbeat_interval_s_ = job_.heartbeat_interval_s();
   if (job_.heartbeat_timeout_s() > 0)
@@ -300,6 +351,23 @@ void Agent::HandleJobSpec(const wire::JobSpec& job) {
     if (!st.ok()) return FailSpawn(st);
     StartWorkers();
   });
+}
+
+// A readiness probe's file: the job is joined. Its failure is logged, not
+// fatal (the probe then says "not ready", which is true enough).
+void Agent::MakeReadyFile() {
+  if (options_.ready_file.empty()) return;
+  const int fd = ::open(options_.ready_file.c_str(),
+                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    spdlog::warn("--ready_file {}: {}", options_.ready_file,
+                 std::strerror(errno));
+    return;
+  }
+  const std::string text = "node " + std::to_string(job_.node_rank()) + "\n";
+  (void)!::write(fd, text.data(), text.size());
+  ::close(fd);
+  ready_file_made_ = true;
 }
 
 void Agent::StartWorkers() {

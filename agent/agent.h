@@ -43,6 +43,14 @@ struct AgentOptions {
   // node's other MPI processes register with this agent, which starts each
   // rank with its process's MPI identity (mpi_ranks.h).
   std::optional<MpiPlacement> mpi;
+  // Joining a `dslaunch --launcher join` job (dsagent --join): node_rank is
+  // a claim (-1: any; the launcher's answer comes in the JobSpec), the
+  // launcher is dialled again until connect_timeout_s while it cannot be
+  // reached, and the exit status says whether the whole job succeeded (0),
+  // failed (the launcher's status, else 1) or the launcher was lost (69).
+  bool join = false;
+  std::string join_rank_from;  // where the claim came from, for the log
+  std::string ready_file;      // made once joined, removed at the end
 };
 
 class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
@@ -77,6 +85,8 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   std::string RankDirectory() const;
   // Spawns the ranks (once the node's MPI processes registered, under
   // mpirun); on failure every rank not started is reported and we drain.
+  void ArmConnectTimer();
+  void MakeReadyFile();
   void StartWorkers();
   void FailSpawn(const Status& why);
   Status SpawnWorkers();
@@ -113,6 +123,8 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   std::string client_nonce_;
   bool auth_sent_ = false;
   bool launcher_lost_ = false;
+  bool ready_file_made_ = false;
+  bool connect_timer_armed_ = false;
   wire::JobSpec job_;
   std::set<int> spawned_;  // ranks started
   std::string run_dir_;

@@ -3,6 +3,7 @@
 #include <unistd.h>  // read
 
 #include <cerrno>
+#include <string_view>
 
 #include "proto/host_info.h"
 
@@ -23,6 +24,46 @@ StatusOr<int> NodeRankInHosts(const std::string& hosts, const std::string& me) {
     start = end + 1;
   }
   return InvalidArgument("--node_host " + me + " is not in --hosts");
+}
+
+// "123" into 123 when it is 1 to 5 digits, else nullopt.
+static std::optional<int> SmallNumber(std::string_view s) {
+  if (s.empty() || s.size() > 5) return std::nullopt;
+  int v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
+
+StatusOr<int> JoinNodeRank(std::optional<int> flag,
+                           const char* job_completion_index,
+                           const std::string& hostname, std::string* said) {
+  if (flag) {
+    *said = "--node_rank";
+    return *flag;
+  }
+  if (job_completion_index != nullptr && *job_completion_index != '\0') {
+    const auto index = SmallNumber(job_completion_index);
+    if (!index || *index > 65535) {
+      return InvalidArgument(std::string("JOB_COMPLETION_INDEX '") +
+                             job_completion_index +
+                             "' is not a node rank (0-65535)");
+    }
+    *said = "JOB_COMPLETION_INDEX";
+    return *index;
+  }
+  const size_t dash = hostname.rfind('-');
+  if (dash != std::string::npos) {
+    const auto n = SmallNumber(std::string_view(hostname).substr(dash + 1));
+    if (n && *n <= 65535) {
+      *said = "the hostname " + hostname;
+      return *n;
+    }
+  }
+  *said = "none given: the first free";
+  return -1;
 }
 
 bool ReadSecretLine(int fd, std::string* out) {

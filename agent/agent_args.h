@@ -3,6 +3,7 @@
 // runs one command on every node) and the secret line.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "proto/status.h"
@@ -16,6 +17,15 @@ Status ParseConnect(const std::string& connect, std::string* host, int* port);
 // The index of `me` in the comma-separated `hosts`; InvalidArgument when it
 // is not there.
 StatusOr<int> NodeRankInHosts(const std::string& hosts, const std::string& me);
+
+// The node rank a joining agent (--join) claims: `flag` (--node_rank, when
+// given), else JOB_COMPLETION_INDEX (a Kubernetes Indexed Job), else the
+// hostname's trailing "-N" (a StatefulSet's pod "train-worker-3"), else -1
+// (the launcher gives the first free). `said` gets where it came from. A
+// JOB_COMPLETION_INDEX that is not a number 0..65535 is InvalidArgument.
+StatusOr<int> JoinNodeRank(std::optional<int> flag,
+                           const char* job_completion_index,
+                           const std::string& hostname, std::string* said);
 
 // One line (without its newline) from `fd`, at most 4096 bytes; false on a
 // longer line or on end of file before any byte. Reads byte by byte, so the

@@ -66,11 +66,66 @@ int main(int argc, char** argv) {
                  "with --from_mpirun: each node's rank count, comma-separated");
   app.add_option("--secret_env", secret_env,
                  "read the job secret from this variable (then erased)");
+  // --launcher join: started by someone else (a worker pod), the agent
+  // dials the launcher until it answers and proves the secret in a file.
+  std::string join, secret_file, ready_file;
+  double join_timeout_s = 600;
+  app.add_option("--join", join,
+                 "join the job of `dslaunch --launcher join` at HOST:PORT");
+  app.add_option("--secret_file", secret_file,
+                 "with --join: the file holding the job secret");
+  app.add_option("--join_timeout", join_timeout_s,
+                 "with --join: seconds to keep dialing (default 600)")
+      ->check(CLI::Range(0.001, 86400.0));
+  app.add_option("--ready_file", ready_file,
+                 "with --join: made once the job is joined, removed at the "
+                 "end (a readiness probe)");
   CLI11_PARSE(app, argc, argv);
   if (version) {
     std::printf("dsagent %s (protocol %u)\n", dslaunch::kVersion,
                 dslaunch::kProtocolVersion);
     return 0;
+  }
+  if (join.empty() && connect.empty() &&
+      std::getenv("KUBERNETES_SERVICE_HOST") != nullptr) {
+    return Usage(dslaunch::InvalidArgument(
+        "in a Kubernetes pod, run dsagent --join LAUNCHER_HOST:PORT "
+        "--secret_file FILE (and dslaunch --launcher join in the launcher's "
+        "pod); see docs/kubernetes.md"));
+  }
+  if (!join.empty()) {
+    if (!connect.empty())
+      return Usage(dslaunch::InvalidArgument("--join and --connect: give one"));
+    if (secret_file.empty()) {
+      return Usage(dslaunch::InvalidArgument(
+          "--join needs --secret_file FILE: the job secret the launcher "
+          "checks"));
+    }
+    auto secret = dslaunch::proto::ReadSecretFile(secret_file);
+    if (!secret.ok()) return Usage(secret.status());
+    if (auto st = dslaunch::proto::SplitHostPort(join, &options.launcher_host,
+                                                 &options.launcher_port);
+        !st.ok()) {
+      return Usage(dslaunch::InvalidArgument("--join " + st.message()));
+    }
+    std::optional<int> flag;
+    if (app.count("--node_rank")) flag = options.node_rank;
+    std::string said;
+    auto rank =
+        dslaunch::agent::JoinNodeRank(flag, std::getenv("JOB_COMPLETION_INDEX"),
+                                      dslaunch::proto::LocalHostname(), &said);
+    if (!rank.ok()) return Usage(rank.status());
+    options.node_rank = *rank;
+    options.secret = std::move(secret).value();
+    options.join = true;
+    options.join_rank_from = said;
+    options.ready_file = ready_file;
+    options.stdin_is_lifeline = false;
+    options.connect_timeout_s = join_timeout_s;
+    options.job_id = "join";  // the launcher's id comes with the job
+  } else if (!secret_file.empty() || !ready_file.empty()) {
+    return Usage(dslaunch::InvalidArgument(
+        "--secret_file and --ready_file go with --join"));
   }
   if (!node_host_env.empty()) {
     const char* value = std::getenv(node_host_env.c_str());
@@ -127,14 +182,18 @@ int main(int argc, char** argv) {
     }
     options.mpi = *placement;
   }
-  if (auto st = dslaunch::agent::ParseConnect(connect, &options.launcher_host,
-                                              &options.launcher_port);
-      !st.ok()) {
-    return Usage(st);
+  if (!options.join) {
+    if (auto st = dslaunch::agent::ParseConnect(connect, &options.launcher_host,
+                                                &options.launcher_port);
+        !st.ok()) {
+      return Usage(st);
+    }
   }
   auto logger = spdlog::stderr_color_mt("agent");
-  logger->set_pattern("[%H:%M:%S.%e agent node" +
-                      std::to_string(options.node_rank) + " %^%l%$] %v");
+  logger->set_pattern(
+      "[%H:%M:%S.%e agent node" +
+      (options.node_rank >= 0 ? std::to_string(options.node_rank) : "?") +
+      " %^%l%$] %v");
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(log_level));
   if (announce) {

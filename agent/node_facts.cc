@@ -52,9 +52,7 @@ int FindFreePort() {
 
 wire::NodeFacts CollectNodeFacts() {
   wire::NodeFacts facts;
-  char host[256] = {0};
-  ::gethostname(host, sizeof(host) - 1);
-  facts.set_hostname(host);
+  facts.set_hostname(proto::LocalHostname());
   for (auto& a : proto::InterfaceAddresses(false)) facts.add_addresses(a);
   cpu_set_t set;
   CPU_ZERO(&set);

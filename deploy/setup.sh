@@ -27,7 +27,8 @@ test_pkgs=(python3 python3-torch openmpi-bin libopenmpi-dev python3-mpi4py
   clang-14 libclang-rt-14-dev libomp-14-dev  # tests/fuzz (libFuzzer)
   # A real DeepSpeed in a venv (tests/cluster/deepspeed_env.py): its CPU
   # launcher runs numactl, and its CPU comm op is built at first use.
-  python3-venv python3-dev numactl pybind11-dev libtorch-dev)
+  python3-venv python3-dev numactl pybind11-dev libtorch-dev
+  python3-yaml)  # tests/deploy (the Kubernetes manifests)
 
 pkgs=("${build_pkgs[@]}")
 if [ "$want_tests" = 1 ]; then pkgs+=("${test_pkgs[@]}"); fi
@@ -63,6 +64,20 @@ ShareMemCommBuilder as B; B().load()" >/tmp/dslaunch-ds-op.log 2>&1; then
     tail -20 /tmp/dslaunch-ds-op.log >&2
     echo "setup.sh: DeepSpeed's CPU comm op does not build" >&2
     exit 70
+  fi
+fi
+
+# kubernetes-validate from PyPI, once: it ships the Kubernetes API's JSON
+# schemas, so tests/deploy/test_manifests.py validates the manifests offline.
+if [ "$want_tests" = 1 ]; then
+  kvenv=${DSL_K8S_VENV:-/opt/dslaunch-test/k8s-venv}
+  if ! "$kvenv/bin/python" -c "import kubernetes_validate.version as v; \
+assert v.__version__ == '1.37.0'" 2>/dev/null; then
+    echo "setup.sh: installing kubernetes-validate 1.37.0 into $kvenv"
+    /usr/bin/python3 -m venv --clear "$kvenv"
+    "$kvenv/bin/pip" install -q --disable-pip-version-check \
+      "kubernetes-validate==1.37.0" "jsonschema==4.26.0" "referencing==0.37.0" \
+      "PyYAML==6.0.4"
   fi
 fi
 

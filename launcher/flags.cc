@@ -99,6 +99,13 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
       "seconds without heartbeat before a peer counts as lost (default 10)");
   app.add_option("--start_timeout", o.start_timeout_s,
                  "seconds for every agent to connect (default 60)");
+  app.add_option("--control_port", o.control_port,
+                 "port of the control server (default: any; join: 29400)");
+  app.add_option("--secret_file", o.secret_file,
+                 "join: the file holding the job secret (e.g. a mounted "
+                 "Kubernetes Secret), which every joining agent must prove");
+  app.add_option("--join_timeout", o.join_timeout_s,
+                 "join: seconds to wait for --num_nodes agents (default 600)");
 }
 
 namespace {
@@ -173,6 +180,7 @@ Status CheckDurations(const LaunchOptions& o) {
       {"--heartbeat_timeout", o.heartbeat_timeout_s, 0, false,
        kMaxHeartbeatSeconds},
       {"--start_timeout", o.start_timeout_s, 0, false, kMaxStartSeconds},
+      {"--join_timeout", o.join_timeout_s, 0, false, kMaxStartSeconds},
       {"--ssh_timeout", o.ssh_timeout_s, 0, false, kMaxSshTimeoutSeconds},
   };
   for (const SecondsFlag& f : flags) RETURN_IF_ERROR(CheckSeconds(f));
@@ -204,6 +212,8 @@ Status CheckIntegers(const CLI::App& app, const LaunchOptions& o) {
   RETURN_IF_ERROR(
       CheckGivenInt(app, "--master_port", o.plan.master_port, 1, 65535));
   RETURN_IF_ERROR(CheckGivenInt(app, "--ssh_port", o.ssh_port, 1, 65535));
+  RETURN_IF_ERROR(
+      CheckGivenInt(app, "--control_port", o.control_port, 1, 65535));
   return CheckGivenInt(app, "--ssh_fanout", o.ssh_fanout, 1, kMaxSshFanout);
 }
 
@@ -320,11 +330,47 @@ static Status Validate(const LaunchOptions& o) {
         "--log_dir and --enable_each_rank_log both name where rank logs go; "
         "give one");
   }
-  if (o.launcher == "join") {
-    return InvalidArgument(
-        "--launcher join is not available in this build yet; use local, ssh, "
-        "pdsh, slurm or openmpi");
+  return Status::Ok();
+}
+
+// --launcher join: the agents come to us; what they need and what cannot
+// apply.
+Status ValidateJoin(const CLI::App& app, LaunchOptions& o) {
+  const bool join = o.launcher == "join";
+  if (!join) {
+    for (const char* flag : {"--secret_file", "--join_timeout"}) {
+      if (app.count(flag))
+        return InvalidArgument(std::string(flag) +
+                               " is for --launcher join only");
+    }
+    return Status::Ok();
   }
+  if (o.secret_file.empty()) {
+    return InvalidArgument(
+        "--launcher join needs --secret_file FILE (the job secret every "
+        "joining agent must prove, e.g. a mounted Kubernetes Secret): a join "
+        "job is never unauthenticated");
+  }
+  if (app.count("--num_nodes") == 0) {
+    return InvalidArgument(
+        "--launcher join needs --num_nodes N: how many agents to wait for");
+  }
+  for (const char* flag : {"--hostfile", "--include", "--exclude"}) {
+    if (app.count(flag)) {
+      return InvalidArgument(std::string(flag) +
+                             " does not apply to --launcher join: the nodes "
+                             "are the agents that join");
+    }
+  }
+  if (!o.launcher_args.empty())
+    return InvalidArgument("--launcher_args does not apply to --launcher join");
+  if (o.doctor) {
+    return InvalidArgument(
+        "doctor checks the nodes of a hostfile or allocation; under "
+        "--launcher join the nodes come to the launcher");
+  }
+  if (o.control_port == 0) o.control_port = kJoinControlPort;
+  o.start_timeout_s = o.join_timeout_s;
   return Status::Ok();
 }
 
@@ -368,6 +414,7 @@ StatusOr<LaunchOptions> ParseFlags(int argc, const char* const* argv,
   RETURN_IF_ERROR(CheckRefusedFlags(app));
   RETURN_IF_ERROR(CheckIntegers(app, o));
   RETURN_IF_ERROR(Validate(o));
+  RETURN_IF_ERROR(ValidateJoin(app, o));
   auto words = SplitShellWords(o.launcher_args);
   if (!words.ok())
     return InvalidArgument("--launcher_args: " + words.status().message());

@@ -19,6 +19,7 @@ inline constexpr double kMaxKillGraceSeconds = 3600;
 inline constexpr double kMinHeartbeatIntervalSeconds = 0.01;
 inline constexpr double kMaxHeartbeatSeconds = 3600;
 inline constexpr double kMaxStartSeconds = 86400;
+inline constexpr int kJoinControlPort = 29400;
 inline constexpr double kMaxSshTimeoutSeconds = 3600;
 inline constexpr int kMaxSshFanout = 1024;
 
@@ -56,6 +57,12 @@ struct LaunchOptions {
   double start_timeout_s = 60;
   std::string bind_addr;     // where the control server listens; empty = chosen
   std::string control_addr;  // what agents dial; empty = the route to each node
+  // --launcher join: the control server listens on --control_addr (default
+  // 0.0.0.0) port --control_port (default 29400) and waits --join_timeout
+  // for --num_nodes agents that prove the secret in --secret_file.
+  int control_port = 0;  // 0: any free port (join: 29400)
+  std::string secret_file;
+  double join_timeout_s = 600;
   // SSH (the ssh starter); port 0 and empty strings mean libssh's defaults.
   int ssh_port = 0;
   std::string ssh_user;

@@ -19,6 +19,7 @@ static ControlServer::Options ServerOptions(
     const LaunchOptions& o, const std::string& job_id, int num_nodes,
     std::function<std::optional<std::string>(int)> node_secret) {
   ControlServer::Options s;
+  s.join = o.launcher == "join";
   s.node_secret = std::move(node_secret);
   s.job_id = job_id;
   s.num_nodes = num_nodes;
@@ -28,7 +29,7 @@ static ControlServer::Options ServerOptions(
 }
 
 Launcher::Launcher(LaunchOptions options, Plan plan, EnvList job_env,
-                   RankCommand command)
+                   RankCommand command, std::string secret)
     : options_(std::move(options)),
       job_id_(proto::HexEncode(proto::RandomBytes(8))),
       console_(stdout, stderr),
@@ -39,7 +40,9 @@ Launcher::Launcher(LaunchOptions options, Plan plan, EnvList job_env,
           &job_),
       job_(io_, options_, std::move(plan), std::move(job_env),
            std::move(command), console_, job_id_,
-           proto::HexEncode(proto::RandomBytes(proto::kSecretBytes))),
+           secret.empty()
+               ? proto::HexEncode(proto::RandomBytes(proto::kSecretBytes))
+               : std::move(secret)),
       signals_(io_, SIGINT, SIGTERM, SIGHUP) {}
 
 Launcher::~Launcher() = default;
@@ -109,17 +112,27 @@ class ScopedLogSink {
 int Launcher::Run() {
   ::signal(SIGPIPE, SIG_IGN);
   ScopedLogSink log_sink(&console_.terminal());
-  Status st = console_.Open(job_.plan(), LogLayoutFor(options_));
+  const Console::LogLayout layout = LogLayoutFor(options_);
+  Status st = console_.Open(job_.plan(), layout);
+  // join: the plan is final once the agents have joined; the console then
+  // learns their hosts and opens the logs of ranks added by their GPUs.
+  job_.SetOnPlanFinal(
+      [this, layout](const Plan& plan) { return console_.Open(plan, layout); });
   PidFile pid_file;
   if (st.ok() && options_.save_pid) st = pid_file.Create();
   std::vector<std::string> hosts;
   for (const auto& node : job_.plan().nodes) hosts.push_back(node.host);
+  // join: on --control_addr (default every address) at --control_port.
+  const std::vector<std::string> listen_on =
+      options_.launcher == "join"
+          ? std::vector<std::string>{options_.control_addr.empty()
+                                         ? "0.0.0.0"
+                                         : options_.control_addr}
+          : ChooseControlAddresses(hosts, options_.bind_addr,
+                                   options_.control_addr,
+                                   AddressLookup::System());
   StatusOr<int> port =
-      st.ok() ? server_.Listen(ChooseControlAddresses(hosts, options_.bind_addr,
-                                                      options_.control_addr,
-                                                      AddressLookup::System()),
-                               0)
-              : st;
+      st.ok() ? server_.Listen(listen_on, options_.control_port) : st;
   if (port.ok()) {
     spdlog::info("job {}: control server on port {}", job_.job_id(), *port);
     auto starter = MakeStarter({io_, &job_, options_, job_.plan()});

@@ -23,8 +23,9 @@ namespace dslaunch::launcher {
 class Launcher {
  public:
   // `job_env`: what every rank gets on top of its agent's environment.
+  // `secret`: the job secret (--secret_file); empty = a random one.
   Launcher(LaunchOptions options, Plan plan, EnvList job_env,
-           RankCommand command);
+           RankCommand command, std::string secret = "");
   ~Launcher();
 
   // Runs the job; returns the process exit status (design section 3).

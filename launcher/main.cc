@@ -5,6 +5,7 @@
 #include <sys/prctl.h>  // PR_SET_DUMPABLE
 #include <unistd.h>     // environ
 
+#include <algorithm>  // max
 #include <cstdio>
 #include <cstdlib>
 
@@ -14,6 +15,7 @@
 #include "launcher/plan/hostfile.h"
 #include "launcher/plan/plan.h"
 #include "launcher/plan/rank_command.h"
+#include "proto/auth.h"  // ReadSecretFile
 #include "proto/exit_status.h"
 #include "proto/host_info.h"
 
@@ -42,12 +44,27 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(options->log_level));
 
-  std::string said;
-  auto hostfile = dsl::LoadJobHosts(
-      &options.value(), [](const char* name) { return Getenv(name); }, &said);
-  if (!hostfile.ok()) return ExitFor(hostfile.status());
-  if (!said.empty()) std::fprintf(stderr, "dslaunch: %s\n", said.c_str());
-  auto plan = dsl::MakePlan(*hostfile, options->plan);
+  std::string said, secret;
+  dslaunch::StatusOr<dsl::Plan> plan = dsl::Plan{};
+  if (options->launcher == "join") {
+    // Until the agents join: "join-N" hosts, --num_gpus (else 1) ranks each.
+    auto read = dslaunch::proto::ReadSecretFile(options->secret_file);
+    if (!read.ok()) return ExitFor(read.status());
+    secret = std::move(read).value();
+    std::vector<std::string> hosts;
+    for (int n = 0; n < options->plan.num_nodes; ++n)
+      hosts.push_back("join-" + std::to_string(n));
+    plan = dsl::JoinPlan(
+        hosts,
+        std::vector<int>(hosts.size(), std::max(options->plan.num_gpus, 1)),
+        options->plan);
+  } else {
+    auto hostfile = dsl::LoadJobHosts(
+        &options.value(), [](const char* name) { return Getenv(name); }, &said);
+    if (!hostfile.ok()) return ExitFor(hostfile.status());
+    if (!said.empty()) std::fprintf(stderr, "dslaunch: %s\n", said.c_str());
+    plan = dsl::MakePlan(*hostfile, options->plan);
+  }
   if (!plan.ok()) return ExitFor(plan.status());
   if (options->doctor) return dsl::RunDoctor(*options, *plan);
   if (options->dry_run) {
@@ -69,7 +86,7 @@ int main(int argc, char** argv) {
   auto job_env = dsl::CollectJobEnv(env_sources);
   if (!job_env.ok()) return ExitFor(job_env.status());
   dsl::Launcher launcher(std::move(options).value(), std::move(plan).value(),
-                         std::move(job_env).value(),
-                         std::move(command).value());
+                         std::move(job_env).value(), std::move(command).value(),
+                         std::move(secret));
   return launcher.Run();
 }

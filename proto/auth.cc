@@ -2,10 +2,13 @@
 
 // SHA256_Init/Update/Final: deprecated in OpenSSL 3, see HmacSha256.
 #define OPENSSL_SUPPRESS_DEPRECATED
+#include <fcntl.h>           // open
 #include <openssl/crypto.h>  // CRYPTO_memcmp, OPENSSL_cleanse
 #include <openssl/sha.h>     // SHA256_*
 #include <sys/random.h>      // getrandom
+#include <unistd.h>          // read
 
+#include <cctype>  // isspace
 #include <cerrno>
 #include <cstring>  // memcpy
 
@@ -70,6 +73,49 @@ std::string HmacSha256(std::string_view key, std::string_view data) {
   OPENSSL_cleanse(pad, sizeof(pad));
   OPENSSL_cleanse(&ctx, sizeof(ctx));
   return std::string(reinterpret_cast<char*>(outer), sizeof(outer));
+}
+
+StatusOr<std::string> ReadSecretFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return ErrnoStatus("--secret_file " + path, errno);
+  std::string text(4097, '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t r = ::read(fd, text.data() + got, text.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      const int err = errno;
+      ::close(fd);
+      return ErrnoStatus("--secret_file " + path, err);
+    }
+    if (r == 0) break;
+    got += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  text.resize(got);
+  if (got > 4096)
+    return InvalidArgument("--secret_file " + path +
+                           ": longer than 4096 bytes");
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())))
+    text.pop_back();
+  for (unsigned char c : text) {
+    if (c <= ' ' || c == 0x7f) {
+      OPENSSL_cleanse(text.data(), text.size());
+      return InvalidArgument("--secret_file " + path +
+                             ": the secret has a space or control character "
+                             "inside (one line expected)");
+    }
+  }
+  if (text.size() < kMinSecretFileChars) {
+    OPENSSL_cleanse(text.data(), text.size());
+    return InvalidArgument(
+        "--secret_file " + path + ": " +
+        (text.empty() ? std::string("empty")
+                      : "shorter than " + std::to_string(kMinSecretFileChars) +
+                            " characters") +
+        " (make one with: openssl rand -hex 32)");
+  }
+  return text;
 }
 
 bool ConstantTimeEqual(std::string_view a, std::string_view b) {

@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include "proto/status.h"
+
 namespace dslaunch::proto {
 
 inline constexpr size_t kSecretBytes = 32;
@@ -18,6 +20,13 @@ std::string RandomBytes(size_t n);
 std::string HexEncode(std::string_view bytes);
 std::string HmacSha256(std::string_view key, std::string_view data);
 bool ConstantTimeEqual(std::string_view a, std::string_view b);
+
+// The job secret in `path` (--secret_file, --launcher join): its text up to
+// trailing whitespace, at least kMinSecretFileChars characters with no
+// whitespace or control characters inside, at most 4096. Errors name the
+// file: NotFound/PermissionDenied as the OS says, InvalidArgument otherwise.
+inline constexpr size_t kMinSecretFileChars = 32;
+StatusOr<std::string> ReadSecretFile(const std::string& path);
 
 std::string LauncherProof(std::string_view secret,
                           std::string_view client_nonce,

@@ -32,6 +32,12 @@ std::string AddressToString(const sockaddr* addr) {
   return buf;
 }
 
+std::string LocalHostname() {
+  char host[256] = {0};
+  if (::gethostname(host, sizeof(host) - 1) != 0) return "";
+  return host;
+}
+
 std::vector<std::string> InterfaceAddresses(bool include_loopback) {
   std::vector<std::string> out;
   ifaddrs* list = nullptr;

@@ -13,6 +13,9 @@
 
 namespace dslaunch::proto {
 
+// This machine's hostname (gethostname), "" when it has none.
+std::string LocalHostname();
+
 // Numeric addresses of this machine's interfaces (IPv4 and IPv6).
 std::vector<std::string> InterfaceAddresses(bool include_loopback);
 

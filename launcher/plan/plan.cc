@@ -269,6 +269,23 @@ StatusOr<Plan> MakePlan(const Hostfile& hostfile, const PlanOptions& options) {
   return plan;
 }
 
+Plan JoinPlan(const std::vector<std::string>& hosts,
+              const std::vector<int>& slots, const PlanOptions& options) {
+  Plan plan;
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    NodePlan node;
+    node.node_rank = static_cast<int>(i);
+    node.host = hosts[i];
+    for (int s = 0; s < slots.at(i); ++s) node.slots.push_back(s);
+    node.first_rank = plan.world_size;
+    plan.world_size += slots[i];
+    plan.nodes.push_back(std::move(node));
+  }
+  plan.master_addr = options.master_addr;
+  plan.master_port = options.master_port;
+  return plan;
+}
+
 std::string FormatPlanTable(const Plan& plan) {
   const std::vector<std::string> header = {"host", "node_rank", "local_rank",
                                            "global_rank", "gpu"};

@@ -58,6 +58,14 @@ StatusOr<std::vector<FilterTerm>> ParseFilterSpec(std::string_view spec,
 // error is InvalidArgument naming the flag and the offending part.
 StatusOr<Plan> MakePlan(const Hostfile& hostfile, const PlanOptions& options);
 
+// --launcher join: node i on hosts[i] with slots[i] ranks (slot ids 0..),
+// ranks in blocks in node order. Made twice: before the agents join
+// ("join-0", ... with --num_gpus or 1 slot each) and once they all have
+// (their hostnames and slot counts). master_addr is --master_addr (else
+// set when node 0 joins), master_port --master_port.
+Plan JoinPlan(const std::vector<std::string>& hosts,
+              const std::vector<int>& slots, const PlanOptions& options);
+
 // A fixed-width text table (host, node rank, local rank, global rank, GPU
 // slot id), one row per rank, then a line "N nodes, W ranks, master A:P"
 // (master_port 0: the port is chosen at launch, a free one on node 0).

@@ -123,5 +123,6 @@ std::unique_ptr<Starter> NewSshStarter(const StarterContext& context);
 std::unique_ptr<Starter> NewPdshStarter(const StarterContext& context);
 std::unique_ptr<Starter> NewSlurmStarter(const StarterContext& context);
 std::unique_ptr<Starter> NewOpenMpiStarter(const StarterContext& context);
+std::unique_ptr<Starter> NewJoinStarter(const StarterContext& context);
 
 }  // namespace dslaunch::launcher

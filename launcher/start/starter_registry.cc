@@ -19,7 +19,7 @@ struct StartMode {
 constexpr StartMode kStartModes[] = {
     {"local", NewLocalStarter},     {"ssh", NewSshStarter},
     {"pdsh", NewPdshStarter},       {"slurm", NewSlurmStarter},
-    {"openmpi", NewOpenMpiStarter},
+    {"openmpi", NewOpenMpiStarter}, {"join", NewJoinStarter},
 };
 
 }  // namespace
@@ -56,7 +56,7 @@ StatusOr<std::unique_ptr<Starter>> MakeStarter(const StarterContext& context) {
   }
   return InvalidArgument("--launcher " + mode +
                          " is not available in this build yet; use local, "
-                         "ssh, pdsh, slurm or openmpi");
+                         "ssh, pdsh, slurm, openmpi or join");
 }
 
 void PostStartDone(boost::asio::io_context& io, std::shared_ptr<bool> alive,

@@ -242,9 +242,13 @@ Status ControlServer::CheckHello(const wire::Hello& hello) const {
                          ", this launcher " + std::to_string(kProtocolVersion) +
                          " (dsagent " + hello.agent_version() + ")");
   }
-  if (hello.job_id() != options_.job_id)
+  if (!options_.join && hello.job_id() != options_.job_id)
     return ProtocolError("agent of another job");
-  if (hello.node_rank() < 0 || hello.node_rank() >= options_.num_nodes) {
+  // A joining agent's claim is checked once it proved the secret: it is
+  // then told why it cannot have the node.
+  if (options_.join ? hello.node_rank() < -1
+                    : (hello.node_rank() < 0 ||
+                       hello.node_rank() >= options_.num_nodes)) {
     return ProtocolError("agent claims node " +
                          std::to_string(hello.node_rank()));
   }
@@ -259,7 +263,10 @@ void ControlServer::HandleHandshake(const std::shared_ptr<Handshake>& hs,
   if (!hs->welcomed && msg.has_hello()) {
     Status st = CheckHello(msg.hello());
     if (!st.ok()) return Reject(*hs, "bad hello", st);
-    EvictWelcomedBeyondLimit(msg.hello().node_rank());
+    // Any number of joining agents may claim "any node" at once (the
+    // pre-auth table still bounds them).
+    if (msg.hello().node_rank() >= 0)
+      EvictWelcomedBeyondLimit(msg.hello().node_rank());
     hs->hello = std::move(*msg.mutable_hello());
     hs->welcomed = true;
     return SendWelcome(hs);
@@ -310,17 +317,57 @@ void ControlServer::SendWelcome(const std::shared_ptr<Handshake>& hs) {
   (void)hs->channel->Send(welcome);
 }
 
+StatusOr<int> ControlServer::NodeForJoiningAgent(int claimed) const {
+  const int n = options_.num_nodes;
+  if (claimed >= n) {
+    return InvalidArgument(
+        "this job has " + std::to_string(n) + " node" + (n == 1 ? "" : "s") +
+        " (node ranks 0-" + std::to_string(n - 1) +
+        "); this agent claims node rank " + std::to_string(claimed));
+  }
+  if (claimed >= 0) {
+    auto it = agents_.find(claimed);
+    if (it == agents_.end()) return claimed;
+    return InvalidArgument("node rank " + std::to_string(claimed) +
+                           " is taken by the agent on " + it->second.who);
+  }
+  for (int node = 0; node < n; ++node) {
+    if (!agents_.count(node)) return node;
+  }
+  return InvalidArgument("every node rank of this job (" + std::to_string(n) +
+                         ") is taken");
+}
+
 void ControlServer::Promote(const std::shared_ptr<Handshake>& hs) {
-  const int node = hs->hello.node_rank();
   hs->timer.cancel();
   handshakes_.erase(hs->seq);
+  const std::string who =
+      (hs->hello.facts().hostname().empty() ? std::string("?")
+                                            : hs->hello.facts().hostname()) +
+      " (" + hs->agent_addr + ")";
+  if (options_.join) {
+    StatusOr<int> node = NodeForJoiningAgent(hs->hello.node_rank());
+    if (!node.ok()) {
+      // It proved the secret: it hears why, and says so where it runs.
+      spdlog::warn("refused a joining agent on {}: {}", who,
+                   node.status().message());
+      wire::Envelope refusal;
+      refusal.mutable_abort()->set_reason("refused: " +
+                                          node.status().message());
+      refusal.mutable_abort()->set_kill_now(true);
+      (void)hs->channel->Send(refusal);
+      return hs->channel->CloseAfterFlush();
+    }
+    hs->hello.set_node_rank(*node);
+  }
+  const int node = hs->hello.node_rank();
   if (agents_.count(node)) {
     // It proved the secret: worth a line of its own.
     spdlog::warn("refused a second agent for node {} from {}", node, hs->peer);
     return hs->channel->Close(
         ProtocolError("a second agent for node " + std::to_string(node)));
   }
-  agents_[node] = AgentLink{hs->channel, std::chrono::steady_clock::now()};
+  agents_[node] = AgentLink{hs->channel, std::chrono::steady_clock::now(), who};
   hs->channel->SetLimits(proto::Channel::Limits());
   hs->channel->SetHandlers({
       .on_message =

@@ -68,6 +68,12 @@ class ControlServer : public AgentLinks {
     double heartbeat_timeout_s = 10;
     double handshake_timeout_s = 3;
     double rejection_summary_interval_s = 10;
+    // --launcher join: agents do not know the job id and may claim node -1
+    // (any). Each is given its node once it has proved the secret: the one
+    // it claimed, else the lowest free one. One whose node is taken or out
+    // of range, or that finds every node taken, gets an Abort saying why
+    // (naming the agent that holds the node) and is closed.
+    bool join = false;
   };
 
   static constexpr size_t kPreAuthBase = 64;
@@ -100,7 +106,10 @@ class ControlServer : public AgentLinks {
   struct AgentLink {
     std::shared_ptr<proto::Channel> channel;
     std::chrono::steady_clock::time_point last_heard;
+    std::string who;  // "host (address)", for refusals
   };
+  // join: the node an authenticated agent gets, or why it gets none.
+  StatusOr<int> NodeForJoiningAgent(int claimed) const;
   StatusOr<int> BindAll(const std::vector<std::string>& bind_addrs, int port);
   void Accept(boost::asio::ip::tcp::acceptor& acceptor);
   void OnAccepted(boost::asio::ip::tcp::socket socket);

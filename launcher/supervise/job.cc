@@ -39,6 +39,8 @@ Job::Job(asio::io_context& io, const LaunchOptions& options, Plan plan,
       store_(io),
       start_timer_(io),
       stop_timer_(io),
+      join_wait_timer_(io),
+      join_(options.launcher == "join"),
       master_port_known_(options.master_port_given) {}
 
 Job::~Job() = default;
@@ -54,7 +56,9 @@ void Job::Start(Starter* starter, AgentLinks* links, int control_port) {
   starter_ = starter;
   links_ = links;
   start_time_ = Clock::now();
+  control_port_ = control_port;
   ArmStartTimer();
+  if (join_) ArmJoinWaitTimer();
   AgentBootstrap boot{&plan_, &options_, job_id_, secret_, control_port};
   starter_->Start(boot, [this](StatusOr<Starter::Started> started) {
     OnStarted(std::move(started));
@@ -89,8 +93,16 @@ void Job::ArmStartTimer() {
   start_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec || state_.phase() != Phase::kStarting) return;
     const std::string why =
-        "its agent did not connect within " +
+        (join_ ? "no agent joined as this node within "
+               : "its agent did not connect within ") +
         std::to_string(static_cast<int>(options_.start_timeout_s)) + " s";
+    if (join_) {
+      console_.Note(
+          "--join_timeout: no agent joined as node rank" +
+          std::string(joined_.size() + 1 < plan_.nodes.size() ? "s " : " ") +
+          MissingNodes() + " within " +
+          std::to_string(static_cast<int>(options_.start_timeout_s)) + " s");
+    }
     for (size_t n = 0; n < state_.nodes().size(); ++n) {
       if (!state_.node(static_cast<int>(n)).authenticated)
         Act(state_.NodeLost(static_cast<int>(n), why));
@@ -126,6 +138,7 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
     (void)links_->Send(node_rank, env);
     return;
   }
+  if (join_) return OnNodeJoined(node_rank, hello, agent_addr);
   if (node_rank == 0 && !options_.plan.master_addr.empty()) {
     const std::string warning =
         MasterAddrWarning(options_.plan.master_addr, plan_.nodes[0].host,
@@ -152,6 +165,77 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
     for (int n : waiting_for_port_) SendJobSpec(n);
     waiting_for_port_.clear();
   }
+}
+
+std::string Job::MissingNodes() const {
+  std::string out;
+  for (size_t n = 0; n < plan_.nodes.size(); ++n) {
+    if (joined_.count(static_cast<int>(n))) continue;
+    out += (out.empty() ? "" : ", ") + std::to_string(n);
+  }
+  return out;
+}
+
+void Job::ArmJoinWaitTimer() {
+  const auto waited = std::chrono::duration_cast<std::chrono::seconds>(
+      Clock::now() - start_time_);
+  const int64_t left =
+      static_cast<int64_t>(options_.start_timeout_s) - waited.count();
+  console_.Note("waiting for agents to join on port " +
+                std::to_string(control_port_) + ": " +
+                std::to_string(joined_.size()) + " of " +
+                std::to_string(plan_.nodes.size()) + " joined, missing " +
+                MissingNodes() + " (" +
+                std::to_string(std::max<int64_t>(left, 0)) + " s left)");
+  join_wait_timer_.expires_after(std::chrono::seconds(5));
+  join_wait_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || state_.phase() != Phase::kStarting ||
+        joined_.size() == plan_.nodes.size())
+      return;
+    ArmJoinWaitTimer();
+  });
+}
+
+void Job::OnNodeJoined(int node_rank, const wire::Hello& hello,
+                       const std::string& agent_addr) {
+  joined_[node_rank] = Joined{hello.facts(), agent_addr};
+  if (joined_.size() < plan_.nodes.size()) return;
+  join_wait_timer_.cancel();
+  StartJoinedJob();
+}
+
+void Job::StartJoinedJob() {
+  std::vector<std::string> hosts;
+  std::vector<int> slots;
+  for (const auto& [node, j] : joined_) {
+    hosts.push_back(j.facts.hostname().empty() ? j.addr : j.facts.hostname());
+    // --num_gpus, else the node's GPUs, else one rank.
+    slots.push_back(options_.plan.num_gpus > 0 ? options_.plan.num_gpus
+                    : j.facts.gpus_size() > 0  ? j.facts.gpus_size()
+                                               : 1);
+  }
+  Plan plan = JoinPlan(hosts, slots, options_.plan);
+  // Node 0's address as it reached us: the pods' network.
+  if (plan.master_addr.empty()) plan.master_addr = joined_.at(0).addr;
+  const int port = joined_.at(0).facts.free_port();
+  if (!options_.master_port_given && port > 0) plan.master_port = port;
+  plan_ = std::move(plan);
+  state_.Replan(plan_);
+  if (on_plan_final_) {
+    if (Status st = on_plan_final_(plan_); !st.ok()) {
+      console_.Note(st.message());
+      state_.StartFailed(st);
+      return io_.stop();
+    }
+  }
+  console_.Note("all " + std::to_string(plan_.nodes.size()) +
+                " agents joined: " + std::to_string(plan_.world_size) +
+                " ranks, MASTER_ADDR " + plan_.master_addr + ":" +
+                std::to_string(plan_.master_port) + " (node 0, " +
+                plan_.nodes[0].host + ")");
+  master_port_known_ = true;
+  for (size_t n = 0; n < plan_.nodes.size(); ++n)
+    SendJobSpec(static_cast<int>(n));
 }
 
 void Job::SendJobSpec(int node_rank) {
@@ -360,6 +444,7 @@ void Job::Abort(bool kill_now) {
   wire::Envelope env;
   env.mutable_abort()->set_reason(state_.outcome().reason);
   env.mutable_abort()->set_kill_now(kill_now);
+  env.mutable_abort()->set_exit_status(state_.ExitStatus());
   SendToAll(env);
   for (size_t n = 0; n < state_.nodes().size(); ++n) {
     const NodeRecord& node = state_.node(static_cast<int>(n));

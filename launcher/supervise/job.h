@@ -8,6 +8,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -44,6 +45,13 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   // The secret node_rank's agent must prove: the job's, or the one its agent
   // made and printed (pdsh); nullopt while it has not arrived.
   std::optional<std::string> NodeSecret(int node_rank) const;
+  // --launcher join: called once every node has joined, with the plan made
+  // from the agents (their hostnames and slot counts), before any JobSpec
+  // goes out: the console opens the new ranks' logs. An error stops the job.
+  void SetOnPlanFinal(std::function<Status(const Plan&)> f) {
+    on_plan_final_ = std::move(f);
+  }
+
   const JobState& state() const { return state_; }
   const Plan& plan() const { return plan_; }
   const std::string& job_id() const { return job_id_; }
@@ -64,6 +72,15 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
  private:
   void OnStarted(StatusOr<Starter::Started> started);
   void ArmStartTimer();
+  // --launcher join: records a joined node; once all have, makes the plan
+  // from them and sends every JobSpec.
+  void OnNodeJoined(int node_rank, const wire::Hello& hello,
+                    const std::string& agent_addr);
+  void StartJoinedJob();
+  // "1, 3": the node ranks no agent has joined as yet.
+  std::string MissingNodes() const;
+  // While agents are missing, one line every few seconds says which.
+  void ArmJoinWaitTimer();
   // Sends node_rank its JobSpec once the master port is known.
   void SendJobSpec(int node_rank);
   wire::JobSpec MakeJobSpec(int node_rank) const;
@@ -100,6 +117,15 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   AgentLinks* links_ = nullptr;
   boost::asio::steady_timer start_timer_;
   boost::asio::steady_timer stop_timer_;
+  boost::asio::steady_timer join_wait_timer_;
+  const bool join_;
+  struct Joined {
+    wire::NodeFacts facts;
+    std::string addr;  // as the control server saw it: the node's address
+  };
+  std::map<int, Joined> joined_;
+  std::function<Status(const Plan&)> on_plan_final_;
+  int control_port_ = 0;
   std::map<int, std::string> node_secrets_;  // pdsh only
   std::set<int> done_nodes_;                 // agents that sent AgentDone
   // Nodes authenticated while the master port is still unknown.

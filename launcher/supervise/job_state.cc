@@ -80,6 +80,14 @@ int ExitStatusFor(const Outcome& o) {
 }
 
 JobState::JobState(const Plan& plan) : nodes_(plan.nodes.size()) {
+  Replan(plan);
+}
+
+void JobState::Replan(const Plan& plan) {
+  DSL_CHECK(phase_ == Phase::kStarting && started_ == 0 &&
+            plan.nodes.size() == nodes_.size());
+  hosts_.clear();
+  ranks_.clear();
   for (const auto& node : plan.nodes) {
     hosts_.push_back(node.host);
     for (size_t i = 0; i < node.slots.size(); ++i) {

@@ -127,6 +127,9 @@ class JobState {
   Action StoppedFromOutside(int signal, const std::string& why);
   // The starter failed before anything ran: Starting -> Ended.
   void StartFailed(const Status& why);
+  // --launcher join, once every node joined: the final plan (the agents'
+  // hosts and slot counts). Only while starting, before any rank started.
+  void Replan(const Plan& plan);
   // Stopping -> Ended once every node finished; true when that happened now.
   bool MaybeEnd();
   // Stopping -> Ended although some agent never confirmed its end (it was

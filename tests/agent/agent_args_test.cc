@@ -74,5 +74,29 @@ TEST(ReadSecretLine, ReadsOneLineAndLeavesTheRest) {
   EXPECT_FALSE(ok);
 }
 
+TEST(JoinNodeRank, FlagThenIndexedJobThenStatefulSetNameThenAny) {
+  std::string said;
+  EXPECT_EQ(*JoinNodeRank(5, "2", "train-worker-3", &said), 5);
+  EXPECT_EQ(said, "--node_rank");
+  EXPECT_EQ(*JoinNodeRank(std::nullopt, "2", "train-worker-3", &said), 2);
+  EXPECT_EQ(said, "JOB_COMPLETION_INDEX");
+  EXPECT_EQ(*JoinNodeRank(std::nullopt, nullptr, "train-worker-3", &said), 3);
+  EXPECT_EQ(said, "the hostname train-worker-3");
+  EXPECT_EQ(*JoinNodeRank(std::nullopt, "", "train-worker-12", &said), 12);
+  // No trailing number: the first free node.
+  for (const char* host : {"worker", "worker-", "worker-x1", "w-123456", ""})
+    EXPECT_EQ(*JoinNodeRank(std::nullopt, nullptr, host, &said), -1) << host;
+}
+
+TEST(JoinNodeRank, AnIndexThatIsNoNodeRankIsAnError) {
+  std::string said;
+  for (const char* index : {"-1", "x", "1.5", "99999999", "70000"}) {
+    auto rank = JoinNodeRank(std::nullopt, index, "w-1", &said);
+    ASSERT_FALSE(rank.ok()) << index;
+    EXPECT_NE(rank.status().message().find("JOB_COMPLETION_INDEX"),
+              std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace dslaunch::agent

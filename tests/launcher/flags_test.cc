@@ -282,5 +282,55 @@ TEST(SplitShellWords, SplitsAsAShellWouldWithoutExpanding) {
   EXPECT_TRUE(SplitShellWords("")->empty());
 }
 
+TEST(Flags, JoinTakesItsPortTimeoutAndSecretFile) {
+  int exit_now;
+  auto o = Parse({"--launcher", "join", "--num_nodes", "4", "--secret_file",
+                  "/etc/dslaunch/secret", "--join_timeout", "30", "train.py"},
+                 &exit_now);
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_EQ(o->control_port, kJoinControlPort);
+  EXPECT_EQ(o->start_timeout_s, 30);
+  EXPECT_EQ(o->secret_file, "/etc/dslaunch/secret");
+  o = Parse({"--launcher", "join", "--num_nodes", "1", "--secret_file", "s",
+             "--control_port", "4000", "train.py"},
+            &exit_now);
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_EQ(o->control_port, 4000);
+}
+
+TEST(Flags, JoinRefusesWhatCannotApplyAndNeedsASecretAndANodeCount) {
+  int exit_now;
+  const std::vector<std::pair<std::vector<const char*>, std::string>> cases = {
+      {{"--launcher", "join", "--num_nodes", "2", "t.py"},
+       "needs --secret_file"},
+      {{"--launcher", "join", "--secret_file", "s", "t.py"},
+       "needs --num_nodes"},
+      {{"--launcher", "join", "--num_nodes", "2", "--secret_file", "s", "-H",
+        "h", "t.py"},
+       "--hostfile does not apply"},
+      {{"--launcher", "join", "--num_nodes", "2", "--secret_file", "s", "-i",
+        "a", "t.py"},
+       "--include does not apply"},
+      {{"--launcher", "join", "--num_nodes", "2", "--secret_file", "s",
+        "--launcher_args", "-x", "t.py"},
+       "--launcher_args does not apply"},
+      {{"--secret_file", "s", "t.py"}, "--secret_file is for --launcher join"},
+      {{"--join_timeout", "5", "t.py"}, "--join_timeout is for --launcher"},
+      {{"--launcher", "join", "--num_nodes", "2", "--secret_file", "s",
+        "--join_timeout", "nan", "t.py"},
+       "--join_timeout"},
+      {{"--launcher", "join", "--num_nodes", "2", "--secret_file", "s",
+        "--control_port", "70000", "t.py"},
+       "--control_port must be in 1..65535"},
+  };
+  for (const auto& [args, want] : cases) {
+    auto o = Parse(args, &exit_now);
+    ASSERT_FALSE(o.ok()) << want;
+    EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(o.status().message().find(want), std::string::npos)
+        << o.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace dslaunch::launcher

@@ -4,8 +4,11 @@
 #include <openssl/evp.h>   // EVP_sha256, the reference
 #include <openssl/hmac.h>  // HMAC, the reference
 
+#include <filesystem>
+#include <fstream>
 #include <set>
 #include <string>
+#include <vector>
 
 namespace dslaunch::proto {
 namespace {
@@ -118,6 +121,42 @@ TEST(Auth, RandomBytesHaveTheRequestedSizeAndDiffer) {
   const std::string many = RandomBytes(100000);
   EXPECT_EQ(many.size(), 100000u);
   EXPECT_NE(many.find_first_not_of('\0'), std::string::npos);
+}
+
+TEST(Auth, ReadSecretFileTakesOneLineAndRefusesWeakOrOddSecrets) {
+  char dir_template[] = "/tmp/dsl-secret-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+    return dir + "/" + name;
+  };
+  const std::string hex(64, 'a');
+  auto ok = ReadSecretFile(write("ok", hex + "\n"));
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(*ok, hex);
+  EXPECT_EQ(*ReadSecretFile(write("bare", hex)), hex);
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"", "empty"},
+      {"\n", "empty"},
+      {"short\n", "shorter than 32"},
+      {hex + " " + hex, "space or control"},
+      {hex + "\n" + hex, "space or control"},
+      {std::string(5000, 'a'), "longer than 4096"},
+  };
+  int i = 0;
+  for (const auto& [text, want] : bad) {
+    const std::string path = write("bad" + std::to_string(i++), text);
+    auto st = ReadSecretFile(path);
+    ASSERT_FALSE(st.ok()) << want;
+    EXPECT_NE(st.status().message().find(path), std::string::npos);
+    EXPECT_NE(st.status().message().find(want), std::string::npos)
+        << st.status().message();
+  }
+  auto missing = ReadSecretFile(dir + "/none");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find(dir + "/none"), std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

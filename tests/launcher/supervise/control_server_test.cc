@@ -214,6 +214,111 @@ TEST_F(ControlServerTest, RefusesASecondAgentForANode) {
   EXPECT_TRUE(server_->connected(0));
 }
 
+// --launcher join: the node is given at authentication.
+class JoinServerTest : public ControlServerTest {
+ protected:
+  JoinServerTest() {
+    options_.join = true;
+    options_.num_nodes = 3;
+  }
+  // An agent that joined claiming `claim`, as a joining dsagent does (it
+  // knows no job id).
+  std::unique_ptr<TestAgent> Joined(int claim, bool* ok) {
+    auto a = Agent();
+    a->SendHello(claim, "join");
+    *ok = RunUntil(io_, [&] { return a->welcomed() || a->closed; }) &&
+          !a->closed;
+    if (*ok) a->SendAuth(kSecret);
+    return a;
+  }
+  // The reason of the Abort `a` got, or "".
+  static std::string Refusal(const TestAgent& a) {
+    for (const auto& m : a.received) {
+      if (m.has_abort()) return m.abort().reason();
+    }
+    return "";
+  }
+};
+
+TEST_F(JoinServerTest, GivesTheClaimedNodeElseTheLowestFree) {
+  StartServer();
+  bool ok = false;
+  auto two = Joined(2, &ok);
+  ASSERT_TRUE(ok);
+  ASSERT_TRUE(RunUntil(io_, [&] { return server_->connected(2); }));
+  auto any = Joined(-1, &ok);
+  ASSERT_TRUE(ok);
+  ASSERT_TRUE(RunUntil(io_, [&] { return server_->connected(0); }));
+  auto any2 = Joined(-1, &ok);
+  ASSERT_TRUE(ok);
+  ASSERT_TRUE(RunUntil(io_, [&] { return server_->connected(1); }));
+  EXPECT_EQ(delegate_.authenticated, (std::vector<int>{2, 0, 1}));
+  EXPECT_FALSE(two->closed || any->closed || any2->closed);
+}
+
+TEST_F(JoinServerTest, RefusesATakenNodeNamingItsHolderAndLeavesItAlone) {
+  StartServer();
+  bool ok = false;
+  auto first = Joined(1, &ok);
+  ASSERT_TRUE(ok);
+  ASSERT_TRUE(RunUntil(io_, [&] { return server_->connected(1); }));
+  auto second = Joined(1, &ok);
+  ASSERT_TRUE(ok);
+  ASSERT_TRUE(RunUntil(io_, [&] { return second->closed; }));
+  EXPECT_NE(Refusal(*second).find("node rank 1 is taken by the agent on ? "
+                                  "(127.0.0.1)"),
+            std::string::npos)
+      << Refusal(*second);
+  EXPECT_EQ(delegate_.authenticated, std::vector<int>{1});
+  EXPECT_FALSE(first->closed);
+  EXPECT_TRUE(server_->connected(1));
+}
+
+TEST_F(JoinServerTest, RefusesAClaimOutOfRangeAndAnAgentTooMany) {
+  StartServer();
+  bool ok = false;
+  auto out = Joined(3, &ok);
+  ASSERT_TRUE(ok);
+  ASSERT_TRUE(RunUntil(io_, [&] { return out->closed; }));
+  EXPECT_NE(Refusal(*out).find("this job has 3 nodes (node ranks 0-2); this "
+                               "agent claims node rank 3"),
+            std::string::npos)
+      << Refusal(*out);
+  std::vector<std::unique_ptr<TestAgent>> agents;
+  for (int i = 0; i < 3; ++i) {
+    agents.push_back(Joined(-1, &ok));
+    ASSERT_TRUE(ok);
+  }
+  ASSERT_TRUE(RunUntil(io_, [&] { return delegate_.authenticated.size() == 3; }));
+  auto extra = Joined(-1, &ok);
+  ASSERT_TRUE(ok);
+  ASSERT_TRUE(RunUntil(io_, [&] { return extra->closed; }));
+  EXPECT_NE(Refusal(*extra).find("every node rank of this job (3) is taken"),
+            std::string::npos);
+  EXPECT_EQ(delegate_.authenticated.size(), 3u);
+}
+
+TEST_F(JoinServerTest, AWrongSecretGetsNoNodeAndNoWord) {
+  StartServer();
+  auto a = Agent();
+  a->SendHello(-1, "join");
+  ASSERT_TRUE(RunUntil(io_, [&] { return a->welcomed() || a->closed; }));
+  a->SendAuth("not the secret");
+  ASSERT_TRUE(RunUntil(io_, [&] { return a->closed; }));
+  EXPECT_TRUE(delegate_.authenticated.empty());
+  EXPECT_EQ(Refusal(*a), "");
+  EXPECT_EQ(Rejected("authentication failed"), 1);
+}
+
+TEST_F(JoinServerTest, OutsideJoinAClaimOfAnyNodeIsABadHello) {
+  options_.join = false;
+  StartServer();
+  auto a = Agent();
+  a->SendHello(-1);
+  ASSERT_TRUE(RunUntil(io_, [&] { return a->closed; }));
+  EXPECT_EQ(Rejected("bad hello"), 1);
+}
+
 TEST_F(ControlServerTest, ClosesAPreAuthFrameOverSixteenKiB) {
   StartServer();
   auto p = Raw();
