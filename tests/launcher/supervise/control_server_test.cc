@@ -226,8 +226,8 @@ class JoinServerTest : public ControlServerTest {
   std::unique_ptr<TestAgent> Joined(int claim, bool* ok) {
     auto a = Agent();
     a->SendHello(claim, "join");
-    *ok = RunUntil(io_, [&] { return a->welcomed() || a->closed; }) &&
-          !a->closed;
+    *ok =
+        RunUntil(io_, [&] { return a->welcomed() || a->closed; }) && !a->closed;
     if (*ok) a->SendAuth(kSecret);
     return a;
   }
@@ -289,7 +289,8 @@ TEST_F(JoinServerTest, RefusesAClaimOutOfRangeAndAnAgentTooMany) {
     agents.push_back(Joined(-1, &ok));
     ASSERT_TRUE(ok);
   }
-  ASSERT_TRUE(RunUntil(io_, [&] { return delegate_.authenticated.size() == 3; }));
+  ASSERT_TRUE(
+      RunUntil(io_, [&] { return delegate_.authenticated.size() == 3; }));
   auto extra = Joined(-1, &ok);
   ASSERT_TRUE(ok);
   ASSERT_TRUE(RunUntil(io_, [&] { return extra->closed; }));
