@@ -6,6 +6,7 @@
 #include <openssl/crypto.h>  // CRYPTO_memcmp, OPENSSL_cleanse
 #include <openssl/sha.h>     // SHA256_*
 #include <sys/random.h>      // getrandom
+#include <sys/stat.h>        // fstat
 #include <unistd.h>          // read
 
 #include <cctype>  // isspace
@@ -76,8 +77,16 @@ std::string HmacSha256(std::string_view key, std::string_view data) {
 }
 
 StatusOr<std::string> ReadSecretFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  // Non-blocking: a FIFO without a writer must not hang us; only a regular
+  // file is taken.
+  const int fd =
+      ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) return ErrnoStatus("--secret_file " + path, errno);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return InvalidArgument("--secret_file " + path + ": not a regular file");
+  }
   std::string text(4097, '\0');
   size_t got = 0;
   while (got < text.size()) {

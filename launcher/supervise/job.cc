@@ -134,7 +134,17 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
   }
   if (state_.phase() != Phase::kStarting && state_.phase() != Phase::kRunning) {
     wire::Envelope env;
-    env.mutable_shutdown();  // too late: the job is already ending
+    if (join_) {
+      // A pod that joins a job already ending did not succeed: its Abort
+      // says so, and its exit status.
+      env.mutable_abort()->set_reason(
+          "the job ended before this agent joined (" + state_.outcome().reason +
+          ")");
+      env.mutable_abort()->set_kill_now(true);
+      env.mutable_abort()->set_exit_status(state_.ExitStatus());
+    } else {
+      env.mutable_shutdown();  // too late: the job is already ending
+    }
     (void)links_->Send(node_rank, env);
     return;
   }

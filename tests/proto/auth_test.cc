@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <openssl/evp.h>   // EVP_sha256, the reference
 #include <openssl/hmac.h>  // HMAC, the reference
+#include <sys/stat.h>      // mkfifo
 
 #include <filesystem>
 #include <fstream>
@@ -153,6 +154,12 @@ TEST(Auth, ReadSecretFileTakesOneLineAndRefusesWeakOrOddSecrets) {
     EXPECT_NE(st.status().message().find(want), std::string::npos)
         << st.status().message();
   }
+  auto not_file = ReadSecretFile(dir);
+  ASSERT_FALSE(not_file.ok());
+  EXPECT_NE(not_file.status().message().find("not a regular file"),
+            std::string::npos);
+  ASSERT_EQ(::mkfifo((dir + "/fifo").c_str(), 0600), 0);
+  EXPECT_FALSE(ReadSecretFile(dir + "/fifo").ok());  // and does not hang
   auto missing = ReadSecretFile(dir + "/none");
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find(dir + "/none"), std::string::npos);
