@@ -374,14 +374,24 @@ Status ValidateJoin(const CLI::App& app, LaunchOptions& o) {
   return Status::Ok();
 }
 
+// --help's one usage line: ours, not CLI11's "Usage: dslaunch [OPTIONS]" as
+// well (which also hides PROGRAM).
+class UsageFormatter : public CLI::Formatter {
+ public:
+  std::string make_usage(const CLI::App*, std::string) const override {
+    return "usage: dslaunch [options] [--] PROGRAM [ARGS...]\n"
+           "       dslaunch doctor [options]\n";
+  }
+};
+
 StatusOr<LaunchOptions> ParseFlags(int argc, const char* const* argv,
                                    int* exit_now) {
   *exit_now = -1;
-  CLI::App app(
-      "dslaunch: start and supervise one multi-node training job.\n"
-      "usage: dslaunch [options] [--] PROGRAM [ARGS...]",
-      "dslaunch");
-  app.get_formatter()->column_width(30);
+  CLI::App app("dslaunch: start and supervise one multi-node training job.",
+               "dslaunch");
+  auto formatter = std::make_shared<UsageFormatter>();
+  formatter->column_width(30);
+  app.formatter(formatter);
   LaunchOptions o;
   AddOptions(app, o);
   AddRefusedFlags(app);

@@ -76,6 +76,14 @@ class RefusalCase(LaunchTest):
 class InputTest(RefusalCase):
     # Hostfile: exit 65 naming file:line.
 
+    def test_help_says_usage_once_and_names_program(self):
+        p = self.run_job([DSLAUNCH, "--help"])
+        self.assertEqual(p.returncode, 0)
+        text = p.stdout.decode()
+        self.assertEqual(text.lower().count("usage:"), 1, text[:400])
+        self.assertIn("usage: dslaunch [options] [--] PROGRAM [ARGS...]", text)
+        self.assertIn("--launcher", text)
+
     def test_huge_slots_is_an_error_naming_the_line_not_an_abort(self):
         err = self.assert_bad_hostfile(b"127.0.0.1\n127.0.0.2 slots=2147483647\n",
                                        "hosts.txt:2: slots must be an integer "
