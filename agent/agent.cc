@@ -432,12 +432,17 @@ Status Agent::SpawnWorkers() {
     if (list.empty()) list = proto::UsableCores();
     ASSIGN_OR_RETURN(cores, ShareCores(list, job_.ranks_size()));
   }
+  const std::string socket_ifname = InterfaceToward(job_.master_addr());
+  if (!socket_ifname.empty())
+    spdlog::info("interface toward MASTER_ADDR {}: {}", job_.master_addr(),
+                 socket_ifname);
   for (const auto& r : job_.ranks()) {
     const std::string rank = std::to_string(r.rank());
     RankPaths paths{
         .progress_socket = run_dir_ + "/p" + rank + ".sock",
         .store_address = "unix:" + run_dir_ + "/store.sock",
         .error_file = run_dir_ + "/error-" + rank + ".json",
+        .socket_ifname = socket_ifname,
     };
     std::vector<std::string> mpi_vars;
     if (mpi_) {

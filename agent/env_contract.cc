@@ -115,6 +115,10 @@ std::vector<std::string> BuildRankEnv(
         env[kv.substr(0, eq)] = kv.substr(eq + 1);
     }
   }
+  if (!paths.socket_ifname.empty()) {
+    for (const char* key : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"})
+      env.try_emplace(key, paths.socket_ifname);
+  }
   if (job.slurm_task_env()) {
     for (auto& [k, v] : SlurmTaskEnv(job, rank)) {
       if (v.empty()) {

@@ -17,6 +17,11 @@ struct RankPaths {
   std::string progress_socket;  // DSLAUNCH_PROGRESS
   std::string store_address;    // DSLAUNCH_STORE ("unix:/...")
   std::string error_file;       // TORCHELASTIC_ERROR_FILE
+  // The node's interface toward MASTER_ADDR: GLOO_SOCKET_IFNAME and
+  // NCCL_SOCKET_IFNAME when neither the agent's environment nor the job's
+  // sets them (hostnames resolving to 127.0.1.1 and several NICs otherwise
+  // make Gloo/NCCL pick the wrong one). Empty: left alone.
+  std::string socket_ifname;
 };
 
 // The contract variables alone, for one rank of `job`.

@@ -65,4 +65,11 @@ wire::NodeFacts CollectNodeFacts() {
   return facts;
 }
 
+std::string InterfaceToward(const std::string& host) {
+  if (host.empty()) return "";
+  auto route = proto::RouteTo(host);
+  if (!route.ok()) return "";
+  return proto::InterfaceWithAddress(route->local);
+}
+
 }  // namespace dslaunch::agent

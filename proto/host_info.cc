@@ -32,6 +32,18 @@ std::string AddressToString(const sockaddr* addr) {
   return buf;
 }
 
+std::string InterfaceWithAddress(const std::string& address) {
+  ifaddrs* list = nullptr;
+  if (address.empty() || ::getifaddrs(&list) != 0) return "";
+  std::string name;
+  for (ifaddrs* a = list; a && name.empty(); a = a->ifa_next) {
+    if (a->ifa_addr && a->ifa_name && AddressToString(a->ifa_addr) == address)
+      name = a->ifa_name;
+  }
+  ::freeifaddrs(list);
+  return name;
+}
+
 std::string LocalHostname() {
   char host[256] = {0};
   if (::gethostname(host, sizeof(host) - 1) != 0) return "";

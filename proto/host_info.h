@@ -13,6 +13,10 @@
 
 namespace dslaunch::proto {
 
+// The name of this machine's interface holding `address` ("10.0.0.7",
+// "fe80::1"), or "".
+std::string InterfaceWithAddress(const std::string& address);
+
 // This machine's hostname (gethostname), "" when it has none.
 std::string LocalHostname();
 

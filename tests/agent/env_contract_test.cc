@@ -137,6 +137,29 @@ TEST(BuildRankEnv, JobEnvOverridesBaseEnv) {
   EXPECT_EQ(env["EMPTY"], "");
 }
 
+TEST(BuildRankEnv, NamesTheInterfaceTowardTheMasterUnlessTheUserDid) {
+  wire::JobSpec job = Node1Of3x2();
+  RankPaths paths = Paths();
+  paths.socket_ifname = "eth1";
+  const char* base[] = {"PATH=/bin", nullptr};
+  auto env = AsMap(BuildRankEnv(job, job.ranks(0), paths, base));
+  EXPECT_EQ(env["GLOO_SOCKET_IFNAME"], "eth1");
+  EXPECT_EQ(env["NCCL_SOCKET_IFNAME"], "eth1");
+  // Set by the user (exported by the launcher, or on the node): kept.
+  wire::EnvVar* var = job.add_env();
+  var->set_key("NCCL_SOCKET_IFNAME");
+  var->set_value("ib0");
+  const char* node_base[] = {"GLOO_SOCKET_IFNAME=bond0", nullptr};
+  env = AsMap(BuildRankEnv(job, job.ranks(0), paths, node_base));
+  EXPECT_EQ(env["GLOO_SOCKET_IFNAME"], "bond0");
+  EXPECT_EQ(env["NCCL_SOCKET_IFNAME"], "ib0");
+  // Unknown (no route): neither is set.
+  const wire::JobSpec plain = Node1Of3x2();
+  env = AsMap(BuildRankEnv(plain, plain.ranks(0), Paths(), base));
+  EXPECT_EQ(env.count("GLOO_SOCKET_IFNAME"), 0u);
+  EXPECT_EQ(env.count("NCCL_SOCKET_IFNAME"), 0u);
+}
+
 TEST(BuildRankEnv, ContractOverridesJobEnvAndBaseEnv) {
   wire::JobSpec job = Node1Of3x2();
   wire::EnvVar* var = job.add_env();

@@ -309,9 +309,11 @@ class DeepSpeedScriptAcrossNamespaces(ClusterTest):
         self.assertNotIn(deepspeed_env.VENV, login.stdout.decode())
         argv = [a for a in self.ssh_args() if a != "--no_local_rank"]
         # The script as `deepspeed train.py --deepspeed_config ...` gets it.
+        # The nodes share one hostname, which resolves to loopback: each
+        # agent gives its ranks GLOO_SOCKET_IFNAME (the interface toward
+        # MASTER_ADDR), so none is set here.
         p = self.run_job(argv + deepspeed_env.script_args(self.out), timeout=600,
-                         # The nodes share one hostname, which resolves to loopback.
-                         GLOO_SOCKET_IFNAME="eth0", **deepspeed_env.activated())
+                         **deepspeed_env.activated())
         self.assertEqual(p.returncode, 0, p.stderr.decode()[-3000:])
         deepspeed_env.check_same_losses(self, self.out, world=6, local_size=2)
 
@@ -321,11 +323,12 @@ class PyTorchAcrossNamespaces(ClusterTest):
         cluster_env.need_torch(self)
         script = os.path.join(os.path.dirname(RANK_PY), "ddp_allreduce.py")
         argv = [a for a in self.ssh_args() if a != "--no_local_rank"]
+        # The nodes share one hostname (only the network namespace
+        # differs), which resolves to loopback; without GLOO_SOCKET_IFNAME
+        # Gloo would pick lo. The agents set it (issue 12).
+        self.assertNotIn("GLOO_SOCKET_IFNAME", os.environ)
         p = self.run_job(argv + ["--master_port", "29641", "/usr/bin/python3", script],
-                         timeout=300, OMP_NUM_THREADS="1",
-                         # The nodes share one hostname (only the network
-                         # namespace differs), which resolves to loopback.
-                         GLOO_SOCKET_IFNAME="eth0")
+                         timeout=300, OMP_NUM_THREADS="1")
         self.assertEqual(p.returncode, 0, p.stderr.decode()[-3000:])
         for rank in range(6):
             self.assertIn("rank %d/6 allreduce ok sum=21.0 ddp ok" % rank, p.stdout.decode())

@@ -89,5 +89,11 @@ TEST(UsableCores, AreCpusWeMayRunOnOnePerCore) {
   EXPECT_LE(cores.size(), static_cast<size_t>(CPU_COUNT(&mask)));
 }
 
+TEST(InterfaceWithAddress, NamesLoopbackAndNothingForAForeignAddress) {
+  EXPECT_EQ(InterfaceWithAddress("127.0.0.1"), "lo");
+  EXPECT_EQ(InterfaceWithAddress("192.0.2.123"), "");  // TEST-NET-1
+  EXPECT_EQ(InterfaceWithAddress(""), "");
+}
+
 }  // namespace
 }  // namespace dslaunch::proto
