@@ -75,8 +75,7 @@ int main(int argc, char** argv) {
   app.add_option("--secret_file", secret_file,
                  "with --join: the file holding the job secret");
   app.add_option("--join_timeout", join_timeout_s,
-                 "with --join: seconds to keep dialing (default 600)")
-      ->check(CLI::Range(0.001, 86400.0));
+                 "with --join: seconds to keep dialing (default 600)");
   app.add_option("--ready_file", ready_file,
                  "with --join: made once the job is joined, removed at the "
                  "end (a readiness probe)");
@@ -108,8 +107,19 @@ int main(int argc, char** argv) {
         !st.ok()) {
       return Usage(dslaunch::InvalidArgument("--join " + st.message()));
     }
+    if (!(join_timeout_s > 0 && join_timeout_s <= 86400)) {
+      return Usage(dslaunch::InvalidArgument(
+          "--join_timeout must be in (0, 86400] seconds"));
+    }
     std::optional<int> flag;
-    if (app.count("--node_rank")) flag = options.node_rank;
+    if (app.count("--node_rank")) {
+      if (options.node_rank < 0 || options.node_rank > 65535) {
+        return Usage(
+            dslaunch::InvalidArgument("--node_rank must be in 0..65535, got " +
+                                      std::to_string(options.node_rank)));
+      }
+      flag = options.node_rank;
+    }
     std::string said;
     auto rank =
         dslaunch::agent::JoinNodeRank(flag, std::getenv("JOB_COMPLETION_INDEX"),

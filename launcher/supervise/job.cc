@@ -9,6 +9,7 @@
 
 #include "launcher/plan/addresses.h"
 #include "launcher/report/report.h"
+#include "proto/host_info.h"  // CpuListString
 
 namespace dslaunch::launcher {
 
@@ -178,12 +179,12 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
 }
 
 std::string Job::MissingNodes() const {
-  std::string out;
+  std::vector<int> missing;
   for (size_t n = 0; n < plan_.nodes.size(); ++n) {
-    if (joined_.count(static_cast<int>(n))) continue;
-    out += (out.empty() ? "" : ", ") + std::to_string(n);
+    if (!joined_.count(static_cast<int>(n)))
+      missing.push_back(static_cast<int>(n));
   }
-  return out;
+  return proto::CpuListString(missing);  // "1,3-5,7": short for many
 }
 
 void Job::ArmJoinWaitTimer() {

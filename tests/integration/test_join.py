@@ -181,6 +181,19 @@ class Join(LaunchTest):
         a = subprocess.run([DSAGENT], capture_output=True, env=e)
         self.assertEqual(a.returncode, 64)
         self.assertIn(b"--join", a.stderr)
+        # A careless agent command line: refused at once, never dialling.
+        for bad, said in ((["--node_rank", "-3"], b"--node_rank must be"),
+                          (["--join_timeout", "nan"], b"--join_timeout must be"),
+                          (["--join_timeout", "-1"], b"--join_timeout must be")):
+            a = subprocess.run([DSAGENT, "--join", "127.0.0.1:%d" % self.port,
+                                "--secret_file", self.secret, *bad],
+                               capture_output=True, env=self.env(), timeout=10)
+            self.assertEqual(a.returncode, 64, bad)
+            self.assertIn(said, a.stderr)
+        a = subprocess.run([DSAGENT, "--join", "127.0.0.1:%d" % self.port],
+                           capture_output=True, env=self.env(), timeout=10)
+        self.assertEqual(a.returncode, 64)
+        self.assertIn(b"--secret_file", a.stderr)
 
 
 if __name__ == "__main__":
