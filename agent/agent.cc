@@ -218,7 +218,11 @@ void Agent::RetryDial(const std::string& why) {
   // Exponential backoff with jitter (half to the full delay), 50 ms to 2 s.
   const auto delay = std::chrono::milliseconds(dial_delay_ms_ / 2 +
                                                Jitter(dial_delay_ms_ / 2 + 1));
-  dial_delay_ms_ = std::min<int64_t>(dial_delay_ms_ * 2, 2000);
+  // A joining agent waits for a launcher that may start any moment (pods
+  // start in any order): it keeps dialling at most 250 ms apart, so the
+  // job starts within that of the launcher; a refused connect costs nothing.
+  dial_delay_ms_ =
+      std::min<int64_t>(dial_delay_ms_ * 2, options_.join ? 250 : 2000);
   spdlog::info("{}; retrying in {} ms", why, delay.count());
   retry_timer_.expires_after(delay);
   retry_timer_.async_wait([this](const boost::system::error_code& ec) {
@@ -268,8 +272,12 @@ void Agent::HandleMessage(wire::Envelope&& msg) {
       return HandleJobSpec(msg.job_spec());
     case wire::Envelope::kHeartbeat:
       // Authenticated nodes wait for their JobSpec until node 0 has joined
-      // (its free port is MASTER_PORT); heartbeats come meanwhile.
+      // (its free port is MASTER_PORT); heartbeats come meanwhile. The
+      // launcher sends the first at once: it accepted us, which is what a
+      // joining agent's ready file says.
       if (!auth_sent_) break;
+      if (options_.join && state_ == State::kConnecting && !ready_file_made_)
+        MakeReadyFile();
       return;
     // Abort and Shutdown may come instead of a JobSpec when the job ended
     // while this agent was still connecting.
@@ -337,7 +345,7 @@ void Agent::HandleJobSpec(const wire::JobSpec& job) {
                  job_.job_id(), job_.node_rank(), job_.num_nodes(),
                  options_.join_rank_from);
     options_.node_rank = job_.node_rank();
-    MakeReadyFile();
+    if (!ready_file_made_) MakeReadyFile();
   }
   if (job_.heartbeat_interval_s() > 0)
     heartbeat_interval_s_ = job_.heartbeat_interval_s();
@@ -364,7 +372,10 @@ void Agent::MakeReadyFile() {
                  std::strerror(errno));
     return;
   }
-  const std::string text = "node " + std::to_string(job_.node_rank()) + "\n";
+  const std::string text =
+      state_ == State::kConnecting
+          ? "joined\n"
+          : "node " + std::to_string(job_.node_rank()) + "\n";
   (void)!::write(fd, text.data(), text.size());
   ::close(fd);
   ready_file_made_ = true;
@@ -500,7 +511,7 @@ void Agent::ArmHeartbeat() {
           return;
         if (std::chrono::steady_clock::now() - last_heard_ > Seconds(timeout)) {
           return OnLauncherLost("no heartbeat from the launcher for " +
-                                std::to_string(timeout) + " s");
+                                FormatSeconds(timeout) + " s");
         }
         wire::Envelope env;
         env.mutable_heartbeat()->set_seq(++heartbeat_seq_);

@@ -386,6 +386,11 @@ void ControlServer::Promote(const std::shared_ptr<Handshake>& hs) {
           },
       .on_drain = nullptr,
   });
+  // The first heartbeat at once: the agent knows it was accepted (a joining
+  // agent's readiness) without waiting an interval.
+  wire::Envelope beat;
+  beat.mutable_heartbeat()->set_seq(heartbeat_seq_);
+  (void)hs->channel->Send(beat);
   delegate_->OnAgentAuthenticated(node, hs->hello, hs->agent_addr);
 }
 

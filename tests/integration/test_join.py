@@ -94,6 +94,21 @@ class Join(LaunchTest):
             self.assertEqual(env["NODE_RANK"], str(rank // 2))
             self.assertEqual(env["WORLD_SIZE"], "6")
 
+    def test_the_ready_file_says_joined_while_others_are_missing(self):
+        ready = os.path.join(self.dir, "ready-0")
+        job = self.launcher(2)
+        first = self.agent(0, "--ready_file", ready)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(ready):
+            self.assertLess(time.monotonic(), deadline, "no ready file")
+            time.sleep(0.02)
+        self.assertIsNone(job.poll())  # still waiting for node 1
+        self.agent(1)
+        code, _, err = self.finish(job)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(self.finish(first)[0], 0)
+        self.assertFalse(os.path.exists(ready))
+
     def test_node_ranks_from_the_hostname_and_the_first_free(self):
         # A StatefulSet-like name cannot be faked for a process here; the
         # claim comes through --node_rank and "any" (the unit tests cover
