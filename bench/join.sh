@@ -15,7 +15,7 @@
 #                      (default: <script dir>/../build)
 #      BENCH_HEAD_START_MS  how long the agents dial before the launcher
 #                      starts (default 3000: their backoff has reached its
-#                      2 s cap, as for pods that wait for a launcher)
+#                      250 ms cap, as for pods that wait for a launcher)
 #      BENCH_SETTLE_MS pause of the failing rank after all ranks started (20)
 #      BENCH_RUN_TIMEOUT_S  a run that takes longer is killed and counted as
 #                      failed (30)
