@@ -78,8 +78,13 @@ Agent::Agent(AgentOptions options)
         return channel_->Send(env);
       }) {}
 
-Agent::~Agent() {
+void Agent::RemoveReadyFile() {
   if (ready_file_made_) ::unlink(options_.ready_file.c_str());
+  ready_file_made_ = false;
+}
+
+Agent::~Agent() {
+  RemoveReadyFile();
   if (!run_dir_.empty()) {
     std::error_code ec;
     std::filesystem::remove_all(run_dir_, ec);
@@ -221,8 +226,12 @@ void Agent::RetryDial(const std::string& why) {
   // A joining agent waits for a launcher that may start any moment (pods
   // start in any order): it keeps dialling at most 250 ms apart, so the
   // job starts within that of the launcher; a refused connect costs nothing.
-  dial_delay_ms_ =
-      std::min<int64_t>(dial_delay_ms_ * 2, options_.join ? 250 : 2000);
+  // A name that does not resolve (the Service's DNS not there yet) is asked
+  // at most once a second.
+  const int64_t cap = !options_.join                        ? 2000
+                      : why.rfind("cannot resolve", 0) == 0 ? 1000
+                                                            : 250;
+  dial_delay_ms_ = std::min<int64_t>(dial_delay_ms_ * 2, cap);
   spdlog::info("{}; retrying in {} ms", why, delay.count());
   retry_timer_.expires_after(delay);
   retry_timer_.async_wait([this](const boost::system::error_code& ec) {
@@ -240,8 +249,11 @@ void Agent::OnConnected() {
                 st.ok() ? "connection closed" : st.message();
             // A launcher that misbehaved (or failed to prove the secret) is
             // not dialled again; one that dropped the connection is.
+            // A joining agent the launcher accepted has joined: losing it
+            // now is losing the launcher (within the heartbeat timeout),
+            // not a reason to dial for the rest of the join timeout.
             if (state_ == State::kConnecting &&
-                st.code() == StatusCode::kUnavailable)
+                st.code() == StatusCode::kUnavailable && !accepted_)
               return RetryDial(why);
             OnLauncherLost(why);
           },
@@ -276,8 +288,10 @@ void Agent::HandleMessage(wire::Envelope&& msg) {
       // launcher sends the first at once: it accepted us, which is what a
       // joining agent's ready file says.
       if (!auth_sent_) break;
-      if (options_.join && state_ == State::kConnecting && !ready_file_made_)
+      if (options_.join && state_ == State::kConnecting && !accepted_) {
+        accepted_ = true;
         MakeReadyFile();
+      }
       return;
     // Abort and Shutdown may come instead of a JobSpec when the job ended
     // while this agent was still connecting.
@@ -287,8 +301,13 @@ void Agent::HandleMessage(wire::Envelope&& msg) {
         // The pod fails with the job (or with its refusal).
         exit_code_ =
             msg.abort().exit_status() != 0 ? msg.abort().exit_status() : 1;
-        if (state_ == State::kConnecting)
-          spdlog::error("{}", msg.abort().reason());
+        if (state_ == State::kConnecting && !accepted_) {
+          spdlog::error("{} (this agent's claim came from {})",
+                        msg.abort().reason(), options_.join_rank_from);
+        } else if (state_ == State::kConnecting) {
+          spdlog::error("the job ended before it started: {}",
+                        msg.abort().reason());
+        }
       }
       return Drain(msg.abort().kill_now(), msg.abort().reason());
     case wire::Envelope::kShutdown:
@@ -345,7 +364,7 @@ void Agent::HandleJobSpec(const wire::JobSpec& job) {
                  job_.job_id(), job_.node_rank(), job_.num_nodes(),
                  options_.join_rank_from);
     options_.node_rank = job_.node_rank();
-    if (!ready_file_made_) MakeReadyFile();
+    MakeReadyFile();
   }
   if (job_.heartbeat_interval_s() > 0)
     heartbeat_interval_s_ = job_.heartbeat_interval_s();
@@ -365,8 +384,12 @@ void Agent::HandleJobSpec(const wire::JobSpec& job) {
 // fatal (the probe then says "not ready", which is true enough).
 void Agent::MakeReadyFile() {
   if (options_.ready_file.empty()) return;
-  const int fd = ::open(options_.ready_file.c_str(),
-                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (ready_file_made_) return;
+  // Ours alone: never an existing file, never through a symlink (it is
+  // removed at the end).
+  const int fd =
+      ::open(options_.ready_file.c_str(),
+             O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
     spdlog::warn("--ready_file {}: {}", options_.ready_file,
                  std::strerror(errno));
@@ -524,6 +547,7 @@ void Agent::OnLauncherLost(const std::string& why) {
   if (state_ == State::kExited || launcher_lost_) return;
   launcher_lost_ = true;
   spdlog::warn("launcher lost: {}", why);
+  RemoveReadyFile();  // not in the job any more
   exit_code_ = kExitUnavailable;
   if (channel_) channel_->Close(Unavailable(why));
   workers_.ResumeOutput();

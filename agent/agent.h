@@ -86,6 +86,7 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   // Spawns the ranks (once the node's MPI processes registered, under
   // mpirun); on failure every rank not started is reported and we drain.
   void ArmConnectTimer();
+  void RemoveReadyFile();
   void MakeReadyFile();
   void StartWorkers();
   void FailSpawn(const Status& why);
@@ -124,6 +125,7 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   bool auth_sent_ = false;
   bool launcher_lost_ = false;
   bool ready_file_made_ = false;
+  bool accepted_ = false;  // join: the launcher accepted us (1st heartbeat)
   bool connect_timer_armed_ = false;
   wire::JobSpec job_;
   std::set<int> spawned_;  // ranks started

@@ -4,6 +4,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/prctl.h>  // PR_SET_DUMPABLE
+#include <sys/stat.h>   // lstat
 #include <unistd.h>     // environ
 
 #include <CLI/CLI.hpp>
@@ -122,13 +123,26 @@ int main(int argc, char** argv) {
     }
     std::string said;
     auto rank =
-        dslaunch::agent::JoinNodeRank(flag, std::getenv("JOB_COMPLETION_INDEX"),
-                                      dslaunch::proto::LocalHostname(), &said);
+        // A StatefulSet's pod is NAME-<ordinal>, from 0; other hosts' -N
+        // (dgx-1, node-12) are no node ranks: the hostname counts in a pod.
+        dslaunch::agent::JoinNodeRank(
+            flag, std::getenv("JOB_COMPLETION_INDEX"),
+            std::getenv("KUBERNETES_SERVICE_HOST") != nullptr
+                ? dslaunch::proto::LocalHostname()
+                : std::string(),
+            &said);
     if (!rank.ok()) return Usage(rank.status());
     options.node_rank = *rank;
     options.secret = std::move(secret).value();
     options.join = true;
     options.join_rank_from = said;
+    struct stat ready_st {};
+    if (!ready_file.empty() && ::lstat(ready_file.c_str(), &ready_st) == 0) {
+      return Usage(dslaunch::InvalidArgument(
+          "--ready_file " + ready_file +
+          " exists: the agent makes it once joined and removes it at the end, "
+          "so it must name a new file"));
+    }
     options.ready_file = ready_file;
     options.stdin_is_lifeline = false;
     options.connect_timeout_s = join_timeout_s;

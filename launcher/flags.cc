@@ -1,7 +1,8 @@
 #include "launcher/flags.h"
 
 #include <CLI/CLI.hpp>
-#include <cmath>  // isfinite
+#include <algorithm>  // max
+#include <cmath>      // isfinite
 #include <cstdio>
 #include <filesystem>
 #include <string_view>
@@ -364,6 +365,16 @@ Status ValidateJoin(const CLI::App& app, LaunchOptions& o) {
   }
   if (!o.launcher_args.empty())
     return InvalidArgument("--launcher_args does not apply to --launcher join");
+  if (app.count("--start_timeout")) {
+    return InvalidArgument(
+        "--start_timeout does not apply to --launcher join: --join_timeout "
+        "bounds the wait for the agents");
+  }
+  if (static_cast<int64_t>(o.plan.num_nodes) * std::max(o.plan.num_gpus, 1) >
+      kMaxTotalSlots) {
+    return InvalidArgument("--num_nodes x --num_gpus: more than " +
+                           std::to_string(kMaxTotalSlots) + " ranks");
+  }
   if (o.doctor) {
     return InvalidArgument(
         "doctor checks the nodes of a hostfile or allocation; under "

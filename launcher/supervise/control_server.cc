@@ -5,6 +5,7 @@
 #include <boost/asio/ip/v6_only.hpp>
 
 #include "proto/auth.h"
+#include "proto/progress.h"  // EscapeControlChars
 #include "proto/version.h"
 
 namespace dslaunch::launcher {
@@ -171,13 +172,24 @@ void ControlServer::MakeRoom() {
   const size_t limit =
       kPreAuthBase + kPreAuthPerNode * static_cast<size_t>(options_.num_nodes);
   if (handshakes_.size() < limit) return;
-  // Welcomed connections are at most kWelcomedPerNode per node, fewer than
-  // the limit, so there is always one that has not sent a valid Hello.
+  // The oldest that has not sent a valid Hello goes first; when every one
+  // has (join mode: any number may claim "any node"), the oldest welcomed
+  // one: a real agent answers the Welcome within a round trip, a flood's
+  // connections wait for their deadline, so the oldest is most likely one
+  // of those. The table never grows past the limit.
+  std::shared_ptr<Handshake> oldest_welcomed;
   for (auto& [seq, hs] : handshakes_) {
-    if (hs->welcomed) continue;
+    if (hs->welcomed) {
+      if (!oldest_welcomed) oldest_welcomed = hs;
+      continue;
+    }
     auto victim = hs;  // a copy: closing erases the map's entry
     return Reject(*victim, "evicted (pre-auth table full)",
                   ProtocolError("evicted for a newer connection"));
+  }
+  if (oldest_welcomed) {
+    Reject(*oldest_welcomed, "evicted (pre-auth table full)",
+           ProtocolError("evicted for a newer connection"));
   }
 }
 
@@ -342,8 +354,9 @@ void ControlServer::Promote(const std::shared_ptr<Handshake>& hs) {
   hs->timer.cancel();
   handshakes_.erase(hs->seq);
   const std::string who =
-      (hs->hello.facts().hostname().empty() ? std::string("?")
-                                            : hs->hello.facts().hostname()) +
+      (hs->hello.facts().hostname().empty()
+           ? std::string("?")
+           : proto::EscapeControlChars(hs->hello.facts().hostname())) +
       " (" + hs->agent_addr + ")";
   if (options_.join) {
     StatusOr<int> node = NodeForJoiningAgent(hs->hello.node_rank());

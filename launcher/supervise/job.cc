@@ -8,8 +8,10 @@
 #include <algorithm>  // max
 
 #include "launcher/plan/addresses.h"
+#include "launcher/plan/hostfile.h"  // kMaxSlotsPerHost, kMaxTotalSlots
 #include "launcher/report/report.h"
 #include "proto/host_info.h"  // CpuListString
+#include "proto/progress.h"   // EscapeControlChars
 
 namespace dslaunch::launcher {
 
@@ -158,7 +160,8 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
   }
   if (node_rank == 0 && !master_port_known_) {
     master_port_known_ = true;
-    const int port = hello.facts().free_port();
+    int port = hello.facts().free_port();
+    if (port > 65535) port = 0;  // not a port: the default
     if (port > 0) plan_.master_port = port;
     console_.Note("MASTER_PORT " + std::to_string(plan_.master_port) + ": " +
                   (port > 0
@@ -215,29 +218,74 @@ void Job::OnNodeJoined(int node_rank, const wire::Hello& hello,
   StartJoinedJob();
 }
 
+// The joined agents hear why (an Abort with the exit status) before the
+// launcher ends: none waits for a job that will not come.
+void Job::FailJoinedStart(const Status& why) {
+  console_.Note(why.message());
+  state_.StartFailed(why);
+  wire::Envelope env;
+  env.mutable_abort()->set_reason(why.message());
+  env.mutable_abort()->set_kill_now(true);
+  env.mutable_abort()->set_exit_status(state_.ExitStatus());
+  SendToAll(env);
+  links_->Shutdown();  // closes each connection once the Abort is out
+  stop_timer_.expires_after(std::chrono::milliseconds(200));
+  stop_timer_.async_wait(
+      [this](const boost::system::error_code&) { io_.stop(); });
+}
+
 void Job::StartJoinedJob() {
   std::vector<std::string> hosts;
   std::vector<int> slots;
+  int64_t world = 0;
   for (const auto& [node, j] : joined_) {
-    hosts.push_back(j.facts.hostname().empty() ? j.addr : j.facts.hostname());
+    // What agents say of themselves reaches the terminal escaped.
+    hosts.push_back(proto::EscapeControlChars(
+        j.facts.hostname().empty() ? j.addr : j.facts.hostname()));
     // --num_gpus, else the node's GPUs, else one rank.
+    const int gpus = j.facts.gpus_size();
+    if (options_.plan.num_gpus <= 0 && gpus > kMaxSlotsPerHost) {
+      return FailJoinedStart(InvalidArgument(
+          "node " + std::to_string(node) + " (" + hosts.back() + ") reports " +
+          std::to_string(gpus) + " GPUs, more than " +
+          std::to_string(kMaxSlotsPerHost) + " per node; --num_gpus sets it"));
+    }
     slots.push_back(options_.plan.num_gpus > 0 ? options_.plan.num_gpus
-                    : j.facts.gpus_size() > 0  ? j.facts.gpus_size()
+                    : gpus > 0                 ? gpus
                                                : 1);
+    world += slots.back();
+  }
+  if (world > kMaxTotalSlots) {
+    return FailJoinedStart(InvalidArgument(std::to_string(world) +
+                                           " ranks in all, more than " +
+                                           std::to_string(kMaxTotalSlots)));
   }
   Plan plan = JoinPlan(hosts, slots, options_.plan);
   // Node 0's address as it reached us: the pods' network.
-  if (plan.master_addr.empty()) plan.master_addr = joined_.at(0).addr;
+  if (plan.master_addr.empty()) {
+    plan.master_addr = joined_.at(0).addr;
+    // Node 0 reached us over loopback (the launcher runs in its pod):
+    // other nodes cannot rendezvous there.
+    const bool loopback =
+        plan.master_addr.rfind("127.", 0) == 0 || plan.master_addr == "::1";
+    bool remote = false;
+    for (const auto& [node, j] : joined_) {
+      remote = remote || (j.addr.rfind("127.", 0) != 0 && j.addr != "::1");
+    }
+    if (loopback && remote) {
+      console_.Note(
+          "node 0 joined over loopback (" + plan.master_addr +
+          "), which the other nodes cannot reach as MASTER_ADDR; pass "
+          "--master_addr with node 0's address on their network");
+    }
+  }
   const int port = joined_.at(0).facts.free_port();
-  if (!options_.master_port_given && port > 0) plan.master_port = port;
+  if (!options_.master_port_given && port > 0 && port <= 65535)
+    plan.master_port = port;
   plan_ = std::move(plan);
   state_.Replan(plan_);
   if (on_plan_final_) {
-    if (Status st = on_plan_final_(plan_); !st.ok()) {
-      console_.Note(st.message());
-      state_.StartFailed(st);
-      return io_.stop();
-    }
+    if (Status st = on_plan_final_(plan_); !st.ok()) return FailJoinedStart(st);
   }
   console_.Note("all " + std::to_string(plan_.nodes.size()) +
                 " agents joined: " + std::to_string(plan_.world_size) +
@@ -378,8 +426,9 @@ void Job::OnAgentDisconnected(int node_rank, const Status& why) {
       node_rank, why.ok() ? std::string("closed") : why.message()));
   // Where the start tool's daemons own the agent process (mpirun), an agent
   // that said it is done and closed has ended as far as we can tell.
+  // A joined agent is not ours to wait for: its connection is all of it.
   if (starter_ && !starter_->SeesAgentProcesses() &&
-      done_nodes_.count(node_rank))
+      (join_ || done_nodes_.count(node_rank)))
     Act(state_.AgentProcessExited(node_rank, "ended"));
   MaybeEnd();
 }

@@ -77,6 +77,7 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   void OnNodeJoined(int node_rank, const wire::Hello& hello,
                     const std::string& agent_addr);
   void StartJoinedJob();
+  void FailJoinedStart(const Status& why);
   // "1,3-5": the node ranks no agent has joined as yet.
   std::string MissingNodes() const;
   // While agents are missing, one line every few seconds says which.

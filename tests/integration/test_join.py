@@ -109,6 +109,34 @@ class Join(LaunchTest):
         self.assertEqual(self.finish(first)[0], 0)
         self.assertFalse(os.path.exists(ready))
 
+    def test_a_joined_agent_whose_launcher_dies_before_the_start_exits_69_at_once(self):
+        ready = os.path.join(self.dir, "ready-0")
+        job = self.launcher(2)
+        agent = self.agent(0, "--ready_file", ready, "--join_timeout", "60")
+        deadline = time.monotonic() + 10
+        while not os.path.exists(ready):
+            self.assertLess(time.monotonic(), deadline, "no ready file")
+            time.sleep(0.02)
+        job.kill()
+        job.wait()
+        start = time.monotonic()
+        code, _, err = self.finish(agent, timeout=20)
+        self.assertEqual(code, 69, err)
+        self.assertLess(time.monotonic() - start, 5, "it dialled on for its join timeout")
+        self.assertFalse(os.path.exists(ready))
+
+    def test_an_existing_ready_file_is_never_taken_over(self):
+        precious = os.path.join(self.dir, "precious")
+        with open(precious, "w") as f:
+            f.write("precious data\n")
+        a = subprocess.run([DSAGENT, "--join", "127.0.0.1:%d" % self.port,
+                            "--secret_file", self.secret, "--ready_file", precious],
+                           capture_output=True, env=self.env(), timeout=10)
+        self.assertEqual(a.returncode, 64)
+        self.assertIn(b"exists", a.stderr)
+        with open(precious) as f:
+            self.assertEqual(f.read(), "precious data\n")
+
     def test_node_ranks_from_the_hostname_and_the_first_free(self):
         # A StatefulSet-like name cannot be faked for a process here; the
         # claim comes through --node_rank and "any" (the unit tests cover

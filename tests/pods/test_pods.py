@@ -359,7 +359,7 @@ class Pods(PodTest):
         for pod, a in zip((0, 2), agents):
             acode, _, aerr = self.finish(a, timeout=15)
             self.assertEqual(acode, 69, "agent in pod %d: %s" % (pod, aerr))  # the launcher's
-            self.assertIn("node 1 (join-1) was lost: no agent joined", aerr)
+            self.assertIn("the job ended before it started: node 1 (join-1) was lost: no agent joined", aerr)
         self.assertEqual(self.records(), {}, "no rank starts before every node joined")
 
     def test_a_duplicate_and_a_wrong_secret_are_refused_and_the_job_succeeds(self):

@@ -299,6 +299,33 @@ TEST_F(JoinServerTest, RefusesAClaimOutOfRangeAndAnAgentTooMany) {
   EXPECT_EQ(delegate_.authenticated.size(), 3u);
 }
 
+// Hellos claiming "any node" are welcomed, never authenticated: the
+// pre-auth table stays bounded (the oldest are evicted) and an agent that
+// proves the secret still gets in.
+TEST_F(JoinServerTest, AFloodOfHellosNeverGrowsTheTableAndAnAgentGetsIn) {
+  options_.num_nodes = 1;
+  StartServer();
+  const size_t limit =
+      ControlServer::kPreAuthBase + ControlServer::kPreAuthPerNode * 1;
+  std::vector<std::unique_ptr<TestAgent>> flood;
+  for (size_t i = 0; i < limit + 40; ++i) {
+    flood.push_back(Agent());
+    flood.back()->SendHello(i % 2 ? -1 : 1000 + static_cast<int>(i), "join");
+  }
+  ASSERT_TRUE(RunUntil(io_, [&] {
+    size_t done = 0;
+    for (auto& a : flood) done += a->welcomed() || a->closed;
+    return done == flood.size();
+  }));
+  EXPECT_LE(server_->pending_handshakes(), limit);
+  EXPECT_GT(Rejected("evicted (pre-auth table full)"), 0);
+  bool ok = false;
+  auto agent = Joined(-1, &ok);
+  ASSERT_TRUE(ok);
+  ASSERT_TRUE(RunUntil(io_, [&] { return server_->connected(0); }));
+  EXPECT_EQ(delegate_.authenticated, std::vector<int>{0});
+}
+
 TEST_F(JoinServerTest, AWrongSecretGetsNoNodeAndNoWord) {
   StartServer();
   auto a = Agent();

@@ -501,6 +501,30 @@ TEST_F(JoinJobTest, NumGpusDecidesTheRanksPerNode) {
   EXPECT_EQ(links_.Last(1).job_spec().ranks_size(), 2);
 }
 
+TEST_F(JoinJobTest, AnAgentClaimingTooManyGpusFailsTheStartAndEveryAgentHears) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  Join(0, "a", 5000, "10.9.0.11");
+  Join(1, "b", 0, "10.9.0.12");
+  for (int n : {0, 1}) {
+    ASSERT_TRUE(links_.sent.count(n));
+    EXPECT_TRUE(links_.Last(n).has_abort()) << n;
+    EXPECT_NE(links_.Last(n).abort().reason().find("5000 GPUs"),
+              std::string::npos);
+    EXPECT_NE(links_.Last(n).abort().exit_status(), 0);
+  }
+  EXPECT_TRUE(links_.shut_down);
+}
+
+TEST_F(JoinJobTest, AHostileHostnameReachesTheConsoleEscaped) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  Join(0, "evil\x1b[31m\nFAKE", 0, "10.9.0.11");
+  Join(1, "b", 0, "10.9.0.12");
+  EXPECT_EQ(job_->plan().nodes[0].host.find('\x1b'), std::string::npos);
+  EXPECT_EQ(job_->plan().nodes[0].host.find('\n'), std::string::npos);
+}
+
 TEST_F(JoinJobTest, AnAgentJoiningAnEndedJobIsToldItFailed) {
   options_.start_timeout_s = 0.05;
   StartJob();
