@@ -229,11 +229,11 @@ std::string PadRight(const std::string& s, size_t width) {
   return s.size() >= width ? s : s + std::string(width - s.size(), ' ');
 }
 
+}  // namespace
+
 std::string Plural(size_t n, const std::string& noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }
-
-}  // namespace
 
 StatusOr<std::vector<FilterTerm>> ParseFilterSpec(std::string_view spec,
                                                   std::string_view flag) {

@@ -66,6 +66,9 @@ StatusOr<Plan> MakePlan(const Hostfile& hostfile, const PlanOptions& options);
 Plan JoinPlan(const std::vector<std::string>& hosts,
               const std::vector<int>& slots, const PlanOptions& options);
 
+// "1 rank", "3 ranks".
+std::string Plural(size_t n, const std::string& noun);
+
 // A fixed-width text table (host, node rank, local rank, global rank, GPU
 // slot id), one row per rank, then a line "N nodes, W ranks, master A:P"
 // (master_port 0: the port is chosen at launch, a free one on node 0).

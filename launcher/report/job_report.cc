@@ -16,10 +16,6 @@ static std::string Fixed(double v, int digits) {
   return buf;
 }
 
-static std::string Plural(size_t n, const std::string& word) {
-  return std::to_string(n) + " " + word + (n == 1 ? "" : "s");
-}
-
 void Job::PrintRankFailure(int rank) {
   const RankRecord& r = state_.ranks().at(rank);
   const NodePlan& node = plan_.nodes[r.node_rank];

@@ -287,11 +287,13 @@ void Job::StartJoinedJob() {
   if (on_plan_final_) {
     if (Status st = on_plan_final_(plan_); !st.ok()) return FailJoinedStart(st);
   }
-  console_.Note("all " + std::to_string(plan_.nodes.size()) +
-                " agents joined: " + std::to_string(plan_.world_size) +
-                " ranks, MASTER_ADDR " + plan_.master_addr + ":" +
-                std::to_string(plan_.master_port) + " (node 0, " +
-                plan_.nodes[0].host + ")");
+  console_.Note(
+      (plan_.nodes.size() == 1
+           ? std::string("the agent joined: ")
+           : "all " + std::to_string(plan_.nodes.size()) + " agents joined: ") +
+      Plural(static_cast<size_t>(plan_.world_size), "rank") + ", MASTER_ADDR " +
+      plan_.master_addr + ":" + std::to_string(plan_.master_port) +
+      " (node 0, " + plan_.nodes[0].host + ")");
   master_port_known_ = true;
   for (size_t n = 0; n < plan_.nodes.size(); ++n)
     SendJobSpec(static_cast<int>(n));
