@@ -24,16 +24,10 @@ UP_TIMEOUT=${CLUSTER_UP_TIMEOUT:-20}
 LOCK_FILE=/run/lock/dslaunch-cluster.lock
 MARKER=.dslaunch-cluster
 SKIP=77
+# die, warn, skip, check_dir_name, ns_exists, link_exists, alive, wait_gone,
+# remove_network, empty_namespace, cmdline_of, down_dir
+. "$(dirname "${BASH_SOURCE[0]}")/../common/netns.sh"
 
-die() {
-  echo "$PROG: error: $*" >&2
-  exit 1
-}
-warn() { echo "$PROG: warning: $*" >&2; }
-skip() {
-  echo "$PROG: skipping: $*" >&2
-  exit "$SKIP"
-}
 
 usage() {
   cat >&2 <<EOF
@@ -57,10 +51,8 @@ need_tools() {
   unshare --net true 2>/dev/null || skip "cannot create network namespaces here (no CAP_SYS_ADMIN?)"
 }
 
-# DIR must be quotable without quoting: it goes into sshd_config, ssh_config and env.
-check_dir_name() {
-  [[ $1 =~ ^[A-Za-z0-9._/@+,:=-]+$ ]] || die "DIR '$1' may only contain [A-Za-z0-9._/@+,:=-]"
-}
+# DIR must be quotable without quoting (check_dir_name): it goes into
+# sshd_config, ssh_config and env.
 
 # ---------------------------------------------------------------- state
 # DIR/state is an intent log: a line is written *before* the thing it names is
@@ -106,8 +98,6 @@ node_index() { # I -> validated
   if ! [[ $1 =~ ^[0-9]+$ && -n ${NODE_NS[$1]:-} ]]; then die "no node '$1' in $DIR (nodes 1..$N)"; fi
 }
 
-ns_exists() { [[ -e /run/netns/$1 ]]; }
-link_exists() { ip link show dev "$1" >/dev/null 2>&1; }
 
 # pid of node I's sshd, if that process is alive and really is in node I's namespace
 sshd_pid() {
@@ -119,35 +109,6 @@ sshd_pid() {
 }
 
 # ---------------------------------------------------------------- teardown
-# alive = exists and is not a zombie (PID 1 of a container may be slow to reap)
-alive() {
-  local st
-  st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-  st=${st##*) }
-  [[ ${st%% *} != [ZX] ]]
-}
-
-wait_gone() { # timeout_s pid...
-  local t=$1 p left
-  shift
-  local end=$((SECONDS + t))
-  while :; do
-    left=()
-    for p in "$@"; do
-      if alive "$p"; then left+=("$p"); fi
-    done
-    ((${#left[@]})) || return 0
-    ((SECONDS < end)) || return 1
-    sleep 0.05
-  done
-}
-
-cmdline_of() { # pid -> short command line (or [comm])
-  local c
-  c=$(tr '\0\n' '  ' <"/proc/$1/cmdline" 2>/dev/null | cut -c1-60 | sed 's/[[:space:]]*$//') || true
-  [[ -n $c ]] || c="[$(cat "/proc/$1/comm" 2>/dev/null || echo gone)]"
-  printf '%s' "$c"
-}
 
 teardown() { # uses DIR; removes everything recorded in DIR/state, then DIR
   load_state
@@ -177,50 +138,17 @@ teardown() { # uses DIR; removes everything recorded in DIR/state, then DIR
   fi
   # 2. anything else still running inside our namespaces: list, TERM, then KILL
   #    (re-listing each round catches children forked meanwhile)
-  local round sig
   for i in "${!NODE_NS[@]}"; do
-    ns=${NODE_NS[i]}
-    for round in 1 2 3 4; do
-      ns_exists "$ns" || break
-      mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null)
-      ((${#pids[@]})) || break
-      if ((round == 1)); then
-        desc=()
-        for p in "${pids[@]}"; do desc+=("$p($(cmdline_of "$p"))"); done
-        warn "node $i ($ns): leftover processes, killing: ${desc[*]}"
-      fi
-      sig=KILL
-      ((round > 1)) || sig=TERM
-      kill -"$sig" "${pids[@]}" 2>/dev/null || true
-      wait_gone 2 "${pids[@]}" || ((round < 4)) || warn "node $i: still alive after SIGKILL: ${pids[*]}"
-    done
+    empty_namespace "${NODE_NS[i]}" "node $i (${NODE_NS[i]})"
   done
   # 3. links and namespaces
-  for i in "${!NODE_NS[@]}"; do
-    if link_exists "${NODE_VETH[i]}"; then ip link del dev "${NODE_VETH[i]}" 2>/dev/null || true; fi
-    if ns_exists "${NODE_NS[i]}"; then ip netns del "${NODE_NS[i]}" || warn "could not delete netns ${NODE_NS[i]}"; fi
-  done
-  if [[ -n $IPT ]] && command -v iptables >/dev/null 2>&1; then
-    iptables -w -D FORWARD -i "$IPT" -o "$IPT" -j ACCEPT 2>/dev/null || true
-  fi
-  if [[ -n $BRIDGE ]] && link_exists "$BRIDGE"; then
-    ip link del dev "$BRIDGE" || warn "could not delete bridge $BRIDGE"
-  fi
+  remove_network "$IPT" "$BRIDGE" -- "${NODE_VETH[@]}" -- "${NODE_NS[@]}"
   rm -rf -- "$DIR"
 }
 
 cmd_down() {
   [[ $# -eq 1 ]] || usage
-  need_root
-  check_dir_name "$1"
-  if [[ ! -e $1 ]]; then
-    echo "$PROG: $1: nothing to tear down"
-    return 0
-  fi
-  [[ -f $1/$MARKER ]] || die "$1 is not a cluster directory (no $MARKER); not touching it"
-  DIR=$(cd "$1" && pwd -P)
-  teardown
-  echo "$PROG: cluster in $DIR is down"
+  down_dir cluster "$1"
 }
 
 # ---------------------------------------------------------------- SLURM

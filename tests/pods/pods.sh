@@ -29,17 +29,11 @@ UID_BASE=100000
 LAUNCHER_UID=100999
 LAUNCHER_HOST=250 # the launcher pod's address: 10.214.X.250; worker pod I: 10.214.X.(I+1)
 SKIP=77
+# die, warn, skip, check_dir_name, ns_exists, link_exists, alive, wait_gone,
+# remove_network, empty_namespace, cmdline_of, down_dir
+. "$(dirname "${BASH_SOURCE[0]}")/../common/netns.sh"
 POD_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
-die() {
-  echo "$PROG: error: $*" >&2
-  exit 1
-}
-warn() { echo "$PROG: warning: $*" >&2; }
-skip() {
-  echo "$PROG: skipping: $*" >&2
-  exit "$SKIP"
-}
 usage() {
   { echo "usage:" && sed -n '8,13p' "$0" | sed 's/^#//'; } >&2
   exit 2
@@ -59,9 +53,6 @@ need_tools() {
 }
 
 # DIR goes unquoted into mount arguments and the pause's command line.
-check_dir_name() {
-  [[ $1 =~ ^[A-Za-z0-9._/@+,:=-]+$ ]] || die "DIR '$1' may only contain [A-Za-z0-9._/@+,:=-]"
-}
 
 # ---------------------------------------------------------------- state
 # DIR/state is an intent log: a line is written *before* the thing it names is
@@ -110,15 +101,6 @@ pod_arg() { # POD -> P (0.. or L), checked against DIR's state
   esac
 }
 
-ns_exists() { [[ -e /run/netns/$1 ]]; }
-link_exists() { ip link show dev "$1" >/dev/null 2>&1; }
-
-alive() { # exists and is not a zombie
-  local st
-  st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-  st=${st##*) }
-  [[ ${st%% *} != [ZX] ]]
-}
 
 # pid of pod P's pause process, if it is alive, in P's network namespace, and asleep
 pause_pid() {
@@ -129,62 +111,22 @@ pause_pid() {
   echo "$pid"
 }
 
-wait_gone() { # timeout_s pid...
-  local t=$1 p left end
-  shift
-  end=$((SECONDS + t))
-  while :; do
-    left=()
-    for p in "$@"; do if alive "$p"; then left+=("$p"); fi; done
-    ((${#left[@]})) || return 0
-    ((SECONDS < end)) || return 1
-    sleep 0.05
-  done
-}
 
 # ---------------------------------------------------------------- teardown
 teardown() {
   load_state
-  local s ns pids round sig
-  # every process in a pod's network namespace (the job's, then the pause),
-  # re-listed each round to catch children forked meanwhile
+  local s
+  # every process in a pod's network namespace (the job's, then the pause)
   for s in "${!POD_NS[@]}"; do
-    ns=${POD_NS[s]}
-    for round in 1 2 3 4; do
-      ns_exists "$ns" || break
-      mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null)
-      ((${#pids[@]})) || break
-      sig=KILL
-      ((round > 1)) || sig=TERM
-      kill -"$sig" "${pids[@]}" 2>/dev/null || true
-      wait_gone 2 "${pids[@]}" || ((round < 4)) || warn "$ns: still alive after SIGKILL: ${pids[*]}"
-    done
+    empty_namespace "${POD_NS[s]}" "${POD_NS[s]}" quiet
   done
-  for s in "${!POD_NS[@]}"; do
-    if link_exists "${POD_VETH[s]}"; then ip link del dev "${POD_VETH[s]}" 2>/dev/null || true; fi
-    if ns_exists "${POD_NS[s]}"; then ip netns del "${POD_NS[s]}" || warn "could not delete netns ${POD_NS[s]}"; fi
-  done
-  if [[ -n $IPT ]] && command -v iptables >/dev/null 2>&1; then
-    iptables -w -D FORWARD -i "$IPT" -o "$IPT" -j ACCEPT 2>/dev/null || true
-  fi
-  if [[ -n $BRIDGE ]] && link_exists "$BRIDGE"; then
-    ip link del dev "$BRIDGE" || warn "could not delete bridge $BRIDGE"
-  fi
+  remove_network "$IPT" "$BRIDGE" -- "${POD_VETH[@]}" -- "${POD_NS[@]}"
   rm -rf -- "$DIR"
 }
 
 cmd_down() {
   [[ $# -eq 1 ]] || usage
-  need_root
-  check_dir_name "$1"
-  if [[ ! -e $1 ]]; then
-    echo "$PROG: $1: nothing to tear down"
-    return 0
-  fi
-  [[ -f $1/$MARKER ]] || die "$1 is not a pods directory (no $MARKER); not touching it"
-  DIR=$(cd "$1" && pwd -P)
-  teardown
-  echo "$PROG: pods in $DIR are down"
+  down_dir pods "$1"
 }
 
 # ---------------------------------------------------------------- up
