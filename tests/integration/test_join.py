@@ -80,10 +80,14 @@ class Join(LaunchTest):
         ready = [os.path.join(self.dir, "ready-%d" % i) for i in range(3)]
         agents = {i: self.agent(i, "--ready_file", ready[i]) for i in (2, 0, 1)}
         time.sleep(0.3)  # they dial a launcher that is not there yet
-        job = self.launcher(3, "--num_gpus", "2", program=("env",))
+        logs = os.path.join(self.dir, "logs")
+        job = self.launcher(3, "--num_gpus", "2", "--log_dir", logs, program=("env",))
         code, out, err = self.finish(job)
         self.assertEqual(code, 0, err)
         self.assertIn("all 3 agents joined: 6 ranks", err)
+        # The logs were opened before the plan was final and again after.
+        self.assertEqual(sorted(os.listdir(logs)),
+                         sorted(["metrics.jsonl"] + ["rank-%d.log" % r for r in range(6)]))
         for i, a in agents.items():
             acode, _, aerr = self.finish(a)
             self.assertEqual(acode, 0, aerr)
