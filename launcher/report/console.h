@@ -58,7 +58,8 @@ class Console {
     bool ranks_on_terminal = true;
   };
   // Creates the directory (if any), one log file per rank of `plan` and
-  // metrics.jsonl.
+  // metrics.jsonl. Called again before any rank wrote (--launcher join, once
+  // the agents joined): hosts are updated and every file made anew.
   Status Open(const Plan& plan, const LogLayout& layout);
   Status Open(const Plan& plan, const std::string& log_dir) {
     return Open(plan, LogLayout{log_dir});
