@@ -25,7 +25,7 @@ LOCK_FILE=/run/lock/dslaunch-cluster.lock
 MARKER=.dslaunch-cluster
 SKIP=77
 # die, warn, skip, check_dir_name, ns_exists, link_exists, alive, wait_gone,
-# remove_network, empty_namespace, cmdline_of, down_dir
+# remove_network, empty_namespace, cmdline_of, down_dir, open_forward
 . "$(dirname "${BASH_SOURCE[0]}")/../common/netns.sh"
 
 
@@ -342,15 +342,6 @@ allocate_and_make_bridge() {
   exec {lockfd}>&-
 }
 
-# If br_netfilter is active, bridged node<->node traffic goes through the
-# iptables FORWARD chain, which Docker & co. set to DROP. Let our bridge through.
-open_forward() {
-  [[ $(sysctl -n net.bridge.bridge-nf-call-iptables 2>/dev/null || echo 0) == 1 ]] || return 0
-  command -v iptables >/dev/null 2>&1 || return 0
-  record "iptables $BRIDGE"
-  iptables -w -I FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT ||
-    warn "could not add iptables FORWARD rule for $BRIDGE; node<->node traffic may be dropped"
-}
 
 make_node() { # I [HOST] (the address's last byte; default I)
   local i=$1 host=${2:-$1} ns=${TAG}n$1 veth=${TAG}v$1

@@ -111,3 +111,14 @@ down_dir() {
   teardown
   echo "$PROG: $what in $DIR: down"
 }
+
+# With br_netfilter, bridged traffic goes through the iptables FORWARD chain,
+# which Docker & co. set to DROP: let the suite's $BRIDGE through (recorded
+# in its state, so that remove_network takes the rule out again).
+open_forward() {
+  [[ $(sysctl -n net.bridge.bridge-nf-call-iptables 2>/dev/null || echo 0) == 1 ]] || return 0
+  command -v iptables >/dev/null 2>&1 || return 0
+  record "iptables $BRIDGE"
+  iptables -w -I FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT ||
+    warn "could not add iptables FORWARD rule for $BRIDGE; traffic between its namespaces may be dropped"
+}

@@ -30,7 +30,7 @@ LAUNCHER_UID=100999
 LAUNCHER_HOST=250 # the launcher pod's address: 10.214.X.250; worker pod I: 10.214.X.(I+1)
 SKIP=77
 # die, warn, skip, check_dir_name, ns_exists, link_exists, alive, wait_gone,
-# remove_network, empty_namespace, cmdline_of, down_dir
+# remove_network, empty_namespace, cmdline_of, down_dir, open_forward
 . "$(dirname "${BASH_SOURCE[0]}")/../common/netns.sh"
 POD_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
@@ -168,15 +168,6 @@ allocate_and_make_bridge() {
   exec {lockfd}>&-
 }
 
-# With br_netfilter, bridged traffic goes through iptables FORWARD, which
-# Docker & co. set to DROP: let our bridge through.
-open_forward() {
-  [[ $(sysctl -n net.bridge.bridge-nf-call-iptables 2>/dev/null || echo 0) == 1 ]] || return 0
-  command -v iptables >/dev/null 2>&1 || return 0
-  record "iptables $BRIDGE"
-  iptables -w -I FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT ||
-    warn "could not add iptables FORWARD rule for $BRIDGE; pod<->pod traffic may be dropped"
-}
 
 pod_addr() { if [[ $1 == L ]]; then echo "10.214.$X.$LAUNCHER_HOST"; else echo "10.214.$X.$(($1 + 1))"; fi; }
 pod_host() { if [[ $1 == L ]]; then echo train-launcher; else echo "${PODS_NAME:-train-worker}-$1"; fi; }
