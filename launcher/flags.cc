@@ -107,6 +107,28 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
                  "Kubernetes Secret), which every joining agent must prove");
   app.add_option("--join_timeout", o.join_timeout_s,
                  "join: seconds to wait for --num_nodes agents (default 600)");
+  app.add_option("--console", o.console,
+                 "what the terminal shows: table (a live row per node), all "
+                 "(a row per rank), lines, rank0, none (default: table on a "
+                 "terminal, else lines)")
+      ->check(
+          CLI::IsMember({"auto", "table", "all", "lines", "rank0", "none"}));
+  app.add_option("--tensorboard", o.tensorboard_dir,
+                 "write TensorBoard event files of every rank's progress "
+                 "records here");
+  app.add_option("--metrics_port", o.metrics_port,
+                 "serve Prometheus metrics on this port (default: none)");
+  app.add_option("--metrics_addr", o.metrics_addr,
+                 "address of the metrics endpoint (default 0.0.0.0)");
+  app.add_option("--hang_timeout", o.hang_timeout_s,
+                 "name a running rank without a progress record for this "
+                 "many seconds and collect its stacks (default: no check)");
+  app.add_option("--on_hang", o.on_hang,
+                 "what a hang does: warn, or abort the job (default warn)")
+      ->check(CLI::IsMember({"warn", "abort"}));
+  app.add_option("--straggler_k", o.straggler_k,
+                 "warn when a rank's step time exceeds the median by k "
+                 "median absolute deviations (default 5; 0: never)");
 }
 
 namespace {
@@ -183,8 +205,12 @@ Status CheckDurations(const LaunchOptions& o) {
       {"--start_timeout", o.start_timeout_s, 0, false, kMaxStartSeconds},
       {"--join_timeout", o.join_timeout_s, 0, false, kMaxStartSeconds},
       {"--ssh_timeout", o.ssh_timeout_s, 0, false, kMaxSshTimeoutSeconds},
+      {"--hang_timeout", o.hang_timeout_s, 0, true, kMaxHangSeconds},
   };
   for (const SecondsFlag& f : flags) RETURN_IF_ERROR(CheckSeconds(f));
+  if (!(o.straggler_k >= 0 && o.straggler_k <= 1000))
+    return InvalidArgument("--straggler_k must be a number in [0, 1000], got " +
+                           FormatNumber(o.straggler_k));
   if (o.heartbeat_timeout_s <= o.heartbeat_interval_s) {
     return InvalidArgument(
         "--heartbeat_timeout must be greater than --heartbeat_interval, got " +
@@ -215,6 +241,8 @@ Status CheckIntegers(const CLI::App& app, const LaunchOptions& o) {
   RETURN_IF_ERROR(CheckGivenInt(app, "--ssh_port", o.ssh_port, 1, 65535));
   RETURN_IF_ERROR(
       CheckGivenInt(app, "--control_port", o.control_port, 1, 65535));
+  RETURN_IF_ERROR(
+      CheckGivenInt(app, "--metrics_port", o.metrics_port, 1, 65535));
   return CheckGivenInt(app, "--ssh_fanout", o.ssh_fanout, 1, kMaxSshFanout);
 }
 

@@ -22,6 +22,7 @@ inline constexpr double kMaxStartSeconds = 86400;
 inline constexpr int kJoinControlPort = 29400;
 inline constexpr double kMaxSshTimeoutSeconds = 3600;
 inline constexpr int kMaxSshFanout = 1024;
+inline constexpr double kMaxHangSeconds = 7 * 86400;
 
 struct LaunchOptions {
   std::string hostfile;  // empty = none given
@@ -72,7 +73,18 @@ struct LaunchOptions {
   std::string ssh_host_key_check = "strict";
   int ssh_fanout = 32;
   double ssh_timeout_s = 10;
-  bool doctor = false;               // `dslaunch doctor`: the preflight alone
+  // Watching the job (docs/observability.md): what the terminal shows
+  // (auto = table on a terminal, lines otherwise; table, all = a row per
+  // rank, lines, rank0, none), TensorBoard event files, the Prometheus
+  // endpoint (port 0 = none), hang and straggler checks.
+  std::string console = "auto";
+  std::string tensorboard_dir;
+  int metrics_port = 0;
+  std::string metrics_addr = "0.0.0.0";
+  double hang_timeout_s = 0;  // 0 = no hang check
+  std::string on_hang = "warn";
+  double straggler_k = 5;  // step time > median + k * MAD; 0 = no check
+  bool doctor = false;     // `dslaunch doctor`: the preflight alone
   std::vector<std::string> program;  // PROGRAM ARGS..., byte-exact
 };
 

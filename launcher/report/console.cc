@@ -63,6 +63,7 @@ Console::~Console() {
 Status Console::Open(const Plan& plan, const LogLayout& layout) {
   const std::string& log_dir = layout.dir;
   ranks_on_terminal_ = layout.ranks_on_terminal;
+  board_.Reset(plan);
   for (const auto& node : plan.nodes) {
     for (size_t i = 0; i < node.slots.size(); ++i) {
       const int rank = node.first_rank + static_cast<int>(i);
@@ -116,6 +117,8 @@ void Console::Progress(int rank, std::string_view json, double time) {
     ++malformed_progress_;
     return;
   }
+  const auto record = nlohmann::ordered_json::parse(json, nullptr, false);
+  board_.Record(rank, record, time);
   if (metrics_) {
     std::string line =
         proto::AnnotateProgressRecord(json, rank, host_[rank], time);

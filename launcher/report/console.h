@@ -21,6 +21,7 @@
 
 #include "launcher/plan/plan.h"
 #include "launcher/report/log_files.h"
+#include "launcher/report/rank_board.h"
 #include "launcher/report/terminal_writer.h"
 #include "proto/status.h"
 
@@ -95,6 +96,9 @@ class Console {
   int64_t malformed_progress() const { return malformed_progress_; }
   // Lines the terminal did not take, both streams.
   int64_t dropped_lines() const;
+  // What is known of every rank (progress, starts, exits, resources).
+  RankBoard& board() { return board_; }
+  const RankBoard& board() const { return board_; }
   // For the launcher's log sink (thread-safe, never blocks).
   TerminalWriter& terminal() { return terminal_; }
 
@@ -117,6 +121,7 @@ class Console {
   int64_t malformed_progress_ = 0;
   int64_t reported_drops_[2] = {0, 0};
   Status sink_status_;
+  RankBoard board_;
 };
 
 }  // namespace dslaunch::launcher

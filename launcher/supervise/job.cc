@@ -363,6 +363,12 @@ void Job::OnAgentMessage(int node_rank, wire::Envelope&& msg) {
       return HandleAgentSignalled(node_rank, msg.agent_signalled().signal());
     case wire::Envelope::kStoreRequest:
       return HandleStore(node_rank, msg.store_request());
+    case wire::Envelope::kRankStats:
+      for (const auto& e : msg.rank_stats().entries()) {
+        if (RankOfNode(e.rank(), node_rank))
+          console_.board().Stats(e.rank(), e.rss_bytes());
+      }
+      return;
     case wire::Envelope::kAgentDone:
       spdlog::info("node {} done", node_rank);
       done_nodes_.insert(node_rank);
@@ -399,6 +405,7 @@ void Job::HandleWorkerStarted(int node_rank, const wire::WorkerStarted& s) {
   auto action = state_.RankStarted(node_rank, s.rank(), s.pid());
   if (!action.ok())
     return spdlog::warn("node {}: {}", node_rank, action.status().message());
+  console_.board().Started(s.rank(), s.pid(), s.time());
   Act(*action);
 }
 
@@ -407,6 +414,7 @@ void Job::HandleWorkerExited(int node_rank, const wire::WorkerExited& e) {
                                   e.signal(), e.time(), e.error(), e.stopped());
   if (!action.ok())
     return spdlog::warn("node {}: {}", node_rank, action.status().message());
+  console_.board().Exited(e.rank(), e.exit_code(), e.signal(), e.oom_killed());
   console_.EndOfOutput(e.rank());
   if (!e.error().empty())
     console_.Note("rank " + std::to_string(e.rank()) + ": " + e.error());
