@@ -113,6 +113,9 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
                  "terminal, else lines)")
       ->check(
           CLI::IsMember({"auto", "table", "all", "lines", "rank0", "none"}));
+  app.add_flag("--no_fold", o.no_fold,
+               "show identical lines of several ranks each on its own "
+               "instead of once as [host:0-7]");
   app.add_option("--tensorboard", o.tensorboard_dir,
                  "write TensorBoard event files of every rank's progress "
                  "records here");

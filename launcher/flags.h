@@ -78,6 +78,7 @@ struct LaunchOptions {
   // rank, lines, rank0, none), TensorBoard event files, the Prometheus
   // endpoint (port 0 = none), hang and straggler checks.
   std::string console = "auto";
+  bool no_fold = false;  // every rank's line on its own, even when identical
   std::string tensorboard_dir;
   int metrics_port = 0;
   std::string metrics_addr = "0.0.0.0";

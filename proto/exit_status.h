@@ -15,6 +15,7 @@ inline constexpr int kExitNoInput = 66;      // EX_NOINPUT: a file not found
 inline constexpr int kExitUnavailable = 69;  // EX_UNAVAILABLE: node, agent
 inline constexpr int kExitSoftware = 70;     // EX_SOFTWARE: internal error
 inline constexpr int kExitIoError = 74;  // EX_IOERR: logs could not be written
+inline constexpr int kExitHung = 124;  // --on_hang abort (timeout(1)'s code)
 inline constexpr int kExitInterrupted = 130;  // 128 + SIGINT
 
 // The exit status for a failure: kInvalidArgument 64, kDataError 65,

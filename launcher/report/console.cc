@@ -1,5 +1,8 @@
 #include "launcher/report/console.h"
 
+#include <sys/ioctl.h>  // TIOCGWINSZ: the table's width and height
+
+#include <chrono>
 #include <nlohmann/json.hpp>  // rank 0's progress line
 
 #include "proto/progress.h"
@@ -9,6 +12,12 @@ namespace dslaunch::launcher {
 namespace {
 
 using Stream = TerminalWriter::Stream;
+
+double Now() {
+  return std::chrono::duration<double>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
 int FdOf(FILE* f) {
   std::fflush(f);
@@ -87,9 +96,18 @@ Status Console::Open(const Plan& plan, const LogLayout& layout) {
   return Status::Ok();
 }
 
+void Console::SetView(const View& view) {
+  view_ = view;
+  folder_ = LineFolder(view.fold_window_s);
+}
+
 void Console::Line(int rank, bool is_stderr, std::string_view line,
                    bool partial) {
-  if (ranks_on_terminal_) {
+  const bool shown = ranks_on_terminal_ && view_.mode != Mode::kNone &&
+                     (view_.mode != Mode::kRank0 || rank == 0);
+  if (shown && view_.fold && view_.mode != Mode::kRank0) {
+    if (folder_.Add(rank, is_stderr, line, Now())) FlushFolded(0, true);
+  } else if (shown) {
     std::string text = prefix_[rank];
     text.append(line);
     text.push_back('\n');
@@ -125,13 +143,49 @@ void Console::Progress(int rank, std::string_view json, double time) {
     line.push_back('\n');
     metrics_->Append(line);
   }
-  if (rank == 0) {
+  const bool as_line = view_.mode == Mode::kLines || view_.mode == Mode::kRank0;
+  if (rank == 0 && as_line && ranks_on_terminal_) {
+    FlushFolded(0, true);  // after the lines that came before it
     ToTerminal(Stream::kErr, "[" + host_[rank] + ":0 progress] " +
                                  ProgressSummary(json) + "\n");
   }
 }
 
+void Console::FlushFolded(double now, bool all) {
+  for (auto& group : folder_.Take(now, all)) {
+    std::string text = group.ranks.size() == 1
+                           ? prefix_[group.ranks.front()]
+                           : FoldedPrefix(std::move(group.ranks), host_);
+    text += group.text;
+    text.push_back('\n');
+    ToTerminal(group.is_stderr ? Stream::kErr : Stream::kOut, std::move(text));
+  }
+}
+
+void Console::Tick(double now) {
+  if (!folder_.empty()) FlushFolded(now, false);
+  if (TableShown() && !table_released_ && now - last_draw_ >= view_.redraw_s)
+    DrawTable(now);
+}
+
+void Console::DrawTable(double now) {
+  last_draw_ = now;
+  TableStyle style;
+  style.unicode = view_.unicode;
+  style.per_rank = view_.mode == Mode::kAll;
+  struct winsize size {};
+  if (::ioctl(terminal_.fd(Stream::kErr), TIOCGWINSZ, &size) == 0 &&
+      size.ws_col > 0) {
+    style.width = size.ws_col;
+    style.max_rows = std::max(3, size.ws_row / 2 - 3);
+  }
+  terminal_.SetFooter(Stream::kErr, RenderLiveTable(board_, now, style));
+}
+
 void Console::Note(std::string_view message) {
+  if (!folder_.empty()) FlushFolded(0, true);
+  if (capturing_ && captured_.size() < kMaxCaptured)
+    captured_.emplace_back(message);
   std::string text = "dslaunch: ";
   text.append(message);
   text.push_back('\n');
@@ -139,6 +193,7 @@ void Console::Note(std::string_view message) {
 }
 
 void Console::Relay(std::string_view line) {
+  if (!folder_.empty()) FlushFolded(0, true);
   std::string text(line);
   text.push_back('\n');
   ToTerminal(Stream::kErr, std::move(text));
@@ -151,6 +206,13 @@ void Console::Flush() {
 }
 
 void Console::Close() {
+  if (!folder_.empty()) FlushFolded(0, true);
+  if (TableShown() && !table_released_) {
+    // The final state stays on the screen above the report.
+    DrawTable(Now());
+    terminal_.ReleaseFooter(Stream::kErr);
+    table_released_ = true;
+  }
   logs_.clear();  // each writes what it holds and closes its file
   if (metrics_) metrics_->Close();
   metrics_.reset();

@@ -1,12 +1,15 @@
-// Console: where rank output and progress go on the launcher's host. Every
-// line goes to the terminal with a "[host:rank] " prefix (stdout lines to
-// stdout, stderr lines to stderr) through a TerminalWriter that never blocks
+// Console: where rank output and progress go on the launcher's host. Lines
+// go to the terminal with a "[host:rank] " prefix (stdout lines to stdout,
+// stderr lines to stderr; identical lines of several ranks folded into
+// "[host:0-7] "; which ranks show depends on the View), with the live table
+// kept below them on a terminal, through a TerminalWriter that never blocks
 // the event loop: when the terminal does not keep up, lines are dropped and
 // counted, and a note says how many. Each line is also written whole to
 // <log_dir>/rank-<r>.log, and the last few are kept for the failure report.
 // Progress records are checked (size, nesting) and go to
-// <log_dir>/metrics.jsonl with rank, node and time added; rank 0's are shown
-// on the console with control characters escaped. A failed write under
+// <log_dir>/metrics.jsonl with rank, node and time added and feed the
+// RankBoard; each is shown at most once: in the table, or (lines, rank0)
+// rank 0's as a line with control characters escaped. A failed write under
 // --log_dir is reported once per file and kept in sink_status(); the job
 // goes on. Owned by the Launcher; main thread only.
 #pragma once
@@ -18,8 +21,11 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "launcher/plan/plan.h"
+#include "launcher/report/line_folder.h"
+#include "launcher/report/live_table.h"
 #include "launcher/report/log_files.h"
 #include "launcher/report/rank_board.h"
 #include "launcher/report/terminal_writer.h"
@@ -49,6 +55,22 @@ class Console {
   Console(const Console&) = delete;
   Console& operator=(const Console&) = delete;
 
+  // What the terminal shows (--console): a live table of nodes (kTable) or
+  // ranks (kAll) below every rank's lines; every rank's lines with rank 0's
+  // progress (kLines); rank 0's only (kRank0); nothing of the ranks (kNone).
+  enum class Mode { kTable, kAll, kLines, kRank0, kNone };
+  struct View {
+    Mode mode = Mode::kLines;
+    bool fold = false;  // identical lines of several ranks shown once
+    double fold_window_s = 0.1;
+    double redraw_s = 0.25;  // the table at most this often
+    bool unicode = true;
+  };
+  void SetView(const View& view);
+  // Called a few times a second (by the Job's watch): lines held for
+  // folding go out, the table is redrawn.
+  void Tick(double now);
+
   // Where rank output is written besides the terminal.
   struct LogLayout {
     std::string dir;  // "" = no files
@@ -77,6 +99,11 @@ class Console {
   void Progress(int rank, std::string_view json, double time);
   // The launcher's own message, to stderr, prefixed "dslaunch: ".
   void Note(std::string_view message);
+  // From now on notes are also kept (at most kMaxCaptured), for the
+  // failure bundle's report; TakeCaptured returns and forgets them.
+  static constexpr size_t kMaxCaptured = 2000;
+  void StartCapture() { capturing_ = true; }
+  std::vector<std::string> TakeCaptured() { return std::move(captured_); }
   // A line from outside the ranks (an agent's own log over ssh, pdsh's
   // messages), to stderr as it is.
   void Relay(std::string_view line);
@@ -104,6 +131,12 @@ class Console {
 
  private:
   void ToTerminal(TerminalWriter::Stream stream, std::string text);
+  bool TableShown() const {
+    return view_.mode == Mode::kTable || view_.mode == Mode::kAll;
+  }
+  // Writes the held groups whose window passed (all when `all`).
+  void FlushFolded(double now, bool all);
+  void DrawTable(double now);
   // Notes the lines dropped since the last such note; false if none.
   bool NoteDropped();
   void OnSinkError(const Status& status);
@@ -122,6 +155,12 @@ class Console {
   int64_t reported_drops_[2] = {0, 0};
   Status sink_status_;
   RankBoard board_;
+  bool capturing_ = false;
+  std::vector<std::string> captured_;
+  View view_;
+  LineFolder folder_{0.1};
+  double last_draw_ = 0;
+  bool table_released_ = false;
 };
 
 }  // namespace dslaunch::launcher

@@ -19,13 +19,17 @@ static std::string Fixed(double v, int digits) {
 void Job::PrintRankFailure(int rank) {
   const RankRecord& r = state_.ranks().at(rank);
   const NodePlan& node = plan_.nodes[r.node_rank];
-  console_.Note(
-      "FAILED: rank " + std::to_string(rank) + " on " + node.host + " (node " +
-      std::to_string(r.node_rank) + ", local rank " +
-      std::to_string(rank - node.first_rank) + ", pid " +
-      std::to_string(r.pid) + ") " + DescribeExit(r.exit_code, r.signal) +
-      ", " + Fixed(Seconds(r.exited_at - start_time_), 2) + " s after launch");
+  console_.Note("FAILED: rank " + std::to_string(rank) + " on " + node.host +
+                " (node " + std::to_string(r.node_rank) + ", local rank " +
+                std::to_string(rank - node.first_rank) + ", pid " +
+                std::to_string(r.pid) + ") " +
+                (oom_.count(rank) ? "was killed by the kernel's OOM killer (" +
+                                        SignalName(r.signal) + ")"
+                                  : DescribeExit(r.exit_code, r.signal)) +
+                ", " + Fixed(Seconds(r.exited_at - start_time_), 2) +
+                " s after launch");
   if (!r.error.empty()) console_.Note("  " + r.error);
+  PrintForensics(rank);
   const auto& last = console_.LastLines(rank);
   if (last.empty()) {
     console_.Note("  it wrote no output");
@@ -73,6 +77,9 @@ void Job::PrintOutcome() {
       return PrintRankFailure(o.rank);
     case Outcome::Cause::kNodeLost:
       return console_.Note("FAILED: " + o.reason);
+    case Outcome::Cause::kHung:
+      return console_.Note("FAILED: HANG: " + o.reason +
+                           "; stopped by --on_hang abort");
     case Outcome::Cause::kInterrupted:
       if (!o.stopped_by.empty())
         return console_.Note("stopped: " + o.stopped_by);
@@ -85,6 +92,8 @@ void Job::PrintOutcome() {
 }
 
 int Job::Finish() {
+  console_.StartCapture();
+  PrintHangs();
   for (const auto& [rank, count] : malformed_progress_) {
     console_.Note("rank " + std::to_string(rank) + ": " +
                   std::to_string(count) +
@@ -116,6 +125,7 @@ int Job::Finish() {
   PrintOutcome();
   PrintConsequences();
   console_.Note("exit status " + std::to_string(code));
+  WriteFailureBundle();
   return code;
 }
 

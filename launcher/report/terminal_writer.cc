@@ -25,6 +25,7 @@ struct Entry {
   int stream;  // index into Lane::dropped
   bool note;   // the launcher's own message: never counted as dropped
   std::string text;
+  bool release_footer = false;  // ReleaseFooter's mark, in order with text
 };
 
 int Index(TerminalWriter::Stream s) { return static_cast<int>(s); }
@@ -50,6 +51,13 @@ struct TerminalWriter::Lane {
   // written_bytes when a Drain last gave up: a reader that has taken
   // nothing since is not waited for again.
   uint64_t gave_up_at = UINT64_MAX;
+  // The live footer (the console's table): kept below everything written,
+  // erased before each batch and drawn again after it.
+  int footer_fd = -1;
+  std::string footer;
+  int footer_lines = 0;  // lines of `footer`
+  int footer_shown = 0;  // lines of the footer now on the screen
+  bool footer_dirty = false;
 
   // REQUIRES: mu is held. Drops the queued lines, counting them.
   void DiscardQueue() {
@@ -79,24 +87,83 @@ bool WriteAll(TerminalWriter::Lane& lane, int fd, std::string_view data) {
   return true;
 }
 
+// Cursor up over the footer now shown, to the start of its first line, and
+// erase to the end of the screen.
+std::string EraseFooter(int shown) {
+  if (shown == 0) return {};
+  return "\r\x1b[" + std::to_string(shown) + "A\x1b[J";
+}
+
+// REQUIRES: lane.mu is held. Writes the batch with the footer erased
+// before it and drawn after it; unlocks around the writes.
+bool WriteWithFooter(TerminalWriter::Lane& lane,
+                     std::unique_lock<std::mutex>& lock, int fd,
+                     const std::string& batch) {
+  const int footer_fd = lane.footer_fd;
+  std::string before = EraseFooter(lane.footer_shown);
+  std::string after = lane.footer;
+  lane.footer_shown = lane.footer_lines;
+  lane.footer_dirty = false;
+  lane.in_flight = true;
+  lock.unlock();
+  bool ok = true;
+  if (footer_fd == fd) {
+    ok = WriteAll(lane, fd, before + batch + after);
+  } else {
+    ok = WriteAll(lane, footer_fd, before) && WriteAll(lane, fd, batch) &&
+         WriteAll(lane, footer_fd, after);
+  }
+  lock.lock();
+  lane.in_flight = false;
+  return ok;
+}
+
+// REQUIRES: lane.mu is held. The footer's latest text is drawn, if it is
+// not on the screen yet, and is left there: later text goes below it.
+void ReleaseFooterNow(TerminalWriter::Lane& lane,
+                      std::unique_lock<std::mutex>& lock) {
+  if (lane.footer_fd < 0) return;
+  if (lane.footer_dirty && !lane.broken)
+    (void)WriteWithFooter(lane, lock, lane.footer_fd, "");
+  lane.footer_fd = -1;
+  lane.footer.clear();
+  lane.footer_lines = 0;
+  lane.footer_shown = 0;
+  lane.footer_dirty = false;
+}
+
 void RunLane(std::shared_ptr<TerminalWriter::Lane> lane) {
   std::unique_lock<std::mutex> lock(lane->mu);
   while (true) {
-    lane->cv.wait(lock, [&] { return !lane->queue.empty() || lane->stop; });
+    lane->cv.wait(lock, [&] {
+      return !lane->queue.empty() || lane->footer_dirty || lane->stop;
+    });
     if (lane->stop) return;
+    if (!lane->queue.empty() && lane->queue.front().release_footer) {
+      lane->queue.pop_front();
+      ReleaseFooterNow(*lane, lock);
+      continue;
+    }
     // Consecutive entries for one descriptor go out in one write loop.
-    const int fd = lane->queue.front().fd;
+    const int fd =
+        lane->queue.empty() ? lane->footer_fd : lane->queue.front().fd;
     std::string batch;
     while (!lane->queue.empty() && lane->queue.front().fd == fd &&
-           batch.size() < kBatchBytes) {
+           !lane->queue.front().release_footer && batch.size() < kBatchBytes) {
       batch += lane->queue.front().text;
       lane->queue.pop_front();
     }
-    lane->in_flight = true;
-    lock.unlock();
-    const bool ok = WriteAll(*lane, fd, batch);
-    lock.lock();
-    lane->in_flight = false;
+    bool ok = true;
+    if (lane->footer_fd >= 0 && !lane->broken) {
+      ok = WriteWithFooter(*lane, lock, fd, batch);
+    } else {
+      lane->footer_dirty = false;
+      lane->in_flight = true;
+      lock.unlock();
+      ok = WriteAll(*lane, fd, batch);
+      lock.lock();
+      lane->in_flight = false;
+    }
     lane->queued_bytes -= batch.size();
     if (!ok) {
       lane->broken = true;
@@ -218,6 +285,27 @@ bool TerminalWriter::DrainStream(Stream stream, std::chrono::milliseconds stall,
                                  std::chrono::milliseconds cap) {
   return DrainLane(LaneOf(stream), stall,
                    std::chrono::steady_clock::now() + cap);
+}
+
+void TerminalWriter::SetFooter(Stream stream, std::string footer) {
+  Lane& lane = LaneOf(stream);
+  std::lock_guard<std::mutex> lock(lane.mu);
+  lane.footer_lines =
+      static_cast<int>(std::count(footer.begin(), footer.end(), '\n'));
+  lane.footer = std::move(footer);
+  lane.footer_fd = fds_[Index(stream)];
+  lane.footer_dirty = true;
+  lane.cv.notify_all();
+}
+
+void TerminalWriter::ReleaseFooter(Stream stream) {
+  Lane& lane = LaneOf(stream);
+  std::lock_guard<std::mutex> lock(lane.mu);
+  if (lane.footer_fd < 0) return;
+  Entry mark{lane.footer_fd, Index(stream), true, ""};
+  mark.release_footer = true;
+  lane.queue.push_back(std::move(mark));
+  lane.cv.notify_all();
 }
 
 int64_t TerminalWriter::dropped(Stream stream) const {

@@ -52,6 +52,15 @@ class TerminalWriter {
   // The same for one stream's queue only.
   bool DrainStream(Stream stream, std::chrono::milliseconds stall,
                    std::chrono::milliseconds cap);
+  // The live footer of `stream` (text of whole lines, each narrower than
+  // the terminal): from now on it stays below everything written to this
+  // stream's queue, redrawn after each batch; a new one replaces it on the
+  // screen. Only for a terminal.
+  void SetFooter(Stream stream, std::string footer);
+  // The footer stops being managed: the last one drawn (or set) stays on
+  // the screen as it is and later text goes below it.
+  void ReleaseFooter(Stream stream);
+  int fd(Stream stream) const { return fds_[static_cast<int>(stream)]; }
   // Lines dropped so far (given to Write, never written).
   int64_t dropped(Stream stream) const;
 

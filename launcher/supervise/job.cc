@@ -44,7 +44,15 @@ Job::Job(asio::io_context& io, const LaunchOptions& options, Plan plan,
       stop_timer_(io),
       join_wait_timer_(io),
       join_(options.launcher == "join"),
-      master_port_known_(options.master_port_given) {}
+      master_port_known_(options.master_port_given),
+      watch_(io, options, console,
+             {[this](const std::vector<int>& ranks, const std::string& why) {
+                CollectStacks(ranks, why);
+              },
+              [this](int rank, const std::string& why) {
+                console_.Note("stopping the job: --on_hang abort");
+                Act(state_.Hung(rank, why));
+              }}) {}
 
 Job::~Job() = default;
 
@@ -61,6 +69,7 @@ void Job::Start(Starter* starter, AgentLinks* links, int control_port) {
   start_time_ = Clock::now();
   control_port_ = control_port;
   ArmStartTimer();
+  watch_.Start();
   if (join_) ArmJoinWaitTimer();
   AgentBootstrap boot{&plan_, &options_, job_id_, secret_, control_port};
   starter_->Start(boot, [this](StatusOr<Starter::Started> started) {
@@ -369,6 +378,8 @@ void Job::OnAgentMessage(int node_rank, wire::Envelope&& msg) {
           console_.board().Stats(e.rank(), e.rss_bytes());
       }
       return;
+    case wire::Envelope::kStacks:
+      return HandleStacks(node_rank, msg.stacks());
     case wire::Envelope::kAgentDone:
       spdlog::info("node {} done", node_rank);
       done_nodes_.insert(node_rank);
@@ -415,6 +426,7 @@ void Job::HandleWorkerExited(int node_rank, const wire::WorkerExited& e) {
   if (!action.ok())
     return spdlog::warn("node {}: {}", node_rank, action.status().message());
   console_.board().Exited(e.rank(), e.exit_code(), e.signal(), e.oom_killed());
+  KeepExitForensics(e);
   console_.EndOfOutput(e.rank());
   if (!e.error().empty())
     console_.Note("rank " + std::to_string(e.rank()) + ": " + e.error());
@@ -557,6 +569,7 @@ void Job::ArmStopTimer() {
 void Job::MaybeEnd() {
   if (!state_.MaybeEnd()) return;
   stop_timer_.cancel();
+  watch_.Stop();
   store_.FailAll("job ended");
   links_->Shutdown();
   io_.stop();

@@ -22,6 +22,7 @@
 #include "launcher/start/starter.h"
 #include "launcher/supervise/control_server.h"
 #include "launcher/supervise/job_state.h"
+#include "launcher/supervise/job_watch.h"
 #include "launcher/supervise/kv_store.h"
 
 namespace dslaunch::launcher {
@@ -102,6 +103,13 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   void PrintOutcome();
   void PrintRankFailure(int rank);
   void PrintConsequences();
+  // job_forensics.cc: stacks, OOM and error files, <log_dir>/failure/.
+  void CollectStacks(const std::vector<int>& ranks, const std::string& why);
+  void HandleStacks(int node_rank, const wire::Stacks& stacks);
+  void KeepExitForensics(const wire::WorkerExited& exited);
+  void PrintForensics(int rank);
+  void PrintHangs();
+  void WriteFailureBundle();
 
   boost::asio::io_context& io_;
   const LaunchOptions& options_;
@@ -136,6 +144,10 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   std::map<int, int64_t> malformed_progress_;  // rank -> records dropped
   std::map<int, int64_t> dropped_progress_;    // rank -> dropped by its agent
   Clock::time_point start_time_;
+  JobWatch watch_;
+  std::map<int, std::string> stacks_;       // rank -> collected (bounded)
+  std::map<int, std::string> oom_;          // rank -> the OOM kill's detail
+  std::map<int, std::string> error_files_;  // rank -> its error file JSON
 };
 
 }  // namespace dslaunch::launcher

@@ -57,6 +57,8 @@ const char* CauseName(Outcome::Cause cause) {
       return "interrupted";
     case Outcome::Cause::kStartFailed:
       return "start failed";
+    case Outcome::Cause::kHung:
+      return "hung";
   }
   return "?";
 }
@@ -73,6 +75,8 @@ int ExitStatusFor(const Outcome& o) {
       return kExitInterrupted;
     case Outcome::Cause::kStartFailed:
       return ExitStatusFor(o.start_status);
+    case Outcome::Cause::kHung:
+      return kExitHung;
     case Outcome::Cause::kNone:
       break;
   }
@@ -239,6 +243,17 @@ JobState::Action JobState::StoppedFromOutside(int signal,
   o.signal = signal;
   o.reason = why;
   o.stopped_by = why;
+  return Decide(o) ? Action::kAbortAll : Action::kNone;
+}
+
+JobState::Action JobState::Hung(int rank, const std::string& why) {
+  auto it = ranks_.find(rank);
+  if (phase_ == Phase::kEnded || it == ranks_.end()) return Action::kNone;
+  Outcome o;
+  o.cause = Outcome::Cause::kHung;
+  o.rank = rank;
+  o.node = it->second.node_rank;
+  o.reason = why;
   return Decide(o) ? Action::kAbortAll : Action::kNone;
 }
 

@@ -41,6 +41,7 @@ struct Outcome {
     kNodeLost,     // node `node`'s agent was lost (`reason` says how)
     kInterrupted,  // the user (or the batch system) sent `signal`
     kStartFailed,  // nothing started: `start_status` says why
+    kHung,         // rank `rank` made no progress (--on_hang abort)
   };
   Cause cause = Cause::kNone;
   int rank = -1;
@@ -125,6 +126,8 @@ class JobState {
   // precisely (SLURM signals the agents, us, and says it cancelled the
   // step, in any order).
   Action StoppedFromOutside(int signal, const std::string& why);
+  // --on_hang abort: `rank` sent no progress record for too long.
+  Action Hung(int rank, const std::string& why);
   // The starter failed before anything ran: Starting -> Ended.
   void StartFailed(const Status& why);
   // --launcher join, once every node joined: the final plan (the agents'

@@ -1,0 +1,54 @@
+// LineFolder: folds identical lines that several ranks write within a short
+// window into one, shown as "[node1:0-7] text" (what dshbak -c does for
+// pdsh). Lines of one rank keep their order; a rank's line repeated is shown
+// again. Memory is bounded: past kMaxPendingBytes the caller takes every
+// group at once. Owned by the Console; main thread only; time is passed in.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace dslaunch::launcher {
+
+class LineFolder {
+ public:
+  static constexpr size_t kMaxPendingBytes = 1u << 20;
+
+  struct Group {
+    bool is_stderr = false;
+    std::vector<int> ranks;  // in the order their lines came
+    std::string text;
+    double first = 0;  // when the first of them came
+  };
+
+  explicit LineFolder(double window_s) : window_s_(window_s) {}
+
+  // Holds one line. Returns true when the held lines reached the bound.
+  bool Add(int rank, bool is_stderr, std::string_view line, double now);
+  // The groups whose window has passed (every group when `all`), oldest
+  // first.
+  std::vector<Group> Take(double now, bool all);
+  bool empty() const { return groups_.empty(); }
+
+ private:
+  std::deque<Group> groups_;
+  uint64_t base_ = 0;  // the number of groups_.front() since the start
+  // stream + text -> number of the newest group holding it
+  std::unordered_map<std::string, uint64_t> newest_;
+  std::unordered_map<int, uint64_t> last_of_rank_;  // rank -> its newest group
+  size_t held_bytes_ = 0;
+  double window_s_;
+};
+
+// "[node1:0-7] " for ranks of one host, "[node1:0-3,node2:4-7] " for up to
+// three, "[5 nodes:0-39] " beyond.
+std::string FoldedPrefix(std::vector<int> ranks,
+                         const std::map<int, std::string>& host_of);
+
+}  // namespace dslaunch::launcher

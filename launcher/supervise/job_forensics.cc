@@ -1,0 +1,130 @@
+// What the Job gathers for an operator after something went wrong: stacks
+// of hung ranks, OOM kills, Python exceptions left in error files, and the
+// <log_dir>/failure/ bundle.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "launcher/report/forensics.h"
+#include "launcher/report/report.h"
+#include "launcher/supervise/job.h"
+#include "proto/progress.h"  // EscapeControlChars
+
+extern char** environ;
+
+namespace dslaunch::launcher {
+
+namespace {
+
+constexpr size_t kMaxStacksBytes = 256u << 10;  // per rank, as the agent's
+constexpr size_t kMaxStackRanks = 64;           // ranks whose stacks are kept
+constexpr size_t kMaxErrorFileBytes = 64u << 10;
+constexpr size_t kStackLinesShown = 12;
+
+}  // namespace
+
+void Job::CollectStacks(const std::vector<int>& ranks, const std::string& why) {
+  std::map<int, wire::Envelope> by_node;
+  for (int rank : ranks) {
+    auto it = state_.ranks().find(rank);
+    if (it == state_.ranks().end()) continue;
+    auto& msg = by_node[it->second.node_rank];
+    msg.mutable_collect_stacks()->add_ranks(rank);
+    msg.mutable_collect_stacks()->set_reason(why);
+  }
+  for (const auto& [node, msg] : by_node) {
+    if (state_.node(node).authenticated) (void)links_->Send(node, msg);
+  }
+}
+
+void Job::HandleStacks(int node_rank, const wire::Stacks& s) {
+  if (!RankOfNode(s.rank(), node_rank)) return;
+  const std::string who = "rank " + std::to_string(s.rank());
+  if (!s.error().empty() || s.text().empty()) {
+    return console_.Note(
+        "no stacks of " + who + ": " +
+        proto::EscapeControlChars(s.error().empty() ? "the tool printed nothing"
+                                                    : s.error()));
+  }
+  if (stacks_.size() >= kMaxStackRanks && !stacks_.count(s.rank())) {
+    return console_.Note("stacks of " + who + " not kept: already " +
+                         std::to_string(kMaxStackRanks) + " ranks' stacks");
+  }
+  std::string text = s.text().substr(0, kMaxStacksBytes);
+  std::string where;
+  if (!options_.log_dir.empty()) {
+    const std::string path =
+        options_.log_dir + "/stacks-rank-" + std::to_string(s.rank()) + ".txt";
+    auto file = SinkFile::Create(path, [](const Status&) {});
+    if (file.ok()) {
+      (*file)->Append(text);
+      (*file)->Close();
+      if ((*file)->status().ok()) where = "; all of it in " + path;
+    }
+  }
+  console_.Note("stacks of " + who + " (" + s.tool() + "), the first " +
+                std::to_string(kStackLinesShown) + " lines" + where + ":");
+  size_t start = 0;
+  for (size_t n = 0; n < kStackLinesShown && start < text.size(); ++n) {
+    size_t end = std::min(text.find('\n', start), text.size());
+    console_.Note("  | " +
+                  proto::EscapeControlChars(text.substr(start, end - start)));
+    start = end + 1;
+  }
+  stacks_[s.rank()] = std::move(text);
+}
+
+void Job::KeepExitForensics(const wire::WorkerExited& e) {
+  if (e.oom_killed()) oom_[e.rank()] = e.oom_detail();
+  if (!e.error_file().empty())
+    error_files_[e.rank()] = e.error_file().substr(0, kMaxErrorFileBytes);
+}
+
+// Under a rank's FAILED line: how the kernel or Python ended it.
+void Job::PrintForensics(int rank) {
+  if (auto it = oom_.find(rank); it != oom_.end()) {
+    console_.Note("  killed by the kernel's OOM killer (out of memory)" +
+                  (it->second.empty()
+                       ? std::string()
+                       : ": " + proto::EscapeControlChars(it->second)));
+  }
+  if (auto it = error_files_.find(rank); it != error_files_.end()) {
+    const auto lines = DescribeErrorFile(it->second);
+    if (!lines.empty())
+      console_.Note("  its error file (TORCHELASTIC_ERROR_FILE) says:");
+    for (const auto& line : lines) console_.Note("  " + line);
+  }
+}
+
+void Job::PrintHangs() {
+  for (const auto& [rank, what] : watch_.hangs()) {
+    console_.Note("hang seen: " + what +
+                  (stacks_.count(rank) ? "; its stacks were collected" : ""));
+  }
+}
+
+void Job::WriteFailureBundle() {
+  if (options_.log_dir.empty()) return;
+  FailureRecord record;
+  record.report = console_.TakeCaptured();
+  record.plan = FormatPlanTable(plan_);
+  record.rank_env = job_env_;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string kv = *e;
+    const size_t eq = kv.find('=');
+    if (eq != std::string::npos)
+      record.launcher_env.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  record.job_secret = secret_;
+  for (const auto& [rank, r] : state_.ranks())
+    record.last_lines[rank] = console_.LastLines(rank);
+  record.stacks = stacks_;
+  record.error_files = error_files_;
+  auto dir = launcher::WriteFailureBundle(options_.log_dir, record);
+  console_.Note(dir.ok() ? "for a bug report: " + *dir +
+                               " (report, last lines, stacks, plan, "
+                               "environment with secrets redacted)"
+                         : dir.status().message());
+}
+
+}  // namespace dslaunch::launcher
