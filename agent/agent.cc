@@ -71,6 +71,7 @@ Agent::Agent(AgentOptions options)
       grace_timer_(io_),
       workers_(io_, this),
       progress_(io_, this),
+      monitor_(io_, [this](const wire::Envelope& env) { Send(env); }),
       store_(io_, [this](const wire::StoreRequest& r) {
         wire::Envelope env;
         *env.mutable_store_request() = r;
@@ -317,6 +318,9 @@ void Agent::HandleMessage(wire::Envelope&& msg) {
     case wire::Envelope::kStoreResponse:
       if (!authed) break;
       return store_.HandleResponse(msg.store_response());
+    case wire::Envelope::kCollectStacks:
+      if (!authed) break;
+      return monitor_.HandleCollectStacks(msg.collect_stacks());
     default:
       break;
   }
@@ -508,6 +512,8 @@ Status Agent::SpawnWorkers() {
     }
     ASSIGN_OR_RETURN(pid_t pid, workers_.Spawn(spec));
     spawned_.insert(r.rank());
+    monitor_.OnStarted(r.rank(), pid, paths.error_file,
+                       workers_.containment().cgroup_dir());
     wire::Envelope env;
     auto* started = env.mutable_worker_started();
     started->set_rank(r.rank());
@@ -581,6 +587,7 @@ void Agent::Drain(bool kill_now, const std::string& why) {
 void Agent::Finish() {
   if (state_ == State::kExited) return;
   workers_.KillDescendants();  // nothing of the job outlives it
+  monitor_.Stop();
   if (mpi_) mpi_->Release();   // mpirun's processes of this node end now
   Flush();
   SetState(State::kExited);
@@ -686,6 +693,7 @@ void Agent::OnWorkerExited(int rank, pid_t pid, const ExitInfo& info) {
   exited->set_error(info.error);
   exited->set_time(Now());
   exited->set_stopped(info.signalled);
+  monitor_.OnExited(rank, info, exited);  // OOM verdict, error file
   Send(env);
   if (state_ == State::kDraining && workers_.unfinished() == 0) Finish();
 }

@@ -24,6 +24,7 @@
 
 #include "agent/mpi_ranks.h"
 #include "agent/progress_server.h"
+#include "agent/rank_monitor.h"
 #include "agent/store_proxy.h"
 #include "agent/worker_set.h"
 #include "proto/channel.h"
@@ -132,6 +133,7 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   std::string run_dir_;
   WorkerSet workers_;
   ProgressServer progress_;
+  RankMonitor monitor_;  // RankStats, stacks, OOM and error-file verdicts
   StoreProxy store_;
   std::unique_ptr<MpiHolders> mpi_;  // --from_mpirun only
   // Output and progress collected since the last flush.

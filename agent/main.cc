@@ -18,6 +18,7 @@
 #include "proto/auth.h"
 #include "proto/exit_status.h"
 #include "proto/host_info.h"
+#include "agent/host_check.h"
 #include "proto/version.h"
 
 // Bad flags: one line on stderr, exit 64 (EX_USAGE).
@@ -34,6 +35,10 @@ int main(int argc, char** argv) {
   std::string connect, log_level = "warn";
   bool version = false;
   app.add_flag("--version", version, "print the version and exit");
+  bool host_check = false;
+  app.add_flag("--host_check", host_check,
+               "with --version: then print this node's setup warnings, one "
+               "per line (dslaunch doctor)");
   app.add_option("--connect", connect, "launcher's control address HOST:PORT");
   app.add_option("--node_rank", options.node_rank,
                  "this node's index in the plan");
@@ -84,6 +89,10 @@ int main(int argc, char** argv) {
   if (version) {
     std::printf("dsagent %s (protocol %u)\n", dslaunch::kVersion,
                 dslaunch::kProtocolVersion);
+    if (host_check) {
+      for (const auto& w : dslaunch::agent::SystemHostWarnings())
+        std::printf("%s\n", w.c_str());
+    }
     return 0;
   }
   if (join.empty() && connect.empty() &&

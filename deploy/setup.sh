@@ -23,6 +23,8 @@ build_pkgs=(build-essential cmake ninja-build pkg-config
   bible-kjv bible-kjv-text)
 test_pkgs=(python3 python3-torch openmpi-bin libopenmpi-dev python3-mpi4py
   iproute2 procps openssh-server openssh-client pdsh
+  elfutils gdb  # eu-stack, gdb: the agent's stack collection (CollectStacks)
+  prometheus  # promtool and a real server: tests/integration/test_prometheus.py
   slurm-wlm munge  # tests/cluster/test_slurm.py (a real SLURM cluster)
   clang-14 libclang-rt-14-dev libomp-14-dev  # tests/fuzz (libFuzzer)
   # A real DeepSpeed in a venv (tests/cluster/deepspeed_env.py): its CPU
@@ -78,6 +80,19 @@ assert v.__version__ == '1.37.0'" 2>/dev/null; then
     "$kvenv/bin/pip" install -q --disable-pip-version-check \
       "kubernetes-validate==1.37.0" "jsonschema==4.26.0" "referencing==0.37.0" \
       "PyYAML==6.0.4"
+  fi
+fi
+
+# TensorBoard from PyPI, once: tests/integration/test_tensorboard.py reads
+# the event files of dslaunch --tensorboard and dsworker with its loader.
+if [ "$want_tests" = 1 ]; then
+  tbvenv=${DSL_TENSORBOARD_VENV:-/opt/dslaunch-test/tensorboard-venv}
+  if ! "$tbvenv/bin/python" -c "import tensorboard as t; \
+assert t.__version__ == '2.18.0'" 2>/dev/null; then
+    echo "setup.sh: installing TensorBoard 2.18.0 into $tbvenv"
+    /usr/bin/python3 -m venv --clear "$tbvenv"
+    "$tbvenv/bin/pip" install -q --disable-pip-version-check \
+      "tensorboard==2.18.0" "protobuf==7.36.2" "numpy==2.4.6"
   fi
 fi
 

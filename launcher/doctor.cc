@@ -50,13 +50,14 @@ int RunDoctor(const LaunchOptions& options, const Plan& plan) {
   auto work = boost::asio::make_work_guard(io);
   const std::string agent = AgentPath(options);
   auto command_for = [agent](int, const std::string&) {
-    return ShellQuote(agent) + " --version";
+    return ShellQuote(agent) + " --version --host_check";
   };
   ssh.Preflight(SshTargets(options, plan), command_for, ExpectedAgentVersion(),
                 [&](std::vector<NodeCheck> result) {
                   checks = std::move(result);
                   work.reset();
-                });
+                },
+                /*read_all=*/true);
   io.run();
   std::string out = Row({"node", "host", "address", "resolve", "connect",
                          "host key", "auth", "agent", "time"});
@@ -71,6 +72,10 @@ int RunDoctor(const LaunchOptions& options, const Plan& plan) {
   }
   for (const auto& c : checks) {
     if (!c.ok) out += DescribeCheckFailure(c) + "\n";
+    for (const auto& note : c.notes) {
+      out += "warning: node " + std::to_string(c.node_rank) + " (" + c.host +
+             "): " + note + "\n";
+    }
   }
   out += std::to_string(checks.size() - failed) + " of " +
          std::to_string(checks.size()) + " nodes ready\n";

@@ -6,10 +6,15 @@
 #include <unistd.h>  // getpid
 
 #include <cerrno>
-#include <ctime>  // strftime
+#include <chrono>
+#include <cstdlib>  // getenv
+#include <ctime>    // strftime
+#include <map>
+#include <string_view>
 
 #include "launcher/plan/addresses.h"
 #include "launcher/report/log_sink.h"
+#include "launcher/report/prometheus_text.h"
 #include "proto/auth.h"
 #include "proto/exit_status.h"
 
@@ -109,8 +114,45 @@ class ScopedLogSink {
   std::string pattern_ = "[%H:%M:%S.%e launcher %l] %v";
 };
 
+// --console: auto is the table where stderr is a terminal that can draw it,
+// else lines; table/all asked for without one fall back to lines (said once).
+static Console::View ViewFor(const LaunchOptions& o, std::string* note) {
+  using Mode = Console::Mode;
+  Console::View view;
+  view.fold = !o.no_fold;
+  const char* term = std::getenv("TERM");
+  const bool tty = ::isatty(STDERR_FILENO) == 1 && term != nullptr &&
+                   std::string_view(term) != "dumb";
+  const std::map<std::string, Mode> modes = {
+      {"table", Mode::kTable}, {"all", Mode::kAll}, {"lines", Mode::kLines},
+      {"rank0", Mode::kRank0}, {"none", Mode::kNone}};
+  view.mode = o.console == "auto" ? (tty ? Mode::kTable : Mode::kLines)
+                                  : modes.at(o.console);
+  if ((view.mode == Mode::kTable || view.mode == Mode::kAll) && !tty) {
+    *note = "--console " + o.console +
+            " needs stderr to be a terminal; showing lines instead";
+    view.mode = Mode::kLines;
+  }
+  std::string locale;
+  for (const char* name : {"LC_ALL", "LC_CTYPE", "LANG"}) {
+    const char* v = std::getenv(name);
+    if (v != nullptr && *v != '\0') {
+      locale = v;
+      break;
+    }
+  }
+  view.unicode = locale.find("UTF-8") != std::string::npos ||
+                 locale.find("utf8") != std::string::npos ||
+                 locale.find("UTF8") != std::string::npos ||
+                 locale.find("utf-8") != std::string::npos;
+  return view;
+}
+
 int Launcher::Run() {
   ::signal(SIGPIPE, SIG_IGN);
+  std::string view_note;
+  console_.SetView(ViewFor(options_, &view_note));
+  if (!view_note.empty()) console_.Note(view_note);
   ScopedLogSink log_sink(&console_.terminal());
   const Console::LogLayout layout = LogLayoutFor(options_);
   Status st = console_.Open(job_.plan(), layout);
@@ -118,6 +160,8 @@ int Launcher::Run() {
   // learns their hosts and opens the logs of ranks added by their GPUs.
   job_.SetOnPlanFinal(
       [this, layout](const Plan& plan) { return console_.Open(plan, layout); });
+  if (st.ok() && !options_.tensorboard_dir.empty())
+    st = console_.OpenTensorBoard(options_.tensorboard_dir);
   PidFile pid_file;
   if (st.ok() && options_.save_pid) st = pid_file.Create();
   std::vector<std::string> hosts;
@@ -133,6 +177,9 @@ int Launcher::Run() {
                                    AddressLookup::System());
   StatusOr<int> port =
       st.ok() ? server_.Listen(listen_on, options_.control_port) : st;
+  if (port.ok() && options_.metrics_port != 0) {
+    if (Status metrics = StartMetrics(); !metrics.ok()) port = metrics;
+  }
   if (port.ok()) {
     spdlog::info("job {}: control server on port {}", job_.job_id(), *port);
     auto starter = MakeStarter({io_, &job_, options_, job_.plan()});
@@ -149,11 +196,38 @@ int Launcher::Run() {
   WatchSignals();
   job_.Start(starter_.get(), &server_, *port);
   io_.run();
+  if (metrics_) metrics_->Stop();  // the port closes with the job
   console_.Close();  // sink errors are known before the exit status
   const int code = job_.Finish();
   console_.Flush();
   console_.DrainTerminal();
   return code;
+}
+
+static double NowUnix() {
+  return std::chrono::duration<double>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+Status Launcher::StartMetrics() {
+  const double started_at = NowUnix();
+  metrics_ = std::make_unique<MetricsServer>(io_, [this, started_at] {
+    JobCounters counters;
+    counters.restarts = 0;  // no elastic restarts yet
+    counters.progress_records = console_.progress_records();
+    counters.malformed_progress = console_.malformed_progress();
+    counters.dropped_lines = console_.dropped_lines();
+    counters.started_at = started_at;
+    return RenderMetrics(console_.board(), counters, NowUnix());
+  });
+  StatusOr<int> port =
+      metrics_->Listen(options_.metrics_addr, options_.metrics_port);
+  if (!port.ok()) return port.status();
+  const bool v6 = options_.metrics_addr.find(':') != std::string::npos;
+  spdlog::info("metrics on http://{}{}{}:{}/metrics", v6 ? "[" : "",
+               options_.metrics_addr, v6 ? "]" : "", *port);
+  return Status::Ok();
 }
 
 void Launcher::WatchSignals() {

@@ -14,6 +14,7 @@
 #include "launcher/plan/job_env.h"
 #include "launcher/plan/plan.h"
 #include "launcher/report/console.h"
+#include "launcher/report/metrics_server.h"
 #include "launcher/start/starter.h"
 #include "launcher/supervise/control_server.h"
 #include "launcher/supervise/job.h"
@@ -33,6 +34,8 @@ class Launcher {
 
  private:
   void WatchSignals();
+  // --metrics_port: the Prometheus endpoint on --metrics_addr.
+  Status StartMetrics();
 
   LaunchOptions options_;
   std::string job_id_;
@@ -44,6 +47,8 @@ class Launcher {
   Job job_;
   std::unique_ptr<Starter> starter_;
   boost::asio::signal_set signals_;
+  // Renders from console_: declared after it, destroyed first.
+  std::unique_ptr<MetricsServer> metrics_;
 };
 
 }  // namespace dslaunch::launcher

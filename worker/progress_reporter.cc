@@ -14,11 +14,13 @@ std::string FormatStepReport(const StepReport& r, int64_t rss_bytes) {
       buf, sizeof(buf),
       "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
       "\"tokens_per_s\": %.1f, \"samples_per_s\": %.3f, "
-      "\"model_state_bytes\": %lld, \"rss_bytes\": %lld}",
+      "\"model_state_bytes\": %lld, \"rss_bytes\": %lld, "
+      "\"total_steps\": %lld}",
       static_cast<long long>(r.step), static_cast<double>(r.loss), r.lr,
       static_cast<double>(r.grad_norm), r.tokens_per_s, r.samples_per_s,
       static_cast<long long>(r.model_state_bytes),
-      static_cast<long long>(rss_bytes));
+      static_cast<long long>(rss_bytes),
+      static_cast<long long>(r.total_steps));
   return buf;
 }
 

@@ -1,7 +1,8 @@
 // ProgressReporter: what a training rank tells its agent every
 // steps_per_print steps, as one JSON line on DSLAUNCH_PROGRESS (when set):
 // step, loss (with 9 significant digits, so the float round-trips exactly),
-// lr, grad_norm, tokens_per_s, samples_per_s, model_state_bytes, rss_bytes.
+// lr, grad_norm, tokens_per_s, samples_per_s, model_state_bytes, rss_bytes,
+// total_steps (the console's progress bar and ETA).
 // Reporting is best effort: a missing launcher never stops training.
 // Single-threaded.
 #pragma once
@@ -21,6 +22,7 @@ struct StepReport {
   double tokens_per_s = 0;
   double samples_per_s = 0;
   int64_t model_state_bytes = 0;
+  int64_t total_steps = 0;  // 0: not known
 };
 
 // The record as one JSON object (no newline).

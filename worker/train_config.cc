@@ -175,6 +175,9 @@ const KeySpec kKeys[] = {
     KEY("checkpoint.every", ReadInt, 0, kMaxInt64, &c->checkpoint.every),
     KEY("checkpoint.keep", ReadInt, 0, kMaxInt, &c->checkpoint.keep),
     KEY("checkpoint.resume", ReadResume, c),
+    KEY("tensorboard.enabled", ReadBool, &c->tensorboard.enabled),
+    KEY("tensorboard.output_path", ReadString, &c->tensorboard.output_path),
+    KEY("tensorboard.job_name", ReadString, &c->tensorboard.job_name),
 };
 #undef KEY
 
@@ -190,7 +193,8 @@ constexpr std::string_view kSections[] = {"optimizer",
                                           "model",
                                           "data",
                                           "train",
-                                          "checkpoint"};
+                                          "checkpoint",
+                                          "tensorboard"};
 
 const KeySpec* FindKey(std::string_view key) {
   for (const KeySpec& spec : kKeys) {
@@ -384,6 +388,12 @@ YAML::Node OverrideValue(const std::string& key, const std::string& text) {
 }
 
 }  // namespace
+
+std::string TensorBoardDir(const TensorBoardConfig& tb) {
+  const std::string& base = tb.output_path;
+  if (base.empty() || tb.job_name.rfind('/', 0) == 0) return tb.job_name;
+  return base.back() == '/' ? base + tb.job_name : base + "/" + tb.job_name;
+}
 
 StatusOr<TrainConfig> ParseTrainConfig(std::string_view text,
                                        const std::string& path,

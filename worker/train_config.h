@@ -124,6 +124,18 @@ struct CheckpointConfig {
   std::string resume;
 };
 
+// `tensorboard`: DeepSpeed's TensorBoard monitor. When enabled, rank 0
+// writes its Train/Samples/* scalars to TensorBoardDir() (DeepSpeed's
+// os.path.join(output_path, job_name); "" is the working directory).
+struct TensorBoardConfig {
+  bool enabled = false;
+  std::string output_path;
+  std::string job_name = "DeepSpeedJobName";
+};
+
+// output_path joined with job_name as Python's os.path.join does.
+std::string TensorBoardDir(const TensorBoardConfig& tb);
+
 struct TrainConfig {
   std::string path;  // the file read (messages only)
   BatchConfig batch;
@@ -138,6 +150,7 @@ struct TrainConfig {
   DataConfig data;
   TrainLoopConfig train;
   CheckpointConfig checkpoint;
+  TensorBoardConfig tensorboard;
   // "file:line: unknown key 'a.b'" and similar; the caller logs them.
   std::vector<std::string> warnings;
   // Where each dotted key was set: "file:line" or "override 'k=v'".

@@ -68,6 +68,7 @@ Status Trainer::Init(const TrainOptions& options) {
     d.shuffle = false;
     ASSIGN_OR_RETURN(val_, DataLoader::Open(d));
   }
+  ASSIGN_OR_RETURN(tensorboard_, TensorBoardMonitor::Open(config_, rank));
   return MaybeResume();
 }
 
@@ -377,6 +378,8 @@ StatusOr<StepResult> Trainer::Run() {
       config_.checkpoint.dir.empty() ? 0 : config_.checkpoint.every;
   while (step_ < config_.train.steps) {
     ASSIGN_OR_RETURN(last, Step());
+    tensorboard_->StepDone(step_, config_.batch.train_batch_size, last.loss,
+                           LearningRate(config_, step_));
     if (save_every > 0 && step_ % save_every == 0) RETURN_IF_ERROR(Save());
     const int64_t s = step_ - 1;
     if (step_ % every != 0 && s + 1 != config_.train.steps) continue;
@@ -392,9 +395,12 @@ StatusOr<StepResult> Trainer::Run() {
         last.grad_norm,
         tokens_per_step * steps / dt,
         static_cast<double>(config_.batch.train_batch_size) * steps / dt,
-        model_state_bytes()};
+        model_state_bytes(),
+        config_.train.steps};
     progress_.Report(rep);
-    if (comm_->rank() == 0) {
+    // Under dslaunch the record is the console's to show (once); a line of
+    // our own only where nobody receives it.
+    if (comm_->rank() == 0 && !progress_.connected()) {
       std::printf(
           "step %6lld  loss %.6f  lr %.3e  grad_norm %.4f  %.0f tok/s\n",
           static_cast<long long>(step_), last.loss, last.lr, last.grad_norm,

@@ -15,6 +15,7 @@
 #include "worker/data_loader.h"
 #include "worker/model.h"
 #include "worker/progress_reporter.h"
+#include "worker/tensorboard_monitor.h"
 #include "worker/train_config.h"
 #include "worker/zero_state.h"
 
@@ -72,6 +73,7 @@ class Trainer {
   std::unique_ptr<DataLoader> train_;
   std::unique_ptr<DataLoader> val_;
   ProgressReporter progress_;
+  std::unique_ptr<TensorBoardMonitor> tensorboard_;  // rank 0's, or inert
   size_t shard_begin_ = 0, shard_size_ = 0;  // this rank's optimizer range
   std::vector<float> m_, v_;                 // moments of that range
   std::vector<float> gather_in_;             // stage 1: own updated piece

@@ -137,6 +137,14 @@ void Console::Progress(int rank, std::string_view json, double time) {
   }
   const auto record = nlohmann::ordered_json::parse(json, nullptr, false);
   board_.Record(rank, record, time);
+  if (tensorboard_ && record.is_object() && record.contains("step") &&
+      record["step"].is_number()) {
+    // The board keeps the last good step: this record's must be that one.
+    const auto it = board_.ranks().find(rank);
+    if (it != board_.ranks().end() && it->second.step &&
+        double(*it->second.step) == record["step"].get<double>())
+      tensorboard_->Record(rank, *it->second.step, it->second.scalars, time);
+  }
   if (metrics_) {
     std::string line =
         proto::AnnotateProgressRecord(json, rank, host_[rank], time);
@@ -162,8 +170,18 @@ void Console::FlushFolded(double now, bool all) {
   }
 }
 
+Status Console::OpenTensorBoard(const std::string& dir) {
+  ASSIGN_OR_RETURN(tensorboard_, TensorBoardSink::Create(dir, board_));
+  return Status::Ok();
+}
+
 void Console::Tick(double now) {
   if (!folder_.empty()) FlushFolded(now, false);
+  if (tensorboard_ && now - last_tensorboard_flush_ >= 1.0) {
+    last_tensorboard_flush_ = now;
+    tensorboard_->Flush();
+    CheckTensorBoard();
+  }
   if (TableShown() && !table_released_ && now - last_draw_ >= view_.redraw_s)
     DrawTable(now);
 }
@@ -213,6 +231,11 @@ void Console::Close() {
     terminal_.ReleaseFooter(Stream::kErr);
     table_released_ = true;
   }
+  if (tensorboard_) {
+    tensorboard_->Close();
+    CheckTensorBoard();
+    tensorboard_.reset();
+  }
   logs_.clear();  // each writes what it holds and closes its file
   if (metrics_) metrics_->Close();
   metrics_.reset();
@@ -252,6 +275,12 @@ bool Console::NoteDropped() {
        std::to_string(out) + " stdout, " + std::to_string(err) +
        " stderr: the terminal did not keep up)" + where);
   return true;
+}
+
+void Console::CheckTensorBoard() {
+  if (tensorboard_said_ || tensorboard_->status().ok()) return;
+  tensorboard_said_ = true;
+  OnSinkError(tensorboard_->status());
 }
 
 void Console::OnSinkError(const Status& status) {

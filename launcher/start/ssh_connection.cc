@@ -291,7 +291,8 @@ bool SshConnection::OpenChannel(const std::string& command, double timeout_s,
 }
 
 StatusOr<StartResult> SshConnection::StartAndReadLine(
-    const std::string& command, double timeout_s, SshFailure* failure) {
+    const std::string& command, double timeout_s, SshFailure* failure,
+    bool until_eof) {
   if (!OpenChannel(command, timeout_s, failure))
     return Unavailable(failure->message);
   StartResult result;
@@ -302,8 +303,10 @@ StatusOr<StartResult> SshConnection::StartAndReadLine(
       std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   while (true) {
     const int n = ssh_channel_read_timeout(channel_, buf, sizeof(buf), 0, 50);
-    if (n > 0) out.append(buf, static_cast<size_t>(n));
-    if (const size_t nl = out.find('\n'); nl != std::string::npos) {
+    if (n > 0 && out.size() < kMaxRestBytes)
+      out.append(buf, static_cast<size_t>(n));
+    if (const size_t nl = out.find('\n');
+        nl != std::string::npos && !until_eof) {
       result.first_line = out.substr(0, nl);
       return result;  // still running, channel open
     }
@@ -318,7 +321,9 @@ StatusOr<StartResult> SshConnection::StartAndReadLine(
       return DeadlineExceeded(failure->message);
     }
   }
-  result.first_line = out;
+  const size_t nl = out.find('\n');
+  result.first_line = out.substr(0, nl);
+  if (nl != std::string::npos) result.rest = out.substr(nl + 1);
   result.exit_status = ssh_channel_get_exit_status(channel_);
   while (!result.errors.empty() && result.errors.back() == '\n')
     result.errors.pop_back();

@@ -60,6 +60,7 @@ struct StartResult {
   std::string first_line;  // the command's first line of stdout
   int exit_status = -1;    // -1 while it runs; else how it ended
   std::string errors;      // its stderr, when it ended
+  std::string rest;        // until_eof: its stdout after the first line
 };
 
 class SshConnection {
@@ -76,8 +77,12 @@ class SshConnection {
   // command ends first, the result carries its exit status and stderr.
   // The channel stays open: its stdin is the remote agent's lifeline. On
   // error fills *failure (stage "agent", naming the step that failed).
+  // With `until_eof`, reads on to the command's end (the doctor's checks)
+  // and keeps what followed the first line in `rest`. At most
+  // kMaxRestBytes of stdout are kept either way.
+  static constexpr size_t kMaxRestBytes = 64u << 10;
   StatusOr<StartResult> StartAndReadLine(const std::string& command,
-                                         double timeout_s, SshFailure* failure);
+                                         double timeout_s, SshFailure* failure, bool until_eof = false);
   // Writes to the running command's stdin (the job secret).
   Status WriteStdin(const std::string& data);
   void Close();

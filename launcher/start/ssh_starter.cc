@@ -1,5 +1,7 @@
 #include "launcher/start/ssh_starter.h"
 
+#include "proto/progress.h"  // EscapeControlChars
+
 #include <poll.h>
 
 #include <boost/asio/post.hpp>
@@ -38,11 +40,27 @@ SshStarter::~SshStarter() {
   if (monitor_.joinable()) monitor_.join();
 }
 
+// The lines a check printed after its version line, escaped and bounded.
+static std::vector<std::string> NoteLines(const std::string& text) {
+  constexpr size_t kMaxNotes = 16, kMaxNote = 400;
+  std::vector<std::string> lines;
+  size_t start = 0;
+  while (start < text.size() && lines.size() < kMaxNotes) {
+    size_t end = std::min(text.find('\n', start), text.size());
+    if (end > start) {
+      lines.push_back(proto::EscapeControlChars(
+          std::string_view(text).substr(start, std::min(end - start, kMaxNote))));
+    }
+    start = end + 1;
+  }
+  return lines;
+}
+
 // Connects, then runs the node's command (the agent, which first prints its
 // version line) and checks that line.
 static NodeCheck CheckNode(SshConnection& conn, const SshTarget& target,
                            const SshStarter::CommandFor& command_for, int node,
-                           const std::string& expected) {
+                           const std::string& expected, bool read_all) {
   const auto start = std::chrono::steady_clock::now();
   NodeCheck c;
   c.host = target.host;
@@ -51,7 +69,8 @@ static NodeCheck CheckNode(SshConnection& conn, const SshTarget& target,
     c.local_address = conn.local_address();
     c.peer_address = conn.peer_address();
     auto result = conn.StartAndReadLine(command_for(node, c.local_address),
-                                        target.timeout_s, &c.failure);
+                                        target.timeout_s, &c.failure, read_all);
+    if (result.ok()) c.notes = NoteLines(result->rest);
     c.ok = false;
     if (!result.ok()) {
       // c.failure names the step that failed (channel or agent's answer).
@@ -81,7 +100,7 @@ static NodeCheck CheckNode(SshConnection& conn, const SshTarget& target,
 void SshStarter::Preflight(std::vector<SshTarget> targets,
                            CommandFor command_for,
                            const std::string& expected_version,
-                           PreflightDone done) {
+                           PreflightDone done, bool read_all) {
   const size_t n = targets.size();
   checks_.assign(n, NodeCheck{});
   nodes_.clear();
@@ -94,14 +113,15 @@ void SshStarter::Preflight(std::vector<SshTarget> targets,
   for (size_t i = 0; i < n; ++i) {
     asio::post(pool_,
                [this, i, target = targets[i], command_for, expected_version,
-                remaining, shared_done, alive = alive_] {
+                remaining, shared_done, read_all, alive = alive_] {
                  NodeCheck c;
                  if (stop_ || nodes_[i]->cancelled) {
                    c.host = target.host;
                    c.failure = {"connect", "cancelled", "the job was stopped"};
                  } else {
                    c = CheckNode(nodes_[i]->conn, target, command_for,
-                                 static_cast<int>(i), expected_version);
+                                 static_cast<int>(i), expected_version,
+                                 read_all);
                  }
                  c.node_rank = static_cast<int>(i);
                  asio::post(io_, [this, i, c, remaining, shared_done, alive] {

@@ -30,6 +30,7 @@ struct NodeCheck {
   std::string agent_version;  // what `dsagent --version` printed
   std::string local_address;  // route to the node, this side
   std::string peer_address;   // the node's address as reached
+  std::vector<std::string> notes;  // read_all: what followed the version
   double seconds = 0;
 };
 
@@ -47,9 +48,11 @@ class SshStarter : public Starter {
 
   // Connects to every target, runs its command and checks that the first
   // line it prints is `expected_version`. `done` runs on the io_context
-  // thread with one result per target, in target order.
+  // thread with one result per target, in target order. `read_all`: the
+  // command ends by itself; its further lines become NodeCheck::notes.
   void Preflight(std::vector<SshTarget> targets, CommandFor command_for,
-                 const std::string& expected_version, PreflightDone done);
+                 const std::string& expected_version, PreflightDone done,
+                 bool read_all = false);
   // The preflight with the job's agent command, then the secret to every
   // agent once all nodes passed.
   void Start(const AgentBootstrap& boot, StartDone done) override;

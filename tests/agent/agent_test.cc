@@ -306,11 +306,52 @@ TEST_F(AgentTest, ReportsTheSignalThatEndedAWorker) {
   StartJob("kill -KILL $$", {0});
   auto e = Next(wire::Envelope::kWorkerExited).worker_exited();
   EXPECT_EQ(e.signal(), SIGKILL);
+  EXPECT_FALSE(e.oom_killed()) << e.oom_detail();  // not the OOM killer
   wire::Envelope env;
   env.mutable_shutdown();
   ASSERT_TRUE(channel_->Send(env).ok());
   Next(wire::Envelope::kAgentDone);
   EXPECT_EQ(AgentExit(), 0);
+}
+
+TEST_F(AgentTest, SendsRankStatsAndAnswersCollectStacks) {
+  StartAgent();
+  StartJob("echo ready; exec sleep 60", {4, 5});
+  WaitForLine(4, "ready");
+  WaitForLine(5, "ready");
+  std::map<int, int64_t> rss;
+  RunUntil(
+      [&] {
+        for (const auto& m : inbox_) {
+          if (m.msg_case() != wire::Envelope::kRankStats) continue;
+          for (const auto& e : m.rank_stats().entries())
+            rss[e.rank()] = e.rss_bytes();
+        }
+        return rss.size() == 2;
+      },
+      "RankStats of ranks 4 and 5");
+  EXPECT_GT(rss[4], 0);
+  EXPECT_GT(rss[5], 0);
+  wire::Envelope env;
+  env.mutable_collect_stacks()->add_ranks(5);
+  env.mutable_collect_stacks()->add_ranks(7);  // not this node's: no answer
+  env.mutable_collect_stacks()->set_reason("test");
+  ASSERT_TRUE(channel_->Send(env).ok());
+  auto stacks = Next(wire::Envelope::kStacks).stacks();
+  EXPECT_EQ(stacks.rank(), 5);
+  // With elfutils or gdb installed, the frames of `sleep`; else why not.
+  EXPECT_TRUE(!stacks.text().empty() || !stacks.error().empty());
+  if (stacks.error().empty()) {
+    EXPECT_NE(stacks.text().find("sleep"), std::string::npos) << stacks.text();
+  }
+  wire::Envelope abort;
+  abort.mutable_abort()->set_reason("test");
+  abort.mutable_abort()->set_kill_now(true);
+  ASSERT_TRUE(channel_->Send(abort).ok());
+  Next(wire::Envelope::kAgentDone);
+  EXPECT_EQ(AgentExit(), 0);
+  for (const auto& m : inbox_)
+    EXPECT_NE(m.msg_case(), wire::Envelope::kStacks) << "rank 7 answered";
 }
 
 TEST_F(AgentTest, AbortSendsSigtermThenSigkillAfterTheGrace) {

@@ -1,0 +1,76 @@
+// RankMonitor watches this node's live ranks for the launcher (issue 12):
+// about once a second a RankStats message with each live rank's resident
+// set; stacks on CollectStacks (StackCollector); and, when a rank exits, what
+// explains it: the kernel's OOM killer (OomDetector) and the rank's
+// TORCHELASTIC_ERROR_FILE. Owned by the Agent; io_context thread only.
+#pragma once
+
+#include <sys/types.h>  // pid_t
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "agent/oom_detector.h"
+#include "agent/stack_collector.h"
+#include "proto/dslaunch.pb.h"
+#include "proto/process_set.h"  // ExitInfo
+
+namespace dslaunch::agent {
+
+struct RankMonitorOptions {
+  std::chrono::milliseconds stats_interval{1000};
+  StackToolOptions stacks;
+  OomOptions oom;
+};
+
+class RankMonitor {
+ public:
+  using Send = std::function<void(const wire::Envelope&)>;
+
+  RankMonitor(boost::asio::io_context& io, Send send,
+              RankMonitorOptions options = {});
+  RankMonitor(const RankMonitor&) = delete;
+  RankMonitor& operator=(const RankMonitor&) = delete;
+
+  // Rank `rank` runs as `pid`; its TORCHELASTIC_ERROR_FILE is `error_file`,
+  // its cgroup `cgroup_dir` ("" = none of its own).
+  void OnStarted(int rank, pid_t pid, const std::string& error_file,
+                 const std::string& cgroup_dir);
+  // Rank `rank` ended as `info` says: completes `exited` with the OOM
+  // verdict (a SIGKILL the agent did not send) and, for a failure, the
+  // error file. Nothing is read for a rank that exited 0.
+  void OnExited(int rank, const proto::ExitInfo& info,
+                wire::WorkerExited* exited);
+  // Replies one Stacks message per named rank of this node (ranks of other
+  // nodes are not ours to answer).
+  void HandleCollectStacks(const wire::CollectStacks& request);
+  // The job is over: no more stats, tools killed.
+  void Stop();
+
+ private:
+  struct Rank {
+    pid_t pid = -1;  // -1: exited
+    std::string error_file;
+  };
+  void ArmStats();
+  void SendStats();
+
+  Send send_;
+  RankMonitorOptions options_;
+  std::map<int, Rank> ranks_;  // every rank started on this node
+  size_t live_ = 0;
+  boost::asio::steady_timer stats_timer_;
+  bool stats_armed_ = false;
+  bool stopped_ = false;
+  OomDetector oom_;
+  StackCollector stacks_;
+};
+
+// Resident set of process `pid` in bytes (/proc/<pid>/statm), -1 if gone.
+int64_t ResidentBytes(pid_t pid);
+
+}  // namespace dslaunch::agent

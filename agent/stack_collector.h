@@ -1,0 +1,86 @@
+// StackCollector collects the stacks of running ranks for the launcher
+// (CollectStacks: a hang, a failure) without blocking the event loop: it runs
+// a stack tool as a child (proto::ProcessSet) per rank — py-spy for a Python
+// interpreter when installed, else eu-stack (elfutils), else gdb — each under
+// a timeout after which it is SIGKILLed, with bounded output, at most a few
+// at once and the rest queued. Owned by RankMonitor; io_context thread only.
+#pragma once
+
+#include <sys/types.h>  // pid_t
+
+#include <boost/asio/io_context.hpp>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "proto/dslaunch.pb.h"
+#include "proto/process_set.h"
+
+namespace dslaunch::agent {
+
+struct StackToolOptions {
+  // Where py-spy, eu-stack and gdb are looked for ("" = the agent's PATH).
+  std::string path_env;
+  std::chrono::milliseconds timeout{20000};  // per tool, then SIGKILL
+  size_t max_text_bytes = 256 * 1024;        // the rest dropped, with a marker
+  size_t max_running = 4;                    // tools at once
+  size_t max_queued = 4096;                  // then refused with an error
+};
+
+// One tool invocation for a pid: its name ("eu-stack") and argv.
+struct StackTool {
+  std::string name;
+  std::vector<std::string> argv;
+};
+
+// The tools to try for process `pid`, in order: py-spy when `is_python` and
+// found, then eu-stack, then gdb, each when found in `path_env`.
+std::vector<StackTool> StackToolsFor(pid_t pid, bool is_python,
+                                     const std::string& path_env);
+// True when /proc/<pid>/exe's name starts with "python".
+bool IsPythonProcess(pid_t pid);
+
+class StackCollector : private proto::ProcessSet::Delegate {
+ public:
+  using Reply = std::function<void(const wire::Stacks&)>;
+
+  StackCollector(boost::asio::io_context& io, Reply reply,
+                 StackToolOptions options = {});
+  ~StackCollector() override;
+  StackCollector(const StackCollector&) = delete;
+  StackCollector& operator=(const StackCollector&) = delete;
+
+  // Collects the stacks of `rank`, whose main process is `pid`; exactly one
+  // reply follows (maybe at once). A rank already queued or being collected
+  // is merged into that collection.
+  void Collect(int rank, pid_t pid);
+  // Kills the running tools and forgets the queue; no more replies.
+  void Stop();
+  size_t running() const { return running_.size(); }
+  size_t queued() const { return queue_.size(); }
+
+  struct Job;  // defined in stack_collector.cc
+
+ private:
+  void StartQueued();
+  void RunNextTool(const std::shared_ptr<Job>& job);
+  void Finish(const std::shared_ptr<Job>& job);
+  void OnProcessOutput(pid_t pid, bool is_stderr, std::string line,
+                       bool partial) override;
+  void OnProcessExited(pid_t pid, const proto::ExitInfo& info) override;
+
+  boost::asio::io_context& io_;
+  Reply reply_;
+  StackToolOptions options_;
+  proto::ProcessSet tools_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  std::map<pid_t, std::shared_ptr<Job>> running_;  // by the tool's pid
+  std::map<int, std::shared_ptr<Job>> by_rank_;    // queued or running
+  bool stopped_ = false;
+};
+
+}  // namespace dslaunch::agent

@@ -1,0 +1,276 @@
+#include "launcher/report/metrics_server.h"
+
+#include <spdlog/spdlog.h>
+
+#include <array>
+#include <boost/asio/ip/v6_only.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+#include <string_view>
+#include <vector>
+
+namespace dslaunch::launcher {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+struct MetricsServer::Connection {
+  Connection(asio::io_context& io, tcp::socket s, uint64_t id)
+      : id(id), socket(std::move(s)), timer(io) {}
+  uint64_t id;
+  tcp::socket socket;
+  asio::steady_timer timer;  // the read deadline, then the write deadline
+  std::array<char, 1024> chunk;
+  std::string head;      // what came so far, at most max_head_bytes + chunk
+  std::string response;  // held until written
+  bool closed = false;
+};
+
+namespace {
+
+constexpr std::string_view kContentType =
+    "text/plain; version=0.0.4; charset=utf-8";
+constexpr std::string_view kIndexPage =
+    "<html><head><title>dslaunch</title></head><body>"
+    "<h1>dslaunch</h1><p><a href=\"/metrics\">Metrics</a></p>"
+    "</body></html>\n";
+
+std::string HttpResponse(int code, std::string_view reason,
+                         std::string_view content_type, std::string_view body,
+                         bool head_only, std::string_view extra = "") {
+  std::string r = "HTTP/1.1 " + std::to_string(code) + " ";
+  r.append(reason).append("\r\nContent-Type: ").append(content_type);
+  r.append("\r\nContent-Length: ").append(std::to_string(body.size()));
+  r.append("\r\n").append(extra).append("Connection: close\r\n\r\n");
+  if (!head_only) r.append(body);
+  return r;
+}
+
+std::string PlainError(int code, std::string_view reason, bool head_only,
+                       std::string_view extra = "") {
+  return HttpResponse(code, reason, "text/plain; charset=utf-8",
+                      std::string(reason) + "\n", head_only, extra);
+}
+
+std::vector<std::string_view> Split(std::string_view s, char sep) {
+  std::vector<std::string_view> parts;
+  for (size_t at = 0;;) {
+    const size_t next = s.find(sep, at);
+    parts.push_back(s.substr(at, next - at));
+    if (next == std::string_view::npos) return parts;
+    at = next + 1;
+  }
+}
+
+bool IsToken(std::string_view s) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    if (c <= ' ' || c >= 0x7f || c == ':' || c == '"') return false;
+  }
+  return true;
+}
+
+// Checks the request line and header lines; on success sets method and path
+// (the target without its query).
+bool ParseHead(std::string_view head, std::string_view& method,
+               std::string_view& path) {
+  std::vector<std::string_view> lines = Split(head, '\n');
+  for (auto& line : lines) {
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  }
+  const std::vector<std::string_view> start = Split(lines[0], ' ');
+  if (start.size() != 3 || !IsToken(start[0])) return false;
+  if (start[1].empty() || start[1][0] != '/') return false;
+  if (start[2] != "HTTP/1.0" && start[2] != "HTTP/1.1") return false;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    if (lines[i].empty()) continue;  // the blank line(s) ending the head
+    const size_t colon = lines[i].find(':');
+    if (colon == std::string_view::npos ||
+        !IsToken(lines[i].substr(0, colon))) {
+      return false;
+    }
+  }
+  method = start[0];
+  path = start[1].substr(0, start[1].find('?'));
+  return true;
+}
+
+// Where the head ends (just after the blank line), searching from `from`.
+size_t HeadEnd(const std::string& head, size_t from) {
+  for (size_t i = from; i < head.size(); ++i) {
+    if (head[i] != '\n') continue;
+    if (i >= 1 && head[i - 1] == '\n') return i + 1;
+    if (i >= 2 && head[i - 1] == '\r' && head[i - 2] == '\n') return i + 1;
+  }
+  return std::string::npos;
+}
+
+}  // namespace
+
+MetricsServer::MetricsServer(asio::io_context& io,
+                             std::function<std::string()> render,
+                             Options options)
+    : io_(io), render_(std::move(render)), options_(options) {}
+
+MetricsServer::~MetricsServer() {
+  Stop();
+  *alive_ = false;
+}
+
+StatusOr<int> MetricsServer::Listen(const std::string& addr, int port) {
+  if (acceptor_) return Internal("the metrics server is already listening");
+  const std::string where = addr + ":" + std::to_string(port);
+  boost::system::error_code ec;
+  const auto ip = asio::ip::make_address(addr, ec);
+  if (ec) return InvalidArgument("--metrics_addr: bad address '" + addr + "'");
+  if (port < 0 || port > 65535) {
+    return InvalidArgument("--metrics_port: bad port " + std::to_string(port));
+  }
+  const tcp::endpoint ep(ip, static_cast<unsigned short>(port));
+  auto acceptor = std::make_unique<tcp::acceptor>(io_);
+  acceptor->open(ep.protocol(), ec);
+  if (!ec) acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec && ip.is_v6()) acceptor->set_option(asio::ip::v6_only(true), ec);
+  if (!ec) acceptor->bind(ep, ec);
+  if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return Unavailable("metrics endpoint: cannot listen on " + where + ": " +
+                       ec.message());
+  }
+  const int bound = acceptor->local_endpoint().port();
+  acceptor_ = std::move(acceptor);
+  Accept();
+  return bound;
+}
+
+void MetricsServer::Stop() {
+  boost::system::error_code ignored;
+  if (acceptor_) acceptor_->close(ignored);
+  for (auto& [id, c] : connections_) {
+    c->closed = true;
+    c->timer.cancel();
+    c->socket.close(ignored);
+  }
+  connections_.clear();
+}
+
+void MetricsServer::Accept() {
+  acceptor_->async_accept([this, alive = alive_](boost::system::error_code ec,
+                                                 tcp::socket socket) {
+    if (!*alive || !acceptor_->is_open()) return;
+    if (!ec) {
+      OnAccepted(std::move(socket));
+      return Accept();
+    }
+    if (ec == asio::error::operation_aborted) return;
+    // Out of descriptors or memory: do not spin; try again shortly.
+    spdlog::debug("metrics endpoint: accept failed: {}", ec.message());
+    auto retry = std::make_shared<asio::steady_timer>(
+        io_, std::chrono::milliseconds(50));
+    retry->async_wait([this, retry, alive](const boost::system::error_code&) {
+      if (*alive && acceptor_->is_open()) Accept();
+    });
+  });
+}
+
+void MetricsServer::OnAccepted(tcp::socket socket) {
+  ++counts_.accepted;
+  if (connections_.size() >= options_.max_connections) {
+    ++counts_.refused_full;
+    boost::system::error_code ignored;
+    socket.close(ignored);
+    return;
+  }
+  auto c = std::make_shared<Connection>(io_, std::move(socket), next_id_++);
+  connections_[c->id] = c;
+  c->timer.expires_after(options_.read_timeout);
+  c->timer.async_wait(
+      [this, c, alive = alive_](const boost::system::error_code& ec) {
+        if (*alive && !ec) OnDeadline(c);
+      });
+  ReadHead(c);
+}
+
+void MetricsServer::ReadHead(const ConnectionPtr& c) {
+  c->socket.async_read_some(
+      asio::buffer(c->chunk),
+      [this, c, alive = alive_](const boost::system::error_code& ec, size_t n) {
+        if (!*alive || c->closed) return;
+        if (ec) return Close(c);  // EOF or reset before a whole head
+        OnRead(c, n);
+      });
+}
+
+void MetricsServer::OnRead(const ConnectionPtr& c, size_t n) {
+  const size_t old_size = c->head.size();
+  c->head.append(c->chunk.data(), n);
+  const size_t end = HeadEnd(c->head, old_size > 2 ? old_size - 2 : 0);
+  if (end == std::string::npos || end > options_.max_head_bytes) {
+    if (c->head.size() <= options_.max_head_bytes) return ReadHead(c);
+    ++counts_.bad_requests;
+    return Respond(c,
+                   PlainError(431, "Request Header Fields Too Large", false));
+  }
+  c->head.resize(end);
+  Respond(c, Answer(c->head));
+}
+
+std::string MetricsServer::Answer(const std::string& head) {
+  std::string_view method, path;
+  if (!ParseHead(head, method, path)) {
+    ++counts_.bad_requests;
+    return PlainError(400, "Bad Request", false);
+  }
+  const bool head_only = method == "HEAD";
+  if (method != "GET" && !head_only) {
+    return PlainError(405, "Method Not Allowed", false, "Allow: GET, HEAD\r\n");
+  }
+  if (path == "/metrics") {
+    return HttpResponse(200, "OK", kContentType, render_(), head_only);
+  }
+  if (path == "/") {
+    return HttpResponse(200, "OK", "text/html; charset=utf-8", kIndexPage,
+                        head_only);
+  }
+  return PlainError(404, "Not Found", head_only);
+}
+
+void MetricsServer::Respond(const ConnectionPtr& c, std::string response) {
+  c->head.clear();
+  c->head.shrink_to_fit();
+  c->response = std::move(response);
+  c->timer.expires_after(options_.write_timeout);  // cancels the read's wait
+  c->timer.async_wait(
+      [this, c, alive = alive_](const boost::system::error_code& ec) {
+        if (*alive && !ec) OnDeadline(c);
+      });
+  asio::async_write(
+      c->socket, asio::buffer(c->response),
+      [this, c, alive = alive_](const boost::system::error_code& ec, size_t) {
+        if (!*alive || c->closed) return;
+        if (!ec) {
+          ++counts_.responses;
+          boost::system::error_code ignored;
+          c->socket.shutdown(tcp::socket::shutdown_send, ignored);
+        }
+        Close(c);
+      });
+}
+
+void MetricsServer::OnDeadline(const ConnectionPtr& c) {
+  if (c->closed) return;
+  ++counts_.timed_out;
+  spdlog::debug("metrics endpoint: a connection passed its deadline");
+  Close(c);
+}
+
+void MetricsServer::Close(const ConnectionPtr& c) {
+  if (c->closed) return;
+  c->closed = true;
+  boost::system::error_code ignored;
+  c->timer.cancel();
+  c->socket.close(ignored);
+  connections_.erase(c->id);
+}
+
+}  // namespace dslaunch::launcher

@@ -1,0 +1,169 @@
+#include "launcher/report/tensorboard_sink.h"
+
+#include <algorithm>  // max
+#include <chrono>     // system_clock
+#include <utility>
+
+namespace dslaunch::launcher {
+namespace {
+
+constexpr const char* kFlag = "--tensorboard";
+
+double UnixNow() {
+  return std::chrono::duration<double>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<TensorBoardSink>> TensorBoardSink::Create(
+    const std::string& dir, const RankBoard& board) {
+  RETURN_IF_ERROR(proto::CreateEventDir(dir, kFlag));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<proto::EventFileWriter> job,
+      proto::EventFileWriter::Create(dir + "/job", UnixNow(), kFlag));
+  return std::unique_ptr<TensorBoardSink>(
+      new TensorBoardSink(dir, board, std::move(job)));
+}
+
+TensorBoardSink::TensorBoardSink(std::string dir, const RankBoard& board,
+                                 std::unique_ptr<proto::EventFileWriter> job)
+    : dir_(std::move(dir)), board_(board), job_(std::move(job)) {}
+
+TensorBoardSink::~TensorBoardSink() { Close(); }
+
+void TensorBoardSink::Keep(const Status& status) {
+  if (status_.ok() && !status.ok()) status_ = status;
+}
+
+proto::EventFileWriter* TensorBoardSink::RankRun(int rank, double wall_time) {
+  auto it = ranks_.find(rank);
+  if (it != ranks_.end()) return it->second.get();
+  auto run = proto::EventFileWriter::Create(
+      dir_ + "/rank-" + std::to_string(rank), wall_time, kFlag);
+  Keep(run.status());
+  auto& slot = ranks_[rank];
+  if (run.ok()) slot = std::move(run).value();
+  return slot.get();
+}
+
+void TensorBoardSink::Record(
+    int rank, int64_t step,
+    const std::vector<std::pair<std::string, double>>& scalars,
+    double wall_time) {
+  if (closed_ || !board_.ranks().count(rank)) return;
+  if (!scalars.empty()) {
+    if (proto::EventFileWriter* run = RankRun(rank, wall_time)) {
+      run->AddScalars(step, scalars, wall_time);
+      Keep(run->status());
+    }
+  }
+  AddToJob(rank, step, scalars, wall_time);
+  auto it = pending_.find(step);
+  if (it != pending_.end() && Complete(it->second, AliveRanks())) {
+    WriteJobStep(it->first, it->second);
+    pending_.erase(it);
+  }
+}
+
+void TensorBoardSink::AddToJob(
+    int rank, int64_t step,
+    const std::vector<std::pair<std::string, double>>& scalars,
+    double wall_time) {
+  if (written_.count(step)) return;  // already written without this rank
+  if (!pending_.count(step) && pending_.size() >= kMaxPendingSteps) {
+    WriteJobStep(pending_.begin()->first, pending_.begin()->second);
+    pending_.erase(pending_.begin());
+  }
+  PendingStep& p = pending_[step];
+  p.wall_time = std::max(p.wall_time, wall_time);
+  uint64_t& taken = p.taken[rank];
+  for (const auto& [tag, value] : scalars) {
+    size_t i = 0;
+    while (i < p.tags.size() && p.tags[i].first != tag) ++i;
+    if (i == p.tags.size()) {
+      if (p.tags.size() >= kMaxJobTags) continue;
+      p.tags.push_back({tag, Sum{}});
+    }
+    const uint64_t bit = uint64_t{1} << i;
+    if (taken & bit) continue;  // the rank's first value counts
+    taken |= bit;
+    p.tags[i].second.total += value;
+    ++p.tags[i].second.count;
+  }
+}
+
+size_t TensorBoardSink::AliveRanks() const {
+  size_t alive = 0;
+  for (const auto& [rank, view] : board_.ranks()) {
+    alive += view.state != RankView::State::kExited;
+  }
+  return alive;
+}
+
+bool TensorBoardSink::Complete(const PendingStep& pending, size_t alive) const {
+  if (pending.taken.size() < alive) return false;  // the common case, cheaply
+  for (const auto& [rank, view] : board_.ranks()) {
+    if (view.state != RankView::State::kExited && !pending.taken.count(rank)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void TensorBoardSink::WriteComplete() {
+  const size_t alive = AliveRanks();
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (!Complete(it->second, alive)) {
+      ++it;
+      continue;
+    }
+    WriteJobStep(it->first, it->second);
+    it = pending_.erase(it);
+  }
+}
+
+void TensorBoardSink::WriteJobStep(int64_t step, const PendingStep& pending) {
+  std::vector<std::pair<std::string, double>> values;
+  values.reserve(pending.tags.size());
+  for (const auto& [tag, sum] : pending.tags) {
+    const bool summed = tag == "tokens_per_s";
+    values.emplace_back(tag, summed ? sum.total : sum.total / sum.count);
+  }
+  job_->AddScalars(step, values, pending.wall_time);
+  Keep(job_->status());
+  if (written_.insert(step).second) written_order_.push_back(step);
+  if (written_order_.size() > kWrittenSteps) {
+    written_.erase(written_order_.front());
+    written_order_.pop_front();
+  }
+}
+
+void TensorBoardSink::Flush() {
+  if (closed_) return;
+  WriteComplete();
+  job_->Flush();
+  Keep(job_->status());
+  for (auto& [rank, run] : ranks_) {
+    if (!run) continue;
+    run->Flush();
+    Keep(run->status());
+  }
+}
+
+void TensorBoardSink::Close() {
+  if (closed_) return;
+  for (const auto& [step, pending] : pending_) WriteJobStep(step, pending);
+  pending_.clear();
+  job_->Close();
+  Keep(job_->status());
+  for (auto& [rank, run] : ranks_) {
+    if (!run) continue;
+    run->Close();
+    Keep(run->status());
+  }
+  closed_ = true;
+}
+
+}  // namespace dslaunch::launcher

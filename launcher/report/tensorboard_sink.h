@@ -1,0 +1,100 @@
+// TensorBoardSink: the --tensorboard DIR event files. One run per rank
+// (<dir>/rank-<r>, opened at the rank's first record with a step) holds the
+// rank's scalars as it sent them; the run <dir>/job holds each step's
+// job-wide values once every rank still alive has reported it. Owned by the
+// Console next to the RankBoard it reads; main thread only. Write errors are
+// kept in status(), never fatal to the job.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "launcher/report/rank_board.h"
+#include "proto/status.h"
+#include "proto/tb_events.h"
+
+namespace dslaunch::launcher {
+
+class TensorBoardSink {
+ public:
+  // Steps waiting for ranks: past this many, the oldest is written with the
+  // ranks it has.
+  static constexpr size_t kMaxPendingSteps = 64;
+  // Tags of one job-wide step; a rank's further tags are left out of it.
+  static constexpr size_t kMaxJobTags = 64;
+  // Steps remembered as written, so a rank reporting one late does not
+  // write it again.
+  static constexpr size_t kWrittenSteps = 256;
+
+  // One run per rank (<dir>/rank-<r>) and one job-wide (<dir>/job). Creates
+  // <dir> and the job run now: an error names --tensorboard and the path.
+  // `board` must outlive the sink.
+  static StatusOr<std::unique_ptr<TensorBoardSink>> Create(
+      const std::string& dir, const RankBoard& board);
+  ~TensorBoardSink();  // Close()
+  TensorBoardSink(const TensorBoardSink&) = delete;
+  TensorBoardSink& operator=(const TensorBoardSink&) = delete;
+
+  // A rank's record: its step and numeric fields (RankView::scalars of
+  // launcher/report/rank_board.h); the caller passes only records that
+  // have a step. Ranks the board does not know are ignored. A record with
+  // no scalars still counts as the rank's report of the step. The job run takes
+  // "loss" as the mean over ranks, "tokens_per_s" as the sum, any other tag as
+  // the mean over the ranks that sent it; a rank's first value of a tag at a
+  // step counts.
+  void Record(int rank, int64_t step,
+              const std::vector<std::pair<std::string, double>>& scalars,
+              double wall_time);
+  // Writes the steps that exits made complete, then flushes every run.
+  void Flush();
+  // Writes every pending step with what it has, then closes every run.
+  void Close();
+  // The first error, OK when none.
+  const Status& status() const { return status_; }
+
+ private:
+  struct Sum {
+    double total = 0;
+    int count = 0;
+  };
+  // One job-wide step being gathered: at most kMaxJobTags tags, and per
+  // rank that reported it a bit per tag it counted.
+  struct PendingStep {
+    std::vector<std::pair<std::string, Sum>> tags;  // in the order first seen
+    std::map<int, uint64_t> taken;                  // rank -> bits of tags
+    double wall_time = 0;                           // the latest record's
+  };
+
+  TensorBoardSink(std::string dir, const RankBoard& board,
+                  std::unique_ptr<proto::EventFileWriter> job);
+  proto::EventFileWriter* RankRun(int rank, double wall_time);
+  void AddToJob(int rank, int64_t step,
+                const std::vector<std::pair<std::string, double>>& scalars,
+                double wall_time);
+  size_t AliveRanks() const;  // ranks of the board not exited
+  // Every rank not exited has reported the step; `alive`: AliveRanks().
+  bool Complete(const PendingStep& pending, size_t alive) const;
+  void WriteComplete();
+  void WriteJobStep(int64_t step, const PendingStep& pending);
+  void Keep(const Status& status);
+
+  std::string dir_;
+  const RankBoard& board_;
+  std::unique_ptr<proto::EventFileWriter> job_;
+  // A null writer: the run could not be created (not tried again).
+  std::map<int, std::unique_ptr<proto::EventFileWriter>> ranks_;
+  std::map<int64_t, PendingStep> pending_;
+  std::set<int64_t> written_;
+  std::deque<int64_t> written_order_;  // oldest first, for the bound
+  bool closed_ = false;
+  Status status_;
+};
+
+}  // namespace dslaunch::launcher

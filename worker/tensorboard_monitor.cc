@@ -1,0 +1,52 @@
+#include "worker/tensorboard_monitor.h"
+
+#include <chrono>  // system_clock
+#include <cstdio>  // fprintf
+#include <utility>
+
+namespace dslaunch::worker {
+namespace {
+
+double UnixNow() {
+  return std::chrono::duration<double>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<TensorBoardMonitor>> TensorBoardMonitor::Open(
+    const TrainConfig& config, int rank) {
+  std::unique_ptr<proto::EventFileWriter> writer;
+  if (config.tensorboard.enabled && rank == 0) {
+    const auto set_at = config.sources.find("tensorboard.output_path");
+    const std::string where =
+        (set_at != config.sources.end() ? set_at->second : config.path) +
+        ": tensorboard.output_path";
+    ASSIGN_OR_RETURN(writer,
+                     proto::EventFileWriter::Create(
+                         TensorBoardDir(config.tensorboard), UnixNow(), where));
+  }
+  return std::unique_ptr<TensorBoardMonitor>(
+      new TensorBoardMonitor(std::move(writer)));
+}
+
+TensorBoardMonitor::~TensorBoardMonitor() {
+  if (writer_) writer_->Close();
+}
+
+void TensorBoardMonitor::StepDone(int64_t step, int64_t samples_per_step,
+                                  float loss, double next_lr) {
+  if (!writer_) return;
+  const double now = UnixNow();
+  writer_->AddScalar(kLossTag, (step - 1) * samples_per_step, loss, now);
+  writer_->AddScalar(kLrTag, step * samples_per_step, next_lr, now);
+  writer_->Flush();  // as DeepSpeed does after every write
+  if (!writer_->status().ok() && !error_reported_) {
+    std::fprintf(stderr, "dsworker: tensorboard: %s (no more events)\n",
+                 writer_->status().message().c_str());
+    error_reported_ = true;
+  }
+}
+
+}  // namespace dslaunch::worker
