@@ -588,7 +588,7 @@ void Agent::Finish() {
   if (state_ == State::kExited) return;
   workers_.KillDescendants();  // nothing of the job outlives it
   monitor_.Stop();
-  if (mpi_) mpi_->Release();   // mpirun's processes of this node end now
+  if (mpi_) mpi_->Release();  // mpirun's processes of this node end now
   Flush();
   SetState(State::kExited);
   grace_timer_.cancel();

@@ -11,8 +11,8 @@
 namespace dslaunch::agent {
 
 // Warnings for `hostname` resolving to `addresses` (numeric IPv4/IPv6).
-std::vector<std::string> HostWarnings(const std::string& hostname,
-                                      const std::vector<std::string>& addresses);
+std::vector<std::string> HostWarnings(
+    const std::string& hostname, const std::vector<std::string>& addresses);
 // The same for this machine: gethostname() resolved with getaddrinfo().
 std::vector<std::string> SystemHostWarnings();
 

@@ -14,11 +14,11 @@
 
 #include "agent/agent.h"
 #include "agent/agent_args.h"
+#include "agent/host_check.h"
 #include "agent/mpi_ranks.h"
 #include "proto/auth.h"
 #include "proto/exit_status.h"
 #include "proto/host_info.h"
-#include "agent/host_check.h"
 #include "proto/version.h"
 
 // Bad flags: one line on stderr, exit 64 (EX_USAGE).

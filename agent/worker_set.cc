@@ -26,6 +26,7 @@ StatusOr<pid_t> WorkerSet::Spawn(const WorkerSpec& spec) {
   p.cwd = spec.cwd;
   p.cpus = spec.cpus;
   p.death_signal = SIGKILL;
+  p.parent_may_trace = true;  // stacks of a hung rank (stack_collector.h)
   p.cgroup_dir = containment_.cgroup_dir();
   containment_.NoteSpawned();
   ASSIGN_OR_RETURN(pid_t pid, processes_.Spawn(p));

@@ -25,6 +25,7 @@ test_pkgs=(python3 python3-torch openmpi-bin libopenmpi-dev python3-mpi4py
   iproute2 procps openssh-server openssh-client pdsh
   elfutils gdb  # eu-stack, gdb: the agent's stack collection (CollectStacks)
   prometheus  # promtool and a real server: tests/integration/test_prometheus.py
+  tmux  # a real terminal for the live table: tests/integration/test_observe.py
   slurm-wlm munge  # tests/cluster/test_slurm.py (a real SLURM cluster)
   clang-14 libclang-rt-14-dev libomp-14-dev  # tests/fuzz (libFuzzer)
   # A real DeepSpeed in a venv (tests/cluster/deepspeed_env.py): its CPU

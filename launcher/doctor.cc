@@ -52,12 +52,13 @@ int RunDoctor(const LaunchOptions& options, const Plan& plan) {
   auto command_for = [agent](int, const std::string&) {
     return ShellQuote(agent) + " --version --host_check";
   };
-  ssh.Preflight(SshTargets(options, plan), command_for, ExpectedAgentVersion(),
-                [&](std::vector<NodeCheck> result) {
-                  checks = std::move(result);
-                  work.reset();
-                },
-                /*read_all=*/true);
+  ssh.Preflight(
+      SshTargets(options, plan), command_for, ExpectedAgentVersion(),
+      [&](std::vector<NodeCheck> result) {
+        checks = std::move(result);
+        work.reset();
+      },
+      /*read_all=*/true);
   io.run();
   std::string out = Row({"node", "host", "address", "resolve", "connect",
                          "host key", "auth", "agent", "time"});

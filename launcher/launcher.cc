@@ -123,9 +123,11 @@ static Console::View ViewFor(const LaunchOptions& o, std::string* note) {
   const char* term = std::getenv("TERM");
   const bool tty = ::isatty(STDERR_FILENO) == 1 && term != nullptr &&
                    std::string_view(term) != "dumb";
-  const std::map<std::string, Mode> modes = {
-      {"table", Mode::kTable}, {"all", Mode::kAll}, {"lines", Mode::kLines},
-      {"rank0", Mode::kRank0}, {"none", Mode::kNone}};
+  const std::map<std::string, Mode> modes = {{"table", Mode::kTable},
+                                             {"all", Mode::kAll},
+                                             {"lines", Mode::kLines},
+                                             {"rank0", Mode::kRank0},
+                                             {"none", Mode::kNone}};
   view.mode = o.console == "auto" ? (tty ? Mode::kTable : Mode::kLines)
                                   : modes.at(o.console);
   if ((view.mode == Mode::kTable || view.mode == Mode::kAll) && !tty) {

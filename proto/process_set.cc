@@ -119,6 +119,7 @@ struct ChildPlan {
   bool fail_at_once = false;  // the program was not found
   bool new_session = false;
   int death_signal = SIGKILL;
+  bool parent_may_trace = false;
   int in_r = -1, out_w = -1, err_w = -1, report_w = -1;
   const char* path = nullptr;
   const char* cwd = "";
@@ -148,6 +149,8 @@ enum Stage : int { kChdir = 1, kExec = 2, kCgroup = 3, kAffinity = 4 };
   }
   ::prctl(PR_SET_PDEATHSIG, p.death_signal);
   if (::getppid() != p.parent) ::_exit(127);  // the parent is already gone
+  // Without Yama this fails (EINVAL) and nothing is needed.
+  if (p.parent_may_trace) ::prctl(PR_SET_PTRACER, p.parent, 0, 0, 0);
   if (p.fail_at_once) ::_exit(127);
   if (p.cgroup_procs[0] != '\0') {
     // Joins before any of the program's code runs ("0": this process).
@@ -351,20 +354,11 @@ StatusOr<pid_t> ProcessSet::Spawn(const ProcessSpec& spec) {
       return InvalidArgument("no CPU " + std::to_string(cpu) + " to bind to");
     CPU_SET(cpu, &cpus);
   }
-  ChildPlan plan{::getpid(),
-                 !error.empty(),
-                 spec.new_session,
-                 spec.death_signal,
-                 pipes.in[0],
-                 pipes.out[1],
-                 pipes.err[1],
-                 pipes.report[1],
-                 path.c_str(),
-                 spec.cwd.c_str(),
-                 "",
-                 nullptr,
-                 argv.data(),
-                 envp.data()};
+  ChildPlan plan{::getpid(),        !error.empty(),        spec.new_session,
+                 spec.death_signal, spec.parent_may_trace, pipes.in[0],
+                 pipes.out[1],      pipes.err[1],          pipes.report[1],
+                 path.c_str(),      spec.cwd.c_str(),      "",
+                 nullptr,           argv.data(),           envp.data()};
   if (!spec.cpus.empty()) plan.cpus = &cpus;
   // Every signal blocked across the start: the child must not run the
   // parent's handlers (Asio's signal pipe is shared) before it resets them.

@@ -39,6 +39,9 @@ struct ProcessSpec {
   std::vector<int> cpus;
   // Sent to the child's group when the ProcessSet goes first (0 = none).
   int destroy_signal = SIGKILL;
+  // The parent and its descendants (a stack tool it runs) may ptrace the
+  // child where Yama's ptrace_scope 1 allows only ancestors.
+  bool parent_may_trace = false;
 };
 
 struct ExitInfo {

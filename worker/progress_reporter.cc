@@ -19,8 +19,7 @@ std::string FormatStepReport(const StepReport& r, int64_t rss_bytes) {
       static_cast<long long>(r.step), static_cast<double>(r.loss), r.lr,
       static_cast<double>(r.grad_norm), r.tokens_per_s, r.samples_per_s,
       static_cast<long long>(r.model_state_bytes),
-      static_cast<long long>(rss_bytes),
-      static_cast<long long>(r.total_steps));
+      static_cast<long long>(rss_bytes), static_cast<long long>(r.total_steps));
   return buf;
 }
 

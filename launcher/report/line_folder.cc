@@ -10,20 +10,24 @@ bool LineFolder::Add(int rank, bool is_stderr, std::string_view line,
                      double now) {
   std::string key(1, is_stderr ? 'e' : 'o');
   key.append(line);
+  auto& numbers = with_text_[key];
+  // The oldest group with this text that comes after this rank's newest:
+  // joining it keeps the rank's lines in order (ranks whose lines come in
+  // batches, one rank after another, still fold into one group per line).
   auto last = last_of_rank_.find(rank);
-  auto it = newest_.find(key);
-  // Joining a group is only allowed when it comes after this rank's
-  // newest: its lines must not change order.
-  if (it != newest_.end() && it->second >= base_ &&
-      (last == last_of_rank_.end() || last->second < it->second)) {
-    groups_[it->second - base_].ranks.push_back(rank);
-    last_of_rank_[rank] = it->second;
+  auto it =
+      last == last_of_rank_.end()
+          ? numbers.begin()
+          : std::upper_bound(numbers.begin(), numbers.end(), last->second);
+  if (it != numbers.end()) {
+    groups_[*it - base_].ranks.push_back(rank);
+    last_of_rank_[rank] = *it;
     return held_bytes_ >= kMaxPendingBytes;
   }
   const uint64_t number = base_ + groups_.size();
   groups_.push_back(Group{is_stderr, {rank}, std::string(line), now});
-  held_bytes_ += key.size() * 2 + sizeof(Group);
-  newest_[std::move(key)] = number;
+  held_bytes_ += key.size() * 2 + sizeof(Group) + sizeof(uint64_t);
+  numbers.push_back(number);
   last_of_rank_[rank] = number;
   return held_bytes_ >= kMaxPendingBytes;
 }
@@ -35,9 +39,13 @@ std::vector<LineFolder::Group> LineFolder::Take(double now, bool all) {
     Group& g = groups_.front();
     std::string key(1, g.is_stderr ? 'e' : 'o');
     key += g.text;
-    if (auto it = newest_.find(key); it != newest_.end() && it->second == base_)
-      newest_.erase(it);
-    held_bytes_ -= key.size() * 2 + sizeof(Group);
+    // Groups leave oldest first: this one is first in its text's list.
+    if (auto it = with_text_.find(key); it != with_text_.end()) {
+      if (!it->second.empty() && it->second.front() == base_)
+        it->second.pop_front();
+      if (it->second.empty()) with_text_.erase(it);
+    }
+    held_bytes_ -= key.size() * 2 + sizeof(Group) + sizeof(uint64_t);
     out.push_back(std::move(g));
     groups_.pop_front();
     ++base_;

@@ -39,8 +39,8 @@ class LineFolder {
  private:
   std::deque<Group> groups_;
   uint64_t base_ = 0;  // the number of groups_.front() since the start
-  // stream + text -> number of the newest group holding it
-  std::unordered_map<std::string, uint64_t> newest_;
+  // stream + text -> numbers of the held groups holding it, ascending
+  std::unordered_map<std::string, std::deque<uint64_t>> with_text_;
   std::unordered_map<int, uint64_t> last_of_rank_;  // rank -> its newest group
   size_t held_bytes_ = 0;
   double window_s_;

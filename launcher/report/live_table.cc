@@ -36,6 +36,12 @@ std::string Format(const char* fmt, double v) {
   return buf;
 }
 
+// "2.3145", or "1.2e+300" where fixed notation would be wide.
+std::string Loss(double v) {
+  return std::isfinite(v) && std::fabs(v) < 1e5 ? Format("%.4f", v)
+                                                : Format("%.4g", v);
+}
+
 // One row: the ranks it covers, summarised.
 struct Row {
   std::vector<const RankView*> ranks;
@@ -90,7 +96,7 @@ void FillCells(Row& row, double now, bool unicode, int64_t total) {
   row.cells = {first.host,
                proto::CpuListString(numbers),
                step_text,
-               losses ? Format("%.4f", loss_sum / losses) : "-",
+               losses ? Loss(loss_sum / losses) : "-",
                history ? Sparkline(*history, 12, unicode) : "",
                any_tokens ? HumanCount(tokens) : "-",
                age >= 0 ? HumanDuration(age) : "-",
@@ -169,12 +175,12 @@ std::string Sparkline(const std::deque<double>& values, size_t width,
   auto begin = values.end() - static_cast<std::ptrdiff_t>(n);
   const auto [lo, hi] = std::minmax_element(begin, values.end());
   std::string out;
+  // Halves: hi - lo of finite values may overflow; their halves cannot.
+  const double span = *hi / 2 - *lo / 2;
   for (auto it = begin; it != values.end(); ++it) {
-    const double span = *hi - *lo;
+    const double at = span > 0 ? (*it / 2 - *lo / 2) / span * 7.999 : 3;
     const int level =
-        span > 0
-            ? std::clamp(static_cast<int>((*it - *lo) / span * 7.999), 0, 7)
-            : 3;
+        std::isfinite(at) ? std::clamp(static_cast<int>(at), 0, 7) : 3;
     if (unicode) {
       out += kBlocks[level];
     } else {
@@ -186,9 +192,11 @@ std::string Sparkline(const std::deque<double>& values, size_t width,
 
 std::string HumanCount(double v) {
   if (!std::isfinite(v)) return "-";
-  if (std::fabs(v) >= 1e9) return Format("%.1fG", v / 1e9);
-  if (std::fabs(v) >= 1e6) return Format("%.1fM", v / 1e6);
-  if (std::fabs(v) >= 1e4) return Format("%.1fk", v / 1e3);
+  const double a = std::fabs(v);
+  if (a >= 999.95e9) return Format("%.3g", v);  // 1.2e+12: bounded width
+  if (a >= 999.95e6) return Format("%.1fG", v / 1e9);
+  if (a >= 999.95e3) return Format("%.1fM", v / 1e6);
+  if (a >= 1e4) return Format("%.1fk", v / 1e3);
   return Format("%.0f", v);
 }
 
@@ -200,7 +208,8 @@ std::string HumanBytes(int64_t bytes) {
 }
 
 std::string HumanDuration(double s) {
-  if (!std::isfinite(s) || s < 0) s = 0;
+  if (std::isnan(s) || s < 0) s = 0;
+  if (s >= 1e5 * 86400) return ">99999d";  // (and int64 never overflows)
   const auto t = static_cast<int64_t>(s);
   char buf[32];
   if (s < 10) {
@@ -245,8 +254,11 @@ std::string RenderLiveTable(const RankBoard& board, double now,
     for (size_t c = 0; c < row.cells.size(); ++c)
       widths[c] = std::max(widths[c], Columns(row.cells[c]));
   }
-  widths[0] = std::min<size_t>(widths[0], 24);
-  const size_t limit = static_cast<size_t>(std::max(20, style.width - 1));
+  // No rank's value may push the state column out of view.
+  static const size_t kMaxWidths[] = {24, 16, 24, 12, 12, 10, 8, 8, 16};
+  for (size_t c = 0; c < widths.size(); ++c)
+    widths[c] = std::min(widths[c], kMaxWidths[c]);
+  const size_t limit = static_cast<size_t>(std::max(1, style.width - 1));
   auto line = [&](const std::vector<std::string>& cells) {
     std::string out;
     for (size_t c = 0; c < cells.size(); ++c) {

@@ -26,11 +26,12 @@ std::string RenderLiveTable(const RankBoard& board, double now,
 // when !unicode); `width` characters at most, the newest last.
 std::string Sparkline(const std::deque<double>& values, size_t width,
                       bool unicode);
-// "51.2k", "1.3M", "950".
+// "51.2k", "1.3M", "950"; "1.2e+12" from a trillion on (bounded width).
 std::string HumanCount(double value);
 // "3.1G", "512M", "40K" (binary units).
 std::string HumanBytes(int64_t bytes);
-// "45s", "3m02s", "2h05m", "3d04h".
+// "45s", "3m02s", "2h05m", "3d04h"; ">99999d" beyond (and for +inf),
+// "0.0s" for negative values and NaN.
 std::string HumanDuration(double seconds);
 
 }  // namespace dslaunch::launcher

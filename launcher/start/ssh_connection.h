@@ -82,7 +82,8 @@ class SshConnection {
   // kMaxRestBytes of stdout are kept either way.
   static constexpr size_t kMaxRestBytes = 64u << 10;
   StatusOr<StartResult> StartAndReadLine(const std::string& command,
-                                         double timeout_s, SshFailure* failure, bool until_eof = false);
+                                         double timeout_s, SshFailure* failure,
+                                         bool until_eof = false);
   // Writes to the running command's stdin (the job secret).
   Status WriteStdin(const std::string& data);
   void Close();

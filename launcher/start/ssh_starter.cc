@@ -1,7 +1,5 @@
 #include "launcher/start/ssh_starter.h"
 
-#include "proto/progress.h"  // EscapeControlChars
-
 #include <poll.h>
 
 #include <boost/asio/post.hpp>
@@ -9,6 +7,7 @@
 #include <cstdio>
 
 #include "proto/line_splitter.h"
+#include "proto/progress.h"  // EscapeControlChars
 #include "proto/version.h"
 
 namespace dslaunch::launcher {
@@ -48,8 +47,8 @@ static std::vector<std::string> NoteLines(const std::string& text) {
   while (start < text.size() && lines.size() < kMaxNotes) {
     size_t end = std::min(text.find('\n', start), text.size());
     if (end > start) {
-      lines.push_back(proto::EscapeControlChars(
-          std::string_view(text).substr(start, std::min(end - start, kMaxNote))));
+      lines.push_back(proto::EscapeControlChars(std::string_view(text).substr(
+          start, std::min(end - start, kMaxNote))));
     }
     start = end + 1;
   }
@@ -111,25 +110,24 @@ void SshStarter::Preflight(std::vector<SshTarget> targets,
   auto remaining = std::make_shared<size_t>(n);
   auto shared_done = std::make_shared<PreflightDone>(std::move(done));
   for (size_t i = 0; i < n; ++i) {
-    asio::post(pool_,
-               [this, i, target = targets[i], command_for, expected_version,
+    asio::post(
+        pool_, [this, i, target = targets[i], command_for, expected_version,
                 remaining, shared_done, read_all, alive = alive_] {
-                 NodeCheck c;
-                 if (stop_ || nodes_[i]->cancelled) {
-                   c.host = target.host;
-                   c.failure = {"connect", "cancelled", "the job was stopped"};
-                 } else {
-                   c = CheckNode(nodes_[i]->conn, target, command_for,
-                                 static_cast<int>(i), expected_version,
-                                 read_all);
-                 }
-                 c.node_rank = static_cast<int>(i);
-                 asio::post(io_, [this, i, c, remaining, shared_done, alive] {
-                   if (!*alive) return;
-                   checks_[i] = c;
-                   if (--*remaining == 0) (*shared_done)(checks_);
-                 });
-               });
+          NodeCheck c;
+          if (stop_ || nodes_[i]->cancelled) {
+            c.host = target.host;
+            c.failure = {"connect", "cancelled", "the job was stopped"};
+          } else {
+            c = CheckNode(nodes_[i]->conn, target, command_for,
+                          static_cast<int>(i), expected_version, read_all);
+          }
+          c.node_rank = static_cast<int>(i);
+          asio::post(io_, [this, i, c, remaining, shared_done, alive] {
+            if (!*alive) return;
+            checks_[i] = c;
+            if (--*remaining == 0) (*shared_done)(checks_);
+          });
+        });
   }
 }
 

@@ -26,10 +26,10 @@ struct NodeCheck {
   int node_rank = 0;
   std::string host;
   bool ok = false;
-  SshFailure failure;         // when !ok
-  std::string agent_version;  // what `dsagent --version` printed
-  std::string local_address;  // route to the node, this side
-  std::string peer_address;   // the node's address as reached
+  SshFailure failure;              // when !ok
+  std::string agent_version;       // what `dsagent --version` printed
+  std::string local_address;       // route to the node, this side
+  std::string peer_address;        // the node's address as reached
   std::vector<std::string> notes;  // read_all: what followed the version
   double seconds = 0;
 };

@@ -50,9 +50,9 @@ Job::Job(asio::io_context& io, const LaunchOptions& options, Plan plan,
                 CollectStacks(ranks, why);
               },
               [this](int rank, const std::string& why) {
-                console_.Note("stopping the job: --on_hang abort");
-                Act(state_.Hung(rank, why));
-              }}) {}
+                AbortForHang(rank, why);
+              }}),
+      hang_abort_timer_(io) {}
 
 Job::~Job() = default;
 

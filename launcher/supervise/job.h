@@ -105,7 +105,12 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   void PrintConsequences();
   // job_forensics.cc: stacks, OOM and error files, <log_dir>/failure/.
   void CollectStacks(const std::vector<int>& ranks, const std::string& why);
+  // --on_hang abort: ends the job once the stacks asked for arrived (their
+  // tools must not race the SIGTERM), or after kStacksWait at most.
+  void AbortForHang(int rank, const std::string& why);
+  void FinishHangAbort();
   void HandleStacks(int node_rank, const wire::Stacks& stacks);
+  void KeepStacks(const wire::Stacks& stacks);  // console, file, memory
   void KeepExitForensics(const wire::WorkerExited& exited);
   void PrintForensics(int rank);
   void PrintHangs();
@@ -145,7 +150,10 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   std::map<int, int64_t> dropped_progress_;    // rank -> dropped by its agent
   Clock::time_point start_time_;
   JobWatch watch_;
-  std::map<int, std::string> stacks_;       // rank -> collected (bounded)
+  std::map<int, std::string> stacks_;  // rank -> collected (bounded)
+  std::set<int> stacks_pending_;       // asked for, not yet come
+  boost::asio::steady_timer hang_abort_timer_;
+  std::optional<std::pair<int, std::string>> hang_abort_;  // rank, why
   std::map<int, std::string> oom_;          // rank -> the OOM kill's detail
   std::map<int, std::string> error_files_;  // rank -> its error file JSON
 };

@@ -20,6 +20,8 @@ constexpr size_t kMaxStacksBytes = 256u << 10;  // per rank, as the agent's
 constexpr size_t kMaxStackRanks = 64;           // ranks whose stacks are kept
 constexpr size_t kMaxErrorFileBytes = 64u << 10;
 constexpr size_t kStackLinesShown = 12;
+// The agents' stack tools give up after 20 s.
+constexpr auto kStacksWait = std::chrono::seconds(25);
 
 }  // namespace
 
@@ -28,6 +30,8 @@ void Job::CollectStacks(const std::vector<int>& ranks, const std::string& why) {
   for (int rank : ranks) {
     auto it = state_.ranks().find(rank);
     if (it == state_.ranks().end()) continue;
+    if (!it->second.started || it->second.exited) continue;
+    stacks_pending_.insert(rank);
     auto& msg = by_node[it->second.node_rank];
     msg.mutable_collect_stacks()->add_ranks(rank);
     msg.mutable_collect_stacks()->set_reason(why);
@@ -37,8 +41,32 @@ void Job::CollectStacks(const std::vector<int>& ranks, const std::string& why) {
   }
 }
 
+void Job::AbortForHang(int rank, const std::string& why) {
+  if (hang_abort_) return;
+  hang_abort_ = {rank, why};
+  if (stacks_pending_.empty()) return FinishHangAbort();
+  console_.Note("stopping the job (--on_hang abort) once the stacks are in");
+  hang_abort_timer_.expires_after(kStacksWait);
+  hang_abort_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) FinishHangAbort();
+  });
+}
+
+void Job::FinishHangAbort() {
+  hang_abort_timer_.cancel();
+  if (!hang_abort_ || state_.phase() == Phase::kEnded) return;
+  console_.Note("stopping the job: --on_hang abort");
+  Act(state_.Hung(hang_abort_->first, hang_abort_->second));
+}
+
 void Job::HandleStacks(int node_rank, const wire::Stacks& s) {
   if (!RankOfNode(s.rank(), node_rank)) return;
+  KeepStacks(s);
+  stacks_pending_.erase(s.rank());
+  if (hang_abort_ && stacks_pending_.empty()) FinishHangAbort();
+}
+
+void Job::KeepStacks(const wire::Stacks& s) {
   const std::string who = "rank " + std::to_string(s.rank());
   if (!s.error().empty() || s.text().empty()) {
     return console_.Note(

@@ -151,7 +151,8 @@ class Interrupts(LaunchTest):
         self.assertIn("interrupted by the user (SIGINT)", err.decode())
 
     def test_second_ctrl_c_kills_at_once(self):
-        job = self.start_job(self.args(extra=["--kill_grace", "30"]) +
+        # --no_fold: one "ignoring SIGTERM" line per rank to count.
+        job = self.start_job(self.args(extra=["--kill_grace", "30", "--no_fold"]) +
                              [PY, RANK_PY, "sleep", "ignore-term"])
         self.wait_started(6)
         job.send_signal(signal.SIGINT)

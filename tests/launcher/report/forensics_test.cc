@@ -37,14 +37,13 @@ const char kCallstack[] =
     "RuntimeError: boom\n";
 
 TEST(DescribeErrorFile, ShowsTheExceptionAndTheTracebackOfTorchsFormat) {
-  EXPECT_EQ(DescribeErrorFile(TorchErrorFile("RuntimeError: boom", kCallstack)),
-            (Lines{"exception: RuntimeError: boom",
-                   "  Traceback (most recent call last):",
-                   "    File \"/app/train.py\", line 40, in <module>",
-                   "      main()",
-                   "    File \"/app/train.py\", line 31, in main",
-                   "      raise RuntimeError(\"boom\")",
-                   "  RuntimeError: boom"}));
+  EXPECT_EQ(
+      DescribeErrorFile(TorchErrorFile("RuntimeError: boom", kCallstack)),
+      (Lines{"exception: RuntimeError: boom",
+             "  Traceback (most recent call last):",
+             "    File \"/app/train.py\", line 40, in <module>", "      main()",
+             "    File \"/app/train.py\", line 31, in main",
+             "      raise RuntimeError(\"boom\")", "  RuntimeError: boom"}));
 }
 
 TEST(DescribeErrorFile, ReadsTheLiteralTextTorchWrites) {
@@ -63,8 +62,7 @@ TEST(DescribeErrorFile, ReadsTheLiteralTextTorchWrites) {
 TEST(DescribeErrorFile, ShowsOnlyTheLastFramesOfALongTraceback) {
   EXPECT_EQ(
       DescribeErrorFile(TorchErrorFile("RuntimeError: boom", kCallstack), 3),
-      (Lines{"exception: RuntimeError: boom",
-             "traceback (last 3 of 6 lines):",
+      (Lines{"exception: RuntimeError: boom", "traceback (last 3 of 6 lines):",
              "    File \"/app/train.py\", line 31, in main",
              "      raise RuntimeError(\"boom\")", "  RuntimeError: boom"}));
 }
@@ -77,8 +75,9 @@ TEST(DescribeErrorFile, ShowsTheWholeTracebackWhenItFitsExactly) {
 }
 
 TEST(DescribeErrorFile, DropsTrailingBlankLinesOfTheTraceback) {
-  EXPECT_EQ(DescribeErrorFile(TorchErrorFile("E", "line one\nlast\n\n  \n\t\n")),
-            (Lines{"exception: E", "  line one", "  last"}));
+  EXPECT_EQ(
+      DescribeErrorFile(TorchErrorFile("E", "line one\nlast\n\n  \n\t\n")),
+      (Lines{"exception: E", "  line one", "  last"}));
 }
 
 TEST(DescribeErrorFile, ReadsTheOlderPlainStringMessage) {
@@ -94,10 +93,9 @@ TEST(DescribeErrorFile, ShowsATracebackWithoutAMessage) {
 
 TEST(DescribeErrorFile, IsEmptyForAnythingElse) {
   for (const char* text :
-       {"", "garbage", "{", "[1, 2]", "\"message\"", "{}",
-        R"({"msg": "x"})", R"({"message": 3})", R"({"message": null})",
-        R"({"message": ""})", R"({"message": {}})",
-        R"({"message": {"message": 5, "extraInfo": []}})",
+       {"", "garbage", "{", "[1, 2]", "\"message\"", "{}", R"({"msg": "x"})",
+        R"({"message": 3})", R"({"message": null})", R"({"message": ""})",
+        R"({"message": {}})", R"({"message": {"message": 5, "extraInfo": []}})",
         R"({"message": {"extraInfo": {"py_callstack": 7}}})",
         R"({"message": {"message": "", "extraInfo": "x"}})"}) {
     EXPECT_EQ(DescribeErrorFile(text), Lines{}) << text;
@@ -105,11 +103,12 @@ TEST(DescribeErrorFile, IsEmptyForAnythingElse) {
 }
 
 TEST(DescribeErrorFile, EscapesControlCharacters) {
-  const Lines lines = DescribeErrorFile(
-      TorchErrorFile("Error: \x1b[2Jcleared\r\nnext\x07", "frame \x1b]0;t\x07\n"));
-  EXPECT_EQ(lines, (Lines{"exception: Error: \\u001b[2Jcleared\\u000d\\u000anext"
-                          "\\u0007",
-                          "  frame \\u001b]0;t\\u0007"}));
+  const Lines lines = DescribeErrorFile(TorchErrorFile(
+      "Error: \x1b[2Jcleared\r\nnext\x07", "frame \x1b]0;t\x07\n"));
+  EXPECT_EQ(lines,
+            (Lines{"exception: Error: \\u001b[2Jcleared\\u000d\\u000anext"
+                   "\\u0007",
+                   "  frame \\u001b]0;t\\u0007"}));
   for (const std::string& line : lines)
     for (unsigned char c : line) EXPECT_GE(c, 0x20) << line;
 }
@@ -124,7 +123,8 @@ TEST(DescribeErrorFile, BoundsLongLines) {
 
 TEST(DescribeErrorFile, BoundsTheNumberOfLinesOfAHugeTraceback) {
   std::string stack;
-  for (int i = 0; i < 100000; ++i) stack += "  frame " + std::to_string(i) + "\n";
+  for (int i = 0; i < 100000; ++i)
+    stack += "  frame " + std::to_string(i) + "\n";
   const Lines lines = DescribeErrorFile(TorchErrorFile("E", stack));
   ASSERT_EQ(lines.size(), 2u + 8u);
   EXPECT_EQ(lines[1], "traceback (last 8 of 100000 lines):");
@@ -147,8 +147,7 @@ TEST(IsSecretName, KeepsOrdinaryVariables) {
   for (const char* name :
        {"PATH", "HOME", "LD_LIBRARY_PATH", "MASTER_ADDR", "MASTER_PORT",
         "CUDA_VISIBLE_DEVICES", "NCCL_DEBUG", "PYTHONPATH", "WORLD_SIZE",
-        "KEYBOARD", "LANG",
-        "", "KE"}) {
+        "KEYBOARD", "LANG", "", "KE"}) {
     EXPECT_FALSE(IsSecretName(name)) << name;
   }
 }
@@ -182,7 +181,8 @@ TEST(RedactedEnv, DoesNotHideEverythingWithoutAJobSecret) {
 }
 
 TEST(RedactedEnv, EscapesControlCharactersInNamesAndValues) {
-  EXPECT_EQ(RedactedEnv({{"A\nB", "x\ny\x1b"}}, ""), "A\\u000aB=x\\u000ay\\u001b\n");
+  EXPECT_EQ(RedactedEnv({{"A\nB", "x\ny\x1b"}}, ""),
+            "A\\u000aB=x\\u000ay\\u001b\n");
 }
 
 // ---- WriteFailureBundle ----
@@ -217,8 +217,7 @@ class FailureBundleTest : public ::testing::Test {
     r.report = {"dslaunch: rank 3 exited with code 1", "2 of 4 ranks failed"};
     r.plan = "host   node  rank\nnode-a 0     0\n";
     r.rank_env = {{"MASTER_ADDR", "10.0.0.1"}, {"HF_TOKEN", "hf_x"}};
-    r.launcher_env = {{"PATH", "/usr/bin"},
-                      {"DSL_JOIN", "key=the-job-secret"}};
+    r.launcher_env = {{"PATH", "/usr/bin"}, {"DSL_JOIN", "key=the-job-secret"}};
     r.job_secret = "the-job-secret";
     r.last_lines[0] = {"epoch 1", "bad \x1b[31mred"};
     r.last_lines[3] = {"Traceback", "RuntimeError: boom"};
@@ -241,7 +240,8 @@ TEST_F(FailureBundleTest, WritesEveryFileOfTheBundle) {
                                    "error-file-rank-3.json"}));
   EXPECT_EQ(ReadFile(failure / "report.txt"),
             "dslaunch: rank 3 exited with code 1\n2 of 4 ranks failed\n");
-  EXPECT_EQ(ReadFile(failure / "plan.txt"), "host   node  rank\nnode-a 0     0\n");
+  EXPECT_EQ(ReadFile(failure / "plan.txt"),
+            "host   node  rank\nnode-a 0     0\n");
   EXPECT_EQ(ReadFile(failure / "env.txt"),
             "# what every rank got on top of its agent's environment\n"
             "MASTER_ADDR=10.0.0.1\n"

@@ -81,16 +81,17 @@ RankBoard Running(bool total = true) {
 
 TEST(LiveTable, ShowsARowPerNodeThenTheProgressBar) {
   const std::string text = RenderLiveTable(Running(), kNow, TableStyle{});
-  EXPECT_EQ(Lines(text),
-            (std::vector<std::string>{
-                " node    ranks   step    loss      tok/s  seen   mem",
-                " node-a  0-3    12/20  2.0000  \u2584\u2584   4000  5.0s  4.0G",
-                " node-b  4-7    12/20  3.0000  \u2584\u2584   4000  5.0s  4.0G",
-                " [\u2588\u2588\u2588\u2588\u2588\u2588\u2588\u2588\u2588\u2588"
-                "\u2588\u2588\u2588\u2588\u2591\u2591\u2591\u2591\u2591\u2591"
-                "\u2591\u2591\u2591\u2591] 60%  ETA 40s  8/8 ranks running  "
-                "20s elapsed",
-            }));
+  EXPECT_EQ(
+      Lines(text),
+      (std::vector<std::string>{
+          " node    ranks   step    loss      tok/s  seen   mem",
+          " node-a  0-3    12/20  2.0000  \u2584\u2584   4000  5.0s  4.0G",
+          " node-b  4-7    12/20  3.0000  \u2584\u2584   4000  5.0s  4.0G",
+          " [\u2588\u2588\u2588\u2588\u2588\u2588\u2588\u2588\u2588\u2588"
+          "\u2588\u2588\u2588\u2588\u2591\u2591\u2591\u2591\u2591\u2591"
+          "\u2591\u2591\u2591\u2591] 60%  ETA 40s  8/8 ranks running  "
+          "20s elapsed",
+      }));
   EXPECT_TRUE(EndsWith(text, "\n"));
 }
 
@@ -130,7 +131,7 @@ TEST(LiveTable, ShowsDashesForWhatIsNotKnown) {
   board.Started(1, 1, 1000);
   const auto lines = Lines(RenderLiveTable(board, 1010, {}));
   ASSERT_EQ(lines.size(), 3u);
-  EXPECT_EQ(lines[0], " node    ranks  step  loss      tok/s  seen  mem");
+  EXPECT_EQ(lines[0], " node    ranks  step  loss    tok/s  seen  mem");
   EXPECT_EQ(lines[1], " node-a  0-1       -     -        -     -    -");
   EXPECT_EQ(lines[2], " 2/2 ranks running  10s elapsed");
 }
@@ -177,14 +178,14 @@ TEST(LiveTable, NamesTheStateOfARow) {
     board.Started(r, 100 + r, 1000);
     board.Record(r, json{{"step", 3}}, 1010);
   }
-  board.Exited(0, 0, 0, false);        // node-a
-  board.MarkStraggler(1, true);        // node-b
-  board.MarkHung(2, true);             // node-c: silent since 1010
-  board.Exited(3, 137, 9, true);       // node-d
-  board.Exited(4, 3, 0, false);        // node-e
-  board.Exited(5, 0, 15, false);       // node-f
-  /* rank 6 running: no word */        // node-g
-  /* rank 7 never started */           // node-h
+  board.Exited(0, 0, 0, false);   // node-a
+  board.MarkStraggler(1, true);   // node-b
+  board.MarkHung(2, true);        // node-c: silent since 1010
+  board.Exited(3, 137, 9, true);  // node-d
+  board.Exited(4, 3, 0, false);   // node-e
+  board.Exited(5, 0, 15, false);  // node-f
+  /* rank 6 running: no word */   // node-g
+  /* rank 7 never started */      // node-h
   const std::string text = RenderLiveTable(board, 1041, {});
   EXPECT_TRUE(EndsWith(RowOf(text, "node-a"), "  done")) << text;
   EXPECT_TRUE(EndsWith(RowOf(text, "node-b"), "  slow")) << text;
@@ -238,8 +239,7 @@ TEST(LiveTable, KeepsEveryLineNarrowerThanTheTerminal) {
 TEST(LiveTable, KeepsLinesNarrowerThanAVeryNarrowTerminal) {
   TableStyle style;
   style.width = 12;
-  for (const std::string& line :
-       Lines(RenderLiveTable(Running(), kNow, style)))
+  for (const std::string& line : Lines(RenderLiveTable(Running(), kNow, style)))
     EXPECT_LT(Columns(line), 12u) << "'" << line << "'";
 }
 
@@ -321,9 +321,9 @@ TEST(LiveTable, ShowsEveryRowWhenTheyFit) {
   TableStyle style;
   style.max_rows = 6;
   const std::string text = RenderLiveTable(SixNodes({4}), 1002, style);
-  EXPECT_EQ(Hosts(text), (std::vector<std::string>{"node-a", "node-b", "node-c",
-                                                   "node-d", "node-e",
-                                                   "node-f"}));
+  EXPECT_EQ(Hosts(text),
+            (std::vector<std::string>{"node-a", "node-b", "node-c", "node-d",
+                                      "node-e", "node-f"}));
   EXPECT_EQ(text.find("more"), std::string::npos);
 }
 
@@ -344,8 +344,7 @@ TEST(LiveTable, KeepsTheStateInViewWhenARankReportsAHugeNumber) {
   TableStyle style;
   style.width = 100;
   const std::string text = RenderLiveTable(board, 1032, style);
-  EXPECT_NE(RowOf(text, "node-b").find("HUNG 31s"), std::string::npos)
-      << text;
+  EXPECT_NE(RowOf(text, "node-b").find("HUNG 31s"), std::string::npos) << text;
 }
 
 // ---- helpers ----
@@ -377,7 +376,10 @@ TEST(Sparkline, IsEmptyForNoValuesOrNoWidth) {
 TEST(Sparkline, ScalesExtremeButFiniteValues) {
   const double big = std::numeric_limits<double>::max();
   EXPECT_EQ(Sparkline({-big, big}, 12, false), " #");
-  EXPECT_EQ(Sparkline({-big, 0, big}, 12, false), " =#");
+  // Scaled as small values are.
+  EXPECT_EQ(Sparkline({-big, 0, big}, 12, false),
+            Sparkline({-1, 0, 1}, 12, false));
+  EXPECT_EQ(Sparkline({-big, 0, big}, 12, false), " -#");
 }
 
 TEST(HumanCount, UsesDecimalUnits) {
@@ -388,7 +390,8 @@ TEST(HumanCount, UsesDecimalUnits) {
   EXPECT_EQ(HumanCount(51200), "51.2k");
   EXPECT_EQ(HumanCount(1.3e6), "1.3M");
   EXPECT_EQ(HumanCount(2.5e9), "2.5G");
-  EXPECT_EQ(HumanCount(1e15), "1000000.0G");
+  EXPECT_EQ(HumanCount(999999), "1.0M");
+  EXPECT_EQ(HumanCount(1e15), "1e+15");  // bounded width from 1e12 on
 }
 
 TEST(HumanCount, KeepsTheSignOfNegativeValues) {
@@ -429,23 +432,22 @@ TEST(HumanDuration, PicksTwoUnits) {
   EXPECT_EQ(HumanDuration(86399), "23h59m");
   EXPECT_EQ(HumanDuration(86400), "1d00h");
   EXPECT_EQ(HumanDuration(3 * 86400 + 4 * 3600 + 59), "3d04h");
-  EXPECT_EQ(HumanDuration(1e15), "11574074074d01h");
+  EXPECT_EQ(HumanDuration(99999.0 * 86400), "99999d00h");
+  EXPECT_EQ(HumanDuration(1e15), ">99999d");
 }
 
 TEST(HumanDuration, ShowsZeroForNegativeAndNonFinite) {
   EXPECT_EQ(HumanDuration(-5), "0.0s");
   EXPECT_EQ(HumanDuration(std::nan("")), "0.0s");
-  EXPECT_EQ(HumanDuration(std::numeric_limits<double>::infinity()), "0.0s");
+  EXPECT_EQ(HumanDuration(std::numeric_limits<double>::infinity()), ">99999d");
   EXPECT_EQ(HumanDuration(-std::numeric_limits<double>::infinity()), "0.0s");
 }
 
 // An ETA is step time times steps left, both from the ranks: it can pass
 // what an int64_t of seconds holds.
-TEST(HumanDuration, StaysInDaysForDurationsBeyondInt64) {
+TEST(HumanDuration, SaysBeyondForDurationsBeyondInt64) {
   for (double s : {1e19, 1e30, std::numeric_limits<double>::max()}) {
-    const std::string text = HumanDuration(s);
-    EXPECT_EQ(text.find('-'), std::string::npos) << s << ": " << text;
-    EXPECT_TRUE(EndsWith(text, "h")) << s << ": " << text;
+    EXPECT_EQ(HumanDuration(s), ">99999d") << s;
   }
 }
 

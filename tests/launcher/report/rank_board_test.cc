@@ -108,7 +108,8 @@ TEST(RankBoard, KeepsTheStepOfARecordWithoutOne) {
 
 TEST(RankBoard, KeepsTheLastKHistoryLosses) {
   RankBoard board = Board();
-  for (int i = 0; i < 30; ++i) board.Record(1, json{{"loss", double(i)}}, i + 1);
+  for (int i = 0; i < 30; ++i)
+    board.Record(1, json{{"loss", double(i)}}, i + 1);
   const auto& history = View(board, 1).loss_history;
   ASSERT_EQ(history.size(), RankBoard::kHistory);
   EXPECT_EQ(history.front(), 30.0 - RankBoard::kHistory);
@@ -337,7 +338,8 @@ RankBoard WithStepTimes(const std::vector<double>& seconds) {
   for (size_t i = 0; i < seconds.size(); ++i) {
     const int rank = static_cast<int>(i);
     board.Started(rank, 1, 900);
-    if (seconds[i] > 0) Steps(board, rank, {{1000, 0}, {1000 + 10 * seconds[i], 10}});
+    if (seconds[i] > 0)
+      Steps(board, rank, {{1000, 0}, {1000 + 10 * seconds[i], 10}});
   }
   return board;
 }
@@ -365,8 +367,8 @@ TEST(RankBoard, NeedsThreeRanksWithAStepTimeToNameStragglers) {
 TEST(RankBoard, StragglerBoundIsMedianPlusKMads) {
   // median 1, deviations {0, .2, .2, 0, 2}: MAD 0.2.
   const RankBoard board = WithStepTimes({1.0, 1.2, 0.8, 1.0, 3.0});
-  EXPECT_EQ(board.Stragglers(5), std::vector<int>{4});   // bound 2
-  EXPECT_EQ(board.Stragglers(20), std::vector<int>{});   // bound 5
+  EXPECT_EQ(board.Stragglers(5), std::vector<int>{4});         // bound 2
+  EXPECT_EQ(board.Stragglers(20), std::vector<int>{});         // bound 5
   EXPECT_EQ(board.Stragglers(0.5), (std::vector<int>{1, 4}));  // bound 1.1
 }
 
