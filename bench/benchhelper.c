@@ -22,6 +22,10 @@
  *         TIMEOUT ... | INCOMPLETE ...
  *           the launcher ran past TIMEOUT_MS (it was stopped like above), or
  *           not every rank started or the failing rank's exit was not recorded
+ *   spew LINES BYTES same|distinct
+ *       a rank for bench/console.sh: writes LINES lines of BYTES characters
+ *       (newline included) to stdout as fast as it can, the same text on
+ *       every rank or text that differs per rank and line.
  *   reap MARKER TERM|KILL|NONE
  *       signals every process (but itself) whose environment holds the entry
  *       MARKER; prints how many were found (zombies not counted).
@@ -264,7 +268,33 @@ static int reap_main(char** argv) {
   return 0;
 }
 
+static int spew_main(char** argv) {
+  const long lines = atol(argv[0]);
+  long bytes = atol(argv[1]);
+  const int distinct = strcmp(argv[2], "distinct") == 0;
+  const char* r = getenv("RANK");
+  if (bytes < 24) bytes = 24;
+  if (bytes > 4096) bytes = 4096;
+  static char buf[1 << 16];
+  size_t used = 0;
+  for (long i = 0; i < lines; ++i) {
+    if (used + (size_t)bytes > sizeof(buf)) {
+      if (fwrite(buf, 1, used, stdout) != used) return 1;
+      used = 0;
+    }
+    char* line = buf + used;
+    int n = distinct ? snprintf(line, (size_t)bytes, "rank %s line %ld ", r ? r : "?", i)
+                     : snprintf(line, (size_t)bytes, "the same line on every rank ");
+    memset(line + n, 'x', (size_t)(bytes - 1 - n));
+    line[bytes - 1] = '\n';
+    used += (size_t)bytes;
+  }
+  if (fwrite(buf, 1, used, stdout) != used) return 1;
+  return fflush(stdout) == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
+  if (argc >= 5 && strcmp(argv[1], "spew") == 0) return spew_main(argv + 2);
   if (argc >= 5 && strcmp(argv[1], "rank") == 0) return rank_main(argv + 2);
   if (argc >= 7 && strcmp(argv[1], "run") == 0) return run_main(argv + 2);
   if (argc >= 4 && strcmp(argv[1], "reap") == 0) return reap_main(argv + 2);

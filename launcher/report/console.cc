@@ -160,14 +160,33 @@ void Console::Progress(int rank, std::string_view json, double time) {
 }
 
 void Console::FlushFolded(double now, bool all) {
+  // Consecutive lines of one stream go to the terminal as one piece.
+  constexpr size_t kPieceBytes = 64u << 10;
+  std::string piece;
+  int lines = 0;
+  bool piece_is_stderr = false;
+  auto send = [&] {
+    if (lines == 0) return;
+    ToTerminal(piece_is_stderr ? Stream::kErr : Stream::kOut, std::move(piece),
+               lines);
+    piece.clear();
+    lines = 0;
+  };
   for (auto& group : folder_.Take(now, all)) {
-    std::string text = group.ranks.size() == 1
-                           ? prefix_[group.ranks.front()]
-                           : FoldedPrefix(std::move(group.ranks), host_);
-    text += group.text;
-    text.push_back('\n');
-    ToTerminal(group.is_stderr ? Stream::kErr : Stream::kOut, std::move(text));
+    if (lines > 0 &&
+        (group.is_stderr != piece_is_stderr || piece.size() >= kPieceBytes))
+      send();
+    piece_is_stderr = group.is_stderr;
+    if (group.ranks.size() == 1) {
+      piece += prefix_[group.ranks.front()];
+    } else {
+      piece += FoldedPrefix(std::move(group.ranks), host_);
+    }
+    piece += group.text;
+    piece.push_back('\n');
+    ++lines;
   }
+  send();
 }
 
 Status Console::OpenTensorBoard(const std::string& dir) {
@@ -253,8 +272,8 @@ int64_t Console::dropped_lines() const {
   return terminal_.dropped(Stream::kOut) + terminal_.dropped(Stream::kErr);
 }
 
-void Console::ToTerminal(Stream stream, std::string text) {
-  if (terminal_.Write(stream, std::move(text)) ==
+void Console::ToTerminal(Stream stream, std::string text, int lines) {
+  if (terminal_.Write(stream, std::move(text), lines) ==
       TerminalWriter::Result::kResumed) {
     NoteDropped();
   }

@@ -134,7 +134,9 @@ class Console {
   TerminalWriter& terminal() { return terminal_; }
 
  private:
-  void ToTerminal(TerminalWriter::Stream stream, std::string text);
+  // `text` holds `lines` lines (counted as such when dropped).
+  void ToTerminal(TerminalWriter::Stream stream, std::string text,
+                  int lines = 1);
   bool TableShown() const {
     return view_.mode == Mode::kTable || view_.mode == Mode::kAll;
   }

@@ -25,7 +25,13 @@ class LineFolder {
     std::vector<int> ranks;  // in the order their lines came
     std::string text;
     double first = 0;  // when the first of them came
+    // The next held group whose stream and text hash alike (a chain per
+    // hash, oldest first), kNone at the end.
+    uint64_t next = kNone;
+    uint64_t hash = 0;
+    uint64_t number = 0;  // since the folder's start
   };
+  static constexpr uint64_t kNone = UINT64_MAX;
 
   explicit LineFolder(double window_s) : window_s_(window_s) {}
 
@@ -39,8 +45,20 @@ class LineFolder {
  private:
   std::deque<Group> groups_;
   uint64_t base_ = 0;  // the number of groups_.front() since the start
-  // stream + text -> numbers of the held groups holding it, ascending
-  std::unordered_map<std::string, std::deque<uint64_t>> with_text_;
+  // Hash of stream and text -> the oldest and newest held group with it;
+  // Group::next links the rest. No copy of the text is kept as a key.
+  struct Chain {
+    uint64_t head;
+    uint64_t tail;
+  };
+  std::unordered_map<uint64_t, Chain> chains_;
+  // Groups of a chain looked at before taking its newest (bounds the cost
+  // of a line to a constant however many groups hold its text).
+  static constexpr int kMaxWalk = 16;
+  // The group of `chain` a line may join: it must come at or after
+  // `after` (the number past the rank's newest group); nullptr if none.
+  Group* Join(const Chain& chain, uint64_t after, bool is_stderr,
+              std::string_view line);
   std::unordered_map<int, uint64_t> last_of_rank_;  // rank -> its newest group
   size_t held_bytes_ = 0;
   double window_s_;

@@ -19,6 +19,8 @@ namespace {
 
 constexpr size_t kChunkBytes = 16u << 10;   // one write(); progress unit
 constexpr size_t kBatchBytes = 256u << 10;  // coalesced per write loop
+// With a footer, writes (and redraws) at most about this often.
+constexpr auto kFooterGather = std::chrono::milliseconds(20);
 
 struct Entry {
   int fd;
@@ -26,6 +28,7 @@ struct Entry {
   bool note;   // the launcher's own message: never counted as dropped
   std::string text;
   bool release_footer = false;  // ReleaseFooter's mark, in order with text
+  int lines = 1;                // counted when dropped
 };
 
 int Index(TerminalWriter::Stream s) { return static_cast<int>(s); }
@@ -58,11 +61,12 @@ struct TerminalWriter::Lane {
   int footer_lines = 0;  // lines of `footer`
   int footer_shown = 0;  // lines of the footer now on the screen
   bool footer_dirty = false;
+  std::chrono::steady_clock::time_point footer_drawn{};
 
   // REQUIRES: mu is held. Drops the queued lines, counting them.
   void DiscardQueue() {
     for (const Entry& e : queue) {
-      if (!e.note) ++dropped[e.stream];
+      if (!e.note) dropped[e.stream] += e.lines;
       queued_bytes -= e.text.size();
     }
     queue.clear();
@@ -104,6 +108,7 @@ bool WriteWithFooter(TerminalWriter::Lane& lane,
   std::string after = lane.footer;
   lane.footer_shown = lane.footer_lines;
   lane.footer_dirty = false;
+  lane.footer_drawn = std::chrono::steady_clock::now();
   lane.in_flight = true;
   lock.unlock();
   bool ok = true;
@@ -139,6 +144,14 @@ void RunLane(std::shared_ptr<TerminalWriter::Lane> lane) {
       return !lane->queue.empty() || lane->footer_dirty || lane->stop;
     });
     if (lane->stop) return;
+    if (lane->footer_fd >= 0) {
+      // Each write erases and redraws the footer: lines that come fast are
+      // gathered for a moment into fewer, larger writes.
+      lane->cv.wait_until(lock, lane->footer_drawn + kFooterGather, [&] {
+        return lane->stop || lane->queued_bytes >= kBatchBytes;
+      });
+      if (lane->stop) return;
+    }
     if (!lane->queue.empty() && lane->queue.front().release_footer) {
       lane->queue.pop_front();
       ReleaseFooterNow(*lane, lock);
@@ -236,7 +249,8 @@ TerminalWriter::Lane& TerminalWriter::LaneOf(Stream stream) const {
   return *lanes_[Index(stream)];
 }
 
-TerminalWriter::Result TerminalWriter::Write(Stream stream, std::string text) {
+TerminalWriter::Result TerminalWriter::Write(Stream stream, std::string text,
+                                            int lines) {
   Lane& lane = LaneOf(stream);
   std::lock_guard<std::mutex> lock(lane.mu);
   bool resumed = false;
@@ -247,12 +261,13 @@ TerminalWriter::Result TerminalWriter::Write(Stream stream, std::string text) {
   if (lane.broken || lane.dropping ||
       lane.queued_bytes + text.size() > lane.limit) {
     lane.dropping = !lane.broken;
-    ++lane.dropped[Index(stream)];
+    lane.dropped[Index(stream)] += lines;
     return Result::kDropped;
   }
   lane.queued_bytes += text.size();
   lane.queue.push_back(
       Entry{fds_[Index(stream)], Index(stream), false, std::move(text)});
+  lane.queue.back().lines = lines;
   lane.cv.notify_all();
   return resumed ? Result::kResumed : Result::kQueued;
 }

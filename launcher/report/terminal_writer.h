@@ -40,8 +40,9 @@ class TerminalWriter {
   TerminalWriter(const TerminalWriter&) = delete;
   TerminalWriter& operator=(const TerminalWriter&) = delete;
 
-  // Queues one line (or piece of text) of rank output; never blocks.
-  Result Write(Stream stream, std::string text);
+  // Queues one line (or piece of text) of rank output, or `lines` lines
+  // (counted as that many when dropped); never blocks.
+  Result Write(Stream stream, std::string text, int lines = 1);
   // Queues the launcher's own message even while lines are being dropped,
   // up to limit + kNoteReserve; false when there is no room even so.
   bool WriteNote(Stream stream, std::string text);

@@ -160,7 +160,7 @@ TEST(LineFolder, KeepsAnEmptyLineAsAGroup) {
 
 TEST(LineFolder, SaysWhenTheHeldLinesReachTheBound) {
   LineFolder folder(0.1);
-  const size_t third = LineFolder::kMaxPendingBytes / 6 + 1;  // 2 bytes each
+  const size_t third = LineFolder::kMaxPendingBytes / 3 + 1;  // held once each
   EXPECT_FALSE(folder.Add(0, false, std::string(third, 'a'), 1.0));
   EXPECT_FALSE(folder.Add(0, false, std::string(third, 'b'), 1.0));
   EXPECT_TRUE(folder.Add(0, false, std::string(third, 'c'), 1.0));
