@@ -4,6 +4,8 @@ with a message otherwise. Every test checks that nothing is left running on
 any node afterwards."""
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 import time
@@ -209,6 +211,15 @@ class Preflight(ClusterTest):
         for n in CLUSTER["nodes"]:
             self.assertRegex(out, n + r"\s+" + n + r"\s+ok\s+ok\s+ok\s+ok\s+ok")
         self.assertIn("3 of 3 nodes ready", out)
+        # The nodes share this machine's hostname and /etc/hosts: where that
+        # maps the name to loopback, every node is warned about.
+        name = socket.gethostname()
+        if socket.gethostbyname(name).startswith("127."):
+            for i in range(3):
+                self.assertRegex(out, r"warning: node %d \(\S+\): hostname '%s' resolves to "
+                                 r"127\.[\d.]+.* \(loopback\)" % (i, re.escape(name)))
+        else:
+            self.assertNotIn("(loopback)", out)
 
 
 class Pdsh(ClusterTest):
