@@ -136,7 +136,9 @@ void Console::Progress(int rank, std::string_view json, double time) {
     return;
   }
   const auto record = nlohmann::ordered_json::parse(json, nullptr, false);
-  board_.Record(rank, record, time);
+  // The board compares with this host's clock (hangs, "seen"): records are
+  // stamped on arrival, whatever the agent's clock says.
+  board_.Record(rank, record, Now());
   if (tensorboard_ && record.is_object() && record.contains("step") &&
       record["step"].is_number()) {
     // The board keeps the last good step: this record's must be that one.

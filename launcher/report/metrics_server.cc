@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <array>
 #include <boost/asio/ip/v6_only.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -176,10 +177,19 @@ void MetricsServer::Accept() {
 void MetricsServer::OnAccepted(tcp::socket socket) {
   ++counts_.accepted;
   if (connections_.size() >= options_.max_connections) {
+    // Full: the oldest connection still sending its request gives way (idle
+    // connections held by a flood cannot lock a scraper out); when every one
+    // is being answered, the new one is closed.
     ++counts_.refused_full;
-    boost::system::error_code ignored;
-    socket.close(ignored);
-    return;
+    auto oldest = std::find_if(
+        connections_.begin(), connections_.end(),
+        [](const auto& entry) { return entry.second->response.empty(); });
+    if (oldest == connections_.end()) {
+      boost::system::error_code ignored;
+      socket.close(ignored);
+      return;
+    }
+    Close(ConnectionPtr(oldest->second));
   }
   auto c = std::make_shared<Connection>(io_, std::move(socket), next_id_++);
   connections_[c->id] = c;

@@ -7,7 +7,9 @@
 // max_head_bytes (else 431 and close); the head must arrive within
 // read_timeout of the accept (slowloris) and the response be taken within
 // write_timeout (a client that never reads); at most max_connections are
-// open: a connection beyond is closed at once and counted. Memory per
+// open: a new one beyond makes the oldest still sending its request give
+// way (a flood of idle connections cannot lock a scraper out), or is closed
+// when every open one is being answered; both are counted. Memory per
 // connection is therefore bounded by the head and one rendered response.
 #pragma once
 
@@ -35,7 +37,7 @@ class MetricsServer {
   // What happened to connections since the start.
   struct Counts {
     int64_t accepted = 0;
-    int64_t refused_full = 0;  // closed at once: max_connections were open
+    int64_t refused_full = 0;  // closed: max_connections were open
     int64_t timed_out = 0;     // read or write deadline passed
     int64_t bad_requests = 0;  // 400 or 431
     int64_t responses = 0;     // responses written in full

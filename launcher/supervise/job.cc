@@ -6,6 +6,7 @@
 #include <unistd.h>  // getcwd
 
 #include <algorithm>  // max
+#include <chrono>     // system_clock: the board's times
 
 #include "launcher/plan/addresses.h"
 #include "launcher/plan/hostfile.h"  // kMaxSlotsPerHost, kMaxTotalSlots
@@ -416,7 +417,12 @@ void Job::HandleWorkerStarted(int node_rank, const wire::WorkerStarted& s) {
   auto action = state_.RankStarted(node_rank, s.rank(), s.pid());
   if (!action.ok())
     return spdlog::warn("node {}: {}", node_rank, action.status().message());
-  console_.board().Started(s.rank(), s.pid(), s.time());
+  // Stamped with this host's clock, as records are.
+  console_.board().Started(
+      s.rank(), s.pid(),
+      std::chrono::duration<double>(
+          std::chrono::system_clock::now().time_since_epoch())
+          .count());
   Act(*action);
 }
 

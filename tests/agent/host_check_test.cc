@@ -24,7 +24,8 @@ TEST(HostWarnings, NamesEveryLoopbackAddressOnce) {
 }
 
 TEST(HostWarnings, SaysNothingForNetworkAddresses) {
-  EXPECT_TRUE(HostWarnings("n", {"10.0.0.5", "fe80::1", "192.168.1.2"}).empty());
+  EXPECT_TRUE(
+      HostWarnings("n", {"10.0.0.5", "fe80::1", "192.168.1.2"}).empty());
   EXPECT_TRUE(HostWarnings("n", {}).empty());
   EXPECT_TRUE(HostWarnings("n", {"not an address"}).empty());
 }

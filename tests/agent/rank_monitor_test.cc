@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/child_process.h"
 #include "tests/common/run_until.h"
 
 extern char** environ;
@@ -27,23 +28,8 @@ using dslaunch::testing::RunUntil;
 using std::chrono::milliseconds;
 
 // `sleep 60`, started (and alone killed and reaped) by this test.
-class Sleeper {
- public:
-  Sleeper() {
-    char* args[] = {const_cast<char*>("sleep"), const_cast<char*>("60"),
-                    nullptr};
-    if (::posix_spawnp(&pid_, "sleep", nullptr, nullptr, args, environ) != 0)
-      pid_ = -1;
-  }
-  ~Sleeper() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-  }
-  pid_t pid() const { return pid_; }
-
- private:
-  pid_t pid_ = -1;
+struct Sleeper : dslaunch::testing::ChildProcess {
+  Sleeper() : ChildProcess({"sleep", "60"}) {}
 };
 
 class RankMonitorTest : public ::testing::Test {

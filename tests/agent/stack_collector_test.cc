@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "proto/process_set.h"  // ResolveProgram
+#include "tests/common/child_process.h"
 #include "tests/common/run_until.h"
 
 extern char** environ;
@@ -26,27 +27,7 @@ namespace asio = boost::asio;
 using dslaunch::testing::RunUntil;
 using std::chrono::milliseconds;
 
-// A process this test starts (and alone kills and reaps).
-class Child {
- public:
-  explicit Child(std::vector<std::string> argv) {
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    if (::posix_spawnp(&pid_, args[0], nullptr, nullptr, args.data(),
-                       environ) != 0)
-      pid_ = -1;
-  }
-  ~Child() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-  }
-  pid_t pid() const { return pid_; }
-
- private:
-  pid_t pid_ = -1;
-};
+using Child = dslaunch::testing::ChildProcess;
 
 bool Alive(pid_t pid) { return ::kill(pid, 0) == 0; }
 

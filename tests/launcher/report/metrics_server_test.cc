@@ -206,6 +206,19 @@ TEST_F(MetricsServerTest, ConnectionFloodIsBoundedAndServerStillAnswers) {
                          "HTTP/1.1 200 OK\r\n"));
 }
 
+TEST_F(MetricsServerTest, IdleConnectionsHoldingItFullGiveWayToAScraper) {
+  MetricsServer::Options o;
+  o.max_connections = 4;
+  o.read_timeout = std::chrono::milliseconds(60000);  // never the way out
+  Start(o);
+  for (int i = 0; i < 4; ++i) Connect();  // closed by TearDown
+  EXPECT_TRUE(RunUntil([&] { return server_->open_connections() == 4; }));
+  EXPECT_TRUE(StartsWith(Fetch("GET /metrics HTTP/1.1\r\n\r\n"),
+                         "HTTP/1.1 200 OK\r\n"));
+  EXPECT_EQ(server_->counts().refused_full, 1);
+  EXPECT_EQ(server_->counts().timed_out, 0);
+}
+
 TEST_F(MetricsServerTest, BusyPortNamesAddressAndPort) {
   Start();
   MetricsServer other(io_, [] { return std::string(); });
