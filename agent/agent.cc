@@ -20,6 +20,7 @@
 #include "proto/auth.h"
 #include "proto/exit_status.h"
 #include "proto/host_info.h"  // UsableCores
+#include "proto/unix_time.h"
 #include "proto/version.h"
 
 namespace dslaunch::agent {
@@ -43,11 +44,6 @@ static const char* StateName(Agent::State s) {
       return "Exited";
   }
   return "?";
-}
-
-static double Now() {
-  using namespace std::chrono;
-  return duration<double>(system_clock::now().time_since_epoch()).count();
 }
 
 // 600 -> "600", 0.5 -> "0.5".
@@ -424,7 +420,7 @@ void Agent::FailSpawn(const Status& st) {
     exited->set_rank(r.rank());
     exited->set_exit_code(70);
     exited->set_error("the agent could not start it: " + st.message());
-    exited->set_time(Now());
+    exited->set_time(proto::UnixSeconds());
     Send(env);
   }
   Drain(true, st.message());
@@ -518,7 +514,7 @@ Status Agent::SpawnWorkers() {
     auto* started = env.mutable_worker_started();
     started->set_rank(r.rank());
     started->set_pid(pid);
-    started->set_time(Now());
+    started->set_time(proto::UnixSeconds());
     Send(env);
   }
   workers_.GuardContainment();
@@ -691,7 +687,7 @@ void Agent::OnWorkerExited(int rank, pid_t pid, const ExitInfo& info) {
   exited->set_exit_code(info.exit_code);
   exited->set_signal(info.signal);
   exited->set_error(info.error);
-  exited->set_time(Now());
+  exited->set_time(proto::UnixSeconds());
   exited->set_stopped(info.signalled);
   monitor_.OnExited(rank, info, exited);  // OOM verdict, error file
   Send(env);

@@ -123,6 +123,7 @@ void OomDetector::Start(const std::string& cgroup_dir) {
     if (!own.empty()) dir = mount + (own == "/" ? "" : own);
   }
   events_dir_ = MemoryEventsDir(dir, mount);
+  job_cgroup_ = cgroup_dir;
 }
 
 void OomDetector::NoteSpawned(int rank, const std::string& cgroup_dir) {
@@ -174,8 +175,16 @@ std::optional<std::string> OomDetector::FromCgroup(int rank) const {
     return std::nullopt;
   const int64_t now = OomKillCount(ReadSmall(events_dir_ + "/memory.events"));
   if (now <= it->second) return std::nullopt;
-  return "oom-kill in " + events_dir_ + " (memory.max " +
-         DescribeMemoryMax(ReadSmall(events_dir_ + "/memory.max")) + ")";
+  // The counter counts every process of that cgroup and those below it;
+  // unless it is the job's own cgroup, another process may have been the
+  // one killed, and the kernel log (which names the pid) was not readable.
+  const bool own = events_dir_ == job_cgroup_;
+  return std::string(own ? "" : "probably: ") + "oom-kill in " + events_dir_ +
+         " (memory.max " +
+         DescribeMemoryMax(ReadSmall(events_dir_ + "/memory.max")) + ")" +
+         (own ? ""
+              : ", the job's cgroup or one above it; the kernel log "
+                "(which names the process) was not readable");
 }
 
 }  // namespace dslaunch::agent

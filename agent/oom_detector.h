@@ -52,6 +52,7 @@ class OomDetector {
   int kmsg_fd_ = -1;
   std::deque<std::string> oom_lines_;  // the last kernel OOM messages seen
   std::string events_dir_;  // the cgroup whose memory.events is watched
+  std::string job_cgroup_;  // the job's own cgroup ("" when none)
   std::map<int, int64_t> baseline_;  // rank -> oom_kill when it started
 };
 

@@ -9,6 +9,7 @@
 
 #include "proto/line_splitter.h"
 #include "proto/progress.h"
+#include "proto/unix_time.h"
 
 namespace dslaunch::agent {
 
@@ -30,11 +31,6 @@ struct ProgressServer::Connection {
   proto::LineSplitter lines{proto::kMaxProgressRecordBytes};
   bool discarding = false;  // inside an overlong record
 };
-
-static double NowSeconds() {
-  using namespace std::chrono;
-  return duration<double>(system_clock::now().time_since_epoch()).count();
-}
 
 ProgressServer::ProgressServer(asio::io_context& io, Delegate* delegate)
     : io_(io), delegate_(delegate) {}
@@ -140,9 +136,10 @@ void ProgressServer::HandlePiece(Connection& c,
 
 void ProgressServer::HandleLine(int rank, std::string_view line) {
   if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-  Status st = proto::ValidateProgressRecord(line);
+  std::string record = proto::NormalizeNonFinite(line);  // NaN, inf
+  Status st = proto::ValidateProgressRecord(record);
   if (!st.ok()) return delegate_->OnMalformedProgress(rank, st);
-  delegate_->OnProgressRecord(rank, std::string(line), NowSeconds());
+  delegate_->OnProgressRecord(rank, std::move(record), proto::UnixSeconds());
 }
 
 void ProgressServer::Close() {

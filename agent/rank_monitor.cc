@@ -9,17 +9,9 @@
 #include <cstdio>
 
 #include "agent/error_file.h"
+#include "proto/unix_time.h"
 
 namespace dslaunch::agent {
-
-namespace {
-
-double Now() {
-  using namespace std::chrono;
-  return duration<double>(system_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
 
 int64_t ResidentBytes(pid_t pid) {
   const std::string path = "/proc/" + std::to_string(pid) + "/statm";
@@ -137,7 +129,7 @@ void RankMonitor::SendStats() {
     e->set_rss_bytes(rss);
   }
   if (stats->entries_size() == 0) return;
-  stats->set_time(Now());
+  stats->set_time(proto::UnixSeconds());
   send_(env);
 }
 

@@ -50,7 +50,10 @@ int RunDoctor(const LaunchOptions& options, const Plan& plan) {
   auto work = boost::asio::make_work_guard(io);
   const std::string agent = AgentPath(options);
   auto command_for = [agent](int, const std::string&) {
-    return ShellQuote(agent) + " --version --host_check";
+    // An older agent does not know --host_check: then the plain version
+    // line, so that a mismatch is named as one.
+    return ShellQuote(agent) + " --version --host_check 2>/dev/null || " +
+           ShellQuote(agent) + " --version";
   };
   ssh.Preflight(
       SshTargets(options, plan), command_for, ExpectedAgentVersion(),

@@ -3,11 +3,15 @@
 #include <fcntl.h>  // open
 #include <signal.h>
 #include <spdlog/spdlog.h>
-#include <unistd.h>  // getpid
+#include <sys/resource.h>  // setrlimit: descriptors for large jobs
+#include <sys/stat.h>      // fstat: where stdout goes
+#include <unistd.h>        // getpid
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>  // getenv
+#include <cstring>  // strerror
 #include <ctime>    // strftime
 #include <map>
 #include <string_view>
@@ -15,8 +19,10 @@
 #include "launcher/plan/addresses.h"
 #include "launcher/report/log_sink.h"
 #include "launcher/report/prometheus_text.h"
+#include "launcher/report/tensorboard_sink.h"
 #include "proto/auth.h"
 #include "proto/exit_status.h"
+#include "proto/unix_time.h"
 
 namespace dslaunch::launcher {
 
@@ -114,8 +120,24 @@ class ScopedLogSink {
   std::string pattern_ = "[%H:%M:%S.%e launcher %l] %v";
 };
 
-// --console: auto is the table where stderr is a terminal that can draw it,
-// else lines; table/all asked for without one fall back to lines (said once).
+// Where the ranks' stdout goes cannot reach the terminal behind the table's
+// back: it is that terminal itself (one writer thread orders both), a file,
+// or /dev/null. A pipe (`| tee log`) may well end on the screen.
+static bool StdoutSafeBesideTable() {
+  struct stat out {
+  }, err{};
+  if (::fstat(STDOUT_FILENO, &out) != 0 || ::fstat(STDERR_FILENO, &err) != 0)
+    return false;
+  if (out.st_dev == err.st_dev && out.st_ino == err.st_ino) return true;
+  if (S_ISREG(out.st_mode)) return true;
+  struct stat null {};
+  return S_ISCHR(out.st_mode) && ::stat("/dev/null", &null) == 0 &&
+         out.st_rdev == null.st_rdev;
+}
+
+// --console: auto is the table where stderr is a terminal that can draw it
+// and stdout cannot cut into it, else lines; table/all asked for where it
+// cannot be drawn fall back to lines (said once).
 static Console::View ViewFor(const LaunchOptions& o, std::string* note) {
   using Mode = Console::Mode;
   Console::View view;
@@ -123,16 +145,19 @@ static Console::View ViewFor(const LaunchOptions& o, std::string* note) {
   const char* term = std::getenv("TERM");
   const bool tty = ::isatty(STDERR_FILENO) == 1 && term != nullptr &&
                    std::string_view(term) != "dumb";
+  const bool drawable = tty && StdoutSafeBesideTable();
   const std::map<std::string, Mode> modes = {{"table", Mode::kTable},
                                              {"all", Mode::kAll},
                                              {"lines", Mode::kLines},
                                              {"rank0", Mode::kRank0},
                                              {"none", Mode::kNone}};
-  view.mode = o.console == "auto" ? (tty ? Mode::kTable : Mode::kLines)
+  view.mode = o.console == "auto" ? (drawable ? Mode::kTable : Mode::kLines)
                                   : modes.at(o.console);
-  if ((view.mode == Mode::kTable || view.mode == Mode::kAll) && !tty) {
+  if ((view.mode == Mode::kTable || view.mode == Mode::kAll) && !drawable) {
     *note = "--console " + o.console +
-            " needs stderr to be a terminal; showing lines instead";
+            (tty ? " needs stdout on the same terminal, in a file or "
+                   "/dev/null (not a pipe); showing lines instead"
+                 : " needs stderr to be a terminal; showing lines instead");
     view.mode = Mode::kLines;
   }
   std::string locale;
@@ -150,8 +175,29 @@ static Console::View ViewFor(const LaunchOptions& o, std::string* note) {
   return view;
 }
 
+// The launcher holds per rank a log file and an event file (--tensorboard),
+// per node a connection: a large job needs more descriptors than the usual
+// soft limit of 1024. Raised as far as needed and the hard limit allows
+// (not beyond: children inherit it, and select()-based programs break on
+// descriptors past 1023).
+static void RaiseFileLimit(size_t ranks, size_t nodes) {
+  const rlim_t needed = 3 * ranks + 2 * nodes + 256;
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= needed) return;
+  const rlim_t want =
+      lim.rlim_max == RLIM_INFINITY ? needed : std::min(needed, lim.rlim_max);
+  if (want <= lim.rlim_cur) return;
+  lim.rlim_cur = want;
+  if (::setrlimit(RLIMIT_NOFILE, &lim) != 0)
+    spdlog::warn("cannot raise the open-file limit to {}: {}", want,
+                 std::strerror(errno));
+}
+
 int Launcher::Run() {
   ::signal(SIGPIPE, SIG_IGN);
+  size_t ranks = 0;
+  for (const auto& node : job_.plan().nodes) ranks += node.slots.size();
+  RaiseFileLimit(ranks, job_.plan().nodes.size());
   std::string view_note;
   console_.SetView(ViewFor(options_, &view_note));
   if (!view_note.empty()) console_.Note(view_note);
@@ -162,8 +208,12 @@ int Launcher::Run() {
   // learns their hosts and opens the logs of ranks added by their GPUs.
   job_.SetOnPlanFinal(
       [this, layout](const Plan& plan) { return console_.Open(plan, layout); });
-  if (st.ok() && !options_.tensorboard_dir.empty())
-    st = console_.OpenTensorBoard(options_.tensorboard_dir);
+  if (st.ok() && !options_.tensorboard_dir.empty()) {
+    auto tensorboard =
+        TensorBoardSink::Create(options_.tensorboard_dir, console_.board());
+    st = tensorboard.status();
+    if (st.ok()) console_.SetProgressSink(std::move(tensorboard).value());
+  }
   PidFile pid_file;
   if (st.ok() && options_.save_pid) st = pid_file.Create();
   std::vector<std::string> hosts;
@@ -206,22 +256,22 @@ int Launcher::Run() {
   return code;
 }
 
-static double NowUnix() {
-  return std::chrono::duration<double>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 Status Launcher::StartMetrics() {
-  const double started_at = NowUnix();
-  metrics_ = std::make_unique<MetricsServer>(io_, [this, started_at] {
+  const double started_at = proto::UnixSeconds();
+  // Rendered at most twice a second, however often someone asks: a peer
+  // hammering /metrics must not take the event loop from the job.
+  auto cache = std::make_shared<std::pair<double, std::string>>(-1, "");
+  metrics_ = std::make_unique<MetricsServer>(io_, [this, started_at, cache] {
+    const double now = proto::SteadySeconds();
+    if (cache->first >= 0 && now - cache->first < 0.5) return cache->second;
     JobCounters counters;
     counters.restarts = 0;  // no elastic restarts yet
     counters.progress_records = console_.progress_records();
     counters.malformed_progress = console_.malformed_progress();
     counters.dropped_lines = console_.dropped_lines();
     counters.started_at = started_at;
-    return RenderMetrics(console_.board(), counters, NowUnix());
+    *cache = {now, RenderMetrics(console_.board(), counters, now)};
+    return cache->second;
   });
   StatusOr<int> port =
       metrics_->Listen(options_.metrics_addr, options_.metrics_port);

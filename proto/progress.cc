@@ -2,7 +2,8 @@
 
 #include <unistd.h>  // close
 
-#include <cstdio>             // snprintf for escapes
+#include <cstdio>  // snprintf for escapes
+#include <limits>
 #include <nlohmann/json.hpp>  // parsing and re-serializing records
 
 #include "proto/unix_socket.h"
@@ -32,6 +33,64 @@ Status CheckJsonNesting(std::string_view json, int max_depth) {
     }
   }
   return Status::Ok();
+}
+
+namespace {
+
+// The JSON string for a bare non-finite word, or nullptr.
+const char* NonFiniteWord(std::string_view word) {
+  if (word == "NaN" || word == "nan" || word == "-nan" || word == "-NaN")
+    return "\"NaN\"";
+  if (word == "Infinity" || word == "inf") return "\"Infinity\"";
+  if (word == "-Infinity" || word == "-inf") return "\"-Infinity\"";
+  return nullptr;
+}
+
+bool WordChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+
+}  // namespace
+
+std::string NormalizeNonFinite(std::string_view line) {
+  std::string out;
+  size_t copied = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+      continue;
+    }
+    const bool minus = c == '-' && i + 1 < line.size() && WordChar(line[i + 1]);
+    if (!minus && !WordChar(c)) continue;
+    size_t end = i + (minus ? 1 : 0);
+    while (end < line.size() && WordChar(line[end])) ++end;
+    if (const char* json = NonFiniteWord(line.substr(i, end - i))) {
+      out.append(line.substr(copied, i - copied));
+      out.append(json);
+      copied = end;
+    }
+    i = end - 1;
+  }
+  if (copied == 0) return std::string(line);
+  out.append(line.substr(copied));
+  return out;
+}
+
+std::optional<double> NonFiniteValue(std::string_view text) {
+  if (text == "NaN") return std::numeric_limits<double>::quiet_NaN();
+  if (text == "Infinity") return std::numeric_limits<double>::infinity();
+  if (text == "-Infinity") return -std::numeric_limits<double>::infinity();
+  return std::nullopt;
 }
 
 Status ValidateProgressRecord(std::string_view line) {

@@ -7,6 +7,7 @@
 // C++. Pure functions; ProgressClient is single-threaded.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -22,6 +23,15 @@ inline constexpr int kMaxProgressDepth = 32;
 // OK when the arrays and objects of `json` nest at most `max_depth` deep.
 // A linear scan (strings skipped, no recursion); it does not check syntax.
 Status CheckJsonNesting(std::string_view json, int max_depth);
+// Training that diverged writes non-finite numbers, which JSON has no words
+// for: Python's json.dumps writes NaN, Infinity and -Infinity, C's printf
+// nan, -nan, inf and -inf. Outside strings, each such bare word becomes the
+// string "NaN", "Infinity" or "-Infinity", so the record stays valid JSON
+// and keeps its step (a dropped record would look like a hang). Returns
+// `line` unchanged when there is none.
+std::string NormalizeNonFinite(std::string_view line);
+// The number a normalized non-finite value stands for, if `text` is one.
+std::optional<double> NonFiniteValue(std::string_view text);
 // OK when `line` is one JSON object of at most kMaxProgressRecordBytes and
 // kMaxProgressDepth levels.
 Status ValidateProgressRecord(std::string_view line);

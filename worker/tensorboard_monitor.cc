@@ -4,17 +4,9 @@
 #include <cstdio>  // fprintf
 #include <utility>
 
+#include "proto/unix_time.h"
+
 namespace dslaunch::worker {
-namespace {
-
-double UnixNow() {
-  return std::chrono::duration<double>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
-
 StatusOr<std::unique_ptr<TensorBoardMonitor>> TensorBoardMonitor::Open(
     const TrainConfig& config, int rank) {
   std::unique_ptr<proto::EventFileWriter> writer;
@@ -23,9 +15,9 @@ StatusOr<std::unique_ptr<TensorBoardMonitor>> TensorBoardMonitor::Open(
     const std::string where =
         (set_at != config.sources.end() ? set_at->second : config.path) +
         ": tensorboard.output_path";
-    ASSIGN_OR_RETURN(writer,
-                     proto::EventFileWriter::Create(
-                         TensorBoardDir(config.tensorboard), UnixNow(), where));
+    ASSIGN_OR_RETURN(writer, proto::EventFileWriter::Create(
+                                 TensorBoardDir(config.tensorboard),
+                                 proto::UnixSeconds(), where));
   }
   return std::unique_ptr<TensorBoardMonitor>(
       new TensorBoardMonitor(std::move(writer)));
@@ -38,7 +30,7 @@ TensorBoardMonitor::~TensorBoardMonitor() {
 void TensorBoardMonitor::StepDone(int64_t step, int64_t samples_per_step,
                                   float loss, double next_lr) {
   if (!writer_) return;
-  const double now = UnixNow();
+  const double now = proto::UnixSeconds();
   writer_->AddScalar(kLossTag, (step - 1) * samples_per_step, loss, now);
   writer_->AddScalar(kLrTag, step * samples_per_step, next_lr, now);
   writer_->Flush();  // as DeepSpeed does after every write

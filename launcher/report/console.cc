@@ -6,18 +6,13 @@
 #include <nlohmann/json.hpp>  // rank 0's progress line
 
 #include "proto/progress.h"
+#include "proto/unix_time.h"
 
 namespace dslaunch::launcher {
 
 namespace {
 
 using Stream = TerminalWriter::Stream;
-
-double Now() {
-  return std::chrono::duration<double>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 int FdOf(FILE* f) {
   std::fflush(f);
@@ -106,7 +101,8 @@ void Console::Line(int rank, bool is_stderr, std::string_view line,
   const bool shown = ranks_on_terminal_ && view_.mode != Mode::kNone &&
                      (view_.mode != Mode::kRank0 || rank == 0);
   if (shown && view_.fold && view_.mode != Mode::kRank0) {
-    if (folder_.Add(rank, is_stderr, line, Now())) FlushFolded(0, true);
+    if (folder_.Add(rank, is_stderr, line, proto::SteadySeconds()))
+      FlushFolded(0, true);
   } else if (shown) {
     std::string text = prefix_[rank];
     text.append(line);
@@ -138,14 +134,14 @@ void Console::Progress(int rank, std::string_view json, double time) {
   const auto record = nlohmann::ordered_json::parse(json, nullptr, false);
   // The board compares with this host's clock (hangs, "seen"): records are
   // stamped on arrival, whatever the agent's clock says.
-  board_.Record(rank, record, Now());
-  if (tensorboard_ && record.is_object() && record.contains("step") &&
+  board_.Record(rank, record, proto::SteadySeconds());
+  if (sink_ && record.is_object() && record.contains("step") &&
       record["step"].is_number()) {
     // The board keeps the last good step: this record's must be that one.
     const auto it = board_.ranks().find(rank);
     if (it != board_.ranks().end() && it->second.step &&
         double(*it->second.step) == record["step"].get<double>())
-      tensorboard_->Record(rank, *it->second.step, it->second.scalars, time);
+      sink_->Record(rank, *it->second.step, it->second.scalars, time);
   }
   if (metrics_) {
     std::string line =
@@ -191,17 +187,12 @@ void Console::FlushFolded(double now, bool all) {
   send();
 }
 
-Status Console::OpenTensorBoard(const std::string& dir) {
-  ASSIGN_OR_RETURN(tensorboard_, TensorBoardSink::Create(dir, board_));
-  return Status::Ok();
-}
-
 void Console::Tick(double now) {
   if (!folder_.empty()) FlushFolded(now, false);
-  if (tensorboard_ && now - last_tensorboard_flush_ >= 1.0) {
-    last_tensorboard_flush_ = now;
-    tensorboard_->Flush();
-    CheckTensorBoard();
+  if (sink_ && now - last_sink_flush_ >= 1.0) {
+    last_sink_flush_ = now;
+    sink_->Flush();
+    CheckSink();
   }
   if (TableShown() && !table_released_ && now - last_draw_ >= view_.redraw_s)
     DrawTable(now);
@@ -214,9 +205,13 @@ void Console::DrawTable(double now) {
   style.per_rank = view_.mode == Mode::kAll;
   struct winsize size {};
   if (::ioctl(terminal_.fd(Stream::kErr), TIOCGWINSZ, &size) == 0 &&
-      size.ws_col > 0) {
+      size.ws_col > 0 && size.ws_row > 0) {
     style.width = size.ws_col;
-    style.max_rows = std::max(3, size.ws_row / 2 - 3);
+    // At most half the screen; a terminal too small for a header, a row and
+    // the bar below some output gets no table (a footer taller than the
+    // screen could not be erased).
+    style.max_rows = std::max(1, size.ws_row / 2 - 3);
+    if (size.ws_row < 8) return terminal_.SetFooter(Stream::kErr, "");
   }
   terminal_.SetFooter(Stream::kErr, RenderLiveTable(board_, now, style));
 }
@@ -248,14 +243,14 @@ void Console::Close() {
   if (!folder_.empty()) FlushFolded(0, true);
   if (TableShown() && !table_released_) {
     // The final state stays on the screen above the report.
-    DrawTable(Now());
+    DrawTable(proto::SteadySeconds());
     terminal_.ReleaseFooter(Stream::kErr);
     table_released_ = true;
   }
-  if (tensorboard_) {
-    tensorboard_->Close();
-    CheckTensorBoard();
-    tensorboard_.reset();
+  if (sink_) {
+    sink_->Close();
+    CheckSink();
+    sink_.reset();
   }
   logs_.clear();  // each writes what it holds and closes its file
   if (metrics_) metrics_->Close();
@@ -298,10 +293,10 @@ bool Console::NoteDropped() {
   return true;
 }
 
-void Console::CheckTensorBoard() {
-  if (tensorboard_said_ || tensorboard_->status().ok()) return;
-  tensorboard_said_ = true;
-  OnSinkError(tensorboard_->status());
+void Console::CheckSink() {
+  if (sink_error_said_ || sink_->status().ok()) return;
+  sink_error_said_ = true;
+  OnSinkError(sink_->status());
 }
 
 void Console::OnSinkError(const Status& status) {

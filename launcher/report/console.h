@@ -27,8 +27,8 @@
 #include "launcher/report/line_folder.h"
 #include "launcher/report/live_table.h"
 #include "launcher/report/log_files.h"
+#include "launcher/report/progress_sink.h"
 #include "launcher/report/rank_board.h"
-#include "launcher/report/tensorboard_sink.h"
 #include "launcher/report/terminal_writer.h"
 #include "proto/status.h"
 
@@ -88,9 +88,11 @@ class Console {
   Status Open(const Plan& plan, const std::string& log_dir) {
     return Open(plan, LogLayout{log_dir});
   }
-  // --tensorboard DIR: every progress record with a step also goes to
-  // TensorBoard event files there (see TensorBoardSink).
-  Status OpenTensorBoard(const std::string& dir);
+  // Every progress record with a step also goes to `sink` (--tensorboard's
+  // TensorBoardSink), flushed about once a second and closed by Close().
+  void SetProgressSink(std::unique_ptr<ProgressSink> sink) {
+    sink_ = std::move(sink);
+  }
   // One piece of a rank's output. `partial`: no newline followed it (a piece
   // of a line longer than the agent's limit, or the end of the stream). The
   // terminal shows every piece as it comes, on a line of its own; the log
@@ -146,8 +148,8 @@ class Console {
   // Notes the lines dropped since the last such note; false if none.
   bool NoteDropped();
   void OnSinkError(const Status& status);
-  // Says the TensorBoard sink's first error once.
-  void CheckTensorBoard();
+  // Says the progress sink's first error once.
+  void CheckSink();
 
   Options options_;
   TerminalWriter terminal_;
@@ -163,9 +165,9 @@ class Console {
   int64_t reported_drops_[2] = {0, 0};
   Status sink_status_;
   RankBoard board_;
-  std::unique_ptr<TensorBoardSink> tensorboard_;
-  double last_tensorboard_flush_ = 0;
-  bool tensorboard_said_ = false;
+  std::unique_ptr<ProgressSink> sink_;
+  double last_sink_flush_ = 0;
+  bool sink_error_said_ = false;
   bool capturing_ = false;
   std::vector<std::string> captured_;
   View view_;

@@ -111,11 +111,33 @@ bool IsSecretName(std::string_view name) {
   std::string upper(name);
   std::transform(upper.begin(), upper.end(), upper.begin(),
                  [](unsigned char c) { return std::toupper(c); });
-  for (const char* word : {"SECRET", "TOKEN", "PASSWORD", "PASSWD",
-                           "CREDENTIAL", "PRIVATE", "AUTH"}) {
+  for (const char* word : {"SECRET", "TOKEN", "PASSWORD", "PASSWD", "PASS_",
+                           "CREDENTIAL", "PRIVATE", "AUTH", "COOKIE"}) {
     if (upper.find(word) != std::string::npos) return true;
   }
-  return upper.size() >= 3 && upper.compare(upper.size() - 3, 3, "KEY") == 0;
+  auto ends = [&](std::string_view tail) {
+    return upper.size() >= tail.size() &&
+           upper.compare(upper.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  // KEY, PASS and PWD at the end (DB_PASS, MYSQL_PWD; not PWD, OLDPWD).
+  return ends("KEY") || ends("PASS") ||
+         (ends("_PWD") && upper != "PWD" && upper != "OLDPWD");
+}
+
+// "scheme://user:password@host" with the password replaced.
+static std::string ScrubUrlPasswords(std::string value) {
+  size_t from = 0;
+  while ((from = value.find("://", from)) != std::string::npos) {
+    const size_t start = from + 3;
+    const size_t at = value.find('@', start);
+    const size_t end = value.find_first_of("/ ", start);
+    const size_t colon = value.find(':', start);
+    if (at != std::string::npos && colon < at &&
+        (end == std::string::npos || at < end))
+      value.replace(colon + 1, at - colon - 1, "<redacted>");
+    from = start;
+  }
+  return value;
 }
 
 std::string RedactedEnv(const EnvList& env, const std::string& job_secret) {
@@ -125,7 +147,9 @@ std::string RedactedEnv(const EnvList& env, const std::string& job_secret) {
         IsSecretName(key) ||
         (!job_secret.empty() && value.find(job_secret) != std::string::npos);
     out += proto::EscapeControlChars(key) + "=" +
-           (hide ? "<redacted>" : proto::EscapeControlChars(value)) + "\n";
+           (hide ? "<redacted>"
+                 : proto::EscapeControlChars(ScrubUrlPasswords(value))) +
+           "\n";
   }
   return out;
 }

@@ -23,7 +23,9 @@ LineFolder::Group* LineFolder::Join(const Chain& chain, uint64_t after,
   if (after > base_ && after - 1 - base_ < groups_.size()) {
     Group& own = groups_[after - 1 - base_];
     if (own.hash == groups_[chain.head - base_].hash) {
-      for (uint64_t n = own.next; n != kNone; n = groups_[n - base_].next) {
+      int steps = 0;  // only hash collisions make this walk long
+      for (uint64_t n = own.next; n != kNone && steps < kMaxWalk;
+           n = groups_[n - base_].next, ++steps) {
         if (fits(groups_[n - base_])) return &groups_[n - base_];
       }
       return nullptr;
@@ -52,6 +54,7 @@ bool LineFolder::Add(int rank, bool is_stderr, std::string_view line,
   if (chain != chains_.end()) {
     if (Group* g = Join(chain->second, after, is_stderr, line)) {
       g->ranks.push_back(rank);
+      held_bytes_ += sizeof(int);
       last_of_rank_[rank] = g->number;
       return held_bytes_ >= kMaxPendingBytes;
     }
@@ -88,7 +91,8 @@ std::vector<LineFolder::Group> LineFolder::Take(double now, bool all) {
         it->second.head = g.next;
       }
     }
-    held_bytes_ -= g.text.size() + sizeof(Group);
+    held_bytes_ -=
+        g.text.size() + sizeof(Group) + (g.ranks.size() - 1) * sizeof(int);
     out.push_back(std::move(g));
     groups_.pop_front();
     ++base_;

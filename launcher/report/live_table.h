@@ -17,7 +17,7 @@ struct TableStyle {
   bool per_rank = false;  // --console all
 };
 
-// Text of the table (lines ending in '\n'), for the board at `now` (unix s).
+// Text of the table (lines ending in '\n'), for the board at `now` (its clock).
 std::string RenderLiveTable(const RankBoard& board, double now,
                             const TableStyle& style);
 

@@ -176,16 +176,17 @@ std::string FormatSampleValue(double value) {
 }
 
 std::string RenderMetrics(const RankBoard& board, const JobCounters& counters,
-                          double now_unix) {
+                          double now) {
   std::string out;
   for (const RankFamily& family : kRankFamilies) {
-    RenderRankFamily(out, family, board, now_unix);
+    RenderRankFamily(out, family, board, now);
   }
   RenderJobSample(out, "dslaunch_restarts_total", "counter",
                   "Elastic restarts of the job.", counters.restarts);
-  RenderJobSample(out, "dslaunch_progress_records_total", "counter",
-                  "Valid progress records from every rank.",
-                  static_cast<double>(counters.progress_records));
+  RenderJobSample(
+      out, "dslaunch_progress_records_total", "counter",
+      "Progress records received from every rank, malformed ones included.",
+      static_cast<double>(counters.progress_records));
   RenderJobSample(out, "dslaunch_malformed_progress_records_total", "counter",
                   "Progress records dropped as malformed.",
                   static_cast<double>(counters.malformed_progress));

@@ -23,10 +23,11 @@ struct JobCounters {
 
 // Every family has # HELP and # TYPE; a rank with no value for a family
 // (no loss yet, rss not known, not exited) is left out of it. Samples are
-// labelled rank, node (the node rank) and host. `now_unix` is what
-// dslaunch_rank_last_seen_seconds measures ages against.
+// labelled rank, node (the node rank) and host. `now` (the board's clock,
+// proto::SteadySeconds) is what dslaunch_rank_last_seen_seconds measures
+// ages against.
 std::string RenderMetrics(const RankBoard& board, const JobCounters& counters,
-                          double now_unix);
+                          double now);
 
 // A label value as the exposition format wants it: backslash, double quote
 // and newline escaped; bytes that are not valid UTF-8 become U+FFFD (the

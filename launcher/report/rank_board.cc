@@ -4,6 +4,8 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "proto/progress.h"  // NonFiniteValue
+
 namespace dslaunch::launcher {
 
 namespace {
@@ -17,11 +19,13 @@ double Median(std::vector<double> v) {
   return (*std::max_element(v.begin(), v.begin() + mid) + upper) / 2;
 }
 
+// A number, or the string a non-finite one was written as (the agent turns
+// a bare NaN or inf into "NaN", "Infinity"): a diverged loss is shown.
 std::optional<double> Number(const nlohmann::ordered_json& v) {
-  if (!v.is_number()) return std::nullopt;
-  const double d = v.get<double>();
-  if (!std::isfinite(d)) return std::nullopt;
-  return d;
+  if (v.is_number()) return v.get<double>();
+  if (v.is_string())
+    return proto::NonFiniteValue(v.get_ref<const std::string&>());
+  return std::nullopt;
 }
 
 // A step count: an integer (or integral number) in a sane range.
@@ -83,8 +87,10 @@ void RankBoard::Record(int rank, const nlohmann::ordered_json& record,
       if (auto total = Count(value)) r->total_steps = total;
     } else if (key == "loss") {
       r->loss = *number;
-      r->loss_history.push_back(*number);
-      if (r->loss_history.size() > kHistory) r->loss_history.pop_front();
+      if (std::isfinite(*number)) {  // the sparkline scales finite values
+        r->loss_history.push_back(*number);
+        if (r->loss_history.size() > kHistory) r->loss_history.pop_front();
+      }
     } else if (key == "tokens_per_s") {
       r->tokens_per_s = *number;
     }

@@ -2,8 +2,9 @@
 // from progress records, the agents' RankStats and the start and exit
 // messages; read by the console's live table, the Prometheus endpoint, the
 // TensorBoard sink and the hang and straggler checks. Owned by the Console;
-// main thread only. Times are unix seconds (the agents' clocks for records,
-// which is what "last seen" compares against).
+// main thread only. Times are proto::SteadySeconds() of the launcher's host:
+// records are stamped when they arrive, so ages never depend on the agents'
+// clocks or on the wall clock jumping.
 #pragma once
 
 #include <cstdint>
@@ -64,8 +65,9 @@ class RankBoard {
   void Reset(const Plan& plan);
 
   // A validated progress record (a JSON object). Known fields: "step",
-  // "total_steps", "loss", "tokens_per_s"; every finite number at the top
-  // level becomes a scalar. Records of unknown ranks are ignored.
+  // "total_steps", "loss", "tokens_per_s"; every number at the top
+  // level (and NaN, Infinity as the agent writes them) becomes a scalar.
+  // Records of unknown ranks are ignored.
   void Record(int rank, const nlohmann::ordered_json& record, double time);
   void Started(int rank, int pid, double time);
   void Exited(int rank, int exit_code, int signal, bool oom_killed);

@@ -4,25 +4,21 @@
 #include <chrono>     // system_clock
 #include <utility>
 
+#include "proto/unix_time.h"
+
 namespace dslaunch::launcher {
 namespace {
 
 constexpr const char* kFlag = "--tensorboard";
-
-double UnixNow() {
-  return std::chrono::duration<double>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 }  // namespace
 
 StatusOr<std::unique_ptr<TensorBoardSink>> TensorBoardSink::Create(
     const std::string& dir, const RankBoard& board) {
   RETURN_IF_ERROR(proto::CreateEventDir(dir, kFlag));
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<proto::EventFileWriter> job,
-      proto::EventFileWriter::Create(dir + "/job", UnixNow(), kFlag));
+  ASSIGN_OR_RETURN(std::unique_ptr<proto::EventFileWriter> job,
+                   proto::EventFileWriter::Create(dir + "/job",
+                                                  proto::UnixSeconds(), kFlag));
   return std::unique_ptr<TensorBoardSink>(
       new TensorBoardSink(dir, board, std::move(job)));
 }
@@ -61,7 +57,7 @@ void TensorBoardSink::Record(
   }
   AddToJob(rank, step, scalars, wall_time);
   auto it = pending_.find(step);
-  if (it != pending_.end() && Complete(it->second, AliveRanks())) {
+  if (it != pending_.end() && Complete(it->first, it->second, AliveRanks())) {
     WriteJobStep(it->first, it->second);
     pending_.erase(it);
   }
@@ -102,12 +98,25 @@ size_t TensorBoardSink::AliveRanks() const {
   return alive;
 }
 
-bool TensorBoardSink::Complete(const PendingStep& pending, size_t alive) const {
-  if (pending.taken.size() < alive) return false;  // the common case, cheaply
-  for (const auto& [rank, view] : board_.ranks()) {
-    if (view.state != RankView::State::kExited && !pending.taken.count(rank)) {
-      return false;
+bool TensorBoardSink::Complete(int64_t step, const PendingStep& pending,
+                               size_t alive) const {
+  if (pending.taken.size() >= alive) {  // every live rank, the usual case
+    bool all = true;
+    for (const auto& [rank, view] : board_.ranks()) {
+      if (view.state != RankView::State::kExited && !pending.taken.count(rank))
+        all = false;
     }
+    if (all) return true;
+  }
+  // Ranks that never report (a script reporting from rank 0 only) do not
+  // hold a step back once kReporterLag newer steps came: then the ranks that
+  // have reported before are enough.
+  if (pending_.empty() || pending_.rbegin()->first - step < kReporterLag)
+    return false;
+  for (const auto& [rank, view] : board_.ranks()) {
+    if (view.state != RankView::State::kExited && view.step &&
+        !pending.taken.count(rank))
+      return false;
   }
   return true;
 }
@@ -115,7 +124,7 @@ bool TensorBoardSink::Complete(const PendingStep& pending, size_t alive) const {
 void TensorBoardSink::WriteComplete() {
   const size_t alive = AliveRanks();
   for (auto it = pending_.begin(); it != pending_.end();) {
-    if (!Complete(it->second, alive)) {
+    if (!Complete(it->first, it->second, alive)) {
       ++it;
       continue;
     }

@@ -16,13 +16,14 @@
 #include <utility>
 #include <vector>
 
+#include "launcher/report/progress_sink.h"
 #include "launcher/report/rank_board.h"
 #include "proto/status.h"
 #include "proto/tb_events.h"
 
 namespace dslaunch::launcher {
 
-class TensorBoardSink {
+class TensorBoardSink : public ProgressSink {
  public:
   // Steps waiting for ranks: past this many, the oldest is written with the
   // ranks it has.
@@ -32,13 +33,15 @@ class TensorBoardSink {
   // Steps remembered as written, so a rank reporting one late does not
   // write it again.
   static constexpr size_t kWrittenSteps = 256;
+  // Steps after which ranks that never reported a step stop holding one.
+  static constexpr int64_t kReporterLag = 8;
 
   // One run per rank (<dir>/rank-<r>) and one job-wide (<dir>/job). Creates
   // <dir> and the job run now: an error names --tensorboard and the path.
   // `board` must outlive the sink.
   static StatusOr<std::unique_ptr<TensorBoardSink>> Create(
       const std::string& dir, const RankBoard& board);
-  ~TensorBoardSink();  // Close()
+  ~TensorBoardSink() override;  // Close()
   TensorBoardSink(const TensorBoardSink&) = delete;
   TensorBoardSink& operator=(const TensorBoardSink&) = delete;
 
@@ -51,13 +54,13 @@ class TensorBoardSink {
   // step counts.
   void Record(int rank, int64_t step,
               const std::vector<std::pair<std::string, double>>& scalars,
-              double wall_time);
+              double wall_time) override;
   // Writes the steps that exits made complete, then flushes every run.
-  void Flush();
+  void Flush() override;
   // Writes every pending step with what it has, then closes every run.
-  void Close();
+  void Close() override;
   // The first error, OK when none.
-  const Status& status() const { return status_; }
+  const Status& status() const override { return status_; }
 
  private:
   struct Sum {
@@ -80,7 +83,7 @@ class TensorBoardSink {
                 double wall_time);
   size_t AliveRanks() const;  // ranks of the board not exited
   // Every rank not exited has reported the step; `alive`: AliveRanks().
-  bool Complete(const PendingStep& pending, size_t alive) const;
+  bool Complete(int64_t step, const PendingStep& pending, size_t alive) const;
   void WriteComplete();
   void WriteJobStep(int64_t step, const PendingStep& pending);
   void Keep(const Status& status);

@@ -250,7 +250,7 @@ TerminalWriter::Lane& TerminalWriter::LaneOf(Stream stream) const {
 }
 
 TerminalWriter::Result TerminalWriter::Write(Stream stream, std::string text,
-                                            int lines) {
+                                             int lines) {
   Lane& lane = LaneOf(stream);
   std::lock_guard<std::mutex> lock(lane.mu);
   bool resumed = false;

@@ -53,15 +53,24 @@ Status LocalStarter::StartAll(const AgentBootstrap& boot) {
     spec.new_session = true;
     spec.death_signal = SIGTERM;
     spec.stdin_pipe = true;
-    spec.capture_output = false;  // the agent logs to our stderr
-    spec.destroy_signal = 0;      // the closed lifeline tells it to go
+    // The agent's own log lines reach the console (never the terminal
+    // directly, where they would cut into the live table).
+    spec.capture_output = true;
+    spec.destroy_signal = 0;  // the closed lifeline tells it to go
     ASSIGN_OR_RETURN(pid_t pid, processes_.Spawn(spec));
     node_of_[pid] = node.node_rank;
+    host_of_[pid] = node.host;
     cgroup_of_[pid] = proto::JobCgroupDir(boot.job_id, node.node_rank, pid);
     // A pipe holds 64 KiB, so this never blocks; a dead agent gives EPIPE.
     (void)proto::WriteAll(processes_.StdinOf(pid), boot.secret + "\n");
   }
   return Status::Ok();
+}
+
+void LocalStarter::OnProcessOutput(pid_t pid, bool, std::string line, bool) {
+  auto it = host_of_.find(pid);
+  delegate_->OnStarterOutput(it == host_of_.end() ? "local" : it->second,
+                             std::move(line));
 }
 
 void LocalStarter::Kill(int node_rank) {

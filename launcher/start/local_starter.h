@@ -31,7 +31,8 @@ class LocalStarter : public Starter, private proto::ProcessSet::Delegate {
 
  private:
   Status StartAll(const AgentBootstrap& boot);
-  void OnProcessOutput(pid_t, bool, std::string, bool) override {}
+  void OnProcessOutput(pid_t pid, bool is_stderr, std::string line,
+                       bool partial) override;
   void OnProcessExited(pid_t pid, const proto::ExitInfo& info) override;
   void SweepOrphans();
   void RemoveCgroup(const std::string& dir);
@@ -39,6 +40,7 @@ class LocalStarter : public Starter, private proto::ProcessSet::Delegate {
   boost::asio::io_context& io_;
   Starter::Delegate* delegate_;
   proto::ProcessSet processes_;
+  std::map<pid_t, std::string> host_of_;    // agent pid -> its node's host
   std::map<pid_t, int> node_of_;            // agents not yet reported
   std::map<pid_t, std::string> cgroup_of_;  // the cgroup each agent makes
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

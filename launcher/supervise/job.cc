@@ -6,13 +6,13 @@
 #include <unistd.h>  // getcwd
 
 #include <algorithm>  // max
-#include <chrono>     // system_clock: the board's times
 
 #include "launcher/plan/addresses.h"
 #include "launcher/plan/hostfile.h"  // kMaxSlotsPerHost, kMaxTotalSlots
 #include "launcher/report/report.h"
 #include "proto/host_info.h"  // CpuListString
 #include "proto/progress.h"   // EscapeControlChars
+#include "proto/unix_time.h"
 
 namespace dslaunch::launcher {
 
@@ -133,7 +133,7 @@ void Job::OnAgentSecret(int node_rank, std::string secret) {
 }
 
 void Job::OnStarterOutput(const std::string& source, std::string line) {
-  console_.Relay("[" + source + " agent] " + line);
+  console_.Relay("[" + source + " agent] " + proto::EscapeControlChars(line));
 }
 
 void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
@@ -418,11 +418,7 @@ void Job::HandleWorkerStarted(int node_rank, const wire::WorkerStarted& s) {
   if (!action.ok())
     return spdlog::warn("node {}: {}", node_rank, action.status().message());
   // Stamped with this host's clock, as records are.
-  console_.board().Started(
-      s.rank(), s.pid(),
-      std::chrono::duration<double>(
-          std::chrono::system_clock::now().time_since_epoch())
-          .count());
+  console_.board().Started(s.rank(), s.pid(), proto::SteadySeconds());
   Act(*action);
 }
 

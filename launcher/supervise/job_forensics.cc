@@ -90,7 +90,8 @@ void Job::KeepStacks(const wire::Stacks& s) {
       if ((*file)->status().ok()) where = "; all of it in " + path;
     }
   }
-  console_.Note("stacks of " + who + " (" + s.tool() + "), the first " +
+  console_.Note("stacks of " + who + " (" +
+                proto::EscapeControlChars(s.tool()) + "), the first " +
                 std::to_string(kStackLinesShown) + " lines" + where + ":");
   size_t start = 0;
   for (size_t n = 0; n < kStackLinesShown && start < text.size(); ++n) {

@@ -6,17 +6,13 @@
 #include <chrono>
 #include <cstdio>
 
+#include "proto/unix_time.h"
+
 namespace dslaunch::launcher {
 
 namespace {
 
 constexpr auto kTick = std::chrono::milliseconds(100);
-
-double UnixNow() {
-  return std::chrono::duration<double>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string Seconds(double s) {
   char buf[32];
@@ -47,7 +43,7 @@ void JobWatch::Arm() {
   timer_.expires_after(kTick);
   timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec || !running_) return;
-    const double now = UnixNow();
+    const double now = proto::SteadySeconds();
     console_.Tick(now);
     if (now - last_check_ >= 1.0) Check(now);
     Arm();

@@ -33,7 +33,7 @@ class JobWatch {
            Console& console, Hooks hooks);
   void Start();
   void Stop();
-  // One look at the board at `now` (unix seconds); Start calls it each
+  // One look at the board at `now` (proto::SteadySeconds); Start calls it each
   // second. Public for tests.
   void Check(double now);
 

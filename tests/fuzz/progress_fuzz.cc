@@ -57,7 +57,10 @@ int Depth(std::string_view text) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string_view line(reinterpret_cast<const char*>(data), size);
+  // As the agent does: non-finite words normalized, then checked.
+  const std::string normalized = dslaunch::proto::NormalizeNonFinite(
+      std::string_view(reinterpret_cast<const char*>(data), size));
+  const std::string_view line(normalized);
   if (!dslaunch::proto::ValidateProgressRecord(line).ok()) return 0;
   Require(Depth(line) <= static_cast<int>(dslaunch::proto::kMaxProgressDepth),
           "an accepted record is within the nesting bound");

@@ -1,6 +1,7 @@
 """Watching a running job (issue 12): the console's modes, the live table on a
 real terminal (tmux), folded lines, hangs, Python error files and the failure
 bundle. Local launcher, 127.0.0.1-3 as nodes."""
+import json
 import os
 import re
 import shutil
@@ -70,6 +71,23 @@ class ConsoleModes(LaunchTest):
         self.assertIn("exited 0", p.stderr.decode())
         with open(os.path.join(log_dir, "rank-1.log")) as f:
             self.assertEqual(f.read().count("same text on every rank"), 2)
+
+    def test_a_nan_loss_keeps_its_record(self):
+        # json.dumps writes NaN and Infinity, which JSON does not have.
+        script = ("import json, math, os, socket; s = socket.socket(socket.AF_UNIX); "
+                  "s.connect(os.environ['DSLAUNCH_PROGRESS']); "
+                  "s.sendall((json.dumps({'step': 3, 'loss': math.nan, 'grad_norm': math.inf})"
+                  " + '\\n').encode())")
+        log_dir = os.path.join(self.dir, "logs")
+        p = self.run_job(self.args(nodes=1, slots=1, extra=["--log_dir", log_dir]) +
+                         [PY, "-c", script])
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 0, err)
+        self.assertIn("[127.0.0.1:0 progress] step 3  loss NaN  grad_norm Infinity", err)
+        self.assertNotIn("malformed", err)
+        with open(os.path.join(log_dir, "metrics.jsonl")) as f:
+            record = json.loads(f.readline())
+        self.assertEqual((record["step"], record["loss"], record["grad_norm"]), (3, "NaN", "Infinity"))
 
     def test_table_asked_without_a_terminal_falls_back_to_lines(self):
         p = self.run_job(self.args(nodes=1, slots=1, extra=["--console", "table"]) +
@@ -152,6 +170,24 @@ class LiveTable(LaunchTest):
         self.assertIn("100%", screen)
         self.assertLess(re.search(r"^ node +ranks", screen, re.M).start(),
                         screen.index("exited 0"), screen)
+
+    def test_stdout_through_a_pipe_gets_lines_not_the_table(self):
+        # `dslaunch ... | cat`: cat writes to the screen between redraws.
+        done = os.path.join(self.dir, "exit-status")
+        argv = self.args(nodes=1, slots=2, extra=["--console", "table"]) + [
+            PY, PROGRESS_PY, "train", "5", "0.05"]
+        command = " ".join("'%s'" % a for a in argv) + " | cat; echo $? > " + done + "; sleep 60"
+        env = dict(self.env(), LANG="C.UTF-8", TERM="xterm-256color")
+        subprocess.run(["tmux", "-S", self.sock, "new-session", "-d", "-s", self.session,
+                        "-x", "100", "-y", "40", command], check=True, env=env)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(done):
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.1)
+        screen = self.capture(history=True)
+        self.assertIn("needs stdout on the same terminal, in a file or /dev/null", screen)
+        self.assertNotRegex(screen, r"^ node +ranks", screen)
+        self.assertIn("[127.0.0.1:0 progress] step 5 ", screen)
 
     def test_all_shows_a_row_per_rank(self):
         self.start_in_tmux(self.args(nodes=2, slots=2, extra=["--console", "all"]) +

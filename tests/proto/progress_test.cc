@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -160,6 +162,47 @@ TEST(ProgressClient, ConnectToMissingSocketFails) {
   EXPECT_FALSE(client.Connect("/nonexistent-dir-dslaunch/progress.sock").ok());
   EXPECT_FALSE(client.Connect("").ok());
   EXPECT_FALSE(client.Connect("/" + std::string(200, 'x')).ok());
+}
+
+}  // namespace
+}  // namespace dslaunch::proto
+
+namespace dslaunch::proto {
+namespace {
+
+TEST(NormalizeNonFinite, TurnsPythonsAndCsNonFiniteWordsIntoStrings) {
+  EXPECT_EQ(NormalizeNonFinite(R"({"step": 5, "loss": NaN})"),
+            R"({"step": 5, "loss": "NaN"})");
+  EXPECT_EQ(NormalizeNonFinite(R"({"a": Infinity, "b": -Infinity})"),
+            R"({"a": "Infinity", "b": "-Infinity"})");
+  EXPECT_EQ(
+      NormalizeNonFinite(R"({"loss": nan, "g": -nan, "x": inf, "y": -inf})"),
+      R"({"loss": "NaN", "g": "NaN", "x": "Infinity", "y": "-Infinity"})");
+  EXPECT_TRUE(
+      ValidateProgressRecord(NormalizeNonFinite(R"({"step": 5, "loss": NaN})"))
+          .ok());
+}
+
+TEST(NormalizeNonFinite, LeavesStringsLiteralsAndNumbersAlone) {
+  for (const char* line :
+       {R"({"note": "loss is NaN, -inf or nan", "ok": true, "n": null})",
+        R"({"e": 1e5, "f": -2.5E-3, "s": "a\"NaN\"b"})", R"({"NaNa": 1})",
+        R"({"x": Nana})", "", "NaN"}) {
+    const std::string s(line);
+    if (s == "NaN") continue;  // a bare word alone is replaced (below)
+    EXPECT_EQ(NormalizeNonFinite(s), s) << s;
+  }
+  EXPECT_EQ(NormalizeNonFinite("NaN"), "\"NaN\"");
+}
+
+TEST(NonFiniteValue, ReadsBackOnlyTheNormalizedStrings) {
+  EXPECT_TRUE(std::isnan(*NonFiniteValue("NaN")));
+  EXPECT_EQ(*NonFiniteValue("Infinity"),
+            std::numeric_limits<double>::infinity());
+  EXPECT_EQ(*NonFiniteValue("-Infinity"),
+            -std::numeric_limits<double>::infinity());
+  EXPECT_FALSE(NonFiniteValue("nan").has_value());
+  EXPECT_FALSE(NonFiniteValue("1.5").has_value());
 }
 
 }  // namespace

@@ -117,27 +117,36 @@ TEST(RankBoard, KeepsTheLastKHistoryLosses) {
   EXPECT_EQ(View(board, 1).loss, 29.0);
 }
 
-TEST(RankBoard, IgnoresNonFiniteAndNonNumericValues) {
+// A diverged loss is shown (as the agent writes it: "NaN", "Infinity"),
+// kept out of the sparkline; strings, booleans and objects are not numbers.
+TEST(RankBoard, KeepsNonFiniteValuesAndIgnoresNonNumericOnes) {
   RankBoard board = Board();
   board.Record(0, json{{"loss", 2.0}, {"tokens_per_s", 10.0}}, 1);
-  const double nan = std::nan("");
-  const double inf = std::numeric_limits<double>::infinity();
   board.Record(0,
-               json{{"loss", nan},
-                    {"tokens_per_s", inf},
-                    {"lr", -inf},
+               json{{"loss", "NaN"},
+                    {"tokens_per_s", "Infinity"},
+                    {"lr", "-Infinity"},
                     {"name", "x"},
                     {"flag", true},
                     {"nested", json{{"a", 1}}},
                     {"grad_norm", 0.5}},
                2);
   const RankView& r = View(board, 0);
-  EXPECT_EQ(r.loss, 2.0);
-  EXPECT_EQ(r.tokens_per_s, 10.0);
+  ASSERT_TRUE(r.loss.has_value());
+  EXPECT_TRUE(std::isnan(*r.loss));
+  EXPECT_EQ(r.tokens_per_s, std::numeric_limits<double>::infinity());
   EXPECT_EQ(r.loss_history, (std::deque<double>{2.0}));
-  using Scalars = std::vector<std::pair<std::string, double>>;
-  EXPECT_EQ(r.scalars, (Scalars{{"grad_norm", 0.5}}));
+  ASSERT_EQ(r.scalars.size(), 4u);
+  EXPECT_EQ(r.scalars[0].first, "loss");
+  EXPECT_TRUE(std::isnan(r.scalars[0].second));
+  EXPECT_EQ(r.scalars[2],
+            std::make_pair(std::string("lr"),
+                           -std::numeric_limits<double>::infinity()));
+  EXPECT_EQ(r.scalars[3], std::make_pair(std::string("grad_norm"), 0.5));
   EXPECT_EQ(r.records, 2);
+  // A non-finite step is no step.
+  board.Record(0, json{{"step", "NaN"}}, 3);
+  EXPECT_FALSE(View(board, 0).step.has_value());
 }
 
 TEST(RankBoard, KeepsTheLastRecordsNumbersAsScalarsInTheirOrder) {

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -156,8 +157,25 @@ TEST_F(TensorBoardSinkTest, ExitedRanksAreNotWaitedFor) {
   EXPECT_EQ(job.at(2).at("loss"), 5.0f);
 }
 
+// A script reporting from rank 0 only: the ranks that never reported a step
+// stop holding the job run back once kReporterLag newer steps came.
+TEST_F(TensorBoardSinkTest, RanksThatNeverReportHoldStepsOnlyBriefly) {
+  Start(2);
+  for (int step = 1; step <= 20; ++step) {
+    board_.Record(0, nlohmann::ordered_json{{"step", step}}, step);
+    sink_->Record(0, step, {{"loss", double(step)}}, step);
+  }
+  sink_->Flush();
+  auto job = ReadRun(Run("job"));
+  ASSERT_EQ(job.size(), 20u - TensorBoardSink::kReporterLag);
+  EXPECT_EQ(job.begin()->first, 1);
+  EXPECT_EQ(job.at(12).at("loss"), 12.0f);
+}
+
 TEST_F(TensorBoardSinkTest, AtMost64StepsWaitThenTheOldestIsWrittenAsItIs) {
   Start(2);
+  // Rank 1 reported once (it is a reporter, only late): it holds steps back.
+  board_.Record(1, nlohmann::ordered_json{{"step", 0}}, 1.0);
   for (int step = 0; step < 100; ++step) {
     sink_->Record(0, step, {{"loss", double(step)}}, step);
   }
