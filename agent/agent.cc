@@ -8,15 +8,13 @@
 #include <sys/stat.h>  // stat
 #include <unistd.h>    // environ
 
-#include <boost/asio/connect.hpp>
-#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 
 #include "agent/env_contract.h"
-#include "agent/node_facts.h"
+#include "agent/node_facts.h"  // InterfaceToward
 #include "proto/auth.h"
 #include "proto/exit_status.h"
 #include "proto/host_info.h"  // UsableCores
@@ -26,7 +24,6 @@
 namespace dslaunch::agent {
 
 namespace asio = boost::asio;
-using asio::ip::tcp;
 
 static constexpr size_t kFlushBytes = 256 * 1024;
 
@@ -46,14 +43,13 @@ static const char* StateName(Agent::State s) {
   return "?";
 }
 
-// 600 -> "600", 0.5 -> "0.5".
-static std::string FormatSeconds(double s) {
+std::string Agent::FormatSeconds(double s) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%g", s);
   return buf;
 }
 
-static std::chrono::milliseconds Seconds(double s) {
+std::chrono::milliseconds Agent::Seconds(double s) {
   return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
 }
 
@@ -74,11 +70,6 @@ Agent::Agent(AgentOptions options)
         if (!channel_) return Unavailable("not connected");
         return channel_->Send(env);
       }) {}
-
-void Agent::RemoveReadyFile() {
-  if (ready_file_made_) ::unlink(options_.ready_file.c_str());
-  ready_file_made_ = false;
-}
 
 Agent::~Agent() {
   RemoveReadyFile();
@@ -144,130 +135,6 @@ void Agent::WatchStdin() {
 }
 
 // A random number in [0, n): spreads the retries of many agents.
-static int64_t Jitter(int64_t n) {
-  uint32_t r = 0;
-  const std::string bytes = proto::RandomBytes(sizeof(r));
-  std::memcpy(&r, bytes.data(), sizeof(r));
-  return static_cast<int64_t>(r % static_cast<uint64_t>(n));
-}
-
-void Agent::Connect() {
-  ArmConnectTimer();
-  Dial();
-}
-
-void Agent::ArmConnectTimer() {
-  connect_timer_armed_ = true;
-  connect_timer_.expires_after(Seconds(options_.connect_timeout_s));
-  connect_timer_.async_wait([this](const boost::system::error_code& ec) {
-    if (ec) return;
-    connect_timer_armed_ = false;
-    if (state_ != State::kConnecting) return;
-    const std::string within =
-        " within " + FormatSeconds(options_.connect_timeout_s) + " s" +
-        (last_dial_error_.empty() ? "" : " (" + last_dial_error_ + ")");
-    OnLauncherLost(options_.join
-                       ? "could not join " +
-                             proto::JoinHostPort(options_.launcher_host,
-                                                 options_.launcher_port) +
-                             within
-                       : "no job from the launcher" + within);
-  });
-}
-
-void Agent::Dial() {
-  auto resolver = std::make_shared<tcp::resolver>(io_);
-  auto socket = std::make_shared<tcp::socket>(io_);
-  resolver->async_resolve(
-      options_.launcher_host, std::to_string(options_.launcher_port),
-      [this, resolver, socket](const boost::system::error_code& ec,
-                               tcp::resolver::results_type results) {
-        // A launcher that cannot be found or refuses is gone (or never was):
-        // no retry, so an agent whose launcher died does not linger.
-        // A joining agent's launcher (and its Service's DNS name) may come
-        // up after it: dial again until the join timeout.
-        if (ec && options_.join)
-          return RetryDial("cannot resolve " + options_.launcher_host + ": " +
-                           ec.message());
-        if (ec)
-          return OnLauncherLost("cannot resolve launcher: " + ec.message());
-        asio::async_connect(
-            *socket, results,
-            [this, socket](const boost::system::error_code& ec,
-                           const tcp::endpoint&) {
-              if (ec && options_.join)
-                return RetryDial("cannot connect: " + ec.message());
-              if (ec) return OnLauncherLost("cannot connect: " + ec.message());
-              socket->set_option(tcp::no_delay(true));
-              channel_ = proto::Channel::Create(
-                  proto::Channel::Socket(std::move(*socket)), "launcher");
-              OnConnected();
-            });
-      });
-}
-
-void Agent::RetryDial(const std::string& why) {
-  // Only while no job arrived, for a connection the launcher accepted and
-  // then dropped (shed under a flood of strangers, or a deadline it set).
-  // The connect timeout bounds the retries.
-  if (state_ != State::kConnecting) return OnLauncherLost(why);
-  last_dial_error_ = why;
-  channel_.reset();
-  auth_sent_ = false;
-  // A joined agent waits for the others without a deadline of its own; if
-  // its connection drops meanwhile, the join timeout runs again.
-  if (!connect_timer_armed_) ArmConnectTimer();
-  // Exponential backoff with jitter (half to the full delay), 50 ms to 2 s.
-  const auto delay = std::chrono::milliseconds(dial_delay_ms_ / 2 +
-                                               Jitter(dial_delay_ms_ / 2 + 1));
-  // A joining agent waits for a launcher that may start any moment (pods
-  // start in any order): it keeps dialling at most 250 ms apart, so the
-  // job starts within that of the launcher; a refused connect costs nothing.
-  // A name that does not resolve (the Service's DNS not there yet) is asked
-  // at most once a second.
-  const int64_t cap = !options_.join                        ? 2000
-                      : why.rfind("cannot resolve", 0) == 0 ? 1000
-                                                            : 250;
-  dial_delay_ms_ = std::min<int64_t>(dial_delay_ms_ * 2, cap);
-  spdlog::info("{}; retrying in {} ms", why, delay.count());
-  retry_timer_.expires_after(delay);
-  retry_timer_.async_wait([this](const boost::system::error_code& ec) {
-    if (!ec && state_ == State::kConnecting) Dial();
-  });
-}
-
-void Agent::OnConnected() {
-  channel_->Start({
-      .on_message = [this](wire::Envelope&& m) { HandleMessage(std::move(m)); },
-      .on_close =
-          [this](const Status& st) {
-            if (state_ == State::kExited) return io_.stop();
-            const std::string why =
-                st.ok() ? "connection closed" : st.message();
-            // A launcher that misbehaved (or failed to prove the secret) is
-            // not dialled again; one that dropped the connection is.
-            // A joining agent the launcher accepted has joined: losing it
-            // now is losing the launcher (within the heartbeat timeout),
-            // not a reason to dial for the rest of the join timeout.
-            if (state_ == State::kConnecting &&
-                st.code() == StatusCode::kUnavailable && !accepted_)
-              return RetryDial(why);
-            OnLauncherLost(why);
-          },
-      .on_drain = [this] { OnChannelDrained(); },
-  });
-  client_nonce_ = proto::RandomBytes(proto::kNonceBytes);
-  wire::Envelope env;
-  auto* hello = env.mutable_hello();
-  hello->set_protocol_version(kProtocolVersion);
-  hello->set_agent_version(kVersion);
-  hello->set_node_rank(options_.node_rank);
-  hello->set_client_nonce(client_nonce_);
-  hello->set_job_id(options_.job_id);
-  *hello->mutable_facts() = CollectNodeFacts();
-  Send(env);
-}
-
 void Agent::HandleMessage(wire::Envelope&& msg) {
   last_heard_ = std::chrono::steady_clock::now();
   spdlog::debug("received {}", proto::MessageName(msg));
@@ -382,28 +249,6 @@ void Agent::HandleJobSpec(const wire::JobSpec& job) {
 
 // A readiness probe's file: the job is joined. Its failure is logged, not
 // fatal (the probe then says "not ready", which is true enough).
-void Agent::MakeReadyFile() {
-  if (options_.ready_file.empty()) return;
-  if (ready_file_made_) return;
-  // Ours alone: never an existing file, never through a symlink (it is
-  // removed at the end).
-  const int fd =
-      ::open(options_.ready_file.c_str(),
-             O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    spdlog::warn("--ready_file {}: {}", options_.ready_file,
-                 std::strerror(errno));
-    return;
-  }
-  const std::string text =
-      state_ == State::kConnecting
-          ? "joined\n"
-          : "node " + std::to_string(job_.node_rank()) + "\n";
-  (void)!::write(fd, text.data(), text.size());
-  ::close(fd);
-  ready_file_made_ = true;
-}
-
 void Agent::StartWorkers() {
   if (Status st = SpawnWorkers(); !st.ok()) return FailSpawn(st);
   SetState(State::kRunning);

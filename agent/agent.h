@@ -74,7 +74,11 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   void OnMalformedProgress(int rank, const Status& why) override;
 
  private:
+  // 600 -> "600", 0.5 -> "0.5".
+  static std::string FormatSeconds(double s);
+  static std::chrono::milliseconds Seconds(double s);
   void SetState(State next);
+  // agent_connect.cc
   void Connect();
   void Dial();
   void RetryDial(const std::string& why);

@@ -187,7 +187,10 @@ TEST_F(StackCollectorTest, UsesPySpyForAPythonInterpreter) {
   if (!python.ok()) GTEST_SKIP() << "no python3";
   Child py({*python, "-c", "import time; time.sleep(60)"});
   Child sleeper({"sleep", "60"});
-  ::usleep(200 * 1000);  // pyenv shims exec the real interpreter
+  // A pyenv shim is a shell script that execs the real interpreter: wait
+  // (bounded) until it has.
+  for (int i = 0; i < 250 && !IsPythonProcess(py.pid()); ++i)
+    ::usleep(20 * 1000);
   EXPECT_TRUE(IsPythonProcess(py.pid()));
   EXPECT_FALSE(IsPythonProcess(sleeper.pid()));
   Make(Fakes());
