@@ -97,6 +97,18 @@ assert t.__version__ == '2.18.0'" 2>/dev/null; then
   fi
 fi
 
+# py-spy from PyPI, once: tests/integration/test_stacks.py has the agent
+# dump a hung Python rank's stacks with it (optional for users: the agent
+# falls back to eu-stack or gdb).
+if [ "$want_tests" = 1 ]; then
+  spyvenv=${DSL_PYSPY_VENV:-/opt/dslaunch-test/pyspy-venv}
+  if [ "$("$spyvenv/bin/py-spy" --version 2>/dev/null)" != "py-spy 0.4.3" ]; then
+    echo "setup.sh: installing py-spy 0.4.3 into $spyvenv"
+    /usr/bin/python3 -m venv --clear "$spyvenv"
+    "$spyvenv/bin/pip" install -q --disable-pip-version-check "py-spy==0.4.3"
+  fi
+fi
+
 if [ "$build" = 1 ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build build -j "$(nproc)"
