@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>  // parsing and re-serializing records
 
 #include "proto/unix_socket.h"
+#include "proto/utf8.h"
 
 namespace dslaunch::proto {
 
@@ -124,33 +125,13 @@ std::string AnnotateProgressRecord(std::string_view json, int rank,
                      nlohmann::ordered_json::error_handler_t::replace);
 }
 
-// Length of the valid UTF-8 sequence at the start of `s`, or 0.
-static size_t Utf8SequenceLength(std::string_view s) {
-  const auto b = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
-  const unsigned char lead = b(0);
-  size_t n = lead >= 0xF0 && lead <= 0xF4   ? 4
-             : lead >= 0xE0                 ? 3
-             : lead >= 0xC2 && lead <= 0xDF ? 2
-                                            : 0;
-  if (lead > 0xF4 || n > s.size()) return 0;
-  for (size_t i = 1; i < n; ++i) {
-    if ((b(i) & 0xC0) != 0x80) return 0;
-  }
-  // Overlong three- and four-byte forms, surrogates, beyond U+10FFFF.
-  if ((lead == 0xE0 && b(1) < 0xA0) || (lead == 0xED && b(1) > 0x9F) ||
-      (lead == 0xF0 && b(1) < 0x90) || (lead == 0xF4 && b(1) > 0x8F)) {
-    return 0;
-  }
-  return n;
-}
-
 std::string EscapeControlChars(std::string_view text) {
   std::string out;
   out.reserve(text.size());
   char buf[8];
   while (!text.empty()) {
     const auto c = static_cast<unsigned char>(text[0]);
-    size_t n = c < 0x80 ? 1 : Utf8SequenceLength(text);
+    size_t n = Utf8SequenceLength(text);
     if ((c < 0x20 && c != '\t') || c == 0x7F) {
       std::snprintf(buf, sizeof(buf), "\\u%04x", c);
       out += buf;

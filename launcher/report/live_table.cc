@@ -6,29 +6,13 @@
 #include <vector>
 
 #include "proto/host_info.h"  // CpuListString
+#include "proto/utf8.h"
 
 namespace dslaunch::launcher {
 
 namespace {
 
 using State = RankView::State;
-
-// Columns a UTF-8 string takes (every character we print is one column).
-size_t Columns(const std::string& s) {
-  size_t n = 0;
-  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
-  return n;
-}
-
-// `s` cut to `cols` columns.
-std::string Cut(const std::string& s, size_t cols) {
-  size_t n = 0;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80 && n++ == cols)
-      return s.substr(0, i);
-  }
-  return s;
-}
 
 std::string Format(const char* fmt, double v) {
   char buf[64];
@@ -249,10 +233,11 @@ std::string RenderLiveTable(const RankBoard& board, double now,
       "seen", "mem",
       ""};
   std::vector<size_t> widths(head.size());
-  for (size_t c = 0; c < head.size(); ++c) widths[c] = Columns(head[c]);
+  for (size_t c = 0; c < head.size(); ++c)
+    widths[c] = proto::DisplayColumns(head[c]);
   for (const Row& row : rows) {
     for (size_t c = 0; c < row.cells.size(); ++c)
-      widths[c] = std::max(widths[c], Columns(row.cells[c]));
+      widths[c] = std::max(widths[c], proto::DisplayColumns(row.cells[c]));
   }
   // No rank's value may push the state column out of view.
   static const size_t kMaxWidths[] = {24, 16, 24, 12, 12, 10, 8, 8, 16};
@@ -262,18 +247,19 @@ std::string RenderLiveTable(const RankBoard& board, double now,
   auto line = [&](const std::vector<std::string>& cells) {
     std::string out;
     for (size_t c = 0; c < cells.size(); ++c) {
-      std::string cell = Cut(cells[c], widths[c]);
+      std::string cell = proto::CutToColumns(cells[c], widths[c]);
       const bool right = c == 2 || c == 3 || c == 5 || c == 6 || c == 7;
-      const std::string pad(widths[c] - Columns(cell), ' ');
+      const std::string pad(widths[c] - proto::DisplayColumns(cell), ' ');
       out += (c ? "  " : " ") + (right ? pad + cell : cell + pad);
     }
     while (!out.empty() && out.back() == ' ') out.pop_back();
-    return Cut(out, limit) + "\n";
+    return proto::CutToColumns(out, limit) + "\n";
   };
   std::string text = line(head);
   for (const Row& row : rows) text += line(row.cells);
-  if (!more.empty()) text += Cut(more, limit) + "\n";
-  return text + Cut(" " + Bar(board, now, style, total), limit) + "\n";
+  if (!more.empty()) text += proto::CutToColumns(more, limit) + "\n";
+  return text +
+         proto::CutToColumns(" " + Bar(board, now, style, total), limit) + "\n";
 }
 
 }  // namespace dslaunch::launcher

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "proto/exit_status.h"  // ExitStatusForProcess
+#include "proto/utf8.h"
 
 namespace dslaunch::launcher {
 
@@ -114,33 +115,6 @@ void RenderJobSample(std::string& out, const char* name, const char* type,
   out.append(name).append(" ").append(FormatSampleValue(value)).append("\n");
 }
 
-// The length of the valid UTF-8 sequence at s[i], or 0 if it is not one.
-size_t Utf8Length(std::string_view s, size_t i) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = b(i);
-  if (c < 0x80) return 1;
-  size_t n = 0;
-  unsigned lo = 0x80, hi = 0xBF;  // the second byte's range
-  if (c >= 0xC2 && c <= 0xDF)
-    n = 2;
-  else if (c >= 0xE0 && c <= 0xEF)
-    n = 3;
-  else if (c >= 0xF0 && c <= 0xF4)
-    n = 4;
-  else
-    return 0;
-  if (c == 0xE0) lo = 0xA0;  // overlong
-  if (c == 0xED) hi = 0x9F;  // surrogates
-  if (c == 0xF0) lo = 0x90;  // overlong
-  if (c == 0xF4) hi = 0x8F;  // above U+10FFFF
-  if (i + n > s.size()) return 0;
-  if (b(i + 1) < lo || b(i + 1) > hi) return 0;
-  for (size_t k = 2; k < n; ++k) {
-    if (b(i + k) < 0x80 || b(i + k) > 0xBF) return 0;
-  }
-  return n;
-}
-
 }  // namespace
 
 std::string EscapeLabelValue(std::string_view value) {
@@ -148,7 +122,7 @@ std::string EscapeLabelValue(std::string_view value) {
   out.reserve(value.size());
   for (size_t i = 0; i < value.size();) {
     const char c = value[i];
-    const size_t n = Utf8Length(value, i);
+    const size_t n = proto::Utf8SequenceLength(value.substr(i));
     if (n == 0) {
       out.append("\xEF\xBF\xBD");  // U+FFFD
       ++i;

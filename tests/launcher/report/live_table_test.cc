@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "proto/utf8.h"
+
 namespace dslaunch::launcher {
 namespace {
 
@@ -22,11 +24,8 @@ std::vector<std::string> Lines(const std::string& text) {
   return out;
 }
 
-size_t Columns(const std::string& s) {
-  size_t n = 0;
-  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
-  return n;
-}
+// Terminal columns (wide characters count two; tests/proto/utf8_test.cc).
+size_t Columns(const std::string& s) { return proto::DisplayColumns(s); }
 
 bool EndsWith(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() &&
@@ -251,6 +250,32 @@ TEST(LiveTable, CutsALongHostName) {
   const auto lines = Lines(RenderLiveTable(board, 1000, {}));
   ASSERT_GE(lines.size(), 2u);
   EXPECT_EQ(lines[1].substr(0, 28), " " + std::string(24, 'h') + "  0");
+}
+
+TEST(LiveTable, CountsWideCharactersInHostNamesAsTwoColumns) {
+  // 40 CJK characters, 80 columns: cut to the host column's 24 columns,
+  // which is 12 of them, and the next column starts where the header's does.
+  std::string wide;
+  for (int i = 0; i < 40; ++i) wide += "\xE8\xAE\xAD";  // 训
+  Plan plan = MakePlan(2, 2);
+  plan.nodes[0].host = wide;
+  plan.nodes[1].host = "\xE8\xAE\xAD\xE7\xBB\x83-1";  // 训练-1, 6 columns
+  RankBoard board;
+  board.Reset(plan);
+  const auto lines = Lines(RenderLiveTable(board, 1000, {}));
+  ASSERT_GE(lines.size(), 3u);
+  std::string twelve;
+  for (int i = 0; i < 12; ++i) twelve += "\xE8\xAE\xAD";
+  EXPECT_EQ(lines[1].substr(0, 1 + twelve.size() + 3), " " + twelve + "  0");
+  EXPECT_EQ(Columns(lines[0].substr(0, lines[0].find("ranks"))), 27u);
+  EXPECT_EQ(Columns(lines[2].substr(0, lines[2].find("2-3"))), 27u);
+  for (int width : {12, 21, 30, 40, 80}) {
+    TableStyle style;
+    style.width = width;
+    for (const std::string& line : Lines(RenderLiveTable(board, 1000, style)))
+      EXPECT_LT(Columns(line), static_cast<size_t>(width))
+          << "width " << width << ": '" << line << "'";
+  }
 }
 
 TEST(LiveTable, WritesOnlyAsciiInAsciiMode) {
