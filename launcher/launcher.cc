@@ -260,7 +260,10 @@ Status Launcher::StartMetrics() {
   const double started_at = proto::UnixSeconds();
   // Rendered at most twice a second, however often someone asks: a peer
   // hammering /metrics must not take the event loop from the job.
-  auto cache = std::make_shared<std::pair<double, std::string>>(-1, "");
+  // Responses being written share the text they started with.
+  auto cache =
+      std::make_shared<std::pair<double, std::shared_ptr<const std::string>>>(
+          -1, nullptr);
   metrics_ = std::make_unique<MetricsServer>(io_, [this, started_at, cache] {
     const double now = proto::SteadySeconds();
     if (cache->first >= 0 && now - cache->first < 0.5) return cache->second;
@@ -270,7 +273,8 @@ Status Launcher::StartMetrics() {
     counters.malformed_progress = console_.malformed_progress();
     counters.dropped_lines = console_.dropped_lines();
     counters.started_at = started_at;
-    *cache = {now, RenderMetrics(console_.board(), counters, now)};
+    *cache = {now, std::make_shared<const std::string>(
+                       RenderMetrics(console_.board(), counters, now))};
     return cache->second;
   });
   StatusOr<int> port =

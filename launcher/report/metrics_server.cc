@@ -22,8 +22,9 @@ struct MetricsServer::Connection {
   tcp::socket socket;
   asio::steady_timer timer;  // the read deadline, then the write deadline
   std::array<char, 1024> chunk;
-  std::string head;      // what came so far, at most max_head_bytes + chunk
-  std::string response;  // held until written
+  std::string peer;  // the address it came from
+  std::string head;  // what came so far, at most max_head_bytes + chunk
+  MetricsServer::Reply reply;  // held until written
   bool closed = false;
 };
 
@@ -36,21 +37,24 @@ constexpr std::string_view kIndexPage =
     "<h1>dslaunch</h1><p><a href=\"/metrics\">Metrics</a></p>"
     "</body></html>\n";
 
-std::string HttpResponse(int code, std::string_view reason,
-                         std::string_view content_type, std::string_view body,
-                         bool head_only, std::string_view extra = "") {
+MetricsServer::Reply HttpResponse(int code, std::string_view reason,
+                                  std::string_view content_type,
+                                  std::shared_ptr<const std::string> body,
+                                  bool head_only, std::string_view extra = "") {
   std::string r = "HTTP/1.1 " + std::to_string(code) + " ";
   r.append(reason).append("\r\nContent-Type: ").append(content_type);
-  r.append("\r\nContent-Length: ").append(std::to_string(body.size()));
+  r.append("\r\nContent-Length: ").append(std::to_string(body->size()));
   r.append("\r\n").append(extra).append("Connection: close\r\n\r\n");
-  if (!head_only) r.append(body);
-  return r;
+  if (head_only) body = nullptr;
+  return {std::move(r), std::move(body)};
 }
 
-std::string PlainError(int code, std::string_view reason, bool head_only,
-                       std::string_view extra = "") {
-  return HttpResponse(code, reason, "text/plain; charset=utf-8",
-                      std::string(reason) + "\n", head_only, extra);
+MetricsServer::Reply PlainError(int code, std::string_view reason,
+                                bool head_only, std::string_view extra = "") {
+  return HttpResponse(
+      code, reason, "text/plain; charset=utf-8",
+      std::make_shared<const std::string>(std::string(reason) + "\n"),
+      head_only, extra);
 }
 
 std::vector<std::string_view> Split(std::string_view s, char sep) {
@@ -108,8 +112,7 @@ size_t HeadEnd(const std::string& head, size_t from) {
 
 }  // namespace
 
-MetricsServer::MetricsServer(asio::io_context& io,
-                             std::function<std::string()> render,
+MetricsServer::MetricsServer(asio::io_context& io, Render render,
                              Options options)
     : io_(io), render_(std::move(render)), options_(options) {}
 
@@ -174,24 +177,34 @@ void MetricsServer::Accept() {
   });
 }
 
+MetricsServer::ConnectionPtr MetricsServer::Evictee() const {
+  // Connections per address; the oldest of the address holding the most (of
+  // equals, the one whose oldest connection is older) is the one to close.
+  std::map<std::string, std::pair<size_t, ConnectionPtr>> by_peer;
+  for (const auto& [id, c] : connections_) {  // oldest first
+    auto& [count, oldest] = by_peer[c->peer];
+    if (count++ == 0) oldest = c;
+  }
+  const std::pair<size_t, ConnectionPtr>* pick = nullptr;
+  for (const auto& [peer, entry] : by_peer) {
+    if (!pick || entry.first > pick->first ||
+        (entry.first == pick->first && entry.second->id < pick->second->id))
+      pick = &entry;
+  }
+  return pick ? pick->second : nullptr;
+}
+
 void MetricsServer::OnAccepted(tcp::socket socket) {
   ++counts_.accepted;
+  boost::system::error_code ec;
+  const tcp::endpoint remote = socket.remote_endpoint(ec);
+  if (ec) return;  // already reset by the peer
   if (connections_.size() >= options_.max_connections) {
-    // Full: the oldest connection still sending its request gives way (idle
-    // connections held by a flood cannot lock a scraper out); when every one
-    // is being answered, the new one is closed.
     ++counts_.refused_full;
-    auto oldest = std::find_if(
-        connections_.begin(), connections_.end(),
-        [](const auto& entry) { return entry.second->response.empty(); });
-    if (oldest == connections_.end()) {
-      boost::system::error_code ignored;
-      socket.close(ignored);
-      return;
-    }
-    Close(ConnectionPtr(oldest->second));
+    if (ConnectionPtr evictee = Evictee()) Close(evictee);
   }
   auto c = std::make_shared<Connection>(io_, std::move(socket), next_id_++);
+  c->peer = remote.address().to_string();
   connections_[c->id] = c;
   c->timer.expires_after(options_.read_timeout);
   c->timer.async_wait(
@@ -225,7 +238,7 @@ void MetricsServer::OnRead(const ConnectionPtr& c, size_t n) {
   Respond(c, Answer(c->head));
 }
 
-std::string MetricsServer::Answer(const std::string& head) {
+MetricsServer::Reply MetricsServer::Answer(const std::string& head) {
   std::string_view method, path;
   if (!ParseHead(head, method, path)) {
     ++counts_.bad_requests;
@@ -236,26 +249,32 @@ std::string MetricsServer::Answer(const std::string& head) {
     return PlainError(405, "Method Not Allowed", false, "Allow: GET, HEAD\r\n");
   }
   if (path == "/metrics") {
-    return HttpResponse(200, "OK", kContentType, render_(), head_only);
+    auto text = render_();
+    if (!text) text = std::make_shared<const std::string>();
+    return HttpResponse(200, "OK", kContentType, std::move(text), head_only);
   }
   if (path == "/") {
-    return HttpResponse(200, "OK", "text/html; charset=utf-8", kIndexPage,
+    return HttpResponse(200, "OK", "text/html; charset=utf-8",
+                        std::make_shared<const std::string>(kIndexPage),
                         head_only);
   }
   return PlainError(404, "Not Found", head_only);
 }
 
-void MetricsServer::Respond(const ConnectionPtr& c, std::string response) {
+void MetricsServer::Respond(const ConnectionPtr& c, Reply reply) {
   c->head.clear();
   c->head.shrink_to_fit();
-  c->response = std::move(response);
+  c->reply = std::move(reply);
   c->timer.expires_after(options_.write_timeout);  // cancels the read's wait
   c->timer.async_wait(
       [this, c, alive = alive_](const boost::system::error_code& ec) {
         if (*alive && !ec) OnDeadline(c);
       });
+  std::array<asio::const_buffer, 2> buffers = {
+      asio::buffer(c->reply.head),
+      c->reply.body ? asio::buffer(*c->reply.body) : asio::const_buffer()};
   asio::async_write(
-      c->socket, asio::buffer(c->response),
+      c->socket, buffers,
       [this, c, alive = alive_](const boost::system::error_code& ec, size_t) {
         if (!*alive || c->closed) return;
         if (!ec) {

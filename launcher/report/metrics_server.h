@@ -7,10 +7,12 @@
 // max_head_bytes (else 431 and close); the head must arrive within
 // read_timeout of the accept (slowloris) and the response be taken within
 // write_timeout (a client that never reads); at most max_connections are
-// open: a new one beyond makes the oldest still sending its request give
-// way (a flood of idle connections cannot lock a scraper out), or is closed
-// when every open one is being answered; both are counted. Memory per
-// connection is therefore bounded by the head and one rendered response.
+// open: a new one beyond makes the peer address holding the most of them
+// give up its oldest (a flood from one address, idle or not reading its
+// answers, cannot lock out a scraper from another; from the same address the
+// newest survives the longest), counted as refused_full. Memory per
+// connection is bounded by the head and a small header: every response to
+// /metrics shares one rendered text.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -37,17 +39,23 @@ class MetricsServer {
   // What happened to connections since the start.
   struct Counts {
     int64_t accepted = 0;
-    int64_t refused_full = 0;  // closed: max_connections were open
+    int64_t refused_full = 0;  // closed to make room: max_connections open
     int64_t timed_out = 0;     // read or write deadline passed
     int64_t bad_requests = 0;  // 400 or 431
     int64_t responses = 0;     // responses written in full
   };
 
+  // One response: its head and its body (shared, null for none: HEAD).
+  struct Reply {
+    std::string head;
+    std::shared_ptr<const std::string> body;
+  };
+  // The text of /metrics, shared by every response that is being written.
+  using Render = std::function<std::shared_ptr<const std::string>()>;
+
   // `render` is called on the loop for each GET /metrics; it must be cheap.
-  MetricsServer(boost::asio::io_context& io,
-                std::function<std::string()> render, Options options);
-  MetricsServer(boost::asio::io_context& io,
-                std::function<std::string()> render)
+  MetricsServer(boost::asio::io_context& io, Render render, Options options);
+  MetricsServer(boost::asio::io_context& io, Render render)
       : MetricsServer(io, std::move(render), Options()) {}
   ~MetricsServer();  // Stop()
   MetricsServer(const MetricsServer&) = delete;
@@ -71,14 +79,16 @@ class MetricsServer {
   void OnAccepted(boost::asio::ip::tcp::socket socket);
   void ReadHead(const ConnectionPtr& c);
   void OnRead(const ConnectionPtr& c, size_t n);
-  void Respond(const ConnectionPtr& c, std::string response);
+  void Respond(const ConnectionPtr& c, Reply reply);
+  // The connection to close to make room for a new one.
+  ConnectionPtr Evictee() const;
   void OnDeadline(const ConnectionPtr& c);
   void Close(const ConnectionPtr& c);
-  // The whole response (status line, headers, body) to a complete head.
-  std::string Answer(const std::string& head);
+  // The response to a complete head.
+  Reply Answer(const std::string& head);
 
   boost::asio::io_context& io_;
-  std::function<std::string()> render_;
+  Render render_;
   Options options_;
   std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
   std::map<uint64_t, ConnectionPtr> connections_;  // by accept order

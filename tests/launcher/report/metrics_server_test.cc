@@ -24,7 +24,8 @@ class MetricsServerTest : public ::testing::Test {
  protected:
   void Start(MetricsServer::Options options = {}) {
     server_ = std::make_unique<MetricsServer>(
-        io_, [this] { return body_; }, options);
+        io_, [this] { return std::make_shared<const std::string>(body_); },
+        options);
     auto port = server_->Listen("127.0.0.1", 0);
     ASSERT_TRUE(port.ok()) << port.status().message();
     port_ = *port;
@@ -219,9 +220,70 @@ TEST_F(MetricsServerTest, IdleConnectionsHoldingItFullGiveWayToAScraper) {
   EXPECT_EQ(server_->counts().timed_out, 0);
 }
 
+TEST_F(MetricsServerTest, ClientsThatNeverReadTheirAnswersGiveWayToAScraper) {
+  // Every open connection asked and is being answered (a response larger
+  // than the socket buffers, never read): the next one still gets in, the
+  // oldest of them gives way, and each answer shares the one rendered text.
+  MetricsServer::Options o;
+  o.max_connections = 4;
+  Start(o);
+  body_ = std::string(8 << 20, 'x');
+  for (int i = 0; i < 4; ++i) {
+    const int fd = Connect();
+    const int small = 4096;
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    Send(fd, "GET /metrics HTTP/1.1\r\n\r\n");
+  }
+  // All four are being answered: their requests were read, the answers
+  // wait for readers that never come.
+  RunFor(milliseconds(200));
+  EXPECT_EQ(server_->open_connections(), 4u);
+  EXPECT_EQ(server_->counts().responses, 0);
+  const std::string got = Fetch("GET /metrics HTTP/1.1\r\n\r\n");
+  EXPECT_TRUE(StartsWith(got, "HTTP/1.1 200 OK\r\n")) << got.substr(0, 200);
+  EXPECT_TRUE(eof_);
+  EXPECT_EQ(got.size() - got.find("\r\n\r\n") - 4, body_.size());
+  EXPECT_EQ(server_->counts().refused_full, 1);
+}
+
+TEST_F(MetricsServerTest, AFloodFromOneAddressDoesNotEvictAnotherAddress) {
+  // Listening on every loopback address: the scraper comes from 127.0.0.2,
+  // the flood from 127.0.0.1; the flood only ever evicts its own.
+  MetricsServer::Options o;
+  o.max_connections = 4;
+  o.read_timeout = std::chrono::milliseconds(60000);
+  server_ = std::make_unique<MetricsServer>(
+      io_, [this] { return std::make_shared<const std::string>(body_); }, o);
+  auto port = server_->Listen("0.0.0.0", 0);
+  ASSERT_TRUE(port.ok()) << port.status().message();
+  port_ = *port;
+  const int scraper = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  fds_.push_back(scraper);
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  from.sin_addr.s_addr = htonl(0x7F000002);
+  ASSERT_EQ(::bind(scraper, reinterpret_cast<sockaddr*>(&from), sizeof(from)),
+            0)
+      << strerror(errno);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port_));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(scraper, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0)
+      << strerror(errno);
+  EXPECT_TRUE(RunUntil([&] { return server_->open_connections() == 1; }));
+  // The scraper's connection is the oldest; 20 newer ones come from .1.
+  for (int i = 0; i < 20; ++i) Connect();
+  EXPECT_TRUE(RunUntil([&] { return server_->counts().accepted == 21; }));
+  EXPECT_EQ(server_->open_connections(), 4u);
+  EXPECT_EQ(server_->counts().refused_full, 17);
+  Send(scraper, "GET /metrics HTTP/1.1\r\n\r\n");
+  EXPECT_TRUE(StartsWith(ReadToEof(scraper), "HTTP/1.1 200 OK\r\n"));
+}
+
 TEST_F(MetricsServerTest, BusyPortNamesAddressAndPort) {
   Start();
-  MetricsServer other(io_, [] { return std::string(); });
+  MetricsServer other(io_, [] { return nullptr; });
   auto st = other.Listen("127.0.0.1", port_);
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.status().code(), StatusCode::kUnavailable);
