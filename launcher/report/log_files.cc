@@ -79,22 +79,32 @@ Status CreateLogDir(const std::string& dir) {
 StatusOr<std::unique_ptr<SinkFile>> SinkFile::Create(const std::string& path,
                                                      ErrorCallback on_error) {
   const mode_t mode = LogFileMode(CurrentUmask());
-  // A symbolic link is followed only to a device or a pipe (a log sent to
-  // /dev/null or a FIFO on purpose); one planted in a shared --log_dir that
-  // points at somebody's file is refused, never truncated.
-  int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
-  struct stat link;
-  if (::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
-    struct stat target;
-    if (::stat(path.c_str(), &target) != 0 || S_ISREG(target.st_mode) ||
-        S_ISDIR(target.st_mode)) {
+  int fd = ::open(path.c_str(),
+                  O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, mode);
+  if (fd < 0 && errno == ELOOP) {
+    // A symbolic link is followed only to a device or to a pipe of ours (a
+    // log sent to /dev/null or a FIFO on purpose), opened without creating
+    // or truncating anything and without blocking: a FIFO nobody reads, or
+    // one read slowly, is an error on this file, never a hung launcher. One
+    // planted in a shared --log_dir that points at somebody's file is
+    // refused, never truncated; a pipe of another user's never gets our logs.
+    fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0 && errno == ENXIO) {
       return IoError("cannot write " + path +
-                     ": a symbolic link to a file is not followed");
+                     ": a symbolic link to a pipe that nobody reads");
     }
-  } else {
-    flags |= O_NOFOLLOW;  // and none may appear meanwhile
+    if (fd < 0) return ErrnoStatus("cannot write " + path, errno);
+    struct stat st;
+    const bool ok = ::fstat(fd, &st) == 0 &&
+                    (S_ISCHR(st.st_mode) ||
+                     (S_ISFIFO(st.st_mode) && st.st_uid == ::geteuid()));
+    if (!ok) {
+      ::close(fd);
+      return IoError("cannot write " + path +
+                     ": a symbolic link is followed only to a device or to a "
+                     "pipe of this user's");
+    }
   }
-  const int fd = ::open(path.c_str(), flags, mode);
   if (fd < 0) return ErrnoStatus("cannot write " + path, errno);
   // A file left by an earlier run keeps its mode through O_TRUNC. Only
   // regular files: --log_dir may hold links to devices or pipes.

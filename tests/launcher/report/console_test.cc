@@ -125,6 +125,41 @@ TEST_F(ConsoleTest, RefusesALogThatIsASymlinkToSomebodysFile) {
   EXPECT_EQ(ReadFile(victim), "precious\n");
 }
 
+TEST_F(ConsoleTest, RefusesALogLinkedToAPipeNobodyReadsWithoutBlocking) {
+  // Opening a FIFO to write blocks until a reader comes: the launcher would
+  // hang there (on its event loop, for stacks files mid-job).
+  fs::create_directories(dir_);
+  const fs::path fifo = dir_ / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  fs::create_symlink(fifo, dir_ / "rank-0.log");
+  Console& c = Make();
+  const Status st = c.Open(TwoNodePlan(), dir_.string());
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("a pipe that nobody reads"), std::string::npos)
+      << st.message();
+}
+
+TEST_F(ConsoleTest, WritesALogLinkedToAPipeOrADevice) {
+  fs::create_directories(dir_);
+  const fs::path fifo = dir_ / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  ASSERT_GE(reader, 0);
+  fs::create_symlink(fifo, dir_ / "rank-0.log");
+  fs::create_symlink("/dev/null", dir_ / "rank-1.log");
+  Console& c = Make();
+  ASSERT_TRUE(c.Open(TwoNodePlan(), dir_.string()).ok());
+  c.Line(0, false, "to the pipe", false);
+  c.Line(1, false, "to nowhere", false);
+  c.Close();
+  char buf[64] = {};
+  const ssize_t n = ::read(reader, buf, sizeof(buf) - 1);
+  ::close(reader);
+  EXPECT_EQ(std::string(buf, n > 0 ? static_cast<size_t>(n) : 0),
+            "to the pipe\n");
+  EXPECT_TRUE(fs::is_fifo(fifo));
+}
+
 TEST_F(ConsoleTest, JoinsPiecesOfALongLineWithoutTearingTheOtherStream) {
   Console& c = Make();
   ASSERT_TRUE(c.Open(TwoNodePlan(), dir_.string()).ok());
