@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,42 +37,65 @@ std::vector<std::string> SplitLines(const std::string& text) {
   return lines;
 }
 
-Status WriteFile(const std::string& path, const std::string& text) {
-  Status first;
-  {
-    auto file = SinkFile::Create(path, [&](const Status& st) {
-      if (first.ok()) first = st;
-    });
-    if (!file.ok()) return file.status();
-    (*file)->Append(text);
-    (*file)->Close();
-  }
-  return first;
-}
-
 bool OurFile(const std::string& name) {
   return name == "report.txt" || name == "plan.txt" || name == "env.txt" ||
          name == "last-lines.txt" || name.rfind("stacks-rank-", 0) == 0 ||
          name.rfind("error-file-rank-", 0) == 0;
 }
 
-// Removes the files an earlier bundle left, and only those; a `failure`
-// that is a symbolic link is refused, never followed.
-Status EmptyBundleDir(const std::string& dir) {
-  const int fd =
-      ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus("cannot open " + dir, errno);
-  DIR* d = ::fdopendir(fd);
-  if (d == nullptr) {
-    ::close(fd);
-    return ErrnoStatus("cannot read " + dir, errno);
+// <log_dir>/failure, opened once: every file is made new in the directory
+// that was opened (a `failure` swapped for a link meanwhile, or a link
+// planted inside it, is never written through), after the files an earlier
+// bundle left, and only those, were removed.
+class BundleDir {
+ public:
+  ~BundleDir() {
+    if (fd_ >= 0) ::close(fd_);
   }
-  while (const dirent* e = ::readdir(d)) {
-    if (OurFile(e->d_name)) ::unlinkat(dirfd(d), e->d_name, 0);
+  Status Open(const std::string& dir) {
+    dir_ = dir;
+    fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd_ < 0) return ErrnoStatus("cannot open " + dir, errno);
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) return ErrnoStatus("cannot open " + dir, errno);
+    if (st.st_uid != ::geteuid())
+      return IoError(dir + " belongs to another user: not written");
+    const int copy = ::dup(fd_);  // closedir closes the one it was given
+    DIR* d = copy < 0 ? nullptr : ::fdopendir(copy);
+    if (d == nullptr) {
+      if (copy >= 0) ::close(copy);
+      return ErrnoStatus("cannot read " + dir, errno);
+    }
+    while (const dirent* e = ::readdir(d)) {
+      if (OurFile(e->d_name)) ::unlinkat(fd_, e->d_name, 0);
+    }
+    ::closedir(d);
+    return Status::Ok();
   }
-  ::closedir(d);
-  return Status::Ok();
-}
+  // Writes the file `name`: the pieces `pieces` hands to the function it
+  // is called with, in order.
+  template <typename Pieces>
+  Status WritePieces(const std::string& name, const Pieces& pieces) {
+    const std::string path = dir_ + "/" + name;
+    const int fd = ::openat(
+        fd_, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+        LogFileMode(CurrentUmask()));
+    if (fd < 0) return ErrnoStatus("cannot write " + path, errno);
+    int err = 0;
+    pieces([&](std::string_view piece) {
+      if (err == 0) err = WriteFd(fd, piece);
+    });
+    if (::close(fd) != 0 && err == 0) err = errno;
+    return err ? ErrnoStatus("cannot write " + path, err) : Status::Ok();
+  }
+  Status Write(const std::string& name, std::string_view text) {
+    return WritePieces(name, [&](const auto& put) { put(text); });
+  }
+
+ private:
+  std::string dir_;
+  int fd_ = -1;
+};
 
 }  // namespace
 
@@ -124,18 +148,25 @@ bool IsSecretName(std::string_view name) {
          (ends("_PWD") && upper != "PWD" && upper != "OLDPWD");
 }
 
-// "scheme://user:password@host" with the password replaced.
+// URLs' credentials replaced: "scheme://user:password@host" keeps the user,
+// "scheme://token@host" (pip's index URLs, git+https) loses the token. The
+// authority ends at the first '/', '?', '#' or a separator of lists; its
+// credentials end at its last '@' (a password may hold one).
 static std::string ScrubUrlPasswords(std::string value) {
   size_t from = 0;
   while ((from = value.find("://", from)) != std::string::npos) {
     const size_t start = from + 3;
-    const size_t at = value.find('@', start);
-    const size_t end = value.find_first_of("/ ", start);
-    const size_t colon = value.find(':', start);
-    if (at != std::string::npos && colon < at &&
-        (end == std::string::npos || at < end))
-      value.replace(colon + 1, at - colon - 1, "<redacted>");
-    from = start;
+    size_t end = value.find_first_of("/?# \t,;\"'", start);
+    if (end == std::string::npos) end = value.size();
+    const size_t at = value.rfind('@', end - 1);
+    if (end > start && at != std::string::npos && at >= start) {
+      const size_t colon = value.find(':', start);
+      const size_t keep = colon < at ? colon + 1 : start;
+      value.replace(keep, at - keep, "<redacted>");
+      from = keep + 10;  // past "<redacted>"
+    } else {
+      from = start;
+    }
   }
   return value;
 }
@@ -158,31 +189,35 @@ StatusOr<std::string> WriteFailureBundle(const std::string& log_dir,
                                          const FailureRecord& r) {
   const std::string dir = log_dir + "/failure";
   RETURN_IF_ERROR(CreateLogDir(dir));
-  RETURN_IF_ERROR(EmptyBundleDir(dir));
+  BundleDir bundle;
+  RETURN_IF_ERROR(bundle.Open(dir));
   std::string report;
   for (const auto& line : r.report) report += line + "\n";
-  RETURN_IF_ERROR(WriteFile(dir + "/report.txt", report));
-  RETURN_IF_ERROR(WriteFile(dir + "/plan.txt", r.plan));
-  RETURN_IF_ERROR(
-      WriteFile(dir + "/env.txt",
-                "# what every rank got on top of its agent's environment\n" +
-                    RedactedEnv(r.rank_env, r.job_secret) +
-                    "\n# the launcher's environment\n" +
-                    RedactedEnv(r.launcher_env, r.job_secret)));
-  std::string last;
-  for (const auto& [rank, lines] : r.last_lines) {
-    last += "== rank " + std::to_string(rank) + " ==\n";
-    for (const auto& line : lines)
-      last += proto::EscapeControlChars(line) + "\n";
-  }
-  RETURN_IF_ERROR(WriteFile(dir + "/last-lines.txt", last));
+  RETURN_IF_ERROR(bundle.Write("report.txt", report));
+  RETURN_IF_ERROR(bundle.Write("plan.txt", r.plan));
+  RETURN_IF_ERROR(bundle.Write(
+      "env.txt", "# what every rank got on top of its agent's environment\n" +
+                     RedactedEnv(r.rank_env, r.job_secret) +
+                     "\n# the launcher's environment\n" +
+                     RedactedEnv(r.launcher_env, r.job_secret)));
+  // Rank by rank: thousands of ranks' lines are never one string.
+  RETURN_IF_ERROR(bundle.WritePieces("last-lines.txt", [&](const auto& put) {
+    for (const auto& [rank, lines] : r.last_lines) {
+      std::string text = "== rank " + std::to_string(rank) + " ==\n";
+      if (lines != nullptr) {
+        for (const auto& line : *lines)
+          text += proto::EscapeControlChars(line) + "\n";
+      }
+      put(text);
+    }
+  }));
   for (const auto& [rank, text] : r.stacks) {
     RETURN_IF_ERROR(
-        WriteFile(dir + "/stacks-rank-" + std::to_string(rank) + ".txt", text));
+        bundle.Write("stacks-rank-" + std::to_string(rank) + ".txt", text));
   }
   for (const auto& [rank, json] : r.error_files) {
-    RETURN_IF_ERROR(WriteFile(
-        dir + "/error-file-rank-" + std::to_string(rank) + ".json", json));
+    RETURN_IF_ERROR(bundle.Write(
+        "error-file-rank-" + std::to_string(rank) + ".json", json));
   }
   return dir;
 }

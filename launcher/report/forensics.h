@@ -25,11 +25,13 @@ std::vector<std::string> DescribeErrorFile(std::string_view json,
                                            size_t frames = 8);
 
 // Whether an environment variable's value must not be written down: names
-// holding SECRET, TOKEN, PASSWORD, PASSWD, CREDENTIAL, PRIVATE, AUTH, or
-// ending in KEY (any case), and dslaunch's own secret.
+// holding SECRET, TOKEN, PASSWORD, PASSWD, PASS_, CREDENTIAL, PRIVATE, AUTH
+// or COOKIE, or ending in KEY, PASS or _PWD (any case; not PWD, OLDPWD).
 bool IsSecretName(std::string_view name);
 // "K=V" lines, values of secret names (and any value containing
-// `job_secret`, when not empty) replaced by "<redacted>".
+// `job_secret`, when not empty) replaced by "<redacted>", and the
+// credentials of URLs in other values ("https://user:<redacted>@host",
+// "https://<redacted>@host").
 std::string RedactedEnv(const EnvList& env, const std::string& job_secret);
 
 struct FailureRecord {
@@ -38,12 +40,15 @@ struct FailureRecord {
   EnvList rank_env;                 // what every rank got on top
   EnvList launcher_env;             // the launcher's own environment
   std::string job_secret;           // to redact wherever it appears
-  std::map<int, std::deque<std::string>> last_lines;  // rank -> last lines
-  std::map<int, std::string> stacks;                  // rank -> stacks text
-  std::map<int, std::string> error_files;             // rank -> raw JSON
+  // rank -> its last lines (the Console's, not copied; null for none)
+  std::map<int, const std::deque<std::string>*> last_lines;
+  std::map<int, std::string> stacks;       // rank -> stacks text
+  std::map<int, std::string> error_files;  // rank -> raw JSON
 };
 
-// Writes <log_dir>/failure/ (replacing what an earlier job left there):
+// Writes <log_dir>/failure/ (replacing what an earlier job left there; a
+// `failure` that is a link or another user's directory is refused, and no
+// file is written through a link):
 // report.txt, plan.txt, env.txt, last-lines.txt, stacks-rank-<r>.txt,
 // error-file-rank-<r>.json. Returns the directory.
 StatusOr<std::string> WriteFailureBundle(const std::string& log_dir,

@@ -14,25 +14,7 @@ namespace {
 constexpr size_t kFileBuffer = 64u << 10;
 constexpr size_t kCopyChunk = 1u << 20;
 
-mode_t CurrentUmask() {
-  const mode_t mask = ::umask(0);
-  ::umask(mask);
-  return mask;
-}
-
 bool SharesWithGroup(mode_t umask) { return (umask & 007) == 007; }
-
-// Writes all of `data`; 0 or errno.
-int WriteFd(int fd, std::string_view data) {
-  while (!data.empty()) {
-    const ssize_t n = ::write(fd, data.data(), data.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return errno;
-    if (n == 0) return EIO;
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return 0;
-}
 
 // An unlinked file in `dir` for a long line's pieces; -1 and errno if none.
 int OpenSpill(const std::string& dir) {
@@ -45,6 +27,23 @@ int OpenSpill(const std::string& dir) {
 }
 
 }  // namespace
+
+mode_t CurrentUmask() {
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  return mask;
+}
+
+int WriteFd(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno;
+    if (n == 0) return EIO;
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return 0;
+}
 
 mode_t LogFileMode(mode_t umask) {
   return (SharesWithGroup(umask) ? 0640 : 0600) & ~umask;

@@ -21,6 +21,10 @@ namespace dslaunch::launcher {
 // umask already denies others everything (027, 007: a site sharing logs with
 // a group); then the umask applies. Never wider than 0640.
 mode_t LogFileMode(mode_t umask);
+// The process's umask (read without changing it for good).
+mode_t CurrentUmask();
+// Writes all of `data` to `fd` (retrying short writes and EINTR); 0 or errno.
+int WriteFd(int fd, std::string_view data);
 // The same for directories it creates: 0700 or 0750.
 mode_t LogDirMode(mode_t umask);
 // mkdir -p with LogDirMode; existing directories are left as they are.

@@ -19,6 +19,7 @@ namespace {
 constexpr size_t kMaxStacksBytes = 256u << 10;  // per rank, as the agent's
 constexpr size_t kMaxStackRanks = 64;           // ranks whose stacks are kept
 constexpr size_t kMaxErrorFileBytes = 64u << 10;
+constexpr size_t kMaxErrorFileRanks = 64;  // ranks whose error files are kept
 constexpr size_t kStackLinesShown = 12;
 // The agents' stack tools give up after 20 s.
 constexpr auto kStacksWait = std::chrono::seconds(25);
@@ -105,7 +106,9 @@ void Job::KeepStacks(const wire::Stacks& s) {
 
 void Job::KeepExitForensics(const wire::WorkerExited& e) {
   if (e.oom_killed()) oom_[e.rank()] = e.oom_detail();
-  if (!e.error_file().empty())
+  // The first ranks' (the cause among them), as for stacks: a job of
+  // thousands of failing ranks must not hold thousands of files.
+  if (!e.error_file().empty() && error_files_.size() < kMaxErrorFileRanks)
     error_files_[e.rank()] = e.error_file().substr(0, kMaxErrorFileBytes);
 }
 
@@ -146,7 +149,7 @@ void Job::WriteFailureBundle() {
   }
   record.job_secret = secret_;
   for (const auto& [rank, r] : state_.ranks())
-    record.last_lines[rank] = console_.LastLines(rank);
+    record.last_lines[rank] = &console_.LastLines(rank);
   record.stacks = stacks_;
   record.error_files = error_files_;
   auto dir = launcher::WriteFailureBundle(options_.log_dir, record);

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -176,6 +177,25 @@ TEST(RedactedEnv, HidesAnyValueContainingTheJobSecret) {
             "DSL_URL=<redacted>\nPLAIN=0123abcde\nCOPY=<redacted>\n");
 }
 
+TEST(RedactedEnv, HidesTheCredentialsOfUrls) {
+  const EnvList env = {
+      {"INDEX", "https://user:pa55@pypi.example/simple"},
+      {"PIP_EXTRA_INDEX_URL", "https://tok123@pypi.fury.io/acme/"},
+      {"DB", "postgres://u:p@ss@db/x"},
+      {"GIT", "git+https://ghp_abc@github.com/o/r.git@v1"},
+      {"TWO", "https://a:b@h1/ https://c@h2?x=@y"},
+      {"PLAIN", "https://host:8080/path?q=a@b"},
+      {"MAIL", "me@example.org and ftp://host"}};
+  EXPECT_EQ(RedactedEnv(env, ""),
+            "INDEX=https://user:<redacted>@pypi.example/simple\n"
+            "PIP_EXTRA_INDEX_URL=https://<redacted>@pypi.fury.io/acme/\n"
+            "DB=postgres://u:<redacted>@db/x\n"
+            "GIT=git+https://<redacted>@github.com/o/r.git@v1\n"
+            "TWO=https://a:<redacted>@h1/ https://<redacted>@h2?x=@y\n"
+            "PLAIN=https://host:8080/path?q=a@b\n"
+            "MAIL=me@example.org and ftp://host\n");
+}
+
 TEST(RedactedEnv, DoesNotHideEverythingWithoutAJobSecret) {
   EXPECT_EQ(RedactedEnv({{"A", ""}, {"B", "x"}}, ""), "A=\nB=x\n");
 }
@@ -201,6 +221,9 @@ std::set<std::string> Names(const fs::path& dir) {
   return names;
 }
 
+const std::deque<std::string> kLines0 = {"epoch 1", "bad \x1b[31mred"};
+const std::deque<std::string> kLines3 = {"Traceback", "RuntimeError: boom"};
+
 class FailureBundleTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -219,8 +242,8 @@ class FailureBundleTest : public ::testing::Test {
     r.rank_env = {{"MASTER_ADDR", "10.0.0.1"}, {"HF_TOKEN", "hf_x"}};
     r.launcher_env = {{"PATH", "/usr/bin"}, {"DSL_JOIN", "key=the-job-secret"}};
     r.job_secret = "the-job-secret";
-    r.last_lines[0] = {"epoch 1", "bad \x1b[31mred"};
-    r.last_lines[3] = {"Traceback", "RuntimeError: boom"};
+    r.last_lines[0] = &kLines0;
+    r.last_lines[3] = &kLines3;
     r.stacks[3] = "Thread 0x1 (most recent call first):\n  File x\n";
     r.error_files[3] = R"({"message": "RuntimeError: boom"})";
     return r;
@@ -325,6 +348,20 @@ TEST_F(FailureBundleTest, RefusesToWriteThroughASymlinkedFileInTheBundle) {
   ASSERT_TRUE(WriteFailureBundle(dir_.string(), Record()).ok());
   EXPECT_EQ(ReadFile(victim), "precious\n");
   EXPECT_FALSE(fs::is_symlink(dir_ / "failure" / "report.txt"));
+}
+
+TEST_F(FailureBundleTest, RefusesAFailureDirectoryOfAnotherUser) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a directory away";
+  const fs::path failure = dir_ / "failure";
+  fs::create_directories(failure);
+  { std::ofstream(failure / "report.txt") << "theirs\n"; }
+  ASSERT_EQ(::chown(failure.c_str(), 65534, 65534), 0);
+  const auto out = WriteFailureBundle(dir_.string(), Record());
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("belongs to another user"),
+            std::string::npos)
+      << out.status().message();
+  EXPECT_EQ(ReadFile(failure / "report.txt"), "theirs\n");
 }
 
 TEST_F(FailureBundleTest, CreatesTheLogDirectory) {
