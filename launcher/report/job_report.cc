@@ -3,6 +3,7 @@
 #include "launcher/report/report.h"
 #include "launcher/supervise/job.h"
 #include "proto/exit_status.h"
+#include "proto/progress.h"  // EscapeControlChars
 
 namespace dslaunch::launcher {
 
@@ -35,7 +36,10 @@ void Job::PrintRankFailure(int rank) {
     console_.Note("  it wrote no output");
   } else {
     console_.Note("  its last " + std::to_string(last.size()) + " lines:");
-    for (const auto& line : last) console_.Note("  | " + line);
+    // Escaped as every rank line is before the terminal: under --console
+    // none or rank0 this is where these lines first reach it.
+    for (const auto& line : last)
+      console_.Note("  | " + proto::EscapeControlChars(line));
   }
 }
 

@@ -1,7 +1,7 @@
 // ProgressSink: somewhere besides the terminal and metrics.jsonl that the
 // Console hands every progress record with a step (TensorBoardSink). The
-// Console owns it; main thread only. Write errors are kept in status(),
-// never fatal to the job.
+// Console owns it; main thread only. Write errors are kept in status(): the
+// job goes on, and one that succeeds exits 74 as with an unwritable log.
 #pragma once
 
 #include <cstdint>

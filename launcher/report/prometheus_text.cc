@@ -59,7 +59,7 @@ constexpr RankFamily kRankFamilies[] = {
      "Seconds since the rank's last record (since its start with none).",
      LastSeenAge},
     {"dslaunch_rank_rss_bytes", "gauge",
-     "Resident memory of the rank's processes, as its agent last saw it.",
+     "Resident memory of the rank's main process, as its agent last saw it.",
      [](const RankView& r, double) {
        return r.rss_bytes >= 0 ? Value(r.rss_bytes) : std::nullopt;
      }},

@@ -15,7 +15,7 @@ namespace dslaunch::launcher {
 // Job-wide numbers that are not per rank.
 struct JobCounters {
   int restarts = 0;                // elastic restarts of the job
-  int64_t progress_records = 0;    // valid records from every rank
+  int64_t progress_records = 0;    // records from every rank, malformed too
   int64_t malformed_progress = 0;  // records dropped as malformed
   int64_t dropped_lines = 0;       // output lines the terminal did not take
   double started_at = 0;           // unix seconds; 0: not known (omitted)

@@ -3,7 +3,8 @@
 // rank's scalars as it sent them; the run <dir>/job holds each step's
 // job-wide values once every rank still alive has reported it. Owned by the
 // Console next to the RankBoard it reads; main thread only. Write errors are
-// kept in status(), never fatal to the job.
+// kept in status(): the job goes on, and one that succeeds exits 74 as with
+// an unwritable log file.
 #pragma once
 
 #include <cstddef>

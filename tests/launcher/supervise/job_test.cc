@@ -327,6 +327,27 @@ TEST_F(JobTest, OutputOfARankOfAnotherNodeIsDropped) {
   EXPECT_TRUE(console_->LastLines(3).empty());
 }
 
+TEST_F(JobTest, AFailedRanksLastLinesAreEscapedInTheReport) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  RunAll();
+  wire::Envelope env;
+  auto* e = env.mutable_log_batch()->add_entries();
+  e->set_rank(0);
+  e->set_line("boom \x1b]0;owned\x07 \x1b[2J");
+  job_->OnAgentMessage(0, std::move(env));
+  RankExited(0, 0, 3, 0);
+  for (int r = 1; r < 4; ++r) RankExited(r / 2, r, 0, SIGTERM, 0, true);
+  AgentGone(0);
+  AgentGone(1);
+  EXPECT_EQ(job_->Finish(), 3);
+  const std::string report = Report();
+  EXPECT_NE(report.find("  | boom \\u001b]0;owned\\u0007 \\u001b[2J"),
+            std::string::npos)
+      << report;
+  EXPECT_EQ(report.find('\x1b'), std::string::npos) << report;
+}
+
 TEST_F(JobTest, EveryRankFinishingShutsTheAgentsDownAndExits0) {
   StartJob();
   starter_.Finish(Starter::Started{});
