@@ -71,6 +71,7 @@ void RankMonitor::OnExited(int rank, const proto::ExitInfo& info,
     }
   }
   oom_.Forget(rank);
+  stacks_.Exited(rank);
   if (info.signal == 0 && info.exit_code == 0) return;
   auto text = ReadErrorFile(it->second.error_file);
   if (!text.ok()) {

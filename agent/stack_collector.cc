@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>  // readlink
 
+#include <algorithm>
 #include <boost/asio/steady_timer.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -66,7 +67,9 @@ struct StackCollector::Job {
   size_t dropped = 0;
   std::string stderr_tail;
   bool timed_out = false;
-  asio::steady_timer timer;
+  asio::steady_timer timer;  // at `deadline`: the running tool is killed
+  std::chrono::steady_clock::time_point deadline;
+  bool rank_exited = false;
   // Outcome.
   std::vector<std::string> failures;
   std::string result_tool, result_text;
@@ -81,7 +84,8 @@ static std::string ToolFailure(const StackCollector::Job& job,
   if (job.timed_out) {
     char secs[32];
     std::snprintf(secs, sizeof(secs), "%g", timeout.count() / 1000.0);
-    why = std::string("timed out after ") + secs + " s";
+    why = std::string("stopped: the ") + secs +
+          " s for this rank's stacks ran out";
   } else if (!info.error.empty()) {
     why = info.error;
   } else if (info.signal != 0) {
@@ -149,6 +153,7 @@ void StackCollector::Collect(int rank, pid_t pid) {
   auto job = std::make_shared<Job>(io_);
   job->rank = rank;
   job->pid = pid;
+  job->deadline = std::chrono::steady_clock::now() + options_.timeout;
   job->tools = StackToolsFor(pid, IsPythonProcess(pid), options_.path_env);
   if (job->tools.empty()) {
     refused.set_error("no stack tool found (install elfutils or gdb)");
@@ -171,6 +176,16 @@ void StackCollector::StartQueued() {
 // Starts the job's next tool, or finishes the job when none is left.
 void StackCollector::RunNextTool(const std::shared_ptr<Job>& job) {
   while (job->next < job->tools.size()) {
+    if (job->rank_exited) {
+      job->failures.push_back("the rank exited");
+      break;
+    }
+    if (std::chrono::steady_clock::now() >= job->deadline) {
+      job->failures.push_back("no time left for " + job->tools[job->next].name +
+                              " (other ranks' "
+                              "stacks or earlier tools took it)");
+      break;
+    }
     const StackTool& tool = job->tools[job->next++];
     job->text.clear();
     job->dropped = 0;
@@ -186,7 +201,7 @@ void StackCollector::RunNextTool(const std::shared_ptr<Job>& job) {
     }
     job->tool_pid = *pid;
     running_[*pid] = job;
-    job->timer.expires_after(options_.timeout);
+    job->timer.expires_at(job->deadline);
     job->timer.async_wait(
         [this, weak = std::weak_ptr<Job>(job),
          tool_pid = *pid](const boost::system::error_code& ec) {
@@ -230,7 +245,7 @@ void StackCollector::OnProcessExited(pid_t pid, const proto::ExitInfo& info) {
   const std::string& tool = job->tools[job->next - 1].name;
   // Killed while attached, the tool may leave the rank stopped (a SIGSTOP
   // of its attach not yet taken): the rank runs on.
-  if (job->timed_out && ProcessState(job->pid) == 'T')
+  if (job->timed_out && !job->rank_exited && ProcessState(job->pid) == 'T')
     ::kill(job->pid, SIGCONT);
   if (job->dropped > 0) {
     job->text += "[stack output over " +
@@ -266,6 +281,18 @@ void StackCollector::Finish(const std::shared_ptr<Job>& job) {
     msg.set_error(why + PtraceHint(why));
   }
   reply_(msg);
+}
+
+void StackCollector::Exited(int rank) {
+  const auto it = by_rank_.find(rank);
+  if (it == by_rank_.end()) return;
+  const std::shared_ptr<Job> job = it->second;
+  job->rank_exited = true;
+  const auto queued = std::find(queue_.begin(), queue_.end(), job);
+  if (queued == queue_.end()) return;  // running: ends after its tool
+  queue_.erase(queued);
+  job->failures.push_back("the rank exited before its stacks were taken");
+  Finish(job);
 }
 
 void StackCollector::Stop() {

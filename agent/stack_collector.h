@@ -1,9 +1,12 @@
 // StackCollector collects the stacks of running ranks for the launcher
 // (CollectStacks: a hang, a failure) without blocking the event loop: it runs
 // a stack tool as a child (proto::ProcessSet) per rank — py-spy for a Python
-// interpreter when installed, else eu-stack (elfutils), else gdb — each under
-// a timeout after which it is SIGKILLed, with bounded output, at most a few
-// at once and the rest queued. Owned by RankMonitor; io_context thread only.
+// interpreter when installed, else eu-stack (elfutils), else gdb, the next
+// tried when one fails — with bounded output, at most a few at once and the
+// rest queued. A rank's collection has `timeout` from its request, queueing
+// and every tool included (a tool still running then is SIGKILLed), so its
+// one reply always comes within that. Owned by RankMonitor; io_context
+// thread only.
 #pragma once
 
 #include <sys/types.h>  // pid_t
@@ -25,7 +28,7 @@ namespace dslaunch::agent {
 struct StackToolOptions {
   // Where py-spy, eu-stack and gdb are looked for ("" = the agent's PATH).
   std::string path_env;
-  std::chrono::milliseconds timeout{20000};  // per tool, then SIGKILL
+  std::chrono::milliseconds timeout{20000};  // per rank, from its request
   size_t max_text_bytes = 256 * 1024;        // the rest dropped, with a marker
   size_t max_running = 4;                    // tools at once
   size_t max_queued = 4096;                  // then refused with an error
@@ -58,6 +61,10 @@ class StackCollector : private proto::ProcessSet::Delegate {
   // reply follows (maybe at once). A rank already queued or being collected
   // is merged into that collection.
   void Collect(int rank, pid_t pid);
+  // `rank` exited (its pid may be reused from now on): a queued collection
+  // is answered with that at once; a running one tries no further tool and
+  // never signals the pid again.
+  void Exited(int rank);
   // Kills the running tools and forgets the queue; no more replies.
   void Stop();
   size_t running() const { return running_.size(); }

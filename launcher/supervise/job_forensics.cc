@@ -21,7 +21,7 @@ constexpr size_t kMaxStackRanks = 64;           // ranks whose stacks are kept
 constexpr size_t kMaxErrorFileBytes = 64u << 10;
 constexpr size_t kMaxErrorFileRanks = 64;  // ranks whose error files are kept
 constexpr size_t kStackLinesShown = 12;
-// The agents' stack tools give up after 20 s.
+// An agent answers each rank's request within 20 s (StackToolOptions).
 constexpr auto kStacksWait = std::chrono::seconds(25);
 
 }  // namespace

@@ -97,8 +97,10 @@ TEST_F(StackCollectorTest, NoToolIsSaidSo) {
             "no stack tool found (install elfutils or gdb)");
 }
 
-TEST_F(StackCollectorTest, AStuckToolIsKilledAfterTheTimeout) {
+TEST_F(StackCollectorTest, AStuckToolIsKilledAtTheRanksDeadline) {
+  // The rank's time is spent: the fallback is not started after it.
   FakeTool("eu-stack", "echo $$ > " + dir_ + "/tool.pid; exec sleep 60");
+  FakeTool("gdb", "touch " + dir_ + "/gdb.ran");
   StackToolOptions o = Fakes();
   o.timeout = milliseconds(300);
   Make(o);
@@ -107,12 +109,52 @@ TEST_F(StackCollectorTest, AStuckToolIsKilledAfterTheTimeout) {
   collector_->Collect(1, sleeper.pid());
   ASSERT_TRUE(WaitReplies(1));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
-  EXPECT_EQ(replies_[0].error(), "eu-stack: timed out after 0.3 s");
+  EXPECT_EQ(replies_[0].error(),
+            "eu-stack: stopped: the 0.3 s for this rank's stacks ran out; "
+            "no time left for gdb (other ranks' stacks or earlier tools took "
+            "it)");
   pid_t tool = 0;
   std::ifstream(dir_ + "/tool.pid") >> tool;
   ASSERT_GT(tool, 0);
   EXPECT_FALSE(Alive(tool));
   EXPECT_TRUE(Alive(sleeper.pid()));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/gdb.ran"));
+}
+
+TEST_F(StackCollectorTest, AQueuedRankThatExitsIsAnsweredAtOnce) {
+  FakeTool("eu-stack", "exec sleep 60");
+  StackToolOptions o = Fakes();
+  o.max_running = 1;
+  Make(o);
+  Child first({"sleep", "60"}), second({"sleep", "60"});
+  collector_->Collect(1, first.pid());
+  collector_->Collect(2, second.pid());
+  ASSERT_EQ(collector_->queued(), 1u);
+  collector_->Exited(2);
+  ASSERT_EQ(replies_.size(), 1u);  // at once, not after rank 1's tool
+  EXPECT_EQ(replies_[0].rank(), 2);
+  EXPECT_EQ(replies_[0].error(),
+            "the rank exited before its stacks were taken");
+  EXPECT_EQ(collector_->queued(), 0u);
+  EXPECT_EQ(collector_->running(), 1u);  // rank 1's goes on
+  collector_->Exited(9);                 // never asked for: nothing
+  EXPECT_EQ(replies_.size(), 1u);
+}
+
+TEST_F(StackCollectorTest, ARunningRankThatExitsGetsNoFurtherTool) {
+  // Its pid may belong to another process by now: no gdb on it.
+  FakeTool("eu-stack", "sleep 0.3; echo 'no such process' >&2; exit 1");
+  FakeTool("gdb", "touch " + dir_ + "/gdb.ran");
+  Make(Fakes());
+  Child sleeper({"sleep", "60"});
+  collector_->Collect(4, sleeper.pid());
+  ASSERT_EQ(collector_->running(), 1u);
+  collector_->Exited(4);
+  ASSERT_TRUE(WaitReplies(1));
+  EXPECT_EQ(replies_[0].rank(), 4);
+  EXPECT_EQ(replies_[0].error(),
+            "eu-stack: exit status 1 (no such process); the rank exited");
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/gdb.ran"));
 }
 
 TEST_F(StackCollectorTest, FallsBackToGdbWhenEuStackFails) {
