@@ -45,8 +45,17 @@ class MetricsServerTest : public ::testing::Test {
     return done();
   }
 
-  int Connect() {
+  // A connection from `from` (an IPv4 address in host order; 0: any).
+  int Connect(uint32_t from = 0) {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (from != 0) {
+      sockaddr_in local{};
+      local.sin_family = AF_INET;
+      local.sin_addr.s_addr = htonl(from);
+      EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof(local)),
+                0)
+          << strerror(errno);
+    }
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
     sa.sin_port = htons(static_cast<uint16_t>(port_));
@@ -247,30 +256,13 @@ TEST_F(MetricsServerTest, ClientsThatNeverReadTheirAnswersGiveWayToAScraper) {
 }
 
 TEST_F(MetricsServerTest, AFloodFromOneAddressDoesNotEvictAnotherAddress) {
-  // Listening on every loopback address: the scraper comes from 127.0.0.2,
-  // the flood from 127.0.0.1; the flood only ever evicts its own.
+  // The scraper comes from 127.0.0.2, the flood from 127.0.0.1; the flood
+  // only ever evicts its own.
   MetricsServer::Options o;
   o.max_connections = 4;
   o.read_timeout = std::chrono::milliseconds(60000);
-  server_ = std::make_unique<MetricsServer>(
-      io_, [this] { return std::make_shared<const std::string>(body_); }, o);
-  auto port = server_->Listen("0.0.0.0", 0);
-  ASSERT_TRUE(port.ok()) << port.status().message();
-  port_ = *port;
-  const int scraper = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  fds_.push_back(scraper);
-  sockaddr_in from{};
-  from.sin_family = AF_INET;
-  from.sin_addr.s_addr = htonl(0x7F000002);
-  ASSERT_EQ(::bind(scraper, reinterpret_cast<sockaddr*>(&from), sizeof(from)),
-            0)
-      << strerror(errno);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(static_cast<uint16_t>(port_));
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(scraper, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0)
-      << strerror(errno);
+  Start(o);
+  const int scraper = Connect(0x7F000002);
   EXPECT_TRUE(RunUntil([&] { return server_->open_connections() == 1; }));
   // The scraper's connection is the oldest; 20 newer ones come from .1.
   for (int i = 0; i < 20; ++i) Connect();
