@@ -181,9 +181,10 @@ void StackCollector::RunNextTool(const std::shared_ptr<Job>& job) {
       break;
     }
     if (std::chrono::steady_clock::now() >= job->deadline) {
-      job->failures.push_back("no time left for " + job->tools[job->next].name +
-                              " (other ranks' "
-                              "stacks or earlier tools took it)");
+      const std::string& name = job->tools[job->next].name;
+      job->failures.push_back(
+          "no time left for " + name +
+          " (other ranks' stacks or earlier tools took it)");
       break;
     }
     const StackTool& tool = job->tools[job->next++];
