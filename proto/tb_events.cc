@@ -128,6 +128,11 @@ Status CreateEventDir(const std::string& dir, const std::string& what) {
 StatusOr<std::unique_ptr<EventFileWriter>> EventFileWriter::Create(
     const std::string& dir, double wall_time, const std::string& what) {
   RETURN_IF_ERROR(CreateEventDir(dir, what));
+  struct stat st;
+  if (::lstat(dir.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    return IoError(what + " " + dir +
+                   ": a run directory that is a symbolic link is not followed");
+  }
   auto opened = OpenNewFile(dir, wall_time);
   if (!opened.ok()) return opened.status().Annotate(what);
   std::unique_ptr<EventFileWriter> writer(

@@ -40,7 +40,8 @@ class EventFileWriter {
   static constexpr size_t kFlushBytes = 64 * 1024;
   static constexpr const char* kFileVersion = "brain.Event:2";
 
-  // Creates `dir` (CreateEventDir) and in it a new file
+  // Creates `dir` (CreateEventDir; a run directory that is a symbolic link,
+  // planted where the run was to be made, is refused) and in it a new file
   // events.out.tfevents.<unix seconds>.<hostname>.<pid>.<n> (n counts the
   // files this process made, so none is ever overwritten), then writes the
   // file_version event stamped `wall_time` and flushes it.

@@ -226,6 +226,21 @@ TEST_F(TensorBoardSinkTest, ARankRunThatCannotBeMadeIsKeptAsTheError) {
   EXPECT_EQ(ReadRun(Run("rank-0")).at(1).at("loss"), 1.0f);
 }
 
+TEST_F(TensorBoardSinkTest, ARankRunPlantedAsALinkIsNotFollowed) {
+  Start(2);
+  const fs::path elsewhere = fs::path(tmp_.path()) / "elsewhere";
+  fs::create_directories(elsewhere);
+  fs::create_directory_symlink(elsewhere, Run("rank-1"));
+  sink_->Record(1, 1, {{"loss", 3.0}}, 1);
+  sink_->Record(0, 1, {{"loss", 1.0}}, 1);
+  sink_->Close();
+  ASSERT_FALSE(sink_->status().ok());
+  EXPECT_NE(sink_->status().message().find("symbolic link"), std::string::npos)
+      << sink_->status().message();
+  EXPECT_TRUE(fs::is_empty(elsewhere));
+  EXPECT_EQ(ReadRun(Run("rank-0")).at(1).at("loss"), 1.0f);
+}
+
 TEST(TensorBoardSink, ADirectoryThatCannotBeMadeNamesTheFlag) {
   RankBoard board;
   auto sink = TensorBoardSink::Create("/dev/null/tb", board);
