@@ -249,6 +249,22 @@ Status CheckIntegers(const CLI::App& app, const LaunchOptions& o) {
   return CheckGivenInt(app, "--ssh_fanout", o.ssh_fanout, 1, kMaxSshFanout);
 }
 
+// Flags that would do nothing without another: said, not ignored (a user who
+// asked for hung jobs to be stopped must not find out after a week of one).
+Status CheckWatchFlags(const CLI::App& app, const LaunchOptions& o) {
+  if (app.count("--metrics_addr") && !app.count("--metrics_port")) {
+    return InvalidArgument(
+        "--metrics_addr needs --metrics_port P: without a port there is no "
+        "metrics endpoint");
+  }
+  if (app.count("--on_hang") && o.hang_timeout_s <= 0) {
+    return InvalidArgument(
+        "--on_hang needs --hang_timeout S: without it no rank is ever named "
+        "hung");
+  }
+  return Status::Ok();
+}
+
 // A flag given with an empty value (`-i ''`, `--include=`) is an error, never
 // the default. CLI11 reads `--include= X` as `--include X`, so the words
 // before PROGRAM (`options` of them) are checked for `--name=` first.
@@ -465,6 +481,7 @@ StatusOr<LaunchOptions> ParseFlags(int argc, const char* const* argv,
   RETURN_IF_ERROR(TakeProgram(app, argc, argv, o));
   RETURN_IF_ERROR(CheckRefusedFlags(app));
   RETURN_IF_ERROR(CheckIntegers(app, o));
+  RETURN_IF_ERROR(CheckWatchFlags(app, o));
   RETURN_IF_ERROR(Validate(o));
   RETURN_IF_ERROR(ValidateJoin(app, o));
   auto words = SplitShellWords(o.launcher_args);

@@ -332,5 +332,30 @@ TEST(Flags, JoinRefusesWhatCannotApplyAndNeedsASecretAndANodeCount) {
   }
 }
 
+TEST(Flags, WatchFlagsThatWouldDoNothingAloneAreRefused) {
+  int exit_now;
+  auto addr = Parse({"--metrics_addr", "127.0.0.1", "p"}, &exit_now);
+  ASSERT_FALSE(addr.ok());
+  EXPECT_NE(addr.status().message().find("--metrics_addr needs --metrics_port"),
+            std::string::npos)
+      << addr.status().message();
+  for (std::vector<const char*> args :
+       {std::vector<const char*>{"--on_hang", "abort", "p"},
+        std::vector<const char*>{"--on_hang", "warn", "--hang_timeout", "0",
+                                 "p"}}) {
+    auto hang = Parse(args, &exit_now);
+    ASSERT_FALSE(hang.ok());
+    EXPECT_NE(hang.status().message().find("--on_hang needs --hang_timeout"),
+              std::string::npos)
+        << hang.status().message();
+  }
+  auto both = Parse({"--metrics_port", "9400", "--metrics_addr", "127.0.0.1",
+                     "--hang_timeout", "30", "--on_hang", "abort", "p"},
+                    &exit_now);
+  ASSERT_TRUE(both.ok()) << both.status().message();
+  EXPECT_EQ(both->on_hang, "abort");
+  EXPECT_EQ(both->metrics_addr, "127.0.0.1");
+}
+
 }  // namespace
 }  // namespace dslaunch::launcher
