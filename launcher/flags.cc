@@ -4,9 +4,9 @@
 #include <algorithm>  // max
 #include <cmath>      // isfinite
 #include <cstdio>
-#include <filesystem>
 #include <string_view>
 
+#include "launcher/shell_words.h"
 #include "proto/host_info.h"  // ParseCpuList
 #include "proto/version.h"
 
@@ -320,47 +320,6 @@ Status TakeProgram(const CLI::App& app, int argc, const char* const* argv,
 
 }  // namespace
 
-StatusOr<std::vector<std::string>> SplitShellWords(const std::string& text) {
-  std::vector<std::string> words;
-  std::string word;
-  bool in_word = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (c == ' ' || c == '\t' || c == '\n') {
-      if (in_word) words.push_back(std::move(word));
-      word.clear();
-      in_word = false;
-      continue;
-    }
-    in_word = true;
-    if (c == '\'') {
-      const size_t end = text.find('\'', i + 1);
-      if (end == std::string::npos)
-        return InvalidArgument("unterminated ' quote");
-      word.append(text, i + 1, end - i - 1);
-      i = end;
-    } else if (c == '"') {
-      for (++i;; ++i) {
-        if (i >= text.size()) return InvalidArgument("unterminated \" quote");
-        if (text[i] == '"') break;
-        // Inside "...", a backslash escapes only these (as in sh).
-        if (text[i] == '\\' && i + 1 < text.size() &&
-            std::string_view("\"\\$`").find(text[i + 1]) !=
-                std::string_view::npos)
-          ++i;
-        word.push_back(text[i]);
-      }
-    } else if (c == '\\') {
-      if (i + 1 >= text.size()) return InvalidArgument("trailing backslash");
-      word.push_back(text[++i]);
-    } else {
-      word.push_back(c);
-    }
-  }
-  if (in_word) words.push_back(std::move(word));
-  return words;
-}
-
 static Status Validate(const LaunchOptions& o) {
   if (o.program.empty() && !o.dry_run && !o.doctor) {
     return InvalidArgument(
@@ -498,53 +457,6 @@ StatusOr<LaunchOptions> ParseFlags(int argc, const char* const* argv,
     o.bind_cores = std::move(cores).value();
   }
   return o;
-}
-
-StatusOr<Hostfile> LoadJobHostfile(const LaunchOptions& options) {
-  if (options.hostfile_given) return LoadHostfile(options.hostfile);
-  int gpus = 0;
-  std::error_code ec;
-  for (auto it =
-           std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec);
-       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
-    ++gpus;
-  }
-  Hostfile local;
-  HostEntry entry;
-  entry.host = "localhost";
-  // --num_gpus N: N ranks here, also without (as many) GPUs, as DeepSpeed.
-  entry.slots = options.plan.num_gpus > 0 ? options.plan.num_gpus
-                : gpus > 0                ? gpus
-                                          : 1;
-  local.hosts.push_back(entry);
-  return local;
-}
-
-StatusOr<Hostfile> LoadJobHosts(LaunchOptions* o, const EnvLookup& env,
-                                std::string* said) {
-  said->clear();
-  const bool auto_slurm =
-      o->launcher == "auto" && !o->hostfile_given && InSlurmAllocation(env);
-  // mpirun inside an allocation runs over it, as srun would.
-  const bool mpirun_in_allocation =
-      o->launcher == "openmpi" && !o->hostfile_given && InSlurmAllocation(env);
-  if (!auto_slurm && !mpirun_in_allocation &&
-      (o->launcher != "slurm" || o->hostfile_given))
-    return LoadJobHostfile(*o);
-  auto allocation = ReadSlurmAllocation(env, o->plan.num_gpus);
-  if (!allocation.ok()) {
-    if (allocation.status().code() == StatusCode::kNotFound)
-      return InvalidArgument("--launcher slurm: " +
-                             allocation.status().message());
-    return allocation.status();
-  }
-  if (auto_slurm) o->launcher = "slurm";
-  o->hosts_from_slurm = true;
-  *said = DescribeAllocation(*allocation) +
-          (auto_slurm             ? " (inside the allocation: --launcher slurm)"
-           : mpirun_in_allocation ? " (mpirun runs over the allocation)"
-                                  : "");
-  return AllocationHostfile(*allocation);
 }
 
 }  // namespace dslaunch::launcher

@@ -8,7 +8,6 @@
 
 #include "launcher/plan/hostfile.h"
 #include "launcher/plan/plan.h"
-#include "launcher/plan/slurm_allocation.h"
 #include "proto/status.h"
 
 namespace dslaunch::launcher {
@@ -89,28 +88,9 @@ struct LaunchOptions {
   std::vector<std::string> program;  // PROGRAM ARGS..., byte-exact
 };
 
-// Splits --launcher_args into words as a POSIX shell would, without any
-// expansion: blanks separate, '...' is literal, "..." and a backslash escape
-// as in sh. InvalidArgument for an unterminated quote or trailing backslash.
-StatusOr<std::vector<std::string>> SplitShellWords(const std::string& text);
-
 // Parses argv. Returns the options, or a Status: kInvalidArgument for bad
 // usage (exit 64). `--help`/`--version` print and set *exit_now to 0.
 StatusOr<LaunchOptions> ParseFlags(int argc, const char* const* argv,
                                    int* exit_now);
-
-// The job's hosts: the named hostfile (missing = error, never a silent local
-// run), or without one this machine as "localhost" with --num_gpus slots,
-// else one per GPU (one if it has none).
-StatusOr<Hostfile> LoadJobHostfile(const LaunchOptions& options);
-
-// Where the job's hosts come from (design section 9): inside a SLURM
-// allocation with neither --hostfile nor --launcher, the allocation, and
-// options->launcher becomes "slurm"; --launcher slurm without a hostfile,
-// the allocation too (InvalidArgument outside one), and --launcher openmpi
-// without a hostfile inside one; else LoadJobHostfile.
-// *said is the one line to show about the choice ("" when there is none).
-StatusOr<Hostfile> LoadJobHosts(LaunchOptions* options, const EnvLookup& env,
-                                std::string* said);
 
 }  // namespace dslaunch::launcher

@@ -11,6 +11,7 @@
 
 #include "launcher/doctor.h"
 #include "launcher/flags.h"
+#include "launcher/job_hosts.h"
 #include "launcher/launcher.h"
 #include "launcher/plan/hostfile.h"
 #include "launcher/plan/plan.h"

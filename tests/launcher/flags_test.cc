@@ -4,6 +4,9 @@
 
 #include <vector>
 
+#include "launcher/job_hosts.h"
+#include "launcher/shell_words.h"
+
 namespace dslaunch::launcher {
 namespace {
 
