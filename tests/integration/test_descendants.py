@@ -143,16 +143,21 @@ class DescendantsTest(LaunchTest):
                 self.fail("%s never appeared: %s" % (path, proc.communicate()[1].decode()))
             time.sleep(0.02)
 
-    def kill_agent_mid_job(self, argv):
+    def kill_agent_mid_job(self, argv, cgroup=False):
         """Starts a one-node job whose rank leaves escaped descendants,
         SIGKILLs the agent once they run, and asserts that the job fails and
-        that the rank and every descendant are gone."""
+        that the rank and every descendant are gone; with `cgroup`, also that
+        the agent's job cgroup (dsl-<job>-<node>-<agent pid>) was there and is
+        gone (other suites' jobs may make and remove their own meanwhile)."""
         proc = self.start_job(argv, HOME=self.dir)
         self.wait_for(os.path.join(self.out, "desc-0.json"), proc)
         pids = self.descendants(1)
         rank = self.started_pids()[0]
         with open("/proc/%d/stat" % rank) as f:
             agent = int(f.read().rsplit(")", 1)[1].split()[1])
+        ours = lambda: [c for c in job_cgroups() if c.endswith("-%d" % agent)]
+        if cgroup:
+            self.assertEqual(len(ours()), 1, "no job cgroup of agent %d" % agent)
         os.kill(agent, signal.SIGKILL)
         try:
             proc.communicate(timeout=30)
@@ -160,14 +165,14 @@ class DescendantsTest(LaunchTest):
             proc.kill()
         self.assertNotEqual(proc.returncode, 0)
         self.assert_gone(pids + [rank])
+        if cgroup:
+            self.assertEqual(ours(), [], "the job's cgroup was left behind")
 
     def test_nothing_outlives_an_agent_killed_with_sigkill(self):
         # With a cgroup (root here): the agent's guard empties it.
         if not os.access("/sys/fs/cgroup", os.W_OK) or os.geteuid() != 0:
             self.skipTest("needs a writable cgroup v2 hierarchy")
-        cgroups_before = job_cgroups()
-        self.kill_agent_mid_job(self.job_args("escape", "hang", nodes=1))
-        self.assertEqual(job_cgroups(), cgroups_before, "the job's cgroup was left behind")
+        self.kill_agent_mid_job(self.job_args("escape", "hang", nodes=1), cgroup=True)
 
     def test_nothing_outlives_an_agent_killed_without_a_cgroup(self):
         # Unprivileged, no cgroup: the ranks die with their agent
