@@ -131,7 +131,7 @@ std::string EscapeControlChars(std::string_view text) {
   char buf[8];
   while (!text.empty()) {
     const auto c = static_cast<unsigned char>(text[0]);
-    size_t n = Utf8SequenceLength(text);
+    size_t n = c < 0x80 ? 1 : Utf8SequenceLength(text);  // ASCII inline
     if ((c < 0x20 && c != '\t') || c == 0x7F) {
       std::snprintf(buf, sizeof(buf), "\\u%04x", c);
       out += buf;
