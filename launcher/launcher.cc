@@ -68,7 +68,8 @@ static Console::LogLayout LogLayoutFor(const LaunchOptions& o) {
   std::tm local{};
   ::localtime_r(&now, &local);
   std::strftime(stamp, sizeof(stamp), "%Y%m%d%H%M%S", &local);
-  return {o.each_rank_log_dir, std::string(stamp) + "_rank", false};
+  return {o.each_rank_log_dir, std::string(stamp) + "_rank", false,
+          "--enable_each_rank_log"};
 }
 
 // DeepSpeed's --save_pid: /tmp/<pid>.deepspeed holds our pid while the job

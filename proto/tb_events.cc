@@ -1,15 +1,12 @@
 #include "proto/tb_events.h"
 
-#include <fcntl.h>     // open, O_*
-#include <sys/stat.h>  // mkdir, stat, umask
-#include <unistd.h>    // write, close, getpid, gethostname
+#include <unistd.h>  // write, close, getpid, gethostname
 
 #include <array>
 #include <atomic>
 #include <cerrno>
 #include <cmath>    // floor
 #include <cstring>  // strerror
-#include <filesystem>
 
 #include "proto/tensorboard_event.pb.h"  // tensorboard::Event
 
@@ -36,12 +33,6 @@ void AppendLittleEndian(uint64_t value, int bytes, std::string* out) {
   }
 }
 
-mode_t CurrentUmask() {
-  const mode_t mask = ::umask(0);
-  ::umask(mask);
-  return mask;
-}
-
 std::string HostName() {
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') {
@@ -62,22 +53,21 @@ Status IoErrno(const std::string& what, int err) {
 std::atomic<uint64_t> next_file_number{0};
 
 // Opens a new file in `dir`; the counter moves on past names that exist.
-StatusOr<std::pair<std::string, int>> OpenNewFile(const std::string& dir,
+StatusOr<std::pair<std::string, int>> OpenNewFile(const SafeDir& dir,
                                                   double wall_time) {
-  const mode_t mode = (CurrentUmask() & 07) == 07 ? 0640 : 0600;
+  const mode_t mode = PrivateFileMode(CurrentUmask());
   const std::string prefix =
-      dir + "/events.out.tfevents." +
+      "events.out.tfevents." +
       std::to_string(static_cast<int64_t>(std::floor(wall_time))) + "." +
       HostName() + "." + std::to_string(::getpid()) + ".";
   for (int attempt = 0; attempt < 1000; ++attempt) {
-    const std::string path = prefix + std::to_string(next_file_number++);
-    const int fd =
-        ::open(path.c_str(),
-               O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-    if (fd >= 0) return std::make_pair(path, fd);
-    if (errno != EEXIST) return IoErrno("cannot create " + path, errno);
+    const std::string name = prefix + std::to_string(next_file_number++);
+    bool exists = false;
+    StatusOr<int> fd = dir.CreateNew(name, mode, &exists);
+    if (fd.ok()) return std::make_pair(dir.path() + "/" + name, *fd);
+    if (!exists) return fd.status();
   }
-  return IoError("cannot create an event file in " + dir +
+  return IoError("cannot create an event file in " + dir.path() +
                  ": every name tried exists");
 }
 
@@ -107,33 +97,20 @@ std::string TfRecord(std::string_view data) {
 }
 
 Status CreateEventDir(const std::string& dir, const std::string& what) {
-  if (dir.empty()) return InvalidArgument(what + ": an empty directory name");
-  const mode_t mode = (CurrentUmask() & 07) == 07 ? 0750 : 0700;
-  std::filesystem::path path;
-  for (const auto& part : std::filesystem::path(dir)) {
-    path /= part;
-    if (::mkdir(path.c_str(), mode) != 0 && errno != EEXIST) {
-      return IoErrno(what + " " + dir + ": cannot create " + path.string(),
-                     errno);
-    }
-  }
-  struct stat st;
-  if (::stat(dir.c_str(), &st) != 0) return IoErrno(what + " " + dir, errno);
-  if (!S_ISDIR(st.st_mode)) {
-    return IoError(what + " " + dir + ": not a directory");
-  }
-  return Status::Ok();
+  return SafeDir::Open(dir, what).status();
 }
 
 StatusOr<std::unique_ptr<EventFileWriter>> EventFileWriter::Create(
     const std::string& dir, double wall_time, const std::string& what) {
-  RETURN_IF_ERROR(CreateEventDir(dir, what));
-  struct stat st;
-  if (::lstat(dir.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
-    return IoError(what + " " + dir +
-                   ": a run directory that is a symbolic link is not followed");
-  }
-  auto opened = OpenNewFile(dir, wall_time);
+  if (dir.empty()) return IoError(what + ": an empty directory name");
+  ASSIGN_OR_RETURN(auto above, SafeDir::OpenParent(dir, what));
+  ASSIGN_OR_RETURN(SafeDir run, above.first.Child(above.second));
+  return Create(run, wall_time, what);
+}
+
+StatusOr<std::unique_ptr<EventFileWriter>> EventFileWriter::Create(
+    const SafeDir& run, double wall_time, const std::string& what) {
+  auto opened = OpenNewFile(run, wall_time);
   if (!opened.ok()) return opened.status().Annotate(what);
   std::unique_ptr<EventFileWriter> writer(
       new EventFileWriter(opened->first, opened->second));

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "proto/safe_files.h"
 #include "proto/status.h"
 
 namespace dslaunch::proto {
@@ -29,9 +30,10 @@ uint32_t MaskedCrc32c(std::string_view data);
 // the data, masked CRC of the data.
 std::string TfRecord(std::string_view data);
 
-// mkdir -p `dir`, new directories 0700 (0750 when the umask already denies
-// others everything). `what` names the setting in messages
-// ("--tensorboard"). An existing non-directory is an error.
+// Opens `dir` by SafeDir's rule (proto/safe_files.h), making what is
+// missing with PrivateDirMode. `what` names the setting in messages
+// ("--tensorboard"). An existing non-directory, or another user's, is an
+// IoError.
 Status CreateEventDir(const std::string& dir, const std::string& what);
 
 class EventFileWriter {
@@ -40,13 +42,18 @@ class EventFileWriter {
   static constexpr size_t kFlushBytes = 64 * 1024;
   static constexpr const char* kFileVersion = "brain.Event:2";
 
-  // Creates `dir` (CreateEventDir; a run directory that is a symbolic link,
-  // planted where the run was to be made, is refused) and in it a new file
-  // events.out.tfevents.<unix seconds>.<hostname>.<pid>.<n> (n counts the
-  // files this process made, so none is ever overwritten), then writes the
-  // file_version event stamped `wall_time` and flushes it.
+  // Opens `dir`'s parent by SafeDir's rule, then `dir` itself as the run
+  // directory (SafeDir::Child: made if missing, never a symbolic link, this
+  // user's), and creates the file in it as the overload below.
   static StatusOr<std::unique_ptr<EventFileWriter>> Create(
       const std::string& dir, double wall_time, const std::string& what);
+  // Creates in `run` a new file
+  // events.out.tfevents.<unix seconds>.<hostname>.<pid>.<n> (n counts the
+  // files this process made, so none is ever overwritten; O_EXCL relative to
+  // `run`'s descriptor, nothing opened by path), then writes the
+  // file_version event stamped `wall_time` and flushes it.
+  static StatusOr<std::unique_ptr<EventFileWriter>> Create(
+      const SafeDir& run, double wall_time, const std::string& what);
   ~EventFileWriter();  // Close()
   EventFileWriter(const EventFileWriter&) = delete;
   EventFileWriter& operator=(const EventFileWriter&) = delete;

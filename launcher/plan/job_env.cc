@@ -2,11 +2,10 @@
 
 #include <algorithm>  // find
 #include <cctype>
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <map>
-#include <sstream>
+#include <sstream>  // istringstream
+
+#include "proto/safe_files.h"  // ReadTrustedFile
 
 namespace dslaunch::launcher {
 
@@ -119,14 +118,12 @@ StatusOr<EnvList> ParseEnvFile(std::string_view text, const std::string& path) {
 }
 
 StatusOr<EnvList> LoadEnvFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    return DataError("cannot read env file '" + path +
-                     "': " + std::strerror(errno));
-  }
-  std::stringstream buf;
-  buf << f.rdbuf();
-  return ParseEnvFile(buf.str(), path);
+  StatusOr<std::string> text =
+      proto::ReadTrustedFile(path, "env file", kMaxEnvFileBytes);
+  if (text.status().code() == StatusCode::kNotFound)  // a bad input: 65
+    return DataError(text.status().message());
+  RETURN_IF_ERROR(text.status());
+  return ParseEnvFile(*text, path);
 }
 
 static bool Exported(const std::string& key,
@@ -153,9 +150,11 @@ StatusOr<EnvList> CollectJobEnv(const JobEnvSources& sources) {
       all.emplace_back(key, kv.substr(eq + 1));
   }
   for (const auto& path : sources.deepspeed_env_files) {
-    std::ifstream probe(path);
-    if (!probe) continue;
-    ASSIGN_OR_RETURN(EnvList vars, LoadEnvFile(path));
+    StatusOr<std::string> text =
+        proto::ReadTrustedFile(path, "env file", kMaxEnvFileBytes);
+    if (text.status().code() == StatusCode::kNotFound) continue;
+    RETURN_IF_ERROR(text.status());
+    ASSIGN_OR_RETURN(EnvList vars, ParseEnvFile(*text, path));
     all.insert(all.end(), vars.begin(), vars.end());
   }
   for (const auto& path : sources.env_files) {

@@ -9,6 +9,7 @@
 // later sources winning. Pure functions.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -29,7 +30,7 @@ const std::vector<std::string>& InterpreterVariables();
 // The .deepspeed_env files to read, as DeepSpeed's runner finds them: the
 // name $DS_ENV_FILE (default ".deepspeed_env") in the home directory, then
 // in the current one (an absolute $DS_ENV_FILE: that file, once). Files that
-// do not exist are skipped when read.
+// do not exist are skipped when read; the others are read as LoadEnvFile.
 std::vector<std::string> DeepSpeedEnvFiles(const std::string& home,
                                            const std::string& ds_env_file);
 
@@ -39,6 +40,12 @@ std::vector<std::string> DeepSpeedEnvFiles(const std::string& home,
 // escapes quote, backslash, dollar, n and t). Errors are DataError naming
 // `path:line`.
 StatusOr<EnvList> ParseEnvFile(std::string_view text, const std::string& path);
+
+// An env file sets LD_PRELOAD and the like for every rank: it is read only
+// if it is a regular file (never a FIFO or device, opened without blocking)
+// of this user's or root's, not writable by everyone, and at most this long.
+// proto::ReadTrustedFile's rule; its errors are DataErrors naming the file.
+inline constexpr size_t kMaxEnvFileBytes = 1u << 20;
 StatusOr<EnvList> LoadEnvFile(const std::string& path);
 
 struct JobEnvSources {

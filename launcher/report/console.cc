@@ -76,18 +76,19 @@ Status Console::Open(const Plan& plan, const LogLayout& layout) {
     }
   }
   if (log_dir.empty()) return Status::Ok();
-  RETURN_IF_ERROR(CreateLogDir(log_dir));
+  // Opened once: every file below is made relative to this descriptor.
+  ASSIGN_OR_RETURN(proto::SafeDir opened, OpenLogDir(log_dir, layout.flag));
+  auto dir = std::make_shared<const proto::SafeDir>(std::move(opened));
   log_dir_ = log_dir;
   auto on_error = [this](const Status& st) { OnSinkError(st); };
   for (const auto& [rank, prefix] : prefix_) {
-    const std::string path =
-        log_dir + "/" + layout.rank_file_prefix + std::to_string(rank) + ".log";
-    ASSIGN_OR_RETURN(auto file, SinkFile::Create(path, on_error));
-    logs_[rank] = std::make_unique<RankLog>(std::move(file), log_dir,
-                                            options_.line_memory);
+    const std::string name =
+        layout.rank_file_prefix + std::to_string(rank) + ".log";
+    ASSIGN_OR_RETURN(auto file, SinkFile::Create(*dir, name, on_error));
+    logs_[rank] =
+        std::make_unique<RankLog>(std::move(file), dir, options_.line_memory);
   }
-  ASSIGN_OR_RETURN(metrics_,
-                   SinkFile::Create(log_dir + "/metrics.jsonl", on_error));
+  ASSIGN_OR_RETURN(metrics_, SinkFile::Create(*dir, "metrics.jsonl", on_error));
   return Status::Ok();
 }
 

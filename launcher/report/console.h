@@ -80,9 +80,11 @@ class Console {
     // false: rank output goes to the files only (DeepSpeed's
     // --enable_each_rank_log); the launcher's own notes still show.
     bool ranks_on_terminal = true;
+    std::string flag = "--log_dir";  // names `dir` in messages
   };
-  // Creates the directory (if any), one log file per rank of `plan` and
-  // metrics.jsonl. Called again before any rank wrote (--launcher join, once
+  // Opens the directory (if any; made if missing) by SafeDir's rule of
+  // proto/safe_files.h, then one log file per rank of `plan` and
+  // metrics.jsonl relative to it (SafeDir::OpenLog). Called again before any rank wrote (--launcher join, once
   // the agents joined): hosts are updated and every file made anew.
   Status Open(const Plan& plan, const LogLayout& layout);
   Status Open(const Plan& plan, const std::string& log_dir) {

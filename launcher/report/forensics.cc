@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "launcher/report/log_files.h"
@@ -43,44 +44,37 @@ bool OurFile(const std::string& name) {
          name.rfind("error-file-rank-", 0) == 0;
 }
 
-// <log_dir>/failure, opened once: every file is made new in the directory
-// that was opened (a `failure` swapped for a link meanwhile, or a link
-// planted inside it, is never written through), after the files an earlier
-// bundle left, and only those, were removed.
+// <log_dir>/failure, opened once by SafeDir's rule: every file is made new
+// in the directory that was opened (a `failure` swapped for a link
+// meanwhile, or a link planted inside it, is never written through), after
+// the files an earlier bundle left, and only those, were removed.
 class BundleDir {
  public:
-  ~BundleDir() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Status Open(const std::string& dir) {
-    dir_ = dir;
-    fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd_ < 0) return ErrnoStatus("cannot open " + dir, errno);
-    struct stat st;
-    if (::fstat(fd_, &st) != 0) return ErrnoStatus("cannot open " + dir, errno);
-    if (st.st_uid != ::geteuid())
-      return IoError(dir + " belongs to another user: not written");
-    const int copy = ::dup(fd_);  // closedir closes the one it was given
-    DIR* d = copy < 0 ? nullptr : ::fdopendir(copy);
+  Status Open(const std::string& log_dir) {
+    ASSIGN_OR_RETURN(proto::SafeDir logs, OpenLogDir(log_dir));
+    ASSIGN_OR_RETURN(proto::SafeDir failure, logs.Child("failure"));
+    dir_ = std::make_unique<proto::SafeDir>(std::move(failure));
+    const int fd = dir_->OpenForReading();  // closedir closes it
+    DIR* d = fd < 0 ? nullptr : ::fdopendir(fd);
     if (d == nullptr) {
-      if (copy >= 0) ::close(copy);
-      return ErrnoStatus("cannot read " + dir, errno);
+      if (fd >= 0) ::close(fd);
+      return ErrnoStatus("cannot read " + dir_->path(), errno);
     }
     while (const dirent* e = ::readdir(d)) {
-      if (OurFile(e->d_name)) ::unlinkat(fd_, e->d_name, 0);
+      if (OurFile(e->d_name)) ::unlinkat(dir_->fd(), e->d_name, 0);
     }
     ::closedir(d);
     return Status::Ok();
   }
+  const std::string& path() const { return dir_->path(); }
   // Writes the file `name`: the pieces `pieces` hands to the function it
   // is called with, in order.
   template <typename Pieces>
   Status WritePieces(const std::string& name, const Pieces& pieces) {
-    const std::string path = dir_ + "/" + name;
-    const int fd = ::openat(
-        fd_, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-        LogFileMode(CurrentUmask()));
-    if (fd < 0) return ErrnoStatus("cannot write " + path, errno);
+    const std::string path = dir_->path() + "/" + name;
+    ASSIGN_OR_RETURN(
+        const int fd,
+        dir_->CreateNew(name, proto::PrivateFileMode(proto::CurrentUmask())));
     int err = 0;
     pieces([&](std::string_view piece) {
       if (err == 0) err = WriteFd(fd, piece);
@@ -93,8 +87,7 @@ class BundleDir {
   }
 
  private:
-  std::string dir_;
-  int fd_ = -1;
+  std::unique_ptr<proto::SafeDir> dir_;
 };
 
 }  // namespace
@@ -187,10 +180,8 @@ std::string RedactedEnv(const EnvList& env, const std::string& job_secret) {
 
 StatusOr<std::string> WriteFailureBundle(const std::string& log_dir,
                                          const FailureRecord& r) {
-  const std::string dir = log_dir + "/failure";
-  RETURN_IF_ERROR(CreateLogDir(dir));
   BundleDir bundle;
-  RETURN_IF_ERROR(bundle.Open(dir));
+  RETURN_IF_ERROR(bundle.Open(log_dir));
   std::string report;
   for (const auto& line : r.report) report += line + "\n";
   RETURN_IF_ERROR(bundle.Write("report.txt", report));
@@ -219,7 +210,7 @@ StatusOr<std::string> WriteFailureBundle(const std::string& log_dir,
     RETURN_IF_ERROR(bundle.Write(
         "error-file-rank-" + std::to_string(rank) + ".json", json));
   }
-  return dir;
+  return bundle.path();
 }
 
 }  // namespace dslaunch::launcher

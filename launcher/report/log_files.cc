@@ -1,11 +1,7 @@
 #include "launcher/report/log_files.h"
 
 #include <errno.h>
-#include <fcntl.h>     // open, O_TMPFILE
-#include <sys/stat.h>  // mkdir, fchmod, umask
-#include <unistd.h>    // write, pread, close, unlink
-
-#include <filesystem>  // splitting --log_dir into its components
+#include <unistd.h>  // write, pread, close
 
 namespace dslaunch::launcher {
 
@@ -14,25 +10,7 @@ namespace {
 constexpr size_t kFileBuffer = 64u << 10;
 constexpr size_t kCopyChunk = 1u << 20;
 
-bool SharesWithGroup(mode_t umask) { return (umask & 007) == 007; }
-
-// An unlinked file in `dir` for a long line's pieces; -1 and errno if none.
-int OpenSpill(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-  if (fd >= 0 || (errno != EOPNOTSUPP && errno != EISDIR)) return fd;
-  std::string path = dir + "/.dslaunch-line-XXXXXX";
-  fd = ::mkostemp(path.data(), O_CLOEXEC);
-  if (fd >= 0) ::unlink(path.c_str());
-  return fd;
-}
-
 }  // namespace
-
-mode_t CurrentUmask() {
-  const mode_t mask = ::umask(0);
-  ::umask(mask);
-  return mask;
-}
 
 int WriteFd(int fd, std::string_view data) {
   while (!data.empty()) {
@@ -45,71 +23,30 @@ int WriteFd(int fd, std::string_view data) {
   return 0;
 }
 
-mode_t LogFileMode(mode_t umask) {
-  return (SharesWithGroup(umask) ? 0640 : 0600) & ~umask;
-}
-
-mode_t LogDirMode(mode_t umask) {
-  return (SharesWithGroup(umask) ? 0750 : 0700) & ~umask;
-}
-
-Status CreateLogDir(const std::string& dir) {
-  const mode_t mode = LogDirMode(CurrentUmask());
-  std::filesystem::path path;
-  for (const auto& part : std::filesystem::path(dir)) {
-    path /= part;
-    if (::mkdir(path.c_str(), mode) != 0 && errno != EEXIST) {
-      return ErrnoStatus(
-          "--log_dir " + dir + ": cannot create " + path.string(), errno);
-    }
-  }
-  struct stat st;
-  if (::stat(dir.c_str(), &st) != 0) {
-    return ErrnoStatus("--log_dir " + dir, errno);
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    return InvalidArgument("--log_dir " + dir + ": not a directory");
-  }
-  return Status::Ok();
+StatusOr<proto::SafeDir> OpenLogDir(const std::string& dir,
+                                    const std::string& what) {
+  return proto::SafeDir::Open(dir, what);
 }
 
 // ---- SinkFile ----
 
+StatusOr<std::unique_ptr<SinkFile>> SinkFile::Create(const proto::SafeDir& dir,
+                                                     const std::string& name,
+                                                     ErrorCallback on_error) {
+  ASSIGN_OR_RETURN(int fd, dir.OpenLog(name, proto::PrivateFileMode(
+                                                 proto::CurrentUmask())));
+  return std::unique_ptr<SinkFile>(
+      new SinkFile(dir.path() + "/" + name, fd, std::move(on_error)));
+}
+
 StatusOr<std::unique_ptr<SinkFile>> SinkFile::Create(const std::string& path,
                                                      ErrorCallback on_error) {
-  const mode_t mode = LogFileMode(CurrentUmask());
-  int fd = ::open(path.c_str(),
-                  O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, mode);
-  if (fd < 0 && errno == ELOOP) {
-    // A symbolic link is followed only to a device or to a pipe of ours (a
-    // log sent to /dev/null or a FIFO on purpose), opened without creating
-    // or truncating anything and without blocking: a FIFO nobody reads, or
-    // one read slowly, is an error on this file, never a hung launcher. One
-    // planted in a shared --log_dir that points at somebody's file is
-    // refused, never truncated; a pipe of another user's never gets our logs.
-    fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0 && errno == ENXIO) {
-      return IoError("cannot write " + path +
-                     ": a symbolic link to a pipe that nobody reads");
-    }
-    if (fd < 0) return ErrnoStatus("cannot write " + path, errno);
-    struct stat st;
-    const bool ok = ::fstat(fd, &st) == 0 &&
-                    (S_ISCHR(st.st_mode) ||
-                     (S_ISFIFO(st.st_mode) && st.st_uid == ::geteuid()));
-    if (!ok) {
-      ::close(fd);
-      return IoError("cannot write " + path +
-                     ": a symbolic link is followed only to a device or to a "
-                     "pipe of this user's");
-    }
-  }
-  if (fd < 0) return ErrnoStatus("cannot write " + path, errno);
-  // A file left by an earlier run keeps its mode through O_TRUNC. Only
-  // regular files: --log_dir may hold links to devices or pipes.
-  struct stat st;
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) (void)::fchmod(fd, mode);
-  return std::unique_ptr<SinkFile>(new SinkFile(path, fd, std::move(on_error)));
+  ASSIGN_OR_RETURN(auto dir, proto::SafeDir::OpenParent(path, "--log_dir",
+                                                         /*create=*/false));
+  ASSIGN_OR_RETURN(auto file,
+                   Create(dir.first, dir.second, std::move(on_error)));
+  file->path_ = path;  // as the caller named it
+  return file;
 }
 
 SinkFile::SinkFile(std::string path, int fd, ErrorCallback on_error)
@@ -152,7 +89,8 @@ void SinkFile::Fail(const std::string& what, int err) {
 
 // ---- RankLog ----
 
-RankLog::RankLog(std::unique_ptr<SinkFile> file, std::string spill_dir,
+RankLog::RankLog(std::unique_ptr<SinkFile> file,
+                 std::shared_ptr<const proto::SafeDir> spill_dir,
                  size_t memory_per_stream)
     : file_(std::move(file)),
       spill_dir_(std::move(spill_dir)),
@@ -185,7 +123,7 @@ void RankLog::Hold(Held& held, std::string_view piece) {
     return;
   }
   if (held.spill_fd < 0) {
-    held.spill_fd = OpenSpill(spill_dir_);
+    held.spill_fd = spill_dir_->OpenUnnamed();
     if (held.spill_fd < 0) return file_->Fail("spill file", errno);
     if (int err = WriteFd(held.spill_fd, held.memory)) {
       return file_->Fail("spill file", err);

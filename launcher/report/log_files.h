@@ -5,37 +5,36 @@
 // never torn into each other. Owned by Console; main thread only.
 #pragma once
 
-#include <sys/types.h>  // mode_t
-
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
 
+#include "proto/safe_files.h"
 #include "proto/status.h"
 
 namespace dslaunch::launcher {
 
-// Mode of the files dslaunch creates under --log_dir: 0600, or 0640 when the
-// umask already denies others everything (027, 007: a site sharing logs with
-// a group); then the umask applies. Never wider than 0640.
-mode_t LogFileMode(mode_t umask);
-// The process's umask (read without changing it for good).
-mode_t CurrentUmask();
 // Writes all of `data` to `fd` (retrying short writes and EINTR); 0 or errno.
 int WriteFd(int fd, std::string_view data);
-// The same for directories it creates: 0700 or 0750.
-mode_t LogDirMode(mode_t umask);
-// mkdir -p with LogDirMode; existing directories are left as they are.
-Status CreateLogDir(const std::string& dir);
+// Opens (mkdir -p) the directory of the rank logs, `what` naming the flag:
+// SafeDir's rule of proto/safe_files.h (this user's; those above it this
+// user's or root's; new ones 0700, or 0750 under a umask of 027 or 007).
+StatusOr<proto::SafeDir> OpenLogDir(const std::string& dir,
+                                    const std::string& what = "--log_dir");
 
 class SinkFile {
  public:
   // Called once, with the first error ("cannot write PATH: strerror").
   using ErrorCallback = std::function<void(const Status&)>;
 
-  // Creates (or truncates) `path` with LogFileMode.
+  // Creates (or truncates) `name` in `dir` by SafeDir::OpenLog's rule
+  // (mode PrivateFileMode: 0600, or 0640 under a umask of 027 or 007).
+  static StatusOr<std::unique_ptr<SinkFile>> Create(const proto::SafeDir& dir,
+                                                    const std::string& name,
+                                                    ErrorCallback on_error);
+  // The same for `path` in an existing --log_dir, opened again by its rule.
   static StatusOr<std::unique_ptr<SinkFile>> Create(const std::string& path,
                                                     ErrorCallback on_error);
   ~SinkFile();  // Close()
@@ -69,7 +68,8 @@ class RankLog {
 
   // Pieces of a line beyond `memory_per_stream` are spilled to an unlinked
   // file in `spill_dir`, so a line of any length costs bounded memory.
-  RankLog(std::unique_ptr<SinkFile> file, std::string spill_dir,
+  RankLog(std::unique_ptr<SinkFile> file,
+          std::shared_ptr<const proto::SafeDir> spill_dir,
           size_t memory_per_stream = kDefaultMemoryPerStream);
   ~RankLog();
   RankLog(const RankLog&) = delete;
@@ -91,7 +91,7 @@ class RankLog {
   void CopySpill(Held& held);
 
   std::unique_ptr<SinkFile> file_;
-  std::string spill_dir_;
+  std::shared_ptr<const proto::SafeDir> spill_dir_;
   size_t memory_per_stream_;
   Held held_[2];                  // stdout, stderr
   bool needs_separator_ = false;  // the file ends in a line with no newline

@@ -11,19 +11,26 @@ namespace {
 
 constexpr const char* kFlag = "--tensorboard";
 
+// The run `name` in `top`: opened relative to the directory opened at the
+// start, never by path (SafeDir::Child: never a link, this user's).
+StatusOr<std::unique_ptr<proto::EventFileWriter>> OpenRun(
+    const proto::SafeDir& top, const std::string& name, double wall_time) {
+  ASSIGN_OR_RETURN(proto::SafeDir run, top.Child(name));
+  return proto::EventFileWriter::Create(run, wall_time, kFlag);
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<TensorBoardSink>> TensorBoardSink::Create(
     const std::string& dir, const RankBoard& board) {
-  RETURN_IF_ERROR(proto::CreateEventDir(dir, kFlag));
+  ASSIGN_OR_RETURN(proto::SafeDir top, proto::SafeDir::Open(dir, kFlag));
   ASSIGN_OR_RETURN(std::unique_ptr<proto::EventFileWriter> job,
-                   proto::EventFileWriter::Create(dir + "/job",
-                                                  proto::UnixSeconds(), kFlag));
+                   OpenRun(top, "job", proto::UnixSeconds()));
   return std::unique_ptr<TensorBoardSink>(
-      new TensorBoardSink(dir, board, std::move(job)));
+      new TensorBoardSink(std::move(top), board, std::move(job)));
 }
 
-TensorBoardSink::TensorBoardSink(std::string dir, const RankBoard& board,
+TensorBoardSink::TensorBoardSink(proto::SafeDir dir, const RankBoard& board,
                                  std::unique_ptr<proto::EventFileWriter> job)
     : dir_(std::move(dir)), board_(board), job_(std::move(job)) {}
 
@@ -36,8 +43,7 @@ void TensorBoardSink::Keep(const Status& status) {
 proto::EventFileWriter* TensorBoardSink::RankRun(int rank, double wall_time) {
   auto it = ranks_.find(rank);
   if (it != ranks_.end()) return it->second.get();
-  auto run = proto::EventFileWriter::Create(
-      dir_ + "/rank-" + std::to_string(rank), wall_time, kFlag);
+  auto run = OpenRun(dir_, "rank-" + std::to_string(rank), wall_time);
   Keep(run.status());
   auto& slot = ranks_[rank];
   if (run.ok()) slot = std::move(run).value();

@@ -19,6 +19,7 @@
 
 #include "launcher/report/progress_sink.h"
 #include "launcher/report/rank_board.h"
+#include "proto/safe_files.h"
 #include "proto/status.h"
 #include "proto/tb_events.h"
 
@@ -37,8 +38,10 @@ class TensorBoardSink : public ProgressSink {
   // Steps after which ranks that never reported a step stop holding one.
   static constexpr int64_t kReporterLag = 8;
 
-  // One run per rank (<dir>/rank-<r>) and one job-wide (<dir>/job). Creates
-  // <dir> and the job run now: an error names --tensorboard and the path.
+  // One run per rank (<dir>/rank-<r>) and one job-wide (<dir>/job). Opens
+  // <dir> now by SafeDir's rule (proto/safe_files.h), making it if missing,
+  // and the job run in it: an error names --tensorboard and the path. Runs
+  // are made relative to the directory opened now, never by path again.
   // `board` must outlive the sink.
   static StatusOr<std::unique_ptr<TensorBoardSink>> Create(
       const std::string& dir, const RankBoard& board);
@@ -76,7 +79,7 @@ class TensorBoardSink : public ProgressSink {
     double wall_time = 0;                           // the latest record's
   };
 
-  TensorBoardSink(std::string dir, const RankBoard& board,
+  TensorBoardSink(proto::SafeDir dir, const RankBoard& board,
                   std::unique_ptr<proto::EventFileWriter> job);
   proto::EventFileWriter* RankRun(int rank, double wall_time);
   void AddToJob(int rank, int64_t step,
@@ -89,7 +92,7 @@ class TensorBoardSink : public ProgressSink {
   void WriteJobStep(int64_t step, const PendingStep& pending);
   void Keep(const Status& status);
 
-  std::string dir_;
+  proto::SafeDir dir_;  // --tensorboard, opened once; runs are made in it
   const RankBoard& board_;
   std::unique_ptr<proto::EventFileWriter> job_;
   // A null writer: the run could not be created (not tried again).

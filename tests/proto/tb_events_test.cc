@@ -2,7 +2,13 @@
 
 #include <sys/resource.h>  // setrlimit
 #include <sys/stat.h>      // stat
-#include <unistd.h>        // getpid
+#include <fcntl.h>         // AT_FDCWD
+#include <linux/fs.h>      // RENAME_EXCHANGE
+#include <sys/syscall.h>   // SYS_renameat2
+#include <unistd.h>        // getpid, syscall, chown
+
+#include <atomic>
+#include <thread>
 
 #include <csignal>  // signal, SIGXFSZ
 #include <cstdlib>  // mkdtemp
@@ -217,6 +223,51 @@ TEST(EventFileWriter, ADirectoryThatCannotBeMadeIsAnError) {
   EXPECT_NE(bad.status().message().find("--tensorboard /dev/null/x"),
             std::string::npos)
       << bad.status().message();
+}
+
+// The race of the attacker's review: the run directory is swapped with a
+// link to another place while writers are being made. The writer opens the
+// run once (never following a link) and makes its file relative to that
+// descriptor, so no file ever lands in the other place.
+TEST(EventFileWriter, ARunSwappedForALinkMeanwhileIsNeverWrittenThrough) {
+  TempDir tmp;
+  const std::string run = tmp.path() + "/run";
+  const std::string link = tmp.path() + "/swap";
+  const std::string elsewhere = tmp.path() + "/elsewhere";
+  std::filesystem::create_directories(run);
+  std::filesystem::create_directories(elsewhere);
+  std::filesystem::create_directory_symlink(elsewhere, link);
+  std::atomic<bool> stop{false};
+  std::thread swapper([&] {
+    while (!stop) {
+      ::syscall(SYS_renameat2, AT_FDCWD, run.c_str(), AT_FDCWD, link.c_str(),
+                RENAME_EXCHANGE);
+    }
+  });
+  int made = 0;
+  for (int i = 0; i < 3000; ++i) {
+    auto w = EventFileWriter::Create(run, 1.0, "t");
+    made += w.ok();
+  }
+  stop = true;
+  swapper.join();
+  EXPECT_GT(made, 0);
+  EXPECT_TRUE(std::filesystem::is_empty(elsewhere))
+      << ListDir(elsewhere).size() << " files written through the link";
+}
+
+TEST(EventFileWriter, ARunOfAnotherUserIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a directory away";
+  TempDir tmp;
+  const std::string run = tmp.path() + "/run";
+  std::filesystem::create_directories(run);
+  ASSERT_EQ(::chown(run.c_str(), 65534, 65534), 0);
+  auto w = EventFileWriter::Create(run, 1.0, "tensorboard.output_path");
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find(run + " belongs to another user"),
+            std::string::npos)
+      << w.status().message();
+  EXPECT_TRUE(std::filesystem::is_empty(run));
 }
 
 TEST(CreateEventDir, NamesTheSettingAndThePath) {

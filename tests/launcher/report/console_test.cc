@@ -237,17 +237,7 @@ TEST_F(ConsoleTest, TightensALogFileLeftWorldReadableByAnEarlierRun) {
   EXPECT_EQ(s.st_mode & 0777, 0600u);
 }
 
-TEST(LogFileMode, GroupMayReadOnlyWhenTheUmaskDeniesOthers) {
-  EXPECT_EQ(LogFileMode(022), 0600u);
-  EXPECT_EQ(LogFileMode(002), 0600u);
-  EXPECT_EQ(LogFileMode(000), 0600u);
-  EXPECT_EQ(LogFileMode(027), 0640u);
-  EXPECT_EQ(LogFileMode(007), 0640u);
-  EXPECT_EQ(LogFileMode(077), 0600u);
-  EXPECT_EQ(LogFileMode(0277), 0400u);
-  EXPECT_EQ(LogDirMode(022), 0700u);
-  EXPECT_EQ(LogDirMode(027), 0750u);
-}
+// The modes themselves: FileModes in tests/proto/safe_files_test.cc.
 
 TEST_F(ConsoleTest, AnnotatesProgressInMetricsAndShowsRankZeros) {
   Console& c = Make();
@@ -398,6 +388,20 @@ TEST_F(ConsoleTest, ReportsAFailedLogWriteOncePerFileAndKeepsGoing) {
   // The console still showed everything and the other logs are whole.
   EXPECT_EQ(Out().size(), 2 * (big.size() + 12) + 16);
   EXPECT_EQ(Log(0), "fine\n");
+}
+
+TEST_F(ConsoleTest, OpenRefusesALogDirOfAnotherUserNamingIt) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a directory away";
+  fs::create_directories(dir_);
+  ASSERT_EQ(::chown(dir_.c_str(), 65534, 65534), 0);
+  Console& c = Make();
+  const Status st = c.Open(TwoNodePlan(), dir_.string());
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kIoError);  // exit 74
+  EXPECT_EQ(st.message(), "--log_dir " + dir_.string() + ": " + dir_.string() +
+                              " belongs to another user (uid 65534); nothing "
+                              "is written there");
+  EXPECT_TRUE(fs::is_empty(dir_));
 }
 
 TEST_F(ConsoleTest, OpenFailsWhenTheLogDirIsAFile) {

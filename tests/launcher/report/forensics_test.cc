@@ -364,6 +364,21 @@ TEST_F(FailureBundleTest, RefusesAFailureDirectoryOfAnotherUser) {
   EXPECT_EQ(ReadFile(failure / "report.txt"), "theirs\n");
 }
 
+TEST_F(FailureBundleTest, RefusesALogDirectoryOfAnotherUser) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a directory away";
+  // Its owner would read the bundle (and the environment in it).
+  const fs::path theirs = dir_ / "theirs";
+  fs::create_directories(theirs);
+  ASSERT_EQ(::chown(theirs.c_str(), 65534, 65534), 0);
+  const auto out = WriteFailureBundle(theirs.string(), Record());
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find(theirs.string() +
+                                        " belongs to another user"),
+            std::string::npos)
+      << out.status().message();
+  EXPECT_TRUE(fs::is_empty(theirs));
+}
+
 TEST_F(FailureBundleTest, CreatesTheLogDirectory) {
   const fs::path logs = dir_ / "a" / "b";
   ASSERT_TRUE(WriteFailureBundle(logs.string(), Record()).ok());

@@ -1,6 +1,7 @@
 #include "launcher/report/tensorboard_sink.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>  // chown, geteuid
 
 #include <algorithm>  // sort
 #include <cstdlib>    // mkdtemp
@@ -239,6 +240,58 @@ TEST_F(TensorBoardSinkTest, ARankRunPlantedAsALinkIsNotFollowed) {
       << sink_->status().message();
   EXPECT_TRUE(fs::is_empty(elsewhere));
   EXPECT_EQ(ReadRun(Run("rank-0")).at(1).at("loss"), 1.0f);
+}
+
+// The runs are made relative to the directory opened at the start: the
+// --tensorboard path swapped for a link afterwards is never written through.
+TEST_F(TensorBoardSinkTest, ARankRunIsMadeInTheDirectoryOpenedAtTheStart) {
+  Start(2);
+  const fs::path elsewhere = fs::path(tmp_.path()) / "elsewhere";
+  fs::create_directories(elsewhere);
+  fs::rename(Run(""), fs::path(tmp_.path()) / "moved");
+  fs::create_directory_symlink(elsewhere, fs::path(tmp_.path()) / "tb");
+  sink_->Record(1, 1, {{"loss", 3.0}}, 1);
+  sink_->Close();
+  EXPECT_TRUE(sink_->status().ok()) << sink_->status().message();
+  EXPECT_TRUE(fs::is_empty(elsewhere));
+  EXPECT_EQ(ReadRun(fs::path(tmp_.path()) / "moved" / "rank-1").at(1).at("loss"),
+            3.0f);
+}
+
+TEST_F(TensorBoardSinkTest, ARankRunOfAnotherUserIsNotWrittenInto) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a directory away";
+  Start(2);
+  fs::create_directories(Run("rank-1"));
+  ASSERT_EQ(::chown(Run("rank-1").c_str(), 65534, 65534), 0);
+  sink_->Record(1, 1, {{"loss", 3.0}}, 1);
+  sink_->Record(0, 1, {{"loss", 1.0}}, 1);
+  sink_->Close();
+  ASSERT_FALSE(sink_->status().ok());
+  EXPECT_NE(sink_->status().message().find(Run("rank-1").string() +
+                                           " belongs to another user"),
+            std::string::npos)
+      << sink_->status().message();
+  EXPECT_TRUE(fs::is_empty(Run("rank-1")));
+  EXPECT_EQ(ReadRun(Run("rank-0")).at(1).at("loss"), 1.0f);
+}
+
+TEST(TensorBoardSink, ADirectoryOfAnotherUserIsRefusedNamingIt) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a directory away";
+  TempDir tmp;
+  const fs::path theirs = fs::path(tmp.path()) / "tb";
+  fs::create_directories(theirs);
+  ASSERT_EQ(::chown(theirs.c_str(), 65534, 65534), 0);
+  RankBoard board;
+  auto sink = TensorBoardSink::Create(theirs.string(), board);
+  ASSERT_FALSE(sink.ok());
+  EXPECT_EQ(sink.status().code(), StatusCode::kIoError);
+  EXPECT_EQ(sink.status().message().find("--tensorboard " + theirs.string()),
+            0u)
+      << sink.status().message();
+  EXPECT_NE(sink.status().message().find("belongs to another user"),
+            std::string::npos)
+      << sink.status().message();
+  EXPECT_TRUE(fs::is_empty(theirs));
 }
 
 TEST(TensorBoardSink, ADirectoryThatCannotBeMadeNamesTheFlag) {
