@@ -122,7 +122,8 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
   app.add_option("--metrics_port", o.metrics_port,
                  "serve Prometheus metrics on this port (default: none)");
   app.add_option("--metrics_addr", o.metrics_addr,
-                 "address of the metrics endpoint (default 0.0.0.0)");
+                 "address of the metrics endpoint (default: the addresses the "
+                 "control server listens on; 0.0.0.0 for all)");
   app.add_option("--hang_timeout", o.hang_timeout_s,
                  "name a running rank without a progress record for this "
                  "many seconds and collect its stacks (default: no check)");

@@ -80,7 +80,8 @@ struct LaunchOptions {
   bool no_fold = false;  // every rank's line on its own, even when identical
   std::string tensorboard_dir;
   int metrics_port = 0;
-  std::string metrics_addr = "0.0.0.0";
+  // --metrics_addr; empty: the addresses the control server listens on.
+  std::string metrics_addr;
   double hang_timeout_s = 0;  // 0 = no hang check
   std::string on_hang = "warn";
   double straggler_k = 5;  // step time > median + k * MAD; 0 = no check

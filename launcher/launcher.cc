@@ -231,7 +231,14 @@ int Launcher::Run() {
   StatusOr<int> port =
       st.ok() ? server_.Listen(listen_on, options_.control_port) : st;
   if (port.ok() && options_.metrics_port != 0) {
-    if (Status metrics = StartMetrics(); !metrics.ok()) port = metrics;
+    // By default where the agents reach us and no further: an all-local
+    // job's metrics stay on loopback.
+    const std::vector<std::string> metrics_on =
+        options_.metrics_addr.empty()
+            ? listen_on
+            : std::vector<std::string>{options_.metrics_addr};
+    if (Status metrics = StartMetrics(metrics_on); !metrics.ok())
+      port = metrics;
   }
   if (port.ok()) {
     spdlog::info("job {}: control server on port {}", job_.job_id(), *port);
@@ -257,7 +264,7 @@ int Launcher::Run() {
   return code;
 }
 
-Status Launcher::StartMetrics() {
+Status Launcher::StartMetrics(const std::vector<std::string>& addrs) {
   const double started_at = proto::UnixSeconds();
   // Rendered at most twice a second, however often someone asks: a peer
   // hammering /metrics must not take the event loop from the job.
@@ -278,12 +285,13 @@ Status Launcher::StartMetrics() {
                        RenderMetrics(console_.board(), counters, now))};
     return cache->second;
   });
-  StatusOr<int> port =
-      metrics_->Listen(options_.metrics_addr, options_.metrics_port);
+  StatusOr<int> port = metrics_->Listen(addrs, options_.metrics_port);
   if (!port.ok()) return port.status();
-  const bool v6 = options_.metrics_addr.find(':') != std::string::npos;
-  spdlog::info("metrics on http://{}{}{}:{}/metrics", v6 ? "[" : "",
-               options_.metrics_addr, v6 ? "]" : "", *port);
+  for (const std::string& addr : addrs) {
+    const bool v6 = addr.find(':') != std::string::npos;
+    spdlog::info("metrics on http://{}{}{}:{}/metrics", v6 ? "[" : "", addr,
+                 v6 ? "]" : "", *port);
+  }
   return Status::Ok();
 }
 

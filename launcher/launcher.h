@@ -9,6 +9,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "launcher/flags.h"
 #include "launcher/plan/job_env.h"
@@ -34,8 +35,8 @@ class Launcher {
 
  private:
   void WatchSignals();
-  // --metrics_port: the Prometheus endpoint on --metrics_addr.
-  Status StartMetrics();
+  // --metrics_port: the Prometheus endpoint on `addrs`.
+  Status StartMetrics(const std::vector<std::string>& addrs);
 
   LaunchOptions options_;
   std::string job_id_;

@@ -52,6 +52,9 @@ int main(int argc, char** argv) {
     auto read = dslaunch::proto::ReadSecretFile(options->secret_file);
     if (!read.ok()) return ExitFor(read.status());
     secret = std::move(read).value();
+    for (const std::string& w :
+         dslaunch::proto::SecretFileWarnings(options->secret_file, secret))
+      spdlog::warn("{}", w);
     std::vector<std::string> hosts;
     for (int n = 0; n < options->plan.num_nodes; ++n)
       hosts.push_back("join-" + std::to_string(n));

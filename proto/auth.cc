@@ -9,7 +9,10 @@
 #include <sys/stat.h>        // fstat
 #include <unistd.h>          // read
 
+#include <array>
 #include <cctype>  // isspace
+#include <cmath>   // log2
+#include <cstdio>  // snprintf
 #include <cerrno>
 #include <cstring>  // memcpy
 
@@ -150,6 +153,62 @@ std::string LauncherProof(std::string_view secret,
 std::string AgentProof(std::string_view secret, std::string_view client_nonce,
                        std::string_view server_nonce) {
   return Proof(secret, "dslaunch-agent", server_nonce, client_nonce);
+}
+
+namespace {
+
+// The shortest p such that `s` is its first p characters repeated (cut).
+size_t Period(std::string_view s) {
+  for (size_t p = 1; p < s.size(); ++p) {
+    size_t i = p;
+    while (i < s.size() && s[i] == s[i - p]) ++i;
+    if (i == s.size()) return p;
+  }
+  return s.size();
+}
+
+// An estimate of the secret's entropy in bits from its characters'
+// frequencies over one period: the empirical Shannon entropy times the
+// length (an over-estimate for text a person chose, fine as a floor).
+double EstimatedBits(std::string_view secret) {
+  const std::string_view unit = secret.substr(0, Period(secret));
+  std::array<size_t, 256> counts{};
+  for (unsigned char c : unit) ++counts[c];
+  double bits = 0;
+  for (size_t n : counts) {
+    if (n == 0) continue;
+    const double p = static_cast<double>(n) / static_cast<double>(unit.size());
+    bits -= static_cast<double>(n) * std::log2(p);
+  }
+  return bits;
+}
+
+}  // namespace
+
+std::vector<std::string> SecretFileWarnings(const std::string& path,
+                                            std::string_view secret) {
+  std::vector<std::string> warnings;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & S_IROTH)) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o",
+                  static_cast<unsigned>(st.st_mode & 07777));
+    warnings.push_back("--secret_file " + path +
+                       " is readable by every user of this machine (mode " +
+                       mode +
+                       "): anyone who reads it can join the job; chmod o-r "
+                       "it (a Kubernetes Secret: defaultMode 0440 or 0400)");
+  }
+  constexpr double kMinBits = 64;
+  const double bits = EstimatedBits(secret);
+  if (bits < kMinBits) {
+    warnings.push_back("--secret_file " + path + ": the secret looks guessable (" +
+                       std::to_string(static_cast<int>(bits)) +
+                       " bits of entropy at most, " +
+                       std::to_string(static_cast<int>(kMinBits)) +
+                       " wanted); make one with: openssl rand -hex 32");
+  }
+  return warnings;
 }
 
 }  // namespace dslaunch::proto

@@ -6,6 +6,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "proto/status.h"
 
@@ -27,6 +28,13 @@ bool ConstantTimeEqual(std::string_view a, std::string_view b);
 // file: NotFound/PermissionDenied as the OS says, InvalidArgument otherwise.
 inline constexpr size_t kMinSecretFileChars = 32;
 StatusOr<std::string> ReadSecretFile(const std::string& path);
+
+// What is wrong with a secret file that still works: readable by every
+// user of the machine (mode o+r), or a secret that looks guessable (little
+// entropy in its characters, or one short pattern repeated, e.g. 32 equal
+// characters). One sentence each, naming the file; empty when none.
+std::vector<std::string> SecretFileWarnings(const std::string& path,
+                                            std::string_view secret);
 
 std::string LauncherProof(std::string_view secret,
                           std::string_view client_nonce,

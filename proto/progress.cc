@@ -125,6 +125,37 @@ std::string AnnotateProgressRecord(std::string_view json, int rank,
                      nlohmann::ordered_json::error_handler_t::replace);
 }
 
+namespace {
+
+// The code point of one valid UTF-8 sequence of 2 or 3 bytes.
+unsigned DecodeUtf8(std::string_view seq) {
+  const auto b = [&](size_t i) { return static_cast<unsigned char>(seq[i]); };
+  if (seq.size() == 2) return (b(0) & 0x1Fu) << 6 | (b(1) & 0x3Fu);
+  return (b(0) & 0x0Fu) << 12 | (b(1) & 0x3Fu) << 6 | (b(2) & 0x3Fu);
+}
+
+// Bidirectional controls (they reorder the text around them: "Trojan
+// Source") and the Unicode line and paragraph separators (a new line to
+// some viewers).
+bool IsInvisibleFormatChar(std::string_view seq) {
+  if (seq.size() != 2 && seq.size() != 3) return false;
+  const unsigned cp = DecodeUtf8(seq);
+  return cp == 0x061C || cp == 0x200E || cp == 0x200F ||
+         (cp >= 0x2028 && cp <= 0x202E) || (cp >= 0x2066 && cp <= 0x2069);
+}
+
+}  // namespace
+
+std::string EscapeForLog(std::string_view text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return EscapeControlChars(text);
+  size_t cut = max_bytes;
+  // Back to a character boundary: never half a UTF-8 sequence.
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80)
+    --cut;
+  return EscapeControlChars(text.substr(0, cut)) + "...(" +
+         std::to_string(text.size() - cut) + " more bytes)";
+}
+
 std::string EscapeControlChars(std::string_view text) {
   std::string out;
   out.reserve(text.size());
@@ -139,6 +170,9 @@ std::string EscapeControlChars(std::string_view text) {
                static_cast<unsigned char>(text[1]) < 0xA0) {
       std::snprintf(buf, sizeof(buf), "\\u%04x",
                     static_cast<unsigned char>(text[1]));  // C1: U+0080..9F
+      out += buf;
+    } else if (n > 1 && IsInvisibleFormatChar(text.substr(0, n))) {
+      std::snprintf(buf, sizeof(buf), "\\u%04x", DecodeUtf8(text.substr(0, n)));
       out += buf;
     } else if (n == 0) {
       std::snprintf(buf, sizeof(buf), "\\x%02x", c);  // not UTF-8

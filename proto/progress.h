@@ -41,9 +41,16 @@ Status ValidateProgressRecord(std::string_view line);
 std::string AnnotateProgressRecord(std::string_view json, int rank,
                                    const std::string& node, double time);
 // Rank-supplied text made safe for a terminal: C0 controls except tab, DEL,
-// and C1 controls (U+0080..U+009F, or such bytes outside valid UTF-8) are
-// written as \u001b-style escapes, so no escape sequence reaches the screen.
+// C1 controls (U+0080..U+009F, or such bytes outside valid UTF-8), the
+// bidirectional controls that reorder what a reader sees (U+061C, U+200E,
+// U+200F, U+202A..U+202E, U+2066..U+2069) and the line and paragraph
+// separators (U+2028, U+2029) are written as \u001b-style escapes, so no
+// escape sequence, forged line or reordered text reaches the screen.
 std::string EscapeControlChars(std::string_view text);
+// Text a peer sent (a hostname, a version, a reason) made fit for one log
+// line: escaped as by EscapeControlChars and, when longer than `max_bytes`,
+// cut there (at a character boundary) and marked "...(N more bytes)".
+std::string EscapeForLog(std::string_view text, size_t max_bytes = 200);
 
 class ProgressClient {
  public:

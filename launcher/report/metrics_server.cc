@@ -25,6 +25,7 @@ struct MetricsServer::Connection {
   std::string peer;  // the address it came from
   std::string head;  // what came so far, at most max_head_bytes + chunk
   MetricsServer::Reply reply;  // held until written
+  bool answering = false;       // a whole request came: writing its answer
   bool closed = false;
 };
 
@@ -121,35 +122,59 @@ MetricsServer::~MetricsServer() {
   *alive_ = false;
 }
 
-StatusOr<int> MetricsServer::Listen(const std::string& addr, int port) {
-  if (acceptor_) return Internal("the metrics server is already listening");
-  const std::string where = addr + ":" + std::to_string(port);
-  boost::system::error_code ec;
-  const auto ip = asio::ip::make_address(addr, ec);
-  if (ec) return InvalidArgument("--metrics_addr: bad address '" + addr + "'");
+StatusOr<int> MetricsServer::Listen(const std::vector<std::string>& addrs,
+                                    int port) {
+  if (!acceptors_.empty())
+    return Internal("the metrics server is already listening");
+  if (addrs.empty()) return InvalidArgument("--metrics_addr: no address");
   if (port < 0 || port > 65535) {
     return InvalidArgument("--metrics_port: bad port " + std::to_string(port));
   }
-  const tcp::endpoint ep(ip, static_cast<unsigned short>(port));
-  auto acceptor = std::make_unique<tcp::acceptor>(io_);
-  acceptor->open(ep.protocol(), ec);
-  if (!ec) acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec && ip.is_v6()) acceptor->set_option(asio::ip::v6_only(true), ec);
-  if (!ec) acceptor->bind(ep, ec);
-  if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) {
-    return Unavailable("metrics endpoint: cannot listen on " + where + ": " +
-                       ec.message());
+  // With port 0 the first address picks a free port and the others take
+  // the same; another address may have that one taken: try a new one.
+  StatusOr<int> bound = BindAll(addrs, port);
+  for (int attempt = 0; !bound.ok() && port == 0 &&
+                        bound.status().code() == StatusCode::kUnavailable &&
+                        attempt < 10;
+       ++attempt) {
+    bound = BindAll(addrs, port);
   }
-  const int bound = acceptor->local_endpoint().port();
-  acceptor_ = std::move(acceptor);
-  Accept();
+  if (!bound.ok()) return bound;
+  for (auto& acceptor : acceptors_) Accept(*acceptor);
   return bound;
+}
+
+StatusOr<int> MetricsServer::BindAll(const std::vector<std::string>& addrs,
+                                     int port) {
+  acceptors_.clear();
+  for (const std::string& addr : addrs) {
+    boost::system::error_code ec;
+    const auto ip = asio::ip::make_address(addr, ec);
+    if (ec) {
+      acceptors_.clear();
+      return InvalidArgument("--metrics_addr: bad address '" + addr + "'");
+    }
+    const tcp::endpoint ep(ip, static_cast<unsigned short>(port));
+    auto acceptor = std::make_unique<tcp::acceptor>(io_);
+    acceptor->open(ep.protocol(), ec);
+    if (!ec) acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec && ip.is_v6()) acceptor->set_option(asio::ip::v6_only(true), ec);
+    if (!ec) acceptor->bind(ep, ec);
+    if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      acceptors_.clear();
+      return Unavailable("metrics endpoint: cannot listen on " + addr + ":" +
+                         std::to_string(port) + ": " + ec.message());
+    }
+    port = acceptor->local_endpoint().port();
+    acceptors_.push_back(std::move(acceptor));
+  }
+  return port;
 }
 
 void MetricsServer::Stop() {
   boost::system::error_code ignored;
-  if (acceptor_) acceptor_->close(ignored);
+  for (auto& acceptor : acceptors_) acceptor->close(ignored);
   for (auto& [id, c] : connections_) {
     c->closed = true;
     c->timer.cancel();
@@ -158,30 +183,35 @@ void MetricsServer::Stop() {
   connections_.clear();
 }
 
-void MetricsServer::Accept() {
-  acceptor_->async_accept([this, alive = alive_](boost::system::error_code ec,
-                                                 tcp::socket socket) {
-    if (!*alive || !acceptor_->is_open()) return;
+void MetricsServer::Accept(tcp::acceptor& acceptor) {
+  acceptor.async_accept([this, &acceptor, alive = alive_](
+                            boost::system::error_code ec, tcp::socket socket) {
+    if (!*alive || !acceptor.is_open()) return;
     if (!ec) {
       OnAccepted(std::move(socket));
-      return Accept();
+      return Accept(acceptor);
     }
     if (ec == asio::error::operation_aborted) return;
     // Out of descriptors or memory: do not spin; try again shortly.
     spdlog::debug("metrics endpoint: accept failed: {}", ec.message());
     auto retry = std::make_shared<asio::steady_timer>(
         io_, std::chrono::milliseconds(50));
-    retry->async_wait([this, retry, alive](const boost::system::error_code&) {
-      if (*alive && acceptor_->is_open()) Accept();
-    });
+    retry->async_wait(
+        [this, &acceptor, retry, alive](const boost::system::error_code&) {
+          if (*alive && acceptor.is_open()) Accept(acceptor);
+        });
   });
 }
 
 MetricsServer::ConnectionPtr MetricsServer::Evictee() const {
-  // Connections per address; the oldest of the address holding the most (of
-  // equals, the one whose oldest connection is older) is the one to close.
+  // A connection being answered sent a whole request: a scraper. Those
+  // still sending theirs go first; of them, the oldest of the address
+  // holding the most (of equals, the one whose oldest is older).
+  bool any_reading = false;
+  for (const auto& [id, c] : connections_) any_reading |= !c->answering;
   std::map<std::string, std::pair<size_t, ConnectionPtr>> by_peer;
   for (const auto& [id, c] : connections_) {  // oldest first
+    if (any_reading && c->answering) continue;
     auto& [count, oldest] = by_peer[c->peer];
     if (count++ == 0) oldest = c;
   }
@@ -265,6 +295,7 @@ void MetricsServer::Respond(const ConnectionPtr& c, Reply reply) {
   c->head.clear();
   c->head.shrink_to_fit();
   c->reply = std::move(reply);
+  c->answering = true;
   c->timer.expires_after(options_.write_timeout);  // cancels the read's wait
   c->timer.async_wait(
       [this, c, alive = alive_](const boost::system::error_code& ec) {

@@ -7,10 +7,12 @@
 // max_head_bytes (else 431 and close); the head must arrive within
 // read_timeout of the accept (slowloris) and the response be taken within
 // write_timeout (a client that never reads); at most max_connections are
-// open: a new one beyond makes the peer address holding the most of them
-// give up its oldest (a flood from one address, idle or not reading its
-// answers, cannot lock out a scraper from another; from the same address the
-// newest survives the longest), counted as refused_full. Memory per
+// open: a new one beyond closes one still sending its request if there is
+// any (a scraper being answered goes last, whatever a flood from many
+// addresses does), of those the oldest of the peer address holding the most
+// (a flood from one address cannot lock out a scraper from another; from
+// the same address the newest survives the longest), counted as
+// refused_full. Memory per
 // connection is bounded by the head and a small header: every response to
 // /metrics shares one rendered text.
 #pragma once
@@ -23,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "proto/status.h"
 
@@ -61,10 +64,14 @@ class MetricsServer {
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
 
-  // Binds `addr` (numeric IPv4 or IPv6) at `port` (0: a free one) and starts
-  // accepting; returns the bound port. kInvalidArgument for a bad address,
-  // kUnavailable (naming address and port) when it cannot be bound.
-  StatusOr<int> Listen(const std::string& addr, int port);
+  // Binds every address of `addrs` (numeric IPv4 or IPv6) at `port` (0: a
+  // free one, the same on all) and starts accepting; returns the bound port.
+  // kInvalidArgument for a bad address, kUnavailable (naming address and
+  // port) when one cannot be bound.
+  StatusOr<int> Listen(const std::vector<std::string>& addrs, int port);
+  StatusOr<int> Listen(const std::string& addr, int port) {
+    return Listen(std::vector<std::string>{addr}, port);
+  }
   // Closes the listening socket and every connection at once. Idempotent.
   void Stop();
 
@@ -75,7 +82,8 @@ class MetricsServer {
   struct Connection;
   using ConnectionPtr = std::shared_ptr<Connection>;
 
-  void Accept();
+  StatusOr<int> BindAll(const std::vector<std::string>& addrs, int port);
+  void Accept(boost::asio::ip::tcp::acceptor& acceptor);
   void OnAccepted(boost::asio::ip::tcp::socket socket);
   void ReadHead(const ConnectionPtr& c);
   void OnRead(const ConnectionPtr& c, size_t n);
@@ -90,7 +98,7 @@ class MetricsServer {
   boost::asio::io_context& io_;
   Render render_;
   Options options_;
-  std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
+  std::vector<std::unique_ptr<boost::asio::ip::tcp::acceptor>> acceptors_;
   std::map<uint64_t, ConnectionPtr> connections_;  // by accept order
   uint64_t next_id_ = 0;
   Counts counts_;

@@ -2,10 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <boost/asio/ip/v6_only.hpp>
 
 #include "proto/auth.h"
-#include "proto/progress.h"  // EscapeControlChars
+#include "proto/progress.h"  // EscapeForLog
 #include "proto/version.h"
 
 namespace dslaunch::launcher {
@@ -165,46 +166,38 @@ void ControlServer::OnHandshakeClosed(uint64_t seq, const Status& st) {
                  ? "malformed input"
                  : "closed before authenticating";
   }
-  RecordRejection(reason, hs->peer + ": " + st.message());
+  // The reason may quote what the peer sent: escaped and cut short.
+  RecordRejection(reason, hs->peer + ": " + proto::EscapeForLog(st.message()));
 }
 
 void ControlServer::MakeRoom() {
   const size_t limit =
       kPreAuthBase + kPreAuthPerNode * static_cast<size_t>(options_.num_nodes);
   if (handshakes_.size() < limit) return;
-  // The oldest that has not sent a valid Hello goes first; when every one
-  // has (join mode: any number may claim "any node"), the oldest welcomed
-  // one: a real agent answers the Welcome within a round trip, a flood's
-  // connections wait for their deadline, so the oldest is most likely one
-  // of those. The table never grows past the limit.
-  std::shared_ptr<Handshake> oldest_welcomed;
-  for (auto& [seq, hs] : handshakes_) {
-    if (hs->welcomed) {
-      if (!oldest_welcomed) oldest_welcomed = hs;
-      continue;
+  // The address holding the most pre-auth connections gives up one: its
+  // oldest that has not sent a valid Hello, else its oldest welcomed one (a
+  // real agent answers the Welcome within a round trip; a flood waits for
+  // its deadline). A flood from one address never evicts an agent from
+  // another, and a Hello's claim of a node counts for nothing until the
+  // secret proves it. The table never grows past the limit.
+  std::map<std::string, size_t> per_addr;
+  size_t most = 0;
+  for (const auto& [seq, hs] : handshakes_)
+    most = std::max(most, ++per_addr[hs->agent_addr]);
+  std::shared_ptr<Handshake> victim;
+  for (const auto& [seq, hs] : handshakes_) {  // oldest first
+    if (per_addr[hs->agent_addr] != most) continue;
+    if (!hs->welcomed) {
+      victim = hs;
+      break;
     }
-    auto victim = hs;  // a copy: closing erases the map's entry
-    return Reject(*victim, "evicted (pre-auth table full)",
-                  ProtocolError("evicted for a newer connection"));
+    if (!victim) victim = hs;
   }
-  if (oldest_welcomed) {
-    Reject(*oldest_welcomed, "evicted (pre-auth table full)",
+  // A copy: closing erases the map's entry.
+  if (victim) {
+    Reject(*victim, "evicted (pre-auth table full)",
            ProtocolError("evicted for a newer connection"));
   }
-}
-
-void ControlServer::EvictWelcomedBeyondLimit(int node) {
-  size_t welcomed = 0;
-  std::shared_ptr<Handshake> oldest;
-  for (auto& [seq, hs] : handshakes_) {
-    if (!hs->welcomed || hs->hello.node_rank() != node) continue;
-    if (!oldest) oldest = hs;
-    ++welcomed;
-  }
-  if (welcomed < kWelcomedPerNode || !oldest) return;
-  Reject(*oldest, "evicted (too many Hellos for one node)",
-         ProtocolError("evicted for a newer Hello for node " +
-                       std::to_string(node)));
 }
 
 void ControlServer::Reject(Handshake& hs, const std::string& reason,
@@ -252,7 +245,8 @@ Status ControlServer::CheckHello(const wire::Hello& hello) const {
     return ProtocolError("agent speaks protocol " +
                          std::to_string(hello.protocol_version()) +
                          ", this launcher " + std::to_string(kProtocolVersion) +
-                         " (dsagent " + hello.agent_version() + ")");
+                         " (dsagent " +
+                         proto::EscapeForLog(hello.agent_version(), 64) + ")");
   }
   if (!options_.join && hello.job_id() != options_.job_id)
     return ProtocolError("agent of another job");
@@ -275,10 +269,6 @@ void ControlServer::HandleHandshake(const std::shared_ptr<Handshake>& hs,
   if (!hs->welcomed && msg.has_hello()) {
     Status st = CheckHello(msg.hello());
     if (!st.ok()) return Reject(*hs, "bad hello", st);
-    // Any number of joining agents may claim "any node" at once (the
-    // pre-auth table still bounds them).
-    if (msg.hello().node_rank() >= 0)
-      EvictWelcomedBeyondLimit(msg.hello().node_rank());
     hs->hello = std::move(*msg.mutable_hello());
     hs->welcomed = true;
     return SendWelcome(hs);
@@ -356,7 +346,7 @@ void ControlServer::Promote(const std::shared_ptr<Handshake>& hs) {
   const std::string who =
       (hs->hello.facts().hostname().empty()
            ? std::string("?")
-           : proto::EscapeControlChars(hs->hello.facts().hostname())) +
+           : proto::EscapeForLog(hs->hello.facts().hostname(), 255)) +
       " (" + hs->agent_addr + ")";
   if (options_.join) {
     StatusOr<int> node = NodeForJoiningAgent(hs->hello.node_rank());

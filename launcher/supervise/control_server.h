@@ -8,12 +8,14 @@
 // Hostile peers: every connection that has not authenticated yet gets small
 // buffers (1 KiB read buffer, 16 KiB frames, 64 KiB write queue) and a short
 // deadline (handshake_timeout_s). The pre-auth table holds at most
-// kPreAuthBase + kPreAuthPerNode * num_nodes connections; when it is full, a
-// new connection evicts the oldest one that has not yet sent a valid Hello,
-// so an agent (which sends Hello at once) always gets in. At most
-// kWelcomedPerNode connections per node may wait between Hello and Auth; a
-// further Hello for that node evicts the oldest of them. Rejections are
-// counted by reason and summarised in one log line per summary interval.
+// kPreAuthBase + kPreAuthPerNode * num_nodes connections; when it is full,
+// the address holding the most of them gives up its oldest one that has not
+// yet sent a valid Hello, else its oldest welcomed one: a flood from one
+// address cannot evict an agent from another. A Hello's claim of a node
+// counts for nothing until the secret proves it (any number may claim one
+// node; only a proven claim takes it). Rejections are counted by reason
+// and summarised in one log line per summary interval; whatever a peer
+// sent is escaped and cut short before it is logged.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -78,7 +80,6 @@ class ControlServer : public AgentLinks {
 
   static constexpr size_t kPreAuthBase = 64;
   static constexpr size_t kPreAuthPerNode = 4;
-  static constexpr size_t kWelcomedPerNode = 2;
 
   ControlServer(boost::asio::io_context& io, Options options,
                 Delegate* delegate);
@@ -115,7 +116,6 @@ class ControlServer : public AgentLinks {
   void OnAccepted(boost::asio::ip::tcp::socket socket);
   void OnHandshakeClosed(uint64_t seq, const Status& st);
   void MakeRoom();
-  void EvictWelcomedBeyondLimit(int node);
   void Reject(Handshake& hs, const std::string& reason, const Status& why);
   void RecordRejection(const std::string& reason, const std::string& detail);
   void LogRejections();

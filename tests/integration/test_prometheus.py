@@ -227,6 +227,46 @@ class Prometheus(LaunchTest):
         with self.assertRaises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", self.port), timeout=2).close()
 
+    def listeners(self, port):
+        """The addresses listening on TCP `port`, from /proc/net/tcp{,6}."""
+        found = set()
+        for name, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+            try:
+                with open(name) as f:
+                    lines = f.read().splitlines()[1:]
+            except OSError:
+                continue
+            for line in lines:
+                fields = line.split()
+                addr, hexport = fields[1].split(":")
+                if fields[3] != "0A" or int(hexport, 16) != port:
+                    continue
+                if width == 8:
+                    found.add(socket.inet_ntoa(bytes.fromhex(addr)[::-1]))
+                else:
+                    raw = b"".join(bytes.fromhex(addr[i:i + 8])[::-1] for i in range(0, 32, 8))
+                    found.add(socket.inet_ntop(socket.AF_INET6, raw))
+        return found
+
+    def test_all_local_job_serves_metrics_on_loopback_only(self):
+        # No --metrics_addr: where the control server listens, which for a
+        # job whose nodes are all this machine is loopback, not 0.0.0.0.
+        job = self.start_job([DSLAUNCH, "--launcher", "local", "--num_gpus", "1",
+                              "--log_level", "info", "--metrics_port", str(self.port),
+                              "--no_python", self.script], STOP_FILE=self.stop_file)
+        try:
+            deadline = time.monotonic() + 20
+            while not self.listeners(self.port):
+                self.assertLess(time.monotonic(), deadline, "the endpoint never listened")
+                self.assertIsNone(job.poll(), "the launcher ended early")
+                time.sleep(0.05)
+            self.assertEqual(self.listeners(self.port), {"127.0.0.1"})
+            self.assertEqual(http_get(self.url)[0], 200)
+        finally:
+            open(self.stop_file, "w").close()
+            out, err = job.communicate(timeout=60)
+        self.assertEqual(job.returncode, 0, err.decode())
+
     def test_busy_port_is_a_start_error(self):
         with socket.socket() as held:
             held.bind(("127.0.0.1", self.port))

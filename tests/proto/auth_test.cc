@@ -166,5 +166,39 @@ TEST(Auth, ReadSecretFileTakesOneLineAndRefusesWeakOrOddSecrets) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Auth, SecretFileWarningsNameAWorldReadableFileAndAGuessableSecret) {
+  char dir_template[] = "/tmp/dsl-secret-warn-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const std::string path = dir + "/secret";
+  const std::string good =
+      "3f9a1c0e7b5d2846f1e0a9c3b7d5e2f4a6c8e0b2d4f6a8c0e2b4d6f8a0c2e4b6";
+  std::ofstream(path) << good << "\n";
+  ASSERT_EQ(::chmod(path.c_str(), 0440), 0);  // group: the pod's fsGroup
+  EXPECT_TRUE(SecretFileWarnings(path, good).empty());
+  // Random hex of the shortest length taken (16 bytes) passes too.
+  EXPECT_TRUE(
+      SecretFileWarnings(path, "9c1e5a7f3b2d8e40a6c4f2e1d9b7053a").empty());
+  ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
+  auto readable = SecretFileWarnings(path, good);
+  ASSERT_EQ(readable.size(), 1u);
+  EXPECT_NE(readable[0].find(path + " is readable by every user"),
+            std::string::npos)
+      << readable[0];
+  EXPECT_NE(readable[0].find("0644"), std::string::npos) << readable[0];
+  ASSERT_EQ(::chmod(path.c_str(), 0400), 0);
+  for (const std::string& weak :
+       {std::string(32, 'a'), std::string("abababababababababababababababab"),
+        std::string("passwordpasswordpasswordpassword"),
+        std::string("0123012301230123012301230123012301230123")}) {
+    auto w = SecretFileWarnings(path, weak);
+    ASSERT_EQ(w.size(), 1u) << weak;
+    EXPECT_NE(w[0].find(path + ": the secret looks guessable"),
+              std::string::npos)
+        << w[0];
+  }
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace dslaunch::proto

@@ -152,6 +152,33 @@ TEST(EscapeControlChars, EscapesC0DelAndC1ButNotTabOrText) {
             "\\x9b1m\\xff\\xe2\\x82");
 }
 
+// "Trojan Source": bidirectional overrides and isolates reorder what a
+// reader sees; the Unicode line separators start a new line in some viewers.
+TEST(EscapeControlChars, EscapesBidiControlsAndLineSeparators) {
+  EXPECT_EQ(EscapeControlChars("user\xe2\x80\xae" "txt.exe"),
+            "user\\u202etxt.exe");  // RIGHT-TO-LEFT OVERRIDE
+  EXPECT_EQ(EscapeControlChars("\xe2\x80\xaa\xe2\x80\xab\xe2\x80\xac\xe2\x80\xad"),
+            "\\u202a\\u202b\\u202c\\u202d");
+  EXPECT_EQ(EscapeControlChars("\xe2\x81\xa6\xe2\x81\xa7\xe2\x81\xa8\xe2\x81\xa9"),
+            "\\u2066\\u2067\\u2068\\u2069");  // isolates
+  EXPECT_EQ(EscapeControlChars("\xe2\x80\x8e\xe2\x80\x8f\xd8\x9c"),
+            "\\u200e\\u200f\\u061c");  // LRM, RLM, ARABIC LETTER MARK
+  EXPECT_EQ(EscapeControlChars("a\xe2\x80\xa8" "b\xe2\x80\xa9"),
+            "a\\u2028b\\u2029");
+  // Their neighbours stay text: en dash, narrow no-break space, Arabic.
+  EXPECT_EQ(EscapeControlChars("\xe2\x80\x93\xe2\x80\xaf\xd8\xa8"),
+            "\xe2\x80\x93\xe2\x80\xaf\xd8\xa8");
+}
+
+TEST(EscapeForLog, CutsLongTextAtACharacterBoundaryAndSaysHowMuchWasLeft) {
+  EXPECT_EQ(EscapeForLog("short\x1b", 200), "short\\u001b");
+  EXPECT_EQ(EscapeForLog(std::string(300, 'x'), 10),
+            "xxxxxxxxxx...(290 more bytes)");
+  // "é" is two bytes: a cut inside it backs up to before it.
+  EXPECT_EQ(EscapeForLog("abc\xc3\xa9" "def", 4), "abc...(5 more bytes)");
+  EXPECT_EQ(EscapeForLog("\x1b\x1b\x1b", 2), "\\u001b\\u001b...(1 more bytes)");
+}
+
 TEST(ProgressClient, ReportWithoutConnectFails) {
   ProgressClient client;
   EXPECT_EQ(client.Report("{}").code(), StatusCode::kUnavailable);

@@ -273,6 +273,58 @@ TEST_F(MetricsServerTest, AFloodFromOneAddressDoesNotEvictAnotherAddress) {
   EXPECT_TRUE(StartsWith(ReadToEof(scraper), "HTTP/1.1 200 OK\r\n"));
 }
 
+// Many addresses, one idle connection each, cannot push out a scraper whose
+// request was read and whose answer is being written: connections still
+// sending a request go first, whatever address they come from.
+TEST_F(MetricsServerTest, AFloodFromManyAddressesNeverDropsAScraperBeingAnswered) {
+  MetricsServer::Options o;
+  o.max_connections = 4;
+  o.read_timeout = std::chrono::milliseconds(60000);
+  Start(o);
+  // Its answer, more than the socket buffers hold, outlasts the flood.
+  body_ = std::string(48 << 20, 'x');
+  const int scraper = Connect(0x7F000001);
+  Send(scraper, "GET /metrics HTTP/1.1\r\n\r\n");
+  RunFor(milliseconds(100));  // its request is read, its answer waits
+  ASSERT_EQ(server_->open_connections(), 1u);
+  for (uint32_t i = 0; i < 20; ++i) Connect(0x7F000002 + i);
+  EXPECT_TRUE(RunUntil([&] { return server_->counts().accepted == 21; }));
+  EXPECT_EQ(server_->open_connections(), 4u);
+  EXPECT_EQ(server_->counts().refused_full, 17);
+  const std::string got = ReadToEof(scraper, milliseconds(20000));
+  EXPECT_TRUE(StartsWith(got, "HTTP/1.1 200 OK\r\n")) << got.substr(0, 200);
+  EXPECT_TRUE(eof_);
+  EXPECT_EQ(got.size() - got.find("\r\n\r\n") - 4, body_.size());
+}
+
+TEST_F(MetricsServerTest, ListensOnEveryAddressGivenAtOnePort) {
+  server_ = std::make_unique<MetricsServer>(
+      io_, [this] { return std::make_shared<const std::string>(body_); });
+  auto port = server_->Listen(std::vector<std::string>{"127.0.0.1", "127.0.0.3"}, 0);
+  ASSERT_TRUE(port.ok()) << port.status().message();
+  port_ = *port;
+  for (uint32_t to : {0x7F000001u, 0x7F000003u}) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    fds_.push_back(fd);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(static_cast<uint16_t>(port_));
+    sa.sin_addr.s_addr = htonl(to);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0)
+        << strerror(errno);
+    Send(fd, "GET /metrics HTTP/1.1\r\n\r\n");
+    EXPECT_TRUE(StartsWith(ReadToEof(fd), "HTTP/1.1 200 OK\r\n")) << to;
+  }
+  // Not on an address it was not given.
+  const int other = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  fds_.push_back(other);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port_));
+  sa.sin_addr.s_addr = htonl(0x7F000002);
+  EXPECT_NE(::connect(other, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+}
+
 TEST_F(MetricsServerTest, BusyPortNamesAddressAndPort) {
   Start();
   MetricsServer other(io_, [] { return nullptr; });

@@ -117,8 +117,13 @@ class ControlServerTest : public ::testing::Test {
     ASSERT_TRUE(port.ok()) << port.status().message();
     port_ = *port;
   }
-  tcp::socket Connect() {
+  // From `source`, a loopback address (127.0.0.1 unless another is named).
+  tcp::socket Connect(const std::string& source = "") {
     tcp::socket s(io_);
+    if (!source.empty()) {
+      s.open(tcp::v4());
+      s.bind(tcp::endpoint(asio::ip::make_address(source), 0));
+    }
     s.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"),
                             static_cast<unsigned short>(port_)));
     return s;
@@ -129,9 +134,10 @@ class ControlServerTest : public ::testing::Test {
     p->Watch();
     return p;
   }
-  std::unique_ptr<TestAgent> Agent() {
+  std::unique_ptr<TestAgent> Agent(const std::string& source = "") {
     auto a = std::make_unique<TestAgent>();
-    a->channel = proto::Channel::Create(proto::Channel::Socket(Connect()), "a");
+    a->channel =
+        proto::Channel::Create(proto::Channel::Socket(Connect(source)), "a");
     TestAgent* raw = a.get();
     a->channel->Start({
         .on_message = [raw](wire::Envelope&& m) { raw->received.push_back(m); },
@@ -326,6 +332,27 @@ TEST_F(JoinServerTest, AFloodOfHellosNeverGrowsTheTableAndAnAgentGetsIn) {
   EXPECT_EQ(delegate_.authenticated, std::vector<int>{0});
 }
 
+// Unauthenticated Hellos claiming node rank 0, however many, do not keep a
+// real agent claiming it out: only its proof counts.
+TEST_F(JoinServerTest, HellosClaimingNodeZeroDoNotKeepTheRealAgentOut) {
+  StartServer();
+  auto agent = Agent();
+  agent->SendHello(0, "join");
+  ASSERT_TRUE(RunUntil(io_, [&] { return agent->welcomed(); }));
+  std::vector<std::unique_ptr<TestAgent>> claims;
+  for (int i = 0; i < 10; ++i) {
+    claims.push_back(Agent());
+    claims.back()->SendHello(0, "join");
+  }
+  ASSERT_TRUE(RunUntil(io_, [&] {
+    return std::all_of(claims.begin(), claims.end(),
+                       [](const auto& c) { return c->welcomed(); });
+  }));
+  agent->SendAuth(kSecret);
+  ASSERT_TRUE(RunUntil(io_, [&] { return server_->connected(0); }));
+  EXPECT_EQ(delegate_.authenticated, std::vector<int>{0});
+}
+
 TEST_F(JoinServerTest, AWrongSecretGetsNoNodeAndNoWord) {
   StartServer();
   auto a = Agent();
@@ -394,18 +421,84 @@ TEST_F(ControlServerTest, FullTableEvictsTheOldestSilentPeerAndLetsTheAgentIn) {
   EXPECT_LE(server_->pending_handshakes(), limit);
 }
 
-TEST_F(ControlServerTest, AFurtherHelloForOneNodeEvictsTheOldestWaitingOne) {
+// Only a proven claim takes a node: Hellos claiming the node an agent is
+// proving never evict it, however many.
+TEST_F(ControlServerTest, HellosClaimingANodeNeverEvictTheAgentProvingIt) {
   StartServer();
-  std::vector<std::unique_ptr<TestAgent>> hellos;
-  for (size_t i = 0; i <= ControlServer::kWelcomedPerNode; ++i) {
-    hellos.push_back(Agent());
-    hellos.back()->SendHello(0);
-    ASSERT_TRUE(RunUntil(io_, [&] { return hellos.back()->welcomed(); }));
+  auto agent = Agent();
+  agent->SendHello(0);
+  ASSERT_TRUE(RunUntil(io_, [&] { return agent->welcomed(); }));
+  std::vector<std::unique_ptr<TestAgent>> claims;
+  for (int i = 0; i < 20; ++i) {
+    claims.push_back(Agent());
+    claims.back()->SendHello(0);
   }
-  ASSERT_TRUE(RunUntil(io_, [&] { return hellos[0]->closed; }));
-  EXPECT_EQ(Rejected("evicted (too many Hellos for one node)"), 1);
-  hellos.back()->SendAuth(kSecret);  // the newest still gets in
+  ASSERT_TRUE(RunUntil(io_, [&] {
+    return std::all_of(claims.begin(), claims.end(),
+                       [](const auto& c) { return c->welcomed(); });
+  }));
+  agent->SendAuth(kSecret);
   ASSERT_TRUE(RunUntil(io_, [&] { return server_->connected(0); }));
+  EXPECT_FALSE(agent->closed);
+  EXPECT_EQ(delegate_.authenticated, std::vector<int>{0});
+}
+
+// A full table takes from the address holding the most: a flood of valid
+// Hellos from one address never evicts an agent from another, even when
+// the agent's handshake is the oldest.
+TEST_F(ControlServerTest, AFloodFromOneAddressNeverEvictsAnAgentFromAnother) {
+  StartServer();
+  const size_t limit = ControlServer::kPreAuthBase +
+                       ControlServer::kPreAuthPerNode * options_.num_nodes;
+  auto agent = Agent("127.0.0.2");
+  agent->SendHello(1);
+  ASSERT_TRUE(RunUntil(io_, [&] { return agent->welcomed(); }));
+  std::vector<std::unique_ptr<TestAgent>> flood;
+  for (size_t i = 0; i < limit + 20; ++i) {
+    flood.push_back(Agent("127.0.0.1"));
+    flood.back()->SendHello(static_cast<int>(i % 2));
+  }
+  ASSERT_TRUE(RunUntil(io_, [&] {
+    return std::all_of(flood.begin(), flood.end(), [](const auto& c) {
+      return c->welcomed() || c->closed;
+    });
+  }));
+  EXPECT_EQ(Rejected("evicted (pre-auth table full)"), 21);
+  EXPECT_FALSE(agent->closed);
+  agent->SendAuth(kSecret);
+  ASSERT_TRUE(RunUntil(io_, [&] { return server_->connected(1); }));
+  EXPECT_LE(server_->pending_handshakes(), limit);
+}
+
+// What an unauthenticated peer sends reaches the log escaped and cut short:
+// no escape sequence, no forged line.
+TEST_F(ControlServerTest, LogsAHostileHelloEscapedAndCutShort) {
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("test", sink));
+  options_.rejection_summary_interval_s = 0.1;
+  StartServer();
+  auto a = Agent();
+  wire::Envelope env;
+  env.mutable_hello()->set_protocol_version(kProtocolVersion + 1);
+  env.mutable_hello()->set_agent_version(
+      "\x1b[2J\x1b]0;owned\x07\n[2026-11-27 00:00:00.000] [info] forged line"
+      "\xe2\x80\xae" +
+      std::string(5000, 'v'));
+  ASSERT_TRUE(a->channel->Send(env).ok());
+  const bool logged = RunUntil(
+      io_, [&] { return log.str().find("rejected") != std::string::npos; });
+  spdlog::set_default_logger(previous);
+  ASSERT_TRUE(logged);
+  const std::string text = log.str();
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
+  EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
+  EXPECT_EQ(text.find('\x07'), std::string::npos) << text;
+  EXPECT_EQ(text.find("\xe2\x80\xae"), std::string::npos) << text;
+  EXPECT_NE(text.find("\\u001b[2J"), std::string::npos) << text;
+  EXPECT_NE(text.find("\\u202e"), std::string::npos) << text;
+  EXPECT_LT(text.size(), 1000u) << "the version was not cut short";
 }
 
 TEST_F(ControlServerTest, DropsAnAgentWhoseHeartbeatsStop) {
