@@ -82,8 +82,8 @@ Agent::~Agent() {
 int Agent::Run() {
   ::signal(SIGPIPE, SIG_IGN);
   if (options_.mpi) {
-    mpi_ = std::make_unique<MpiHolders>(io_, options_.job_id, options_.secret,
-                                        *options_.mpi);
+    mpi_ = std::make_unique<MpiHolders>(
+        io_, options_.job_id, std::move(options_.mpi_key), *options_.mpi);
     if (Status st = mpi_->Listen(); !st.ok()) {
       spdlog::error("{}", st.message());
       return kExitUnavailable;

@@ -44,6 +44,7 @@ struct AgentOptions {
   // node's other MPI processes register with this agent, which starts each
   // rank with its process's MPI identity (mpi_ranks.h).
   std::optional<MpiPlacement> mpi;
+  std::string mpi_key;  // what the holders prove (never the secret above)
   // Joining a `dslaunch --launcher join` job (dsagent --join): node_rank is
   // a claim (-1: any; the launcher's answer comes in the JobSpec), the
   // launcher is dialled again until connect_timeout_s while it cannot be

@@ -1,8 +1,10 @@
 #include "agent/agent_args.h"
 
-#include <unistd.h>  // read
+#include <unistd.h>  // read, environ
 
 #include <cerrno>
+#include <cstdlib>  // getenv, unsetenv
+#include <cstring>  // memset, strlen, strncmp
 #include <string_view>
 
 #include "proto/host_info.h"
@@ -64,6 +66,20 @@ StatusOr<int> JoinNodeRank(std::optional<int> flag,
   }
   *said = "none given: the first free";
   return -1;
+}
+
+StatusOr<std::string> TakeVariable(const std::string& name) {
+  const char* value = std::getenv(name.c_str());
+  if (value == nullptr || *value == '\0')
+    return InvalidArgument(name + ": not set on this node");
+  std::string out = value;
+  const std::string prefix = name + "=";
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, prefix.c_str(), prefix.size()) == 0)
+      std::memset(*e + prefix.size(), 'x', std::strlen(*e) - prefix.size());
+  }
+  ::unsetenv(name.c_str());
+  return out;
 }
 
 bool ReadSecretLine(int fd, std::string* out) {

@@ -27,6 +27,12 @@ StatusOr<int> JoinNodeRank(std::optional<int> flag,
                            const char* job_completion_index,
                            const std::string& hostname, std::string* said);
 
+// The value of the variable `name` (a key handed over in the environment),
+// then wiped: every copy in `environ` overwritten in place (/proc/PID/environ
+// shows the original block, and getenv finds only the first of repeated
+// entries) and the variable unset. InvalidArgument when unset or empty.
+StatusOr<std::string> TakeVariable(const std::string& name);
+
 // One line (without its newline) from `fd`, at most 4096 bytes; false on a
 // longer line or on end of file before any byte. Reads byte by byte, so the
 // rest of the stream (the launcher's lifeline) stays unread.

@@ -1,11 +1,11 @@
 // dsagent: the per-node agent of a dslaunch job. Started by the launcher
 // (local, ssh, pdsh, srun, mpirun) or already running (join); reads the job
-// secret from stdin, never from argv.
+// secret from stdin or a file (join), or makes its node's and prints it for
+// the launcher (pdsh, srun, mpirun); never from argv or an environment.
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/prctl.h>  // PR_SET_DUMPABLE
 #include <sys/stat.h>   // lstat
-#include <unistd.h>     // environ
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -19,6 +19,7 @@
 #include "proto/auth.h"
 #include "proto/exit_status.h"
 #include "proto/host_info.h"
+#include "proto/secret_line.h"
 #include "proto/version.h"
 
 // Bad flags: one line on stderr, exit 64 (EX_USAGE).
@@ -63,15 +64,18 @@ int main(int argc, char** argv) {
   app.add_flag("--secret_stdout", secret_stdout,
                "make the job secret and print it on stdout");
   // mpirun (--launcher openmpi) starts one process per rank and forwards no
-  // stdin to most: the secret comes in a variable (-x), erased once read.
+  // stdin to most: each node's agent makes its secret (--secret_stdout);
+  // the node's other processes prove to it the MPI key, which comes in a
+  // variable (-x), erased once read, and opens nothing after the start.
   bool from_mpirun = false;
-  std::string node_slots, secret_env;
+  std::string node_slots, mpi_key_env;
   app.add_flag("--from_mpirun", from_mpirun,
                "started by mpirun, one process per rank (see mpi_ranks.h)");
   app.add_option("--node_slots", node_slots,
                  "with --from_mpirun: each node's rank count, comma-separated");
-  app.add_option("--secret_env", secret_env,
-                 "read the job secret from this variable (then erased)");
+  app.add_option("--mpi_key_env", mpi_key_env,
+                 "with --from_mpirun: read the MPI key from this variable "
+                 "(then erased)");
   // --launcher join: started by someone else (a worker pod), the agent
   // dials the launcher until it answers and proves the secret in a file.
   std::string join, secret_file, ready_file;
@@ -180,40 +184,32 @@ int main(int argc, char** argv) {
     return Usage(dslaunch::InvalidArgument(
         "--job_id: 1 to 64 letters, digits, '_' or '-' are required"));
   }
-  if (!secret_env.empty()) {
-    char* value = std::getenv(secret_env.c_str());
-    if (value == nullptr || *value == '\0') {
-      return Usage(dslaunch::InvalidArgument("--secret_env " + secret_env +
-                                             ": not set on this node"));
-    }
-    options.secret = value;
-    // Every copy wiped in place too: /proc/PID/environ shows the original
-    // block, and getenv finds only the first of repeated entries.
-    const std::string prefix = secret_env + "=";
-    for (char** e = environ; *e != nullptr; ++e) {
-      if (std::strncmp(*e, prefix.c_str(), prefix.size()) == 0)
-        std::memset(*e + prefix.size(), 'x', std::strlen(*e) - prefix.size());
-    }
-    ::unsetenv(secret_env.c_str());
-    options.stdin_is_lifeline = false;
-  }
   if (from_mpirun) {
+    if (mpi_key_env.empty()) {
+      return Usage(
+          dslaunch::InvalidArgument("--from_mpirun needs --mpi_key_env"));
+    }
+    auto key = dslaunch::agent::TakeVariable(mpi_key_env);  // wiped
+    if (!key.ok()) return Usage(key.status());
     auto slots = dslaunch::agent::ParseNodeSlots(node_slots);
     if (!slots.ok()) return Usage(slots.status());
     auto placement = dslaunch::agent::MpiPlacementFrom(
         [](const char* name) { return std::getenv(name); }, *slots);
     if (!placement.ok()) return Usage(placement.status());
-    if (options.secret.empty()) {
-      return Usage(
-          dslaunch::InvalidArgument("--from_mpirun needs --secret_env"));
-    }
     options.node_rank = placement->node_rank;
     if (placement->local_rank > 0) {
-      return dslaunch::agent::RunMpiHolder(options.job_id, options.secret,
-                                           *placement,
+      return dslaunch::agent::RunMpiHolder(options.job_id, *key, *placement,
                                            options.connect_timeout_s);
     }
+    if (!secret_stdout) {
+      return Usage(
+          dslaunch::InvalidArgument("--from_mpirun needs --secret_stdout"));
+    }
     options.mpi = *placement;
+    options.mpi_key = std::move(key).value();
+  } else if (!mpi_key_env.empty()) {
+    return Usage(
+        dslaunch::InvalidArgument("--mpi_key_env goes with --from_mpirun"));
   }
   if (!options.join) {
     if (auto st = dslaunch::agent::ParseConnect(connect, &options.launcher_host,
@@ -237,7 +233,9 @@ int main(int argc, char** argv) {
   if (secret_stdout) {
     options.secret =
         dslaunch::proto::HexEncode(dslaunch::proto::RandomBytes(32));
-    std::printf("DSLAUNCH-SECRET %s\n", options.secret.c_str());
+    std::printf(
+        "%s\n",
+        dslaunch::proto::SecretLine(options.node_rank, options.secret).c_str());
     std::fflush(stdout);
     options.stdin_is_lifeline = false;
   } else if (options.secret.empty() &&

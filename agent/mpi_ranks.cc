@@ -43,11 +43,10 @@ bool ParseInt(std::string_view s, int* out) {
   return ec == std::errc() && end == s.data() + s.size() && *out >= 0;
 }
 
-std::string Proof(const std::string& secret, const std::string& job_id,
+std::string Proof(const std::string& key, const std::string& job_id,
                   int world_rank) {
   return proto::HexEncode(proto::HmacSha256(
-      secret,
-      "dslaunch mpi holder " + job_id + " " + std::to_string(world_rank)));
+      key, "dslaunch mpi holder " + job_id + " " + std::to_string(world_rank)));
 }
 
 // Empty when the process at the other end of the Unix socket `fd` runs as
@@ -187,12 +186,12 @@ std::vector<std::string> MpiVariables(const char* const* env) {
   return out;
 }
 
-std::string MpiSocketName(const std::string& secret, const std::string& job_id,
+std::string MpiSocketName(const std::string& key, const std::string& job_id,
                           int first_rank) {
   return "dslaunch-mpi-" +
          proto::HexEncode(
-             proto::HmacSha256(secret, "mpi-socket " + job_id + " " +
-                                           std::to_string(first_rank)))
+             proto::HmacSha256(key, "mpi-socket " + job_id + " " +
+                                        std::to_string(first_rank)))
              .substr(0, 32);
 }
 
@@ -211,10 +210,10 @@ struct MpiHolders::Holder {
 };
 
 MpiHolders::MpiHolders(asio::io_context& io, std::string job_id,
-                       std::string secret, MpiPlacement me)
+                       std::string key, MpiPlacement me)
     : io_(io),
       job_id_(std::move(job_id)),
-      secret_(std::move(secret)),
+      key_(std::move(key)),
       me_(me),
       acceptor_(io),
       ready_timer_(io),
@@ -226,7 +225,8 @@ MpiHolders::~MpiHolders() {
 }
 
 Status MpiHolders::Listen() {
-  const std::string name = MpiSocketName(secret_, job_id_, me_.first_rank);
+  if (me_.local_size <= 1) return Status::Ok();  // no holder to wait for
+  const std::string name = MpiSocketName(key_, job_id_, me_.first_rank);
   boost::system::error_code ec;
   acceptor_.open(Local(), ec);
   if (!ec) acceptor_.bind(Local::endpoint(AbstractName(name)), ec);
@@ -324,8 +324,8 @@ void MpiHolders::Register(const std::shared_ptr<Holder>& h,
       !ParseInt(fields[1], &world) || !ParseInt(fields[2], &local)) {
     return Refuse(h, "not a registration of this dsagent version");
   }
-  if (!proto::ConstantTimeEqual(fields[3], Proof(secret_, job_id_, world)))
-    return Refuse(h, "wrong job secret");
+  if (!proto::ConstantTimeEqual(fields[3], Proof(key_, job_id_, world)))
+    return Refuse(h, "wrong MPI key");
   if (local < 1 || local >= me_.local_size || world != me_.first_rank + local) {
     return Refuse(h, "MPI rank " + std::to_string(world) + " as local rank " +
                          std::to_string(local) + " does not belong to node " +
@@ -362,7 +362,19 @@ void MpiHolders::Register(const std::shared_ptr<Holder>& h,
             "job did ({}): mpirun is ending the job",
             h->local_rank, h->world_rank, ec2 ? ec2.message() : "wrote");
       });
+  if (holders_.size() + 1 >= static_cast<size_t>(me_.local_size))
+    StopListening();
   MaybeReady();
+}
+
+void MpiHolders::StopListening() {
+  boost::system::error_code ec;
+  acceptor_.close(ec);
+  accept_retry_.cancel();
+  for (auto& h : std::vector<std::shared_ptr<Holder>>(pending_))
+    Refuse(h, "every MPI process of this node has registered");
+  std::fill(key_.begin(), key_.end(), '\0');
+  key_.clear();
 }
 
 void MpiHolders::WhenReady(double timeout_s,
@@ -438,11 +450,11 @@ static int HolderFails(const MpiPlacement& me, int code,
   return code;
 }
 
-int RunMpiHolder(const std::string& job_id, const std::string& secret,
+int RunMpiHolder(const std::string& job_id, const std::string& key,
                  const MpiPlacement& me, double timeout_s) {
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // mpirun's daemon gone: so are we
   const std::string name =
-      AbstractName(MpiSocketName(secret, job_id, me.first_rank));
+      AbstractName(MpiSocketName(key, job_id, me.first_rank));
   static_assert(sizeof(sockaddr_un::sun_path) > 64);  // the name is 45 bytes
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -476,10 +488,9 @@ int RunMpiHolder(const std::string& job_id, const std::string& secret,
         me, kExitUnavailable,
         "will not register with @" + name.substr(1) + ": " + why);
   }
-  std::string payload = std::string(kVersionField) + '\0' +
-                        std::to_string(me.world_rank) + '\0' +
-                        std::to_string(me.local_rank) + '\0' +
-                        Proof(secret, job_id, me.world_rank);
+  std::string payload =
+      std::string(kVersionField) + '\0' + std::to_string(me.world_rank) + '\0' +
+      std::to_string(me.local_rank) + '\0' + Proof(key, job_id, me.world_rank);
   for (const auto& v : MpiVariables(::environ)) payload += '\0' + v;
   if (payload.size() > kMaxRegistrationBytes) {
     ::close(fd);

@@ -13,9 +13,12 @@
 //
 // Both ends check each other: the agent accepts a holder only from our user
 // and a sibling (same parent: mpirun's daemon on this node) that proves the
-// job secret; a holder talks only to an agent of our user that is its
-// sibling. Bounded: one registration of at most kMaxRegistrationBytes per
-// expected holder, a deadline for each.
+// MPI key; a holder talks only to an agent of our user that is its sibling.
+// The MPI key (launcher/start/openmpi_starter.h) is not the secret the agent
+// proves to the launcher, and opens nothing once start is over: the agent
+// stops listening, and forgets the key, as soon as every holder of its node
+// registered, which is before it starts any rank. Bounded: one registration
+// of at most kMaxRegistrationBytes per expected holder, a deadline for each.
 #pragma once
 
 #include <sys/types.h>
@@ -60,10 +63,10 @@ bool IsMpiVariable(std::string_view entry);
 std::vector<std::string> MpiVariables(const char* const* env);
 
 // The abstract socket name of a node's agent: "dslaunch-mpi-" and 32 hex
-// digits of an HMAC of the job id and the node's first rank under the job
-// secret. Abstract names have no permissions: one that others could
-// predict, they could take first.
-std::string MpiSocketName(const std::string& secret, const std::string& job_id,
+// digits of an HMAC of the job id and the node's first rank under the MPI
+// key. Abstract names have no permissions: one that others could predict,
+// they could take first.
+std::string MpiSocketName(const std::string& key, const std::string& job_id,
                           int first_rank);
 
 inline constexpr size_t kMaxRegistrationBytes = 256 * 1024;
@@ -72,12 +75,15 @@ inline constexpr size_t kMaxRegistrationBytes = 256 * 1024;
 class MpiHolders {
  public:
   // `me`: the agent's own placement (local rank 0).
-  MpiHolders(boost::asio::io_context& io, std::string job_id,
-             std::string secret, MpiPlacement me);
+  MpiHolders(boost::asio::io_context& io, std::string job_id, std::string key,
+             MpiPlacement me);
   ~MpiHolders();  // releases the holders not released yet
 
-  // Binds the abstract socket and accepts holders.
+  // Binds the abstract socket and accepts holders until every one has
+  // registered (none is expected when local_size is 1: nothing is bound).
   Status Listen();
+  // Whether the socket is still open to holders.
+  bool listening() const { return acceptor_.is_open(); }
   // Calls `ready` once every holder registered, or after `timeout_s` with
   // why not. Called once.
   void WhenReady(double timeout_s, std::function<void(Status)> ready);
@@ -97,10 +103,13 @@ class MpiHolders {
   void ReadRegistration(const std::shared_ptr<Holder>& h);
   void Register(const std::shared_ptr<Holder>& h, std::string payload);
   void MaybeReady();
+  // Every holder registered: closes the socket, refuses any half-way
+  // registration and forgets the key.
+  void StopListening();
 
   boost::asio::io_context& io_;
   std::string job_id_;
-  std::string secret_;
+  std::string key_;
   MpiPlacement me_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
   std::map<int, std::shared_ptr<Holder>> holders_;  // by local rank
@@ -116,7 +125,7 @@ class MpiHolders {
 // node's agent (retrying until `timeout_s`) and waits to be released.
 // Returns the exit status: 0 when released, 69 when no agent could be
 // reached or it went away, 64 when refused.
-int RunMpiHolder(const std::string& job_id, const std::string& secret,
+int RunMpiHolder(const std::string& job_id, const std::string& key,
                  const MpiPlacement& me, double timeout_s);
 
 }  // namespace dslaunch::agent

@@ -6,7 +6,9 @@
 #include <unistd.h>  // geteuid, unlink, close
 
 #include "launcher/plan/slurm_allocation.h"  // InSlurmAllocation
-#include "proto/unix_socket.h"               // WriteAll
+#include "launcher/start/secret_relay.h"
+#include "proto/auth.h"         // RandomBytes
+#include "proto/unix_socket.h"  // WriteAll
 
 namespace dslaunch::launcher {
 
@@ -40,7 +42,7 @@ std::vector<std::string> MpirunArgv(const MpirunSettings& s,
                                    "--bind-to",
                                    "none",
                                    "-x",
-                                   kAgentSecretVariable};
+                                   kMpiKeyVariable};
   if (s.as_root) argv.push_back("--allow-run-as-root");
   argv.insert(argv.end(), s.extra_args.begin(), s.extra_args.end());
   // One command for every process: each finds its place from mpirun's
@@ -50,10 +52,27 @@ std::vector<std::string> MpirunArgv(const MpirunSettings& s,
       agent_argv.erase(agent_argv.begin() + i, agent_argv.begin() + i + 2);
   }
   agent_argv.insert(agent_argv.end(),
-                    {"--from_mpirun", "--node_slots", slot_list, "--secret_env",
-                     kAgentSecretVariable});
+                    {"--from_mpirun", "--node_slots", slot_list,
+                     "--mpi_key_env", kMpiKeyVariable, "--secret_stdout"});
   argv.insert(argv.end(), agent_argv.begin(), agent_argv.end());
   return argv;
+}
+
+proto::ProcessSpec MpirunSpec(std::vector<std::string> argv,
+                              const std::string& mpi_key,
+                              bool in_slurm_allocation) {
+  proto::ProcessSpec spec;
+  spec.argv = std::move(argv);
+  spec.inherit_env = true;  // mpirun reads a SLURM allocation from it
+  spec.env.push_back(std::string(kMpiKeyVariable) + "=" + mpi_key);
+  // Inside an allocation mpirun starts its daemons with srun; the step must
+  // share the allocation's resources with whatever else runs in it.
+  if (in_slurm_allocation)
+    spec.env.push_back("OMPI_MCA_plm_slurm_args=--overlap");
+  spec.new_session = true;
+  spec.death_signal = SIGTERM;
+  spec.destroy_signal = SIGTERM;
+  return spec;
 }
 
 MpirunEvent ParseMpirunLine(const std::string& line,
@@ -145,23 +164,15 @@ Status OpenMpiStarter::StartMpirun(const AgentBootstrap& boot) {
   Status written = proto::WriteAll(fd, MpirunHostfile(hosts_, slots_));
   ::close(fd);
   RETURN_IF_ERROR(written);
-  proto::ProcessSpec spec;
-  spec.argv = MpirunArgv(settings_, hostfile_path_, slots_,
-                         AgentArgv(boot, 0, route.local));
-  spec.inherit_env = true;  // mpirun reads a SLURM allocation from it
-  spec.env.push_back(std::string(kAgentSecretVariable) + "=" + boot.secret);
-  // Inside an allocation mpirun starts its daemons with srun; the step must
-  // share the allocation's resources with whatever else runs in it.
   const EnvLookup env = [](const char* name) {
     const char* v = std::getenv(name);
     return std::string(v ? v : "");
   };
-  if (InSlurmAllocation(env) && env("OMPI_MCA_plm_slurm_args").empty())
-    spec.env.push_back("OMPI_MCA_plm_slurm_args=--overlap");
-  spec.new_session = true;
-  spec.death_signal = SIGTERM;
-  spec.destroy_signal = SIGTERM;
-  StatusOr<pid_t> pid = processes_.Spawn(spec);
+  StatusOr<pid_t> pid = processes_.Spawn(MpirunSpec(
+      MpirunArgv(settings_, hostfile_path_, slots_,
+                 AgentArgv(boot, 0, route.local)),
+      proto::HexEncode(proto::RandomBytes(proto::kSecretBytes)),
+      InSlurmAllocation(env) && env("OMPI_MCA_plm_slurm_args").empty()));
   if (!pid.ok())
     return Unavailable("cannot start mpirun: " + pid.status().message());
   pid_ = *pid;
@@ -169,6 +180,7 @@ Status OpenMpiStarter::StartMpirun(const AgentBootstrap& boot) {
 }
 
 void OpenMpiStarter::OnProcessOutput(pid_t, bool, std::string line, bool) {
+  if (RelaySecretLine(delegate_, "mpirun", line, hosts_.size())) return;
   const MpirunEvent e = ParseMpirunLine(line, slots_);
   if (stopping_) {
     spdlog::info("[mpirun] {}", line);

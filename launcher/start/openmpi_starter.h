@@ -3,17 +3,23 @@
 // over the SLURM allocation when dslaunch runs inside one (mpirun then
 // starts its daemons with srun, --overlap added):
 //   mpirun --np WORLD --hostfile PLAN --map-by slot --bind-to none
-//          -x DSLAUNCH_AGENT_SECRET [--allow-run-as-root] [--launcher_args]
+//          -x DSLAUNCH_MPI_KEY [--allow-run-as-root] [--launcher_args]
 //          dsagent --connect ... --from_mpirun --node_slots S1,..,SN
-//                  --secret_env DSLAUNCH_AGENT_SECRET
+//                  --mpi_key_env DSLAUNCH_MPI_KEY --secret_stdout
 // One process per rank, node by node: on each node local rank 0 is the
 // node's agent, the others hand it their MPI identity (agent/mpi_ranks.h),
-// so a rank's MPI_Init sees MPI rank == RANK and size == WORLD_SIZE. The
-// secret travels in mpirun's environment (-x), never argv: mpirun gives
-// stdin to one process only. What mpirun says about a process that ended
-// ("mpirun noticed that process rank 3 ... exited on signal 9") names the
-// node; once the job is stopping, mpirun's own reports of the teardown go to
-// the log only. Owned by the Launcher; io_context thread only.
+// so a rank's MPI_Init sees MPI rank == RANK and size == WORLD_SIZE. Each
+// agent makes its node's secret and prints it on stdout, which mpirun
+// relays to us alone; mpirun gives stdin to one process only. What stays in
+// mpirun's environment (and its daemons' and their srun's, inside SLURM)
+// for the whole job is the MPI key: it lets a node's MPI processes find and
+// prove themselves to their agent during start, and opens nothing after it
+// (each agent stops listening once its node's processes registered, before
+// it starts a rank) nor ever to us (we accept only the agents' secrets).
+// What mpirun says about a process that ended ("mpirun noticed that process
+// rank 3 ... exited on signal 9") names the node; once the job is stopping,
+// mpirun's own reports of the teardown go to the log only. Owned by the
+// Launcher; io_context thread only.
 #pragma once
 
 #include <sys/types.h>
@@ -35,6 +41,10 @@ struct MpirunSettings {
   bool as_root = false;                 // adds --allow-run-as-root
 };
 
+// The variable in which mpirun hands every process the MPI key
+// (dsagent --mpi_key_env), which each erases once read.
+inline constexpr const char* kMpiKeyVariable = "DSLAUNCH_MPI_KEY";
+
 // The hostfile mpirun is given: "HOST slots=N" per node, in plan order.
 std::string MpirunHostfile(const std::vector<std::string>& hosts,
                            const std::vector<int>& slots);
@@ -43,6 +53,12 @@ std::vector<std::string> MpirunArgv(const MpirunSettings& settings,
                                     const std::string& hostfile_path,
                                     const std::vector<int>& slots,
                                     std::vector<std::string> agent_argv);
+// How mpirun runs `argv`: our environment plus the MPI key `mpi_key` (and,
+// inside a SLURM allocation, --overlap for its daemons' srun step); nothing
+// the launcher accepts as a secret.
+proto::ProcessSpec MpirunSpec(std::vector<std::string> argv,
+                              const std::string& mpi_key,
+                              bool in_slurm_allocation);
 // The node (index) whose process mpirun says ended, and how; node -1 when
 // the line says no such thing.
 struct MpirunEvent {
@@ -64,6 +80,7 @@ class OpenMpiStarter : public Starter, private proto::ProcessSet::Delegate {
   void Kill(int node_rank) override;
   void Stopping() override { stopping_ = true; }
   bool SeesAgentProcesses() const override { return false; }
+  bool AgentsMakeSecrets() const override { return true; }
 
  private:
   Status StartMpirun(const AgentBootstrap& boot);

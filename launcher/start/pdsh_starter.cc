@@ -9,6 +9,7 @@
 #include <cstdio>  // fwrite
 
 #include "launcher/report/report.h"
+#include "launcher/start/secret_relay.h"
 #include "proto/host_info.h"
 
 namespace dslaunch::launcher {
@@ -277,10 +278,10 @@ void PdshStarter::HandleLine(bool is_stderr, const std::string& raw) {
       colon == std::string::npos ? -1 : NodeOf(line.substr(0, colon));
   const std::string said =
       colon == std::string::npos ? line : line.substr(colon + 2);
-  static const std::string kSecret = "DSLAUNCH-SECRET ";
-  if (!is_stderr && node >= 0 && said.rfind(kSecret, 0) == 0) {
-    return delegate_->OnAgentSecret(node, said.substr(kSecret.size()));
-  }
+  // pdsh names the node a line came from: its secret must be that node's.
+  if (RelaySecretLine(delegate_, "pdsh", said, hosts_.size(),
+                      is_stderr ? -1 : node))
+    return;
   delegate_->OnStarterOutput(node >= 0 ? hosts_[node] : "pdsh", said);
   if (said.find("exited with exit code") != std::string::npos)
     exits_.Ended(node, said);

@@ -43,6 +43,7 @@ class PdshStarter : public Starter, private proto::ProcessSet::Delegate {
   // node-independent on every node.
   void Start(const AgentBootstrap& boot, StartDone done) override;
   void Kill(int node_rank) override;
+  bool AgentsMakeSecrets() const override { return true; }
 
  private:
   Status Launch(std::vector<std::string> argv);

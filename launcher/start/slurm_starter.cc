@@ -2,6 +2,8 @@
 
 #include <signal.h>  // SIGKILL, SIGTERM
 
+#include "launcher/start/secret_relay.h"
+
 namespace dslaunch::launcher {
 
 namespace asio = boost::asio;
@@ -34,9 +36,21 @@ std::vector<std::string> SrunArgv(const SrunSettings& s,
   }
   agent_argv.insert(agent_argv.end(),
                     {"--hosts", Join(hosts), "--node_host_env",
-                     "SLURMD_NODENAME", "--secret_env", kAgentSecretVariable});
+                     "SLURMD_NODENAME", "--secret_stdout"});
   argv.insert(argv.end(), agent_argv.begin(), agent_argv.end());
   return argv;
+}
+
+proto::ProcessSpec SrunSpec(const SrunSettings& settings,
+                            const std::vector<std::string>& hosts,
+                            std::vector<std::string> agent_argv) {
+  proto::ProcessSpec spec;
+  spec.argv = SrunArgv(settings, hosts, std::move(agent_argv));
+  spec.inherit_env = true;  // srun reads the allocation from it
+  spec.new_session = true;
+  spec.death_signal = SIGTERM;
+  spec.destroy_signal = SIGTERM;
+  return spec;
 }
 
 SrunEvent ParseSrunLine(const std::string& line,
@@ -117,9 +131,15 @@ Status CheckSrunArgs(const SrunSettings& s) {
     if (word.rfind("--export", 0) == 0) {
       return InvalidArgument(
           "--launcher_args: srun's " + word +
-          " is not accepted: the agents read the job secret from srun's "
-          "environment, and ranks get the job's environment from dslaunch "
-          "(--exports, --env, .deepspeed_env)");
+          " is not accepted: the agents take srun's environment, and ranks "
+          "get the job's environment from dslaunch (--exports, --env, "
+          ".deepspeed_env)");
+    }
+    if (word.rfind("--output", 0) == 0 ||
+        (word.rfind("-o", 0) == 0 && word.rfind("--", 0) != 0)) {
+      return InvalidArgument("--launcher_args: srun's " + word +
+                             " is not accepted: the agents hand dslaunch "
+                             "their secrets on srun's output");
     }
   }
   return Status::Ok();
@@ -131,16 +151,8 @@ Status SlurmStarter::StartSrun(const AgentBootstrap& boot) {
   // an allocation share a network); node 0's end of it is MASTER_ADDR.
   ASSIGN_OR_RETURN(proto::Route route, RouteToNode0(hosts_.at(0)));
   started_.master_addr = route.peer;
-  proto::ProcessSpec spec;
-  spec.argv = SrunArgv(settings_, hosts_, AgentArgv(boot, 0, route.local));
-  spec.inherit_env = true;  // srun reads the allocation from it
-  spec.new_session = true;
-  spec.death_signal = SIGTERM;
-  spec.destroy_signal = SIGTERM;
-  // srun exports it to every task (--export=ALL) and the agent erases it;
-  // stdin would be slower (srun forwards it only once the tasks run).
-  spec.env.push_back(std::string(kAgentSecretVariable) + "=" + boot.secret);
-  StatusOr<pid_t> pid = processes_.Spawn(spec);
+  StatusOr<pid_t> pid = processes_.Spawn(
+      SrunSpec(settings_, hosts_, AgentArgv(boot, 0, route.local)));
   if (!pid.ok())
     return Unavailable("cannot start srun: " + pid.status().message());
   pid_ = *pid;
@@ -148,6 +160,7 @@ Status SlurmStarter::StartSrun(const AgentBootstrap& boot) {
 }
 
 void SlurmStarter::OnProcessOutput(pid_t, bool, std::string line, bool) {
+  if (RelaySecretLine(delegate_, "srun", line, hosts_.size())) return;
   const SrunEvent e = ParseSrunLine(line, hosts_);
   delegate_->OnStarterOutput("srun", line);
   if (!e.cancelled.empty()) delegate_->OnStoppedByScheduler(e.cancelled);

@@ -3,16 +3,19 @@
 //   srun --nodes=N --ntasks=N --ntasks-per-node=1 --nodelist=H1,..,HN
 //        --kill-on-bad-exit=1 --overlap --input=none --export=ALL
 //        [--launcher_args] dsagent --connect ... --hosts H1,..,HN
-//        --node_host_env SLURMD_NODENAME --secret_env DSLAUNCH_AGENT_SECRET
-// The job secret is in srun's environment, which srun exports to every task
-// (the agent erases it), never argv: srun forwards stdin only once the
-// tasks run, which cost up to 10 ms of launch. `--export` in
-// --launcher_args is refused. Each agent finds its node rank from
-// SLURMD_NODENAME in --hosts. srun's own
-// messages say which agent ended ("srun: error: n2: task 1: Exited with exit
-// code 3") and whether SLURM cancelled the step or the job (scancel, the
-// time limit): that is reported as a stop by SLURM, as Ctrl-C would stop the
-// job. No SLURM library is linked. Owned by the Launcher; io_context thread.
+//        --node_host_env SLURMD_NODENAME --secret_stdout
+// Each agent finds its node rank from SLURMD_NODENAME in --hosts, makes its
+// node's secret and prints it on stdout, which srun relays to us alone
+// (slurmstepd, root, reads the task's pipe): no secret is in srun's
+// environment or argv, where a rank could read it for the whole job (stdin
+// would be slower too: srun forwards it only once the tasks run). Neither
+// `--export` (the agents and ranks take srun's environment) nor `--output`
+// (the secrets come on srun's stdout) in --launcher_args is accepted. srun's
+// own messages say which agent ended ("srun: error: n2: task 1: Exited with
+// exit code 3") and whether SLURM cancelled the step or the job (scancel,
+// the time limit): that is reported as a stop by SLURM, as Ctrl-C would
+// stop the job. No SLURM library is linked. Owned by the Launcher;
+// io_context thread.
 #pragma once
 
 #include <sys/types.h>
@@ -38,7 +41,13 @@ std::vector<std::string> SrunArgv(const SrunSettings& settings,
                                   const std::vector<std::string>& hosts,
                                   std::vector<std::string> agent_argv);
 
-// --launcher_args srun cannot take from us: --export (see above).
+// How srun runs it: our environment and nothing added (no secret), in its
+// own session, SIGTERM when we go.
+proto::ProcessSpec SrunSpec(const SrunSettings& settings,
+                            const std::vector<std::string>& hosts,
+                            std::vector<std::string> agent_argv);
+
+// --launcher_args srun cannot take from us: --export, --output (see above).
 Status CheckSrunArgs(const SrunSettings& settings);
 
 // What one line of srun's stderr says: the node (index in `hosts`) whose
@@ -60,6 +69,7 @@ class SlurmStarter : public Starter, private proto::ProcessSet::Delegate {
   void Start(const AgentBootstrap& boot, StartDone done) override;
   // srun cannot end one node's task alone: ends the step.
   void Kill(int node_rank) override;
+  bool AgentsMakeSecrets() const override { return true; }
 
  private:
   Status StartSrun(const AgentBootstrap& boot);

@@ -1,8 +1,9 @@
 // Starter: the one thing a start mode implements (design section 9). It
 // starts one dsagent per node of the plan, each dialing the control server
-// back (the job secret goes over the agent's stdin or the mode's own secure
-// path, never argv), reports an agent process that ends, and kills one as a
-// last resort. Start modes: local, ssh, pdsh, slurm, openmpi
+// back (the job secret goes over the agent's stdin; where the tool forwards
+// no stdin, each agent makes its node's secret and the tool relays it to us:
+// never argv, never an environment), reports an agent process that ends,
+// and kills one as a last resort. Start modes: local, ssh, pdsh, slurm, openmpi
 // (start/*_starter.cc), chosen by
 // MakeStarter (starter_registry.cc): adding one is a new file and one line
 // there. Owned by the Launcher; io_context thread only.
@@ -31,11 +32,6 @@ struct AgentBootstrap {
   int control_port = 0;
 };
 
-// Starters whose tool forwards the environment to every agent (srun,
-// mpirun -x) hand the secret in this variable (dsagent --secret_env), which
-// the agent erases once read; the others write it to the agent's stdin.
-inline constexpr const char* kAgentSecretVariable = "DSLAUNCH_AGENT_SECRET";
-
 // The dsagent command line for node_rank dialing connect_host (this side's
 // address as that node reaches it; --control_addr overrides) at the port.
 std::vector<std::string> AgentArgv(const AgentBootstrap& boot, int node_rank,
@@ -53,7 +49,8 @@ class Starter {
     // The agent process of `node_rank` ended; `how` says with what status.
     virtual void OnAgentProcessExited(int node_rank,
                                       const std::string& how) = 0;
-    // Starters whose agents make their own secret (pdsh) report it here.
+    // Starters whose agents make their own secret (AgentsMakeSecrets)
+    // report each here, as the tool relayed it.
     virtual void OnAgentSecret(int node_rank, std::string secret) {
       (void)node_rank;
       (void)secret;
@@ -85,6 +82,13 @@ class Starter {
   // The job is stopping (a failure, a signal, its end): what the start tool
   // says from now on is about the teardown.
   virtual void Stopping() {}
+  // Whether each agent makes its own node's secret and the starter hands it
+  // over (Delegate::OnAgentSecret: pdsh, srun, mpirun) instead of proving
+  // AgentBootstrap::secret. Such a secret is good for one connection only,
+  // and no node gets its job before every node's agent authenticated: until
+  // then a secret may still be in the tool's pipe to us, which a rank of the
+  // same user could open through /proc.
+  virtual bool AgentsMakeSecrets() const { return false; }
   // Whether OnAgentProcessExited follows each agent's end promptly. When not
   // (mpirun's daemons own the agents and report late), an agent that said
   // it is done and closed its connection counts as ended.

@@ -56,7 +56,8 @@ Job::Job(asio::io_context& io, const LaunchOptions& options, Plan plan,
 Job::~Job() = default;
 
 std::optional<std::string> Job::NodeSecret(int node_rank) const {
-  if (options_.launcher != "pdsh") return secret_;
+  if (starter_ == nullptr) return std::nullopt;  // nothing started yet
+  if (!starter_->AgentsMakeSecrets()) return secret_;
   auto it = node_secrets_.find(node_rank);
   if (it == node_secrets_.end()) return std::nullopt;
   return it->second;
@@ -136,6 +137,9 @@ void Job::OnStarterOutput(const std::string& source, std::string line) {
 
 void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
                                const std::string& agent_addr) {
+  // A secret its agent made is good for this one connection: spent now.
+  if (auto it = node_secrets_.find(node_rank); it != node_secrets_.end())
+    it->second.clear();
   spdlog::info("node {} ({}) joined: agent pid {}, {} cores, {} GPUs",
                node_rank, hello.facts().hostname(), hello.facts().agent_pid(),
                hello.facts().cpu_cores(), hello.facts().gpus_size());
@@ -178,15 +182,21 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
                              ") reported no free port; the default") +
                   "; --master_port chooses another");
   }
-  if (!master_port_known_) {
-    waiting_for_port_.push_back(node_rank);
-    return;
+  held_specs_.push_back(node_rank);
+  if (!master_port_known_ || !EveryAgentIn()) return;
+  for (int n : held_specs_) SendJobSpec(n);
+  held_specs_.clear();
+}
+
+// Where agents make their own secrets, a secret may be in the start tool's
+// pipe to us until its node authenticated, and a rank of the same user
+// could open that pipe through /proc: no rank runs before every node's did.
+bool Job::EveryAgentIn() const {
+  if (starter_ == nullptr || !starter_->AgentsMakeSecrets()) return true;
+  for (size_t n = 0; n < state_.nodes().size(); ++n) {
+    if (!state_.node(static_cast<int>(n)).authenticated) return false;
   }
-  SendJobSpec(node_rank);
-  if (node_rank == 0) {
-    for (int n : waiting_for_port_) SendJobSpec(n);
-    waiting_for_port_.clear();
-  }
+  return true;
 }
 
 void Job::SendJobSpec(int node_rank) {

@@ -44,7 +44,8 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   int Finish();
 
   // The secret node_rank's agent must prove: the job's, or the one its agent
-  // made and printed (pdsh); nullopt while it has not arrived.
+  // made and printed (pdsh, srun, mpirun); nullopt while it has not arrived
+  // (or nothing was started yet), empty once used (it proves nothing).
   std::optional<std::string> NodeSecret(int node_rank) const;
   // --launcher join: called once every node has joined, with the plan made
   // from the agents (their hostnames and slot counts), before any JobSpec
@@ -85,6 +86,9 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   void ArmJoinWaitTimer();
   // Sends node_rank its JobSpec once the master port is known.
   void SendJobSpec(int node_rank);
+  // Whether every node's agent has authenticated, or the starter's agents
+  // prove AgentBootstrap::secret (then nodes need not wait for each other).
+  bool EveryAgentIn() const;
   wire::JobSpec MakeJobSpec(int node_rank) const;
   void HandleWorkerStarted(int node_rank, const wire::WorkerStarted& started);
   void HandleWorkerExited(int node_rank, const wire::WorkerExited& exited);
@@ -140,10 +144,12 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   std::map<int, Joined> joined_;
   std::function<Status(const Plan&)> on_plan_final_;
   int control_port_ = 0;
-  std::map<int, std::string> node_secrets_;  // pdsh only
-  std::set<int> done_nodes_;                 // agents that sent AgentDone
-  // Nodes authenticated while the master port is still unknown.
-  std::vector<int> waiting_for_port_;
+  // Secrets the agents made (Starter::AgentsMakeSecrets), emptied once used.
+  std::map<int, std::string> node_secrets_;
+  std::set<int> done_nodes_;  // agents that sent AgentDone
+  // Nodes authenticated while the master port is unknown, or while another
+  // node's agent has not authenticated (EveryAgentIn).
+  std::vector<int> held_specs_;
   bool master_port_known_ = false;
   bool stop_timer_armed_ = false;
   std::map<int, int64_t> malformed_progress_;  // rank -> records dropped

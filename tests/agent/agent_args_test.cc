@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>  // pipe, write, close
 
+#include <cstdlib>  // putenv, getenv
 #include <string>
 
 namespace dslaunch::agent {
@@ -72,6 +73,19 @@ TEST(ReadSecretLine, ReadsOneLineAndLeavesTheRest) {
   EXPECT_FALSE(ok);
   FromPipe(std::string(5000, 'x') + "\n", &ok);
   EXPECT_FALSE(ok);
+}
+
+TEST(TakeVariable, ReturnsTheValueAndWipesItsCopyInTheEnvironment) {
+  static char entry[] = "DSL_TAKE_TEST=k3y";
+  ASSERT_EQ(::putenv(entry), 0);
+  auto value = TakeVariable("DSL_TAKE_TEST");
+  ASSERT_TRUE(value.ok()) << value.status().message();
+  EXPECT_EQ(*value, "k3y");
+  EXPECT_EQ(std::getenv("DSL_TAKE_TEST"), nullptr);
+  // What /proc/self/environ would still show of it, had it been there.
+  EXPECT_STREQ(entry, "DSL_TAKE_TEST=xxx");
+  EXPECT_EQ(TakeVariable("DSL_TAKE_TEST").status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST(JoinNodeRank, FlagThenIndexedJobThenStatefulSetNameThenAny) {

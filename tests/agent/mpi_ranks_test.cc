@@ -146,7 +146,8 @@ class MpiHoldersTest : public ::testing::Test {
 
   // Forks the node's agent: it waits up to `timeout_s` for the holders, then
   // reports "ok" or the error, and for each holder its world rank and
-  // variables, one per line, and releases them.
+  // variables, one per line, then whether its socket (the key) still lets a
+  // process connect ("open") or not ("closed"), and releases them.
   pid_t StartAgent(double timeout_s, int* report_fd) {
     int fds[2];
     EXPECT_EQ(::pipe(fds), 0);
@@ -162,6 +163,10 @@ class MpiHoldersTest : public ::testing::Test {
           out += std::to_string(holders.WorldRankOf(l));
           for (const auto& v : holders.VariablesOf(l)) out += " " + v;
           out += "\n";
+        }
+        if (st.ok()) {
+          const bool open = ConnectOnce(MpiSocketName("secret", job_, 3));
+          out += open ? "open\n" : "closed\n";
         }
         (void)proto::WriteAll(fds[1], out);
         holders.Release();
@@ -235,6 +240,21 @@ class MpiHoldersTest : public ::testing::Test {
     return pid;
   }
 
+  // Whether a connection to the abstract socket `name` is taken (a listening
+  // socket takes it into its backlog without an accept).
+  static bool ConnectOnce(const std::string& name) {
+    const std::string abstract = std::string(1, '\0') + name;
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, abstract.data(), abstract.size());
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    const bool ok =
+        ::connect(fd, reinterpret_cast<sockaddr*>(&addr),
+                  offsetof(sockaddr_un, sun_path) + abstract.size()) == 0;
+    ::close(fd);
+    return ok;
+  }
+
   static int ExitOf(pid_t pid) {
     int status = 0;
     if (::waitpid(pid, &status, 0) != pid) return -1;
@@ -259,10 +279,13 @@ TEST_F(MpiHoldersTest, HoldersHandTheirMpiIdentityAndExitZeroWhenReleased) {
   int report = -1;
   const pid_t agent = StartAgent(10, &report);
   const pid_t h1 = StartHolder(1, "secret", "OMPI_MCA_x=a=b");
+  // Once every holder registered, the key opens nothing: the agent's socket
+  // is closed before it starts a rank (ready), not when the job ends.
   EXPECT_EQ(ReadAll(report),
             "ok\n"
             "4 OMPI_COMM_WORLD_RANK=4 PMIX_RANK=4 OMPI_MCA_x=a=b\n"
-            "5 OMPI_COMM_WORLD_RANK=5 PMIX_RANK=5\n");
+            "5 OMPI_COMM_WORLD_RANK=5 PMIX_RANK=5\n"
+            "closed\n");
   EXPECT_EQ(ExitOf(h1), 0);
   EXPECT_EQ(ExitOf(h2), 0);
   EXPECT_EQ(ExitOf(agent), 0);
@@ -318,6 +341,18 @@ TEST_F(MpiHoldersTest, NeitherSideTalksToAProcessThatIsNotItsSibling) {
   EXPECT_NE(ReadAll(report).find("ranks 4, 5 did not register"),
             std::string::npos);
   EXPECT_EQ(ExitOf(agent), 0);
+}
+
+TEST_F(MpiHoldersTest, ANodeOfOneRankListensForNoHolder) {
+  boost::asio::io_context io;
+  MpiHolders holders(io, job_, "secret", Place(0, 1));
+  ASSERT_TRUE(holders.Listen().ok());
+  EXPECT_FALSE(holders.listening());
+  EXPECT_FALSE(ConnectOnce(MpiSocketName("secret", job_, 3)));
+  bool ready = false;
+  holders.WhenReady(1, [&](Status st) { ready = st.ok(); });
+  io.run();
+  EXPECT_TRUE(ready);
 }
 
 TEST_F(MpiHoldersTest, AHolderWithoutAnAgentGivesUpAfterItsTimeout) {

@@ -285,6 +285,7 @@ class OpenMpiAcrossNamespaces(ClusterTest):
             self.assertEqual(r["env"]["OMPI_COMM_WORLD_LOCAL_RANK"], str(rank % 2))
             self.assertEqual(r["address"], CLUSTER["nodes"][rank // 2])
             self.assertIsNone(r["env"]["DSLAUNCH_AGENT_SECRET"])
+            self.assertIsNone(r["env"]["DSLAUNCH_MPI_KEY"])
             self.assertEqual(r["argv"][1:], ["ok", *hostile])
         self.assertFalse(os.path.exists("/tmp/pwned-m"))
 

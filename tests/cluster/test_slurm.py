@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../
 from harness import DSLAUNCH, MPI_RANK_PY, PY, RANK_PY, SYSTEM_PY, LaunchTest, need_mpi  # noqa: E402,E501
 
 import cluster_env  # noqa: E402
+import secret_hunt  # noqa: E402
 import deepspeed_env  # noqa: E402
 from cluster_env import CLUSTER_SH  # noqa: E402
 CLUSTER = {}
@@ -305,6 +306,7 @@ class OpenMpiInsideTheAllocation(SlurmTest):
             # As under --launcher slurm: srun's per-task variables of the rank.
             self.assertEqual(r["env"]["SLURM_PROCID"], str(rank))
             self.assertIsNone(r["env"]["DSLAUNCH_AGENT_SECRET"])
+            self.assertIsNone(r["env"]["DSLAUNCH_MPI_KEY"])
             self.assertEqual(r["argv"][1:], ["ok", *HOSTILE])
         self.assertFalse(os.path.exists("/tmp/pwned-s"))
 
@@ -316,6 +318,34 @@ class OpenMpiInsideTheAllocation(SlurmTest):
         self.assertEqual(p.returncode, 7, err)
         self.assertIn("FAILED: rank 4 on %s" % CLUSTER["names"][2], err)
         self.assertIn("stopped in consequence: 5 ranks", err)
+
+
+class SecretsInLongLivedEnvironments(SlurmTest):
+    """srun (and, under --launcher openmpi, mpirun, the srun step it starts
+    its daemons with, and the daemons) live as long as the job, and a rank
+    of the same user reads their environment: no secret the launcher
+    accepts may be there, nor in any other environment a rank can read."""
+
+    RANK = os.path.join(os.path.dirname(RANK_PY), "environ_rank.py")
+
+    def test_under_srun_no_readable_environment_holds_a_usable_secret(self):
+        wrapper, log = secret_hunt.agent_wrapper(self)
+        p = self.run_job(self.salloc(DSLAUNCH, "--agent_path", wrapper, PY, self.RANK),
+                         timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        secret_hunt.check(self, self.out, log, nodes=3, tools=("srun",))
+
+    def test_under_mpirun_no_readable_environment_holds_a_usable_secret(self):
+        need_mpi(self)
+        wrapper, log = secret_hunt.agent_wrapper(self)
+        p = self.run_job(self.salloc(DSLAUNCH, "--launcher", "openmpi", "--agent_path", wrapper,
+                                     PY, self.RANK), timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        secret_hunt.check(self, self.out, log, nodes=3, tools=("mpirun", "srun", "orted"),
+                          kept=("DSLAUNCH_MPI_KEY",))
+        with open(os.path.join(self.out, "environ-0.json")) as f:
+            read = {r["comm"] for r in json.load(f)["read"]}
+        self.assertTrue({"mpirun", "srun", "orted"} <= read, read)
 
 
 class DeepSpeedScriptInsideTheAllocation(SlurmTest):

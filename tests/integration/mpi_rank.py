@@ -17,7 +17,7 @@ from mpi4py import MPI  # noqa: E402  (after the start file: MPI_Init may hang)
 from rank import my_address  # noqa: E402
 
 KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "OMPI_MCA_btl",
-        "DSLAUNCH_AGENT_SECRET", "DSLAUNCH_JOB_ID", "PMIX_RANK",
+        "DSLAUNCH_AGENT_SECRET", "DSLAUNCH_MPI_KEY", "DSLAUNCH_JOB_ID", "PMIX_RANK",
         "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID")
 
 c = MPI.COMM_WORLD

@@ -10,6 +10,7 @@ import signal
 import time
 import unittest
 
+import secret_hunt
 from harness import DSLAUNCH, MPI_RANK_PY, SYSTEM_PY, LaunchTest, need_mpi
 
 
@@ -71,6 +72,7 @@ class OpenMpi(LaunchTest):
             # --launcher_args reached mpirun; the secret reached no rank.
             self.assertEqual(r["env"]["OMPI_MCA_btl"], "self,tcp")
             self.assertIsNone(r["env"]["DSLAUNCH_AGENT_SECRET"])
+            self.assertIsNone(r["env"]["DSLAUNCH_MPI_KEY"])
             # A .py script runs as DeepSpeed runs it, under every mode.
             self.assertEqual(r["argv"][1:], ["--local_rank=%d" % rank])  # then ARGS
         out = p.stdout.decode()
@@ -79,6 +81,19 @@ class OpenMpi(LaunchTest):
         self.assertIn("all 3 ranks on 1 node exited 0", err)
         self.assertNotIn("mpirun", err)  # nothing of the tool's chatter
         self.assert_job_gone(self.results(1)[0]["env"]["DSLAUNCH_JOB_ID"])
+
+    def test_no_process_a_rank_can_read_holds_a_secret_the_launcher_accepts(self):
+        # mpirun lives as long as the job, its environment readable by every
+        # rank of the same user: it holds the MPI key only, which the
+        # launcher refuses; each agent's own secret is in no environment.
+        wrapper, log = secret_hunt.agent_wrapper(self)
+        self.script = os.path.join(os.path.dirname(MPI_RANK_PY), "environ_rank.py")
+        p = self.run_job(self.dslaunch(extra=["--agent_path", wrapper]), timeout=120,
+                         DSLAUNCH_PYTHON=SYSTEM_PY)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        secret_hunt.check(self, self.out, log, nodes=1, tools=("mpirun", "orterun"),
+                          kept=("DSLAUNCH_MPI_KEY",), given=("DSLAUNCH_PYTHON",))
+        self.assertNotIn("DSLAUNCH-SECRET", p.stdout.decode() + p.stderr.decode())
 
     def test_a_rank_failing_stops_the_others_and_its_code_is_the_exit(self):
         p = self.run_job(self.dslaunch("fail", "1"), timeout=60, DSLAUNCH_PYTHON=SYSTEM_PY)

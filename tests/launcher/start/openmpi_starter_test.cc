@@ -10,7 +10,7 @@ namespace {
 
 using Words = std::vector<std::string>;
 
-TEST(MpirunArgv, OneProcessPerRankNodeByNodeWithTheSecretInTheEnvironment) {
+TEST(MpirunArgv, OneProcessPerRankNodeByNodeEachAgentPrintingItsSecret) {
   MpirunSettings s;
   s.extra_args = {"--mca", "btl", "tcp,self"};
   const Words argv = MpirunArgv(s, "/tmp/hosts", {2, 4},
@@ -26,7 +26,7 @@ TEST(MpirunArgv, OneProcessPerRankNodeByNodeWithTheSecretInTheEnvironment) {
                          "--bind-to",
                          "none",
                          "-x",
-                         "DSLAUNCH_AGENT_SECRET",
+                         "DSLAUNCH_MPI_KEY",
                          "--mca",
                          "btl",
                          "tcp,self",
@@ -38,8 +38,22 @@ TEST(MpirunArgv, OneProcessPerRankNodeByNodeWithTheSecretInTheEnvironment) {
                          "--from_mpirun",
                          "--node_slots",
                          "2,4",
-                         "--secret_env",
-                         "DSLAUNCH_AGENT_SECRET"}));
+                         "--mpi_key_env",
+                         "DSLAUNCH_MPI_KEY",
+                         "--secret_stdout"}));
+}
+
+// mpirun's environment lasts the whole job, where a rank of the same user
+// reads it: it holds the MPI key only, never what the launcher accepts.
+TEST(MpirunSpec, TheEnvironmentHoldsTheMpiKeyAndNoSecret) {
+  const std::string key(64, 'k');
+  proto::ProcessSpec spec = MpirunSpec({"mpirun", "dsagent"}, key, false);
+  EXPECT_EQ(spec.argv, (Words{"mpirun", "dsagent"}));
+  EXPECT_TRUE(spec.inherit_env);
+  EXPECT_EQ(spec.env, (Words{"DSLAUNCH_MPI_KEY=" + key}));
+  spec = MpirunSpec({"mpirun"}, key, true);
+  EXPECT_EQ(spec.env, (Words{"DSLAUNCH_MPI_KEY=" + key,
+                             "OMPI_MCA_plm_slurm_args=--overlap"}));
 }
 
 TEST(MpirunArgv, AsRootSaysSo) {

@@ -1,6 +1,7 @@
 #include "launcher/start/slurm_starter.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <string>
 #include <vector>
@@ -10,7 +11,7 @@ namespace {
 
 using Words = std::vector<std::string>;
 
-TEST(SrunArgv, OneAgentPerNodeAsOneStepWithTheSecretInTheEnvironment) {
+TEST(SrunArgv, OneAgentPerNodeAsOneStepEachPrintingItsSecret) {
   SrunSettings s;
   s.extra_args = {"--cpu-bind=none", "-A", "proj"};
   const Words argv = SrunArgv(s, {"n1", "n2"},
@@ -38,15 +39,26 @@ TEST(SrunArgv, OneAgentPerNodeAsOneStepWithTheSecretInTheEnvironment) {
                          "n1,n2",
                          "--node_host_env",
                          "SLURMD_NODENAME",
-                         "--secret_env",
-                         "DSLAUNCH_AGENT_SECRET"}));
+                         "--secret_stdout"}));
 }
 
-TEST(CheckSrunArgs, RefusesExportWhichWouldWithholdTheSecret) {
+// srun's environment lasts the whole job, where a rank of the same user
+// reads it: nothing is added to ours.
+TEST(SrunSpec, AddsNothingToTheEnvironment) {
+  const proto::ProcessSpec spec =
+      SrunSpec(SrunSettings(), {"n1"}, {"/opt/dsagent", "--job_id", "j"});
+  EXPECT_TRUE(spec.inherit_env);
+  EXPECT_TRUE(spec.env.empty());
+  EXPECT_EQ(spec.argv.back(), "--secret_stdout");
+  EXPECT_EQ(spec.destroy_signal, SIGTERM);
+}
+
+TEST(CheckSrunArgs, RefusesExportAndOutputWhichWouldWithholdTheAgentsNeeds) {
   SrunSettings s;
-  s.extra_args = {"--cpu-bind=none", "--exclusive"};
+  s.extra_args = {"--cpu-bind=none", "--exclusive", "-O", "--overlap"};
   EXPECT_TRUE(CheckSrunArgs(s).ok());
-  for (const char* word : {"--export=NONE", "--export", "--export=PATH"}) {
+  for (const char* word : {"--export=NONE", "--export", "--export=PATH",
+                           "--output=x", "--output", "-o", "-ofile"}) {
     s.extra_args = {"-A", "proj", word};
     const Status st = CheckSrunArgs(s);
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << word;

@@ -22,9 +22,11 @@ class FakeStarter : public Starter {
   void Kill(int node_rank) override { killed.push_back(node_rank); }
   void Stopping() override { stopping = true; }
   bool SeesAgentProcesses() const override { return sees_processes; }
+  bool AgentsMakeSecrets() const override { return makes_secrets; }
   void Finish(StatusOr<Started> result) { done_(std::move(result)); }
 
   bool sees_processes = true;
+  bool makes_secrets = false;
   bool stopping = false;
 
   AgentBootstrap boot_;
@@ -441,6 +443,46 @@ TEST_F(JobTest, GivenMasterPortIsKept) {
   Authenticate(1);
   ASSERT_TRUE(Got(1, wire::Envelope::kJobSpec));
   EXPECT_EQ(links_.Last(1).job_spec().master_port(), 29611);
+}
+
+// srun, mpirun, pdsh: a node's secret comes through the tool's pipe, which
+// a rank on this host could open; no rank runs before every secret arrived.
+TEST_F(JobTest, WhereAgentsMakeSecretsNoNodeGetsItsJobBeforeEveryNodeIsIn) {
+  starter_.makes_secrets = true;
+  options_.plan.master_port = 29611;
+  plan_.master_port = 29611;
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  Authenticate(0);
+  EXPECT_FALSE(Got(0, wire::Envelope::kJobSpec));
+  Authenticate(1);
+  EXPECT_TRUE(Got(0, wire::Envelope::kJobSpec));
+  EXPECT_TRUE(Got(1, wire::Envelope::kJobSpec));
+}
+
+TEST_F(JobTest, ASecretAnAgentMadeIsGoodForOneConnection) {
+  starter_.makes_secrets = true;
+  StartJob();
+  EXPECT_EQ(job_->NodeSecret(0), std::nullopt);  // still on its way
+  job_->OnAgentSecret(0, "s0");
+  EXPECT_EQ(job_->NodeSecret(0), "s0");
+  EXPECT_EQ(job_->NodeSecret(1), std::nullopt);
+  Authenticate(0);
+  EXPECT_EQ(job_->NodeSecret(0), "");  // spent: proves nothing any more
+  // A second secret for a node fails it, as a second agent would.
+  job_->OnAgentSecret(0, "again");
+  EXPECT_EQ(job_->NodeSecret(0), "");
+  EXPECT_NE(phase(), Phase::kStarting);
+}
+
+TEST_F(JobTest, AgentsProvingTheJobSecretGetItAndStartAsTheyComeIn) {
+  options_.plan.master_port = 29611;
+  plan_.master_port = 29611;
+  StartJob();
+  EXPECT_EQ(job_->NodeSecret(1), "secret");
+  Authenticate(1);
+  EXPECT_TRUE(Got(1, wire::Envelope::kJobSpec));
+  EXPECT_EQ(job_->NodeSecret(1), "secret");
 }
 
 TEST_F(JobTest, StartedAgentsGetTheBootstrapOfThePlan) {
