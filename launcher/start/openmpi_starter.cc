@@ -58,6 +58,20 @@ std::vector<std::string> MpirunArgv(const MpirunSettings& s,
   return argv;
 }
 
+Status CheckMpirunArgs(const MpirunSettings& s) {
+  for (const auto& word : s.extra_args) {
+    std::string_view name(word);
+    while (!name.empty() && name.front() == '-') name.remove_prefix(1);
+    name = name.substr(0, name.find('='));
+    if (name.rfind("output-filename", 0) == 0 || name == "output") {
+      return InvalidArgument("--launcher_args: mpirun's " + word +
+                             " is not accepted: the agents hand dslaunch "
+                             "their secrets on mpirun's output");
+    }
+  }
+  return Status::Ok();
+}
+
 proto::ProcessSpec MpirunSpec(std::vector<std::string> argv,
                               const std::string& mpi_key,
                               bool in_slurm_allocation) {
@@ -151,6 +165,7 @@ void OpenMpiStarter::Start(const AgentBootstrap& boot, StartDone done) {
 }
 
 Status OpenMpiStarter::StartMpirun(const AgentBootstrap& boot) {
+  RETURN_IF_ERROR(CheckMpirunArgs(settings_));
   // The agents dial back our address on the route to node 0, as under SLURM.
   ASSIGN_OR_RETURN(proto::Route route, RouteToNode0(hosts_.at(0)));
   started_.master_addr = route.peer;

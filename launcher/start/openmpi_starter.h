@@ -53,6 +53,10 @@ std::vector<std::string> MpirunArgv(const MpirunSettings& settings,
                                     const std::string& hostfile_path,
                                     const std::vector<int>& slots,
                                     std::vector<std::string> agent_argv);
+// --launcher_args mpirun cannot take from us: --output-filename (and
+// OpenMPI 5's --output), which would take the agents' secrets away from
+// mpirun's output, their one way to us.
+Status CheckMpirunArgs(const MpirunSettings& settings);
 // How mpirun runs `argv`: our environment plus the MPI key `mpi_key` (and,
 // inside a SLURM allocation, --overlap for its daemons' srun step); nothing
 // the launcher accepts as a secret.

@@ -56,6 +56,20 @@ TEST(MpirunSpec, TheEnvironmentHoldsTheMpiKeyAndNoSecret) {
                              "OMPI_MCA_plm_slurm_args=--overlap"}));
 }
 
+TEST(CheckMpirunArgs, RefusesOutputFilesWhichWouldWithholdTheSecrets) {
+  MpirunSettings s;
+  s.extra_args = {"--mca", "btl", "tcp,self", "--tag-output",
+                  "--output-proctable"};
+  EXPECT_TRUE(CheckMpirunArgs(s).ok());
+  for (const char* word : {"--output-filename", "-output-filename",
+                           "--output-filename=/tmp/o", "--output"}) {
+    s.extra_args = {"--mca", "btl", "self", word, "/tmp/o"};
+    const Status st = CheckMpirunArgs(s);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << word;
+    EXPECT_NE(st.message().find(word), std::string::npos) << st.message();
+  }
+}
+
 TEST(MpirunArgv, AsRootSaysSo) {
   MpirunSettings s;
   s.as_root = true;
