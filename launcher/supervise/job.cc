@@ -141,7 +141,8 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
   if (auto it = node_secrets_.find(node_rank); it != node_secrets_.end())
     it->second.clear();
   spdlog::info("node {} ({}) joined: agent pid {}, {} cores, {} GPUs",
-               node_rank, hello.facts().hostname(), hello.facts().agent_pid(),
+               node_rank, proto::EscapeForLog(hello.facts().hostname(), 255),
+               hello.facts().agent_pid(),
                hello.facts().cpu_cores(), hello.facts().gpus_size());
   if (Status st = state_.NodeAuthenticated(node_rank); !st.ok()) {
     spdlog::warn("{}", st.message());
@@ -336,6 +337,7 @@ void Job::HandleStore(int node_rank, const wire::StoreRequest& request) {
 }
 
 void Job::OnAgentDisconnected(int node_rank, const Status& why) {
+  if (join_ && OnJoinedNodeLeft(node_rank, why)) return;
   Act(state_.NodeDisconnected(
       node_rank, why.ok() ? std::string("closed") : why.message()));
   // Where the start tool's daemons own the agent process (mpirun), an agent

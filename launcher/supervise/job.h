@@ -80,6 +80,10 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
                     const std::string& agent_addr);
   void StartJoinedJob();
   void FailJoinedStart(const Status& why);
+  // A joined node's agent left while others are still missing: its node is
+  // free again and the job keeps assembling (true); false once the job was
+  // planned (then it is lost as under every mode).
+  bool OnJoinedNodeLeft(int node_rank, const Status& why);
   // "1,3-5": the node ranks no agent has joined as yet.
   std::string MissingNodes() const;
   // While agents are missing, one line every few seconds says which.

@@ -48,6 +48,26 @@ void Job::OnNodeJoined(int node_rank, const wire::Hello& hello,
   StartJoinedJob();
 }
 
+bool Job::OnJoinedNodeLeft(int node_rank, const Status& why) {
+  // Once every node joined the job is planned and sent: a node lost from
+  // then on is lost as under every start mode.
+  const auto it = joined_.find(node_rank);
+  if (it == joined_.end() || joined_.size() == plan_.nodes.size() ||
+      !state_.NodeLeftBeforeStart(node_rank))
+    return false;
+  const std::string host = proto::EscapeForLog(
+      it->second.facts.hostname().empty() ? it->second.addr
+                                          : it->second.facts.hostname(),
+      255);
+  joined_.erase(it);
+  console_.Note("node " + std::to_string(node_rank) + " (" + host +
+                ") left before the job started (" +
+                (why.ok() ? std::string("closed") : why.message()) +
+                "); waiting for an agent to join as node " +
+                std::to_string(node_rank) + " again");
+  return true;
+}
+
 // The joined agents hear why (an Abort with the exit status) before the
 // launcher ends: none waits for a job that will not come.
 void Job::FailJoinedStart(const Status& why) {
@@ -70,8 +90,8 @@ void Job::StartJoinedJob() {
   int64_t world = 0;
   for (const auto& [node, j] : joined_) {
     // What agents say of themselves reaches the terminal escaped.
-    hosts.push_back(proto::EscapeControlChars(
-        j.facts.hostname().empty() ? j.addr : j.facts.hostname()));
+    hosts.push_back(proto::EscapeForLog(
+        j.facts.hostname().empty() ? j.addr : j.facts.hostname(), 255));
     // --num_gpus, else the node's GPUs, else one rank.
     const int gpus = j.facts.gpus_size();
     if (options_.plan.num_gpus <= 0 && gpus > kMaxSlotsPerHost) {

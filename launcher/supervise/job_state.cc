@@ -198,6 +198,15 @@ JobState::Action JobState::NodeDisconnected(int node, const std::string& why) {
   return NodeLost(node, "its agent's connection ended (" + why + ")");
 }
 
+bool JobState::NodeLeftBeforeStart(int node) {
+  if (phase_ != Phase::kStarting || started_ != 0 || node < 0 ||
+      node >= static_cast<int>(nodes_.size()) ||
+      !nodes_[node].lost_reason.empty())
+    return false;
+  nodes_[node] = NodeRecord();
+  return true;
+}
+
 JobState::Action JobState::AgentProcessExited(int node,
                                               const std::string& how) {
   NodeRecord& n = nodes_.at(node);

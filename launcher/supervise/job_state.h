@@ -128,6 +128,10 @@ class JobState {
   Action StoppedFromOutside(int signal, const std::string& why);
   // --on_hang abort: `rank` sent no progress record for too long.
   Action Hung(int rank, const std::string& why);
+  // --launcher join, while the job is still assembling (starting, no rank
+  // started): the node's agent left; the node is free for the next agent
+  // that joins as it. False (nothing changed) otherwise.
+  bool NodeLeftBeforeStart(int node);
   // The starter failed before anything ran: Starting -> Ended.
   void StartFailed(const Status& why);
   // --launcher join, once every node joined: the final plan (the agents'

@@ -588,6 +588,38 @@ TEST_F(JoinJobTest, AHostileHostnameReachesTheConsoleEscaped) {
   EXPECT_EQ(job_->plan().nodes[0].host.find('\n'), std::string::npos);
 }
 
+// Node 0 joins and drops before node 1 comes: the job is still assembling,
+// so it waits for node 0 again instead of failing before anything ran.
+TEST_F(JoinJobTest, ANodeThatLeavesBeforeTheJobAssembledMayJoinAgain) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  Join(0, "pod-0", 0, "10.9.0.11");
+  job_->OnAgentDisconnected(0, Unavailable("connection reset"));
+  EXPECT_EQ(phase(), Phase::kStarting);
+  Join(1, "pod-1", 0, "10.9.0.12");
+  EXPECT_FALSE(links_.sent.count(1)) << "no job while node 0 is missing";
+  Join(0, "pod-0b", 0, "10.9.0.13");
+  ASSERT_TRUE(links_.sent.count(0) && links_.sent.count(1));
+  EXPECT_TRUE(links_.Last(0).has_job_spec());
+  EXPECT_TRUE(links_.Last(1).has_job_spec());
+  EXPECT_EQ(links_.Last(1).job_spec().master_addr(), "10.9.0.13");
+  EXPECT_EQ(job_->plan().nodes[0].host, "pod-0b");
+  RankStarted(0, 0);
+  RankStarted(1, 1);
+  EXPECT_EQ(phase(), Phase::kRunning);
+}
+
+// Once every node joined the job is sent: a node lost then fails the job.
+TEST_F(JoinJobTest, ANodeLostAfterTheJobWasSentFailsIt) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  Join(0, "pod-0", 0, "10.9.0.11");
+  Join(1, "pod-1", 0, "10.9.0.12");
+  job_->OnAgentDisconnected(0, Unavailable("connection reset"));
+  EXPECT_EQ(phase(), Phase::kStopping);
+  EXPECT_EQ(job_->state().outcome().node, 0);
+}
+
 TEST_F(JoinJobTest, AnAgentJoiningAnEndedJobIsToldItFailed) {
   options_.start_timeout_s = 0.05;
   StartJob();
