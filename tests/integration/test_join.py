@@ -113,6 +113,28 @@ class Join(LaunchTest):
         self.assertEqual(self.finish(first)[0], 0)
         self.assertFalse(os.path.exists(ready))
 
+    def test_a_pod_that_joins_and_dies_before_the_others_come_is_replaced(self):
+        # Node 0's pod joins, then dies (SIGKILL) while node 1 has not come:
+        # nothing ran, so its replacement joins as node 0 and the job runs.
+        ready = os.path.join(self.dir, "ready-0")
+        job = self.launcher(2)
+        first = self.agent(0, "--ready_file", ready)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(ready):
+            self.assertLess(time.monotonic(), deadline, "no ready file")
+            time.sleep(0.02)
+        first.kill()
+        first.wait()
+        self.read_until(job, "stderr", r"node 0 \(.*\) left before the job started")
+        self.assertIsNone(job.poll(), "the launcher gave up on node 0")
+        replacement = self.agent(0)
+        self.agent(1)
+        code, _, err = self.finish(job)
+        self.assertEqual(code, 0, self.seen(job, "stderr").decode() + err)
+        self.assertEqual(self.finish(replacement)[0], 0)
+        self.assertEqual(self.env_of(0)["NODE_RANK"], "0")
+        self.assertEqual(self.env_of(1)["WORLD_SIZE"], "2")
+
     def test_a_joined_agent_whose_launcher_dies_before_the_start_exits_69_at_once(self):
         ready = os.path.join(self.dir, "ready-0")
         job = self.launcher(2)
