@@ -53,6 +53,12 @@ std::chrono::milliseconds Agent::Seconds(double s) {
   return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
 }
 
+static RankMonitorOptions MonitorOptions(const AgentOptions& options) {
+  RankMonitorOptions o;
+  o.stacks.argv = options.stack_helper;
+  return o;
+}
+
 Agent::Agent(AgentOptions options)
     : options_(std::move(options)),
       signals_(io_, SIGTERM, SIGINT, SIGHUP),
@@ -63,7 +69,8 @@ Agent::Agent(AgentOptions options)
       grace_timer_(io_),
       workers_(io_, this),
       progress_(io_, this),
-      monitor_(io_, [this](const wire::Envelope& env) { Send(env); }),
+      monitor_(io_, [this](const wire::Envelope& env) { Send(env); },
+               MonitorOptions(options_)),
       store_(io_, [this](const wire::StoreRequest& r) {
         wire::Envelope env;
         *env.mutable_store_request() = r;
@@ -342,6 +349,7 @@ Status Agent::SpawnWorkers() {
             BuildRankEnv(job_, r, paths, environ, mpi_ ? &mpi_vars : nullptr),
         .cwd = cwd,
         .cpus = {},
+        .tracer = monitor_.StackTracer(),  // never the agent (stack_helper.h)
     };
     if (!cores.empty()) {
       // DeepSpeed gives a bound rank as many OpenMP threads as cores.

@@ -21,6 +21,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "agent/mpi_ranks.h"
 #include "agent/progress_server.h"
@@ -53,6 +54,10 @@ struct AgentOptions {
   bool join = false;
   std::string join_rank_from;  // where the claim came from, for the log
   std::string ready_file;      // made once joined, removed at the end
+  // The stack helper's command (StackHelperCommand(); empty: stacks are
+  // not collected). It starts before the first rank, which names it alone
+  // as its tracer (stack_helper.h).
+  std::vector<std::string> stack_helper;
 };
 
 class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {

@@ -10,12 +10,13 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>  // getenv
-#include <cstring>  // memset, strlen
+#include <cstring>  // memset, strlen, strcmp
 
 #include "agent/agent.h"
 #include "agent/agent_args.h"
 #include "agent/host_check.h"
 #include "agent/mpi_ranks.h"
+#include "agent/stack_helper.h"
 #include "proto/auth.h"
 #include "proto/exit_status.h"
 #include "proto/host_info.h"
@@ -31,6 +32,8 @@ static int Usage(const dslaunch::Status& st) {
 int main(int argc, char** argv) {
   ::prctl(PR_SET_DUMPABLE, 0);  // no rank may read our memory or secret
   dslaunch::proto::EnsureStandardDescriptors();
+  if (argc == 2 && std::strcmp(argv[1], dslaunch::agent::kStackHelperFlag) == 0)
+    return dslaunch::agent::RunStackHelper(0);  // stdin: the agent's socket
   CLI::App app("dsagent: runs one node's ranks of a dslaunch job");
   dslaunch::agent::AgentOptions options;
   std::string connect, log_level = "warn";
@@ -244,6 +247,7 @@ int main(int argc, char** argv) {
     spdlog::error("no job secret on stdin");
     return dslaunch::kExitUsage;
   }
+  options.stack_helper = dslaunch::agent::StackHelperCommand();
   dslaunch::agent::Agent agent(std::move(options));
   return agent.Run();
 }

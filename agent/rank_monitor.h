@@ -1,8 +1,9 @@
 // RankMonitor watches this node's live ranks for the launcher (issue 12):
 // about once a second a RankStats message with each live rank's resident
-// set; stacks on CollectStacks (StackCollector); and, when a rank exits, what
-// explains it: the kernel's OOM killer (OomDetector) and the rank's
-// TORCHELASTIC_ERROR_FILE. Owned by the Agent; io_context thread only.
+// set; stacks on CollectStacks (through the stack helper, stack_helper.h);
+// and, when a rank exits, what explains it: the kernel's OOM killer
+// (OomDetector) and the rank's TORCHELASTIC_ERROR_FILE. Owned by the Agent;
+// io_context thread only.
 #pragma once
 
 #include <sys/types.h>  // pid_t
@@ -15,7 +16,7 @@
 #include <string>
 
 #include "agent/oom_detector.h"
-#include "agent/stack_collector.h"
+#include "agent/stack_helper.h"
 #include "proto/dslaunch.pb.h"
 #include "proto/process_set.h"  // ExitInfo
 
@@ -23,7 +24,7 @@ namespace dslaunch::agent {
 
 struct RankMonitorOptions {
   std::chrono::milliseconds stats_interval{1000};
-  StackToolOptions stacks;
+  StackHelperOptions stacks;
   OomOptions oom;
 };
 
@@ -45,6 +46,9 @@ class RankMonitor {
   // error file. Nothing is read for a rank that exited 0.
   void OnExited(int rank, const proto::ExitInfo& info,
                 wire::WorkerExited* exited);
+  // The pid every rank must name as its tracer (PR_SET_PTRACER): the stack
+  // helper's, which this starts on the first call; 0 when there is none.
+  pid_t StackTracer() { return stacks_.Tracer(); }
   // Replies one Stacks message per named rank of this node (ranks of other
   // nodes are not ours to answer).
   void HandleCollectStacks(const wire::CollectStacks& request);
@@ -67,7 +71,7 @@ class RankMonitor {
   bool stats_armed_ = false;
   bool stopped_ = false;
   OomDetector oom_;
-  StackCollector stacks_;
+  StackHelperClient stacks_;
 };
 
 // Resident set of process `pid` in bytes (/proc/<pid>/statm), -1 if gone.

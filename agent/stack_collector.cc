@@ -34,8 +34,9 @@ char ProcessState(pid_t pid) {
 }
 
 // A hint when tracing was refused and Yama is why: with ptrace_scope 1 only
-// a process's ancestors may trace it, and a tool the agent runs is a sibling
-// of the rank, not its ancestor.
+// a process's ancestors and its declared tracer's descendants may trace it
+// (a rank declares the stack helper that runs these tools: stack_helper.h);
+// with 2 only root, with 3 nobody.
 std::string PtraceHint(const std::string& failures) {
   if (failures.find("not permitted") == std::string::npos) return "";
   std::FILE* f = std::fopen("/proc/sys/kernel/yama/ptrace_scope", "re");
@@ -44,8 +45,15 @@ std::string PtraceHint(const std::string& failures) {
   const bool read = std::fscanf(f, "%d", &scope) == 1;
   std::fclose(f);
   if (!read || scope < 1) return "";
-  return " (kernel.yama.ptrace_scope is " + std::to_string(scope) +
-         ": run the agent as root, or set it to 0)";
+  const std::string is =
+      " (kernel.yama.ptrace_scope is " + std::to_string(scope) + ": ";
+  if (scope == 1) {
+    return is +
+           "a rank may be traced only by the stack helper it named at its "
+           "start; did it name another tracer itself?)";
+  }
+  return is + (scope == 2 ? "only root may trace: run the agent as root)"
+                          : "no process may trace)");
 }
 
 std::string DefaultPath() {

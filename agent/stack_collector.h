@@ -5,8 +5,8 @@
 // tried when one fails — with bounded output, at most a few at once and the
 // rest queued. A rank's collection has `timeout` from its request, queueing
 // and every tool included (a tool still running then is SIGKILLed), so its
-// one reply always comes within that. Owned by RankMonitor; io_context
-// thread only.
+// one reply always comes within that. Runs in the stack helper process
+// (stack_helper.h), the one the ranks let trace them; io_context thread only.
 #pragma once
 
 #include <sys/types.h>  // pid_t

@@ -19,15 +19,22 @@ void WorkerSet::Contain(const std::string& job_id, int node_rank) {
   });
 }
 
-StatusOr<pid_t> WorkerSet::Spawn(const WorkerSpec& spec) {
+proto::ProcessSpec WorkerProcessSpec(const WorkerSpec& spec,
+                                     const std::string& cgroup_dir) {
   proto::ProcessSpec p;
   p.argv = spec.argv;
   p.env = spec.env;
   p.cwd = spec.cwd;
   p.cpus = spec.cpus;
   p.death_signal = SIGKILL;
-  p.parent_may_trace = true;  // stacks of a hung rank (stack_collector.h)
-  p.cgroup_dir = containment_.cgroup_dir();
+  p.tracer = spec.tracer;  // stacks of a hung rank (stack_helper.h)
+  p.cgroup_dir = cgroup_dir;
+  return p;
+}
+
+StatusOr<pid_t> WorkerSet::Spawn(const WorkerSpec& spec) {
+  const proto::ProcessSpec p =
+      WorkerProcessSpec(spec, containment_.cgroup_dir());
   containment_.NoteSpawned();
   ASSIGN_OR_RETURN(pid_t pid, processes_.Spawn(p));
   ranks_[pid] = spec.rank;

@@ -27,7 +27,15 @@ struct WorkerSpec {
   std::vector<std::string> env;   // "KEY=VALUE", the worker's whole environment
   std::string cwd;                // empty = the agent's
   std::vector<int> cpus;          // bound to these CPUs (empty = not bound)
+  // The one process (and its descendants) the rank lets trace it under
+  // Yama's ptrace_scope 1: the node's stack helper, never the agent, of
+  // which every rank descends (0 = none; stack_helper.h).
+  pid_t tracer = 0;
 };
+
+// How WorkerSet starts the worker of `spec` (in the cgroup `cgroup_dir`).
+proto::ProcessSpec WorkerProcessSpec(const WorkerSpec& spec,
+                                     const std::string& cgroup_dir);
 
 using ExitInfo = proto::ExitInfo;
 using proto::ResolveProgram;

@@ -119,7 +119,7 @@ struct ChildPlan {
   bool fail_at_once = false;  // the program was not found
   bool new_session = false;
   int death_signal = SIGKILL;
-  bool parent_may_trace = false;
+  pid_t tracer = 0;
   int in_r = -1, out_w = -1, err_w = -1, report_w = -1;
   const char* path = nullptr;
   const char* cwd = "";
@@ -150,7 +150,7 @@ enum Stage : int { kChdir = 1, kExec = 2, kCgroup = 3, kAffinity = 4 };
   ::prctl(PR_SET_PDEATHSIG, p.death_signal);
   if (::getppid() != p.parent) ::_exit(127);  // the parent is already gone
   // Without Yama this fails (EINVAL) and nothing is needed.
-  if (p.parent_may_trace) ::prctl(PR_SET_PTRACER, p.parent, 0, 0, 0);
+  if (p.tracer > 0) ::prctl(PR_SET_PTRACER, p.tracer, 0, 0, 0);
   if (p.fail_at_once) ::_exit(127);
   if (p.cgroup_procs[0] != '\0') {
     // Joins before any of the program's code runs ("0": this process).
@@ -355,11 +355,12 @@ StatusOr<pid_t> ProcessSet::Spawn(const ProcessSpec& spec) {
     CPU_SET(cpu, &cpus);
   }
   ChildPlan plan{::getpid(),        !error.empty(),        spec.new_session,
-                 spec.death_signal, spec.parent_may_trace, pipes.in[0],
+                 spec.death_signal, spec.tracer,        pipes.in[0],
                  pipes.out[1],      pipes.err[1],          pipes.report[1],
                  path.c_str(),      spec.cwd.c_str(),      "",
                  nullptr,           argv.data(),           envp.data()};
   if (!spec.cpus.empty()) plan.cpus = &cpus;
+  if (!spec.stdin_pipe && spec.stdin_fd >= 0) plan.in_r = spec.stdin_fd;
   // Every signal blocked across the start: the child must not run the
   // parent's handlers (Asio's signal pipe is shared) before it resets them.
   sigset_t all, old_mask;

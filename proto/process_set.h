@@ -32,6 +32,9 @@ struct ProcessSpec {
   bool new_session = false;       // setsid() instead of a new process group
   int death_signal = SIGKILL;     // PR_SET_PDEATHSIG
   bool stdin_pipe = false;        // false: /dev/null; true: a pipe we keep
+  // With stdin_pipe false: a descriptor of ours (a socket) that becomes the
+  // child's stdin; the caller keeps and closes it (-1 = /dev/null).
+  int stdin_fd = -1;
   bool capture_output = true;     // false: stdout/stderr are the parent's
   // A cgroup v2 directory the child joins before it execs ("" = none).
   std::string cgroup_dir;
@@ -39,9 +42,10 @@ struct ProcessSpec {
   std::vector<int> cpus;
   // Sent to the child's group when the ProcessSet goes first (0 = none).
   int destroy_signal = SIGKILL;
-  // The parent and its descendants (a stack tool it runs) may ptrace the
-  // child where Yama's ptrace_scope 1 allows only ancestors.
-  bool parent_may_trace = false;
+  // PR_SET_PTRACER: this process and its descendants may ptrace the child
+  // where Yama's ptrace_scope 1 allows only ancestors (0 = none). Never the
+  // parent for ranks: every rank descends from it (agent/stack_helper.h).
+  pid_t tracer = 0;
 };
 
 struct ExitInfo {

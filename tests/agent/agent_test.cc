@@ -68,6 +68,7 @@ class AgentTest : public ::testing::Test {
     o.secret = secret_;
     o.stdin_is_lifeline = false;
     o.connect_timeout_s = 10;
+    o.stack_helper = {DSL_DSAGENT, kStackHelperFlag};
     agent_ = std::make_unique<Agent>(std::move(o));
     agent_result_ =
         std::async(std::launch::async, [this] { return agent_->Run(); });

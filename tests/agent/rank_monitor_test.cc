@@ -46,6 +46,7 @@ class RankMonitorTest : public ::testing::Test {
     o.stats_interval = milliseconds(50);
     if (o.oom.kmsg_path == "/dev/kmsg") o.oom.kmsg_path = dir_ + "/no-kmsg";
     if (o.stacks.path_env.empty()) o.stacks.path_env = dir_;  // no tools
+    o.stacks.argv = {DSL_DSAGENT, kStackHelperFlag};
     monitor_ = std::make_unique<RankMonitor>(
         io_, [this](const wire::Envelope& e) { sent_.push_back(e); }, o);
   }
@@ -152,6 +153,9 @@ TEST_F(RankMonitorTest, StacksOfARankNotRunningOrOfAnotherNode) {
   req.add_ranks(4);
   req.set_reason("hang: no progress for 600 s");
   monitor_->HandleCollectStacks(req);
+  ASSERT_TRUE(RunUntil(
+      io_, [&] { return Count(wire::Envelope::kStacks) >= 2; },
+      milliseconds(10000)));
   ASSERT_EQ(Count(wire::Envelope::kStacks), 2u);
   EXPECT_EQ(sent_[0].stacks().rank(), 5);
   EXPECT_EQ(sent_[0].stacks().error(), "rank 5 is not running");

@@ -431,6 +431,21 @@ TEST(ResolveProgram, TakesNameWithSlashAsIs) {
   EXPECT_EQ(*found, "./no/such/tool");
 }
 
+// Under Yama's ptrace_scope 1 a rank's declared tracer and that tracer's
+// descendants may trace it: naming the agent, of which every rank descends,
+// would let the ranks of a job trace each other. A rank names the tracer it
+// is given (the stack helper) and nobody else.
+TEST(WorkerProcessSpec, NamesTheGivenTracerNeverTheAgent) {
+  WorkerSpec spec;
+  spec.argv = {"/bin/true"};
+  spec.tracer = 4242;
+  EXPECT_EQ(WorkerProcessSpec(spec, "").tracer, 4242);
+  spec.tracer = 0;
+  EXPECT_EQ(WorkerProcessSpec(spec, "").tracer, 0);  // none: nobody
+  EXPECT_EQ(WorkerProcessSpec(spec, "/sys/fs/cgroup/job").cgroup_dir,
+            "/sys/fs/cgroup/job");
+}
+
 TEST(ResolveProgram, ReportsCommandNotFound) {
   StatusOr<std::string> found =
       ResolveProgram("dslaunch-test-no-such-program", "/bin:/usr/bin");

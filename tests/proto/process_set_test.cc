@@ -361,6 +361,49 @@ TEST(ProcessSet, StartsChildrenWhereClone3IsRefused) {
          "5: no exit seen, 6: wrong output or exit code";
 }
 
+// A child calls PR_SET_PTRACER with exactly the tracer of its spec (the
+// agent gives its ranks the stack helper's pid, never its own), and not at
+// all without one. Seen through a seccomp filter: PR_SET_PTRACER(4242) kills
+// the caller, which the exit shows; no Yama is needed.
+TEST(ProcessSet, NamesExactlyTheTracerOfTheSpecAndNoneWithoutOne) {
+  constexpr pid_t kTracer = 4242;
+  const pid_t tester = ::fork();
+  if (tester == 0) {
+    sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_prctl, 0, 5),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, args[0])),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, PR_SET_PTRACER, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, args[1])),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kTracer, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    sock_fprog prog{static_cast<unsigned short>(std::size(filter)), filter};
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
+      ::_exit(2);
+    asio::io_context io;
+    Recorder rec;
+    ProcessSet set(io, &rec);
+    ProcessSpec named = Shell("exit 0"), none = Shell("exit 0");
+    named.tracer = kTracer;
+    StatusOr<pid_t> a = set.Spawn(named), b = set.Spawn(none);
+    if (!a.ok() || !b.ok()) ::_exit(3);
+    if (!dslaunch::testing::RunUntil(
+            io, [&] { return rec.exits.count(*a) && rec.exits.count(*b); }))
+      ::_exit(4);
+    if (rec.exits[*a].signal != SIGSYS) ::_exit(5);
+    ::_exit(rec.exits[*b].signal == 0 && rec.exits[*b].exit_code == 0 ? 0 : 6);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(tester, &status, 0), tester);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "2: no seccomp here, 3: spawn failed, 4: no exit seen, 5: the "
+         "tracer was not named, 6: a child without one named one";
+}
+
 TEST(ChildReaper, IsOnePerLoop) {
   asio::io_context io;
   EXPECT_EQ(&ChildReaper::Of(io), &ChildReaper::Of(io));
