@@ -47,10 +47,10 @@ class RefusalCase(LaunchTest):
     def rank_program(self):
         return [PY, RANK_PY, "env"]
 
-    def assert_refused(self, argv, code, *needles):
+    def assert_refused(self, argv, code, *needles, **env):
         self.fresh_out()
         out = self.out
-        p = self.run_job(argv, timeout=FAST * 3, ENV_KEYS="[]")
+        p = self.run_job(argv, timeout=FAST * 3, ENV_KEYS="[]", **env)
         err = p.stderr.decode(errors="replace")
         self.assertEqual(p.returncode, code, err)
         self.assertLess(p.elapsed, FAST, "took %.1f s" % p.elapsed)
@@ -201,6 +201,92 @@ class InputTest(RefusalCase):
         self.assertEqual(p.returncode, 0, p.stderr.decode(errors="replace"))
         with open(os.path.join(self.out, "argv-0.json")) as f:
             self.assertEqual(json.load(f), args)
+
+
+class PlantedFilesTest(RefusalCase):
+    """Files another user planted: env files that would set LD_PRELOAD for
+    every rank, directories whose owner would read the ranks' output. Each is
+    refused at once with a sentence naming it, and no rank starts."""
+
+    NOBODY = 65534
+
+    def job(self, *flags):
+        return [DSLAUNCH, "--hostfile", self.hostfile(1, 1), "--launcher",
+                "local", *flags, *self.rank_program()]
+
+    def need_root(self):
+        if os.geteuid() != 0:
+            self.skipTest("needs root to give a file to another user")
+
+    def theirs(self, name, mode=0o644, directory=False):
+        path = os.path.join(self.dir, name)
+        if directory:
+            os.mkdir(path)
+        else:
+            with open(path, "w") as f:
+                f.write("LD_PRELOAD=/tmp/theirs.so\n")
+        os.chmod(path, mode)
+        os.chown(path, self.NOBODY, self.NOBODY)
+        return path
+
+    def test_a_deepspeed_env_that_is_a_fifo_is_refused_without_hanging(self):
+        home = os.path.join(self.dir, "home")
+        os.mkdir(home)
+        os.mkfifo(os.path.join(home, ".deepspeed_env"))
+        self.assert_refused(self.job(), 65, "env file %s/.deepspeed_env: not a "
+                            "regular file" % home, HOME=home)
+
+    def test_ds_env_file_dev_zero_is_refused_not_a_crash(self):
+        self.assert_refused(self.job(), 65, "env file /dev/zero: not a regular file",
+                            DS_ENV_FILE="/dev/zero")
+
+    def test_a_world_writable_env_file_is_refused(self):
+        path = os.path.join(self.dir, "job.env")
+        with open(path, "w") as f:
+            f.write("LD_PRELOAD=/tmp/anyones.so\n")
+        os.chmod(path, 0o666)
+        self.assert_refused(self.job("--env_file", path), 65,
+                            "env file %s: writable by every user" % path)
+
+    def test_a_deepspeed_env_of_another_user_is_refused(self):
+        self.need_root()
+        home = self.theirs("home", 0o755, directory=True)
+        os.chown(home, 0, 0)  # the directory is ours, the file is not
+        path = os.path.join(home, ".deepspeed_env")
+        with open(path, "w") as f:
+            f.write("LD_PRELOAD=/tmp/theirs.so\n")
+        os.chown(path, self.NOBODY, self.NOBODY)
+        self.assert_refused(self.job(), 65, "env file %s: belongs to another "
+                            "user (uid 65534)" % path, HOME=home)
+
+    def test_a_log_dir_of_another_user_is_refused(self):
+        self.need_root()
+        logs = self.theirs("logs", 0o777, directory=True)
+        err = self.assert_refused(self.job("--log_dir", logs), 74,
+                                  "--log_dir %s: %s belongs to another user" % (logs, logs))
+        self.assertEqual(os.listdir(logs), [], err)
+
+    def test_a_rank_log_of_another_user_is_neither_truncated_nor_written(self):
+        self.need_root()
+        logs = os.path.join(self.dir, "logs")
+        os.mkdir(logs, 0o777)
+        os.chmod(logs, 0o777)  # shared, for a site's reasons
+        planted = os.path.join(logs, "rank-0.log")
+        with open(planted, "w") as f:
+            f.write("theirs\n")
+        os.chmod(planted, 0o666)
+        os.chown(planted, self.NOBODY, self.NOBODY)
+        self.assert_refused(self.job("--log_dir", logs), 74,
+                            "cannot write %s: the file belongs to another user" % planted)
+        with open(planted) as f:
+            self.assertEqual(f.read(), "theirs\n")
+
+    def test_a_tensorboard_dir_of_another_user_is_refused(self):
+        self.need_root()
+        tb = self.theirs("tb", 0o777, directory=True)
+        self.assert_refused(self.job("--tensorboard", tb), 74,
+                            "--tensorboard %s: %s belongs to another user" % (tb, tb))
+        self.assertEqual(os.listdir(tb), [])
 
 
 class SshTimeoutTest(RefusalCase):
