@@ -18,6 +18,7 @@
 #include "proto/auth.h"
 #include "proto/exit_status.h"
 #include "proto/host_info.h"  // UsableCores
+#include "proto/progress.h"   // EscapeForLog
 #include "proto/unix_time.h"
 #include "proto/version.h"
 
@@ -174,10 +175,11 @@ void Agent::HandleMessage(wire::Envelope&& msg) {
             msg.abort().exit_status() != 0 ? msg.abort().exit_status() : 1;
         if (state_ == State::kConnecting && !accepted_) {
           spdlog::error("{} (this agent's claim came from {})",
-                        msg.abort().reason(), options_.join_rank_from);
+                        proto::EscapeForLog(msg.abort().reason(), 1024),
+                        options_.join_rank_from);
         } else if (state_ == State::kConnecting) {
           spdlog::error("the job ended before it started: {}",
-                        msg.abort().reason());
+                        proto::EscapeForLog(msg.abort().reason(), 1024));
         }
       }
       return Drain(msg.abort().kill_now(), msg.abort().reason());
@@ -419,7 +421,7 @@ void Agent::Drain(bool kill_now, const std::string& why) {
   if (state_ == State::kExited) return;
   connect_timer_.cancel();
   if (state_ != State::kDraining) {
-    spdlog::info("draining: {}", why);
+    spdlog::info("draining: {}", proto::EscapeForLog(why, 1024));
     SetState(State::kDraining);
     const double grace = job_.kill_grace_s() > 0 ? job_.kill_grace_s() : 5.0;
     grace_timer_.expires_after(Seconds(grace));

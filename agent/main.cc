@@ -119,6 +119,9 @@ int main(int argc, char** argv) {
     }
     auto secret = dslaunch::proto::ReadSecretFile(secret_file);
     if (!secret.ok()) return Usage(secret.status());
+    for (const std::string& w :
+         dslaunch::proto::SecretFileWarnings(secret_file, *secret))
+      spdlog::warn("{}", w);
     if (auto st = dslaunch::proto::SplitHostPort(join, &options.launcher_host,
                                                  &options.launcher_port);
         !st.ok()) {

@@ -9,6 +9,7 @@
 #include <sys/stat.h>        // fstat
 #include <unistd.h>          // read
 
+#include <algorithm>
 #include <array>
 #include <cctype>  // isspace
 #include <cmath>   // log2
@@ -167,20 +168,31 @@ size_t Period(std::string_view s) {
   return s.size();
 }
 
-// An estimate of the secret's entropy in bits from its characters'
-// frequencies over one period: the empirical Shannon entropy times the
-// length (an over-estimate for text a person chose, fine as a floor).
-double EstimatedBits(std::string_view secret) {
-  const std::string_view unit = secret.substr(0, Period(secret));
+// The empirical Shannon entropy of `symbols` times their number, in bits.
+double ShannonBits(std::string_view symbols) {
   std::array<size_t, 256> counts{};
-  for (unsigned char c : unit) ++counts[c];
+  for (unsigned char c : symbols) ++counts[c];
   double bits = 0;
   for (size_t n : counts) {
     if (n == 0) continue;
-    const double p = static_cast<double>(n) / static_cast<double>(unit.size());
+    const double p =
+        static_cast<double>(n) / static_cast<double>(symbols.size());
     bits -= static_cast<double>(n) * std::log2(p);
   }
   return bits;
+}
+
+// An estimate of the secret's entropy in bits over one period: the lesser
+// of its characters' and of their successive differences' empirical
+// Shannon entropy (the differences give away "abcdef..." and "0123...").
+// An over-estimate for a phrase a person chose: it catches repetition,
+// sequences and small alphabets, not words.
+double EstimatedBits(std::string_view secret) {
+  const std::string_view unit = secret.substr(0, Period(secret));
+  std::string steps;
+  for (size_t i = 1; i < unit.size(); ++i)
+    steps.push_back(static_cast<char>(unit[i] - unit[i - 1]));
+  return std::min(ShannonBits(unit), ShannonBits(steps));
 }
 
 }  // namespace
@@ -189,7 +201,15 @@ std::vector<std::string> SecretFileWarnings(const std::string& path,
                                             std::string_view secret) {
   std::vector<std::string> warnings;
   struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & S_IROTH)) {
+  const bool stated = ::stat(path.c_str(), &st) == 0;
+  if (stated && st.st_uid != ::geteuid() && st.st_uid != 0) {
+    warnings.push_back("--secret_file " + path + " belongs to user " +
+                       std::to_string(st.st_uid) +
+                       ", who can read it and change it");
+  }
+  // Group-readable is not warned about: a Kubernetes Secret volume is
+  // root's, readable by the pod's fsGroup (defaultMode 0440).
+  if (stated && (st.st_mode & S_IROTH)) {
     char mode[8];
     std::snprintf(mode, sizeof(mode), "%04o",
                   static_cast<unsigned>(st.st_mode & 07777));
@@ -199,7 +219,7 @@ std::vector<std::string> SecretFileWarnings(const std::string& path,
                        "): anyone who reads it can join the job; chmod o-r "
                        "it (a Kubernetes Secret: defaultMode 0440 or 0400)");
   }
-  constexpr double kMinBits = 64;
+  constexpr double kMinBits = 80;  // random hex of 16 bytes: 95 or more
   const double bits = EstimatedBits(secret);
   if (bits < kMinBits) {
     warnings.push_back("--secret_file " + path + ": the secret looks guessable (" +

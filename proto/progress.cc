@@ -127,42 +127,45 @@ std::string AnnotateProgressRecord(std::string_view json, int rank,
 
 namespace {
 
-// The code point of one valid UTF-8 sequence of 2 or 3 bytes.
+// The code point of one valid UTF-8 sequence of 2 to 4 bytes.
 unsigned DecodeUtf8(std::string_view seq) {
   const auto b = [&](size_t i) { return static_cast<unsigned char>(seq[i]); };
   if (seq.size() == 2) return (b(0) & 0x1Fu) << 6 | (b(1) & 0x3Fu);
-  return (b(0) & 0x0Fu) << 12 | (b(1) & 0x3Fu) << 6 | (b(2) & 0x3Fu);
+  if (seq.size() == 3)
+    return (b(0) & 0x0Fu) << 12 | (b(1) & 0x3Fu) << 6 | (b(2) & 0x3Fu);
+  return (b(0) & 0x07u) << 18 | (b(1) & 0x3Fu) << 12 | (b(2) & 0x3Fu) << 6 |
+         (b(3) & 0x3Fu);
 }
 
-// Bidirectional controls (they reorder the text around them: "Trojan
-// Source") and the Unicode line and paragraph separators (a new line to
-// some viewers).
-bool IsInvisibleFormatChar(std::string_view seq) {
-  if (seq.size() != 2 && seq.size() != 3) return false;
-  const unsigned cp = DecodeUtf8(seq);
-  return cp == 0x061C || cp == 0x200E || cp == 0x200F ||
-         (cp >= 0x2028 && cp <= 0x202E) || (cp >= 0x2066 && cp <= 0x2069);
+// Characters that change what a reader sees without showing themselves:
+// bidirectional controls ("Trojan Source" reordering), the Unicode line and
+// paragraph separators (a new line to some viewers), zero-width spaces and
+// invisible operators, the byte order mark, interlinear annotations and the
+// tag characters (hidden text). `strict` (text naming something: a host, a
+// version) adds the joiners and variation selectors that emoji sequences
+// use, the soft hyphen and the fillers that render as blanks, so two names
+// that look alike are told apart.
+bool IsInvisible(unsigned cp, bool strict) {
+  if (cp == 0x061C || (cp >= 0x200B && cp <= 0x200C) ||
+      (cp >= 0x200E && cp <= 0x200F) || (cp >= 0x2028 && cp <= 0x202E) ||
+      (cp >= 0x2060 && cp <= 0x2064) || (cp >= 0x2066 && cp <= 0x206F) ||
+      cp == 0xFEFF || (cp >= 0xFFF9 && cp <= 0xFFFB) ||
+      (cp >= 0xE0000 && cp <= 0xE007F))
+    return true;
+  return strict &&
+         (cp == 0x00AD || cp == 0x034F || cp == 0x115F || cp == 0x1160 ||
+          (cp >= 0x180B && cp <= 0x180F) || cp == 0x200D || cp == 0x3164 ||
+          (cp >= 0xFE00 && cp <= 0xFE0F) || cp == 0xFFA0);
 }
 
-}  // namespace
-
-std::string EscapeForLog(std::string_view text, size_t max_bytes) {
-  if (text.size() <= max_bytes) return EscapeControlChars(text);
-  size_t cut = max_bytes;
-  // Back to a character boundary: never half a UTF-8 sequence.
-  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80)
-    --cut;
-  return EscapeControlChars(text.substr(0, cut)) + "...(" +
-         std::to_string(text.size() - cut) + " more bytes)";
-}
-
-std::string EscapeControlChars(std::string_view text) {
+std::string Escape(std::string_view text, bool strict) {
   std::string out;
   out.reserve(text.size());
-  char buf[8];
+  char buf[16];
   while (!text.empty()) {
     const auto c = static_cast<unsigned char>(text[0]);
     size_t n = c < 0x80 ? 1 : Utf8SequenceLength(text);  // ASCII inline
+    unsigned cp = 0;
     if ((c < 0x20 && c != '\t') || c == 0x7F) {
       std::snprintf(buf, sizeof(buf), "\\u%04x", c);
       out += buf;
@@ -171,8 +174,9 @@ std::string EscapeControlChars(std::string_view text) {
       std::snprintf(buf, sizeof(buf), "\\u%04x",
                     static_cast<unsigned char>(text[1]));  // C1: U+0080..9F
       out += buf;
-    } else if (n > 1 && IsInvisibleFormatChar(text.substr(0, n))) {
-      std::snprintf(buf, sizeof(buf), "\\u%04x", DecodeUtf8(text.substr(0, n)));
+    } else if (n > 1 && IsInvisible(cp = DecodeUtf8(text.substr(0, n)),
+                                    strict)) {
+      std::snprintf(buf, sizeof(buf), cp > 0xFFFF ? "\\U%08x" : "\\u%04x", cp);
       out += buf;
     } else if (n == 0) {
       std::snprintf(buf, sizeof(buf), "\\x%02x", c);  // not UTF-8
@@ -184,6 +188,26 @@ std::string EscapeControlChars(std::string_view text) {
     text.remove_prefix(n);
   }
   return out;
+}
+
+}  // namespace
+
+std::string EscapeForLog(std::string_view text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return Escape(text, /*strict=*/true);
+  size_t cut = max_bytes;
+  // Back to a character boundary (a UTF-8 sequence is at most 4 bytes):
+  // never half a sequence, and never more than 3 bytes back, whatever
+  // continuation bytes a peer sent.
+  for (int back = 0; back < 3 && cut > 0 &&
+                     (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80;
+       ++back)
+    --cut;
+  return Escape(text.substr(0, cut), /*strict=*/true) + "...(" +
+         std::to_string(text.size() - cut) + " more bytes)";
+}
+
+std::string EscapeControlChars(std::string_view text) {
+  return Escape(text, /*strict=*/false);
 }
 
 ProgressClient::~ProgressClient() {

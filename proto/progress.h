@@ -43,13 +43,19 @@ std::string AnnotateProgressRecord(std::string_view json, int rank,
 // Rank-supplied text made safe for a terminal: C0 controls except tab, DEL,
 // C1 controls (U+0080..U+009F, or such bytes outside valid UTF-8), the
 // bidirectional controls that reorder what a reader sees (U+061C, U+200E,
-// U+200F, U+202A..U+202E, U+2066..U+2069) and the line and paragraph
-// separators (U+2028, U+2029) are written as \u001b-style escapes, so no
-// escape sequence, forged line or reordered text reaches the screen.
+// U+200F, U+202A..U+202E, U+2066..U+206F), the line and paragraph
+// separators (U+2028, U+2029), zero-width spaces and invisible operators
+// (U+200B, U+200C, U+2060..U+2064), the byte order mark, interlinear
+// annotations (U+FFF9..U+FFFB) and tag characters (U+E0000..U+E007F) are
+// written as \u001b-style escapes (\U000e0041 beyond U+FFFF), so no escape
+// sequence, forged line, reordered or hidden text reaches the screen.
 std::string EscapeControlChars(std::string_view text);
 // Text a peer sent (a hostname, a version, a reason) made fit for one log
-// line: escaped as by EscapeControlChars and, when longer than `max_bytes`,
-// cut there (at a character boundary) and marked "...(N more bytes)".
+// line: escaped as by EscapeControlChars plus what makes two names look
+// alike (U+200D and the variation selectors emoji use, the soft hyphen,
+// U+034F, the Mongolian selectors, the Hangul fillers) and, when longer than
+// `max_bytes`, cut there (at a character boundary, at most 3 bytes before)
+// and marked "...(N more bytes)".
 std::string EscapeForLog(std::string_view text, size_t max_bytes = 200);
 
 class ProgressClient {

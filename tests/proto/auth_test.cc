@@ -4,6 +4,7 @@
 #include <openssl/evp.h>   // EVP_sha256, the reference
 #include <openssl/hmac.h>  // HMAC, the reference
 #include <sys/stat.h>      // mkfifo
+#include <unistd.h>        // chown
 
 #include <filesystem>
 #include <fstream>
@@ -190,13 +191,22 @@ TEST(Auth, SecretFileWarningsNameAWorldReadableFileAndAGuessableSecret) {
   for (const std::string& weak :
        {std::string(32, 'a'), std::string("abababababababababababababababab"),
         std::string("passwordpasswordpasswordpassword"),
-        std::string("0123012301230123012301230123012301230123")}) {
+        std::string("0123012301230123012301230123012301230123"),
+        std::string("0123456789abcdef0123456789abcdef"),
+        std::string("abcdefghijklmnopqrstuvwxyz012345")}) {
     auto w = SecretFileWarnings(path, weak);
     ASSERT_EQ(w.size(), 1u) << weak;
     EXPECT_NE(w[0].find(path + ": the secret looks guessable"),
               std::string::npos)
         << w[0];
   }
+  // Another user's file: they can read it and change it.
+  ASSERT_EQ(::chown(path.c_str(), 65534, 65534), 0);
+  auto foreign = SecretFileWarnings(path, good);
+  ASSERT_EQ(foreign.size(), 1u);
+  EXPECT_NE(foreign[0].find(path + " belongs to user 65534"),
+            std::string::npos)
+      << foreign[0];
   std::filesystem::remove_all(dir);
 }
 

@@ -170,6 +170,26 @@ TEST(EscapeControlChars, EscapesBidiControlsAndLineSeparators) {
             "\xe2\x80\x93\xe2\x80\xaf\xd8\xa8");
 }
 
+// Invisible characters: a name holding them looks like another.
+TEST(EscapeControlChars, EscapesZeroWidthAndHiddenCharacters) {
+  EXPECT_EQ(EscapeControlChars("a\xe2\x80\x8b" "b\xe2\x81\xa0" "c\xef\xbb\xbf"),
+            "a\\u200bb\\u2060c\\ufeff");
+  EXPECT_EQ(EscapeControlChars("\xef\xbf\xb9x\xef\xbf\xbb"), "\\ufff9x\\ufffb");
+  // Tag characters carry hidden ASCII ("A" = U+E0041).
+  EXPECT_EQ(EscapeControlChars("ok\xf3\xa0\x81\x81"), "ok\\U000e0041");
+  // In rank output the emoji sequences keep their joiner and selector.
+  EXPECT_EQ(EscapeControlChars("\xe2\x9d\xa4\xef\xb8\x8f"
+                               "\xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9"),
+            "\xe2\x9d\xa4\xef\xb8\x8f"
+            "\xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9");
+}
+
+TEST(EscapeForLog, EscapesWhatMakesTwoNamesLookAlike) {
+  EXPECT_EQ(EscapeForLog("node\xe2\x80\x8d" "1\xc2\xad" "x\xe3\x85\xa4"),
+            "node\\u200d1\\u00adx\\u3164");
+  EXPECT_EQ(EscapeForLog("n\xef\xb8\x8f"), "n\\ufe0f");
+}
+
 TEST(EscapeForLog, CutsLongTextAtACharacterBoundaryAndSaysHowMuchWasLeft) {
   EXPECT_EQ(EscapeForLog("short\x1b", 200), "short\\u001b");
   EXPECT_EQ(EscapeForLog(std::string(300, 'x'), 10),
@@ -177,6 +197,9 @@ TEST(EscapeForLog, CutsLongTextAtACharacterBoundaryAndSaysHowMuchWasLeft) {
   // "é" is two bytes: a cut inside it backs up to before it.
   EXPECT_EQ(EscapeForLog("abc\xc3\xa9" "def", 4), "abc...(5 more bytes)");
   EXPECT_EQ(EscapeForLog("\x1b\x1b\x1b", 2), "\\u001b\\u001b...(1 more bytes)");
+  // Continuation bytes alone: the cut backs up 3 at most, never to nothing.
+  EXPECT_EQ(EscapeForLog(std::string(300, '\x80'), 10),
+            "\\x80\\x80\\x80\\x80\\x80\\x80\\x80...(293 more bytes)");
 }
 
 TEST(ProgressClient, ReportWithoutConnectFails) {
