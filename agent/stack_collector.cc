@@ -3,7 +3,8 @@
 #include <limits.h>  // PATH_MAX
 #include <signal.h>  // SIGKILL, SIGCONT
 #include <spdlog/spdlog.h>
-#include <unistd.h>  // readlink
+#include <sys/stat.h>  // stat
+#include <unistd.h>    // readlink, access
 
 #include <algorithm>
 #include <boost/asio/steady_timer.hpp>
@@ -120,12 +121,39 @@ bool IsPythonProcess(pid_t pid) {
   return exe.rfind("python", 0) == 0;
 }
 
+Status TrustedTool(const std::string& path) {
+  char real[PATH_MAX];
+  if (::realpath(path.c_str(), real) == nullptr)
+    return ErrnoStatus(path, errno);
+  std::string at = real;
+  struct stat st {};
+  if (::stat(at.c_str(), &st) != 0) return ErrnoStatus(at, errno);
+  if (!S_ISREG(st.st_mode) || st.st_uid != 0 || (st.st_mode & 022)) {
+    return InvalidArgument(
+        at + " is not a root-owned file that only root can write");
+  }
+  // Every directory above it: root's, and writable by no one else unless
+  // sticky (/tmp: nobody else can replace root's entries there).
+  while (at.size() > 1) {
+    at.resize(std::max<size_t>(at.rfind('/'), 1));
+    if (::stat(at.c_str(), &st) != 0) return ErrnoStatus(at, errno);
+    if (st.st_uid != 0 || ((st.st_mode & 022) && !(st.st_mode & S_ISVTX))) {
+      return InvalidArgument(real + std::string(": its directory ") + at +
+                              " is not root's alone");
+    }
+  }
+  return Status::Ok();
+}
+
 std::vector<StackTool> StackToolsFor(pid_t pid, bool is_python,
                                      const std::string& path_env) {
   const std::string id = std::to_string(pid);
   std::vector<StackTool> tools;
+  // The first trusted one on PATH: a rank can often write to a directory
+  // there (a venv's bin, ~/.local/bin), and a program it planted would run
+  // as a child of the stack helper, which every rank names as its tracer.
   auto add = [&](const std::string& name, std::vector<std::string> args) {
-    auto path = proto::ResolveProgram(name, path_env);
+    auto path = proto::ResolveProgram(name, path_env, TrustedTool);
     if (!path.ok()) return;
     args.insert(args.begin(), *path);
     tools.push_back({name, std::move(args)});

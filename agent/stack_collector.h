@@ -41,9 +41,15 @@ struct StackTool {
 };
 
 // The tools to try for process `pid`, in order: py-spy when `is_python` and
-// found, then eu-stack, then gdb, each when found in `path_env`.
+// found, then eu-stack, then gdb, each the first in `path_env` that
+// TrustedTool accepts (a tool runs under the stack helper, whose right to
+// trace every rank it inherits: one a rank could replace is never run).
 std::vector<StackTool> StackToolsFor(pid_t pid, bool is_python,
                                      const std::string& path_env);
+// OK when `path`, links resolved, is a regular file of root's that only
+// root can write, in directories of root's that only root can write (or
+// sticky, as /tmp); else why not.
+Status TrustedTool(const std::string& path);
 // True when /proc/<pid>/exe's name starts with "python".
 bool IsPythonProcess(pid_t pid);
 

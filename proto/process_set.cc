@@ -61,8 +61,9 @@ struct ProcessSet::Child {
   asio::steady_timer drain_timer;
 };
 
-StatusOr<std::string> ResolveProgram(const std::string& program,
-                                     const std::string& path_env) {
+StatusOr<std::string> ResolveProgram(
+    const std::string& program, const std::string& path_env,
+    const std::function<Status(const std::string&)>& accept) {
   if (program.empty()) return InvalidArgument("empty program name");
   if (program.find('/') != std::string::npos) return program;
   size_t start = 0;
@@ -74,7 +75,7 @@ StatusOr<std::string> ResolveProgram(const std::string& program,
     struct stat st;
     if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
         ::access(candidate.c_str(), X_OK) == 0) {
-      return candidate;
+      if (!accept || accept(candidate).ok()) return candidate;
     }
     start = end + 1;
   }

@@ -15,6 +15,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -114,8 +115,10 @@ class ProcessSet {
 };
 
 // Finds `program` the way execvp would, in the PATH given; a name with a
-// slash is taken as is. NotFound when nothing executable matches.
-StatusOr<std::string> ResolveProgram(const std::string& program,
-                                     const std::string& path_env);
+// slash is taken as is. NotFound when nothing executable matches. With
+// `accept`, a candidate it refuses is passed over.
+StatusOr<std::string> ResolveProgram(
+    const std::string& program, const std::string& path_env,
+    const std::function<Status(const std::string&)>& accept = nullptr);
 
 }  // namespace dslaunch::proto

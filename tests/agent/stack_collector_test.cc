@@ -4,7 +4,8 @@
 #include <signal.h>    // kill
 #include <spawn.h>     // posix_spawn
 #include <stdlib.h>    // mkdtemp
-#include <sys/stat.h>  // chmod
+#include <sys/stat.h>  // chmod, mkdir
+#include <unistd.h>    // chown, symlink, geteuid
 #include <sys/wait.h>  // waitpid
 
 #include <boost/asio/io_context.hpp>
@@ -241,6 +242,38 @@ TEST_F(StackCollectorTest, UsesPySpyForAPythonInterpreter) {
   EXPECT_EQ(replies_[0].tool(), "py-spy");
   EXPECT_EQ(replies_[0].text(),
             "py-spy dump --pid " + std::to_string(py.pid()) + "\n");
+}
+
+// A tool a rank could replace (another user's, writable by others, in a
+// directory others may write) would run with the helper's right to trace
+// every rank: it is passed over for the next trusted one on PATH.
+TEST_F(StackCollectorTest, TakesOnlyToolsNobodyButRootCanReplace) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to make root's files";
+  const std::string trusted = dir_ + "/trusted";
+  const std::string planted = dir_ + "/planted";
+  ASSERT_EQ(::mkdir(trusted.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(planted.c_str(), 0777), 0);  // a venv's bin, say
+  ASSERT_EQ(::chmod(planted.c_str(), 0777), 0);
+  for (const std::string& d : {trusted, planted}) {
+    std::ofstream(d + "/eu-stack") << "#!/bin/sh\n";
+    ASSERT_EQ(::chmod((d + "/eu-stack").c_str(), 0755), 0);
+  }
+  auto tools = StackToolsFor(1234, false, planted + ":" + trusted);
+  ASSERT_FALSE(tools.empty());
+  EXPECT_EQ(tools[0].argv[0], trusted + "/eu-stack");
+  EXPECT_FALSE(TrustedTool(planted + "/eu-stack").ok());
+  EXPECT_TRUE(TrustedTool(trusted + "/eu-stack").ok());
+  // Writable by its group; another user's; through a link: the target.
+  ASSERT_EQ(::chmod((trusted + "/eu-stack").c_str(), 0775), 0);
+  EXPECT_FALSE(TrustedTool(trusted + "/eu-stack").ok());
+  ASSERT_EQ(::chmod((trusted + "/eu-stack").c_str(), 0755), 0);
+  ASSERT_EQ(::chown((trusted + "/eu-stack").c_str(), 65534, 65534), 0);
+  EXPECT_FALSE(TrustedTool(trusted + "/eu-stack").ok());
+  EXPECT_TRUE(StackToolsFor(1234, false, planted + ":" + trusted).empty());
+  ASSERT_EQ(::symlink((planted + "/eu-stack").c_str(),
+                      (dir_ + "/link").c_str()), 0);
+  EXPECT_FALSE(TrustedTool(dir_ + "/link").ok());
+  EXPECT_TRUE(TrustedTool("/bin/sh").ok());
 }
 
 TEST_F(StackCollectorTest, StopKillsTheRunningToolsAndRepliesNoMore) {
