@@ -200,11 +200,12 @@ StatusOr<std::pair<SafeDir, std::string>> SafeDir::OpenParent(
   const size_t slash = trimmed.rfind('/');
   const std::string parent = slash == std::string::npos ? "."
                              : slash == 0               ? "/"
-                                                        : trimmed.substr(0, slash);
+                                          : trimmed.substr(0, slash);
   std::string name = trimmed.substr(slash == std::string::npos ? 0 : slash + 1);
   if (name.empty() || name == "." || name == "..")
     return IoError(what + " " + path + ": names no file or directory");
-  ASSIGN_OR_RETURN(SafeDir dir, Walked(parent, what, what + " " + path, create));
+  ASSIGN_OR_RETURN(SafeDir dir,
+                   Walked(parent, what, what + " " + path, create));
   return std::make_pair(std::move(dir), std::move(name));
 }
 
@@ -270,22 +271,22 @@ StatusOr<int> SafeDir::CreateNew(const std::string& name, mode_t mode,
 
 StatusOr<int> SafeDir::OpenLog(const std::string& name, mode_t mode) const {
   const std::string shown = "cannot write " + Joined(path_, name);
-  Fd fd(::openat(fd_, name.c_str(),
-                 O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY |
-                     O_CLOEXEC,
-                 mode));
+  Fd fd(::openat(
+      fd_, name.c_str(),
+      O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC,
+      mode));
   if (fd.get() < 0 && errno == ELOOP) return OpenLinkedLog(name);
   if (fd.get() < 0 && errno == ENXIO)
     return IoError(shown + ": a pipe that nobody reads");
   if (fd.get() < 0) return IoErrno(shown, errno);
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return IoErrno(shown, errno);
-  if (S_ISCHR(st.st_mode) ||
-      (S_ISFIFO(st.st_mode) && st.st_uid == ::geteuid()))
+  if (S_ISCHR(st.st_mode) || (S_ISFIFO(st.st_mode) && st.st_uid == ::geteuid()))
     return fd.Release();
   if (!S_ISREG(st.st_mode))
-    return IoError(shown + ": neither a regular file, a device nor a pipe "
-                           "of this user's");
+    return IoError(shown +
+                   ": neither a regular file, a device nor a pipe "
+                   "of this user's");
   if (st.st_uid != ::geteuid())
     return IoError(shown + ": the file belongs to another user (uid " +
                    std::to_string(st.st_uid) + ")");
@@ -361,8 +362,9 @@ StatusOr<std::string> ReadTrustedFile(const std::string& path,
   if (::fstat(fd.get(), &st) != 0)
     return DataError(shown + ": " + std::strerror(errno));
   if (!S_ISREG(st.st_mode))
-    return DataError(shown + ": not a regular file (a pipe, a device or a "
-                             "directory is never read)");
+    return DataError(shown +
+                     ": not a regular file (a pipe, a device or a "
+                     "directory is never read)");
   if (!OursOrRoot(st.st_uid))
     return DataError(shown + ": belongs to another user (uid " +
                      std::to_string(st.st_uid) + "); not read");

@@ -33,8 +33,8 @@ StatusOr<proto::SafeDir> OpenLogDir(const std::string& dir,
 StatusOr<std::unique_ptr<SinkFile>> SinkFile::Create(const proto::SafeDir& dir,
                                                      const std::string& name,
                                                      ErrorCallback on_error) {
-  ASSIGN_OR_RETURN(int fd, dir.OpenLog(name, proto::PrivateFileMode(
-                                                 proto::CurrentUmask())));
+  ASSIGN_OR_RETURN(
+      int fd, dir.OpenLog(name, proto::PrivateFileMode(proto::CurrentUmask())));
   return std::unique_ptr<SinkFile>(
       new SinkFile(dir.path() + "/" + name, fd, std::move(on_error)));
 }
@@ -42,7 +42,7 @@ StatusOr<std::unique_ptr<SinkFile>> SinkFile::Create(const proto::SafeDir& dir,
 StatusOr<std::unique_ptr<SinkFile>> SinkFile::Create(const std::string& path,
                                                      ErrorCallback on_error) {
   ASSIGN_OR_RETURN(auto dir, proto::SafeDir::OpenParent(path, "--log_dir",
-                                                         /*create=*/false));
+                                                        /*create=*/false));
   ASSIGN_OR_RETURN(auto file,
                    Create(dir.first, dir.second, std::move(on_error)));
   file->path_ = path;  // as the caller named it

@@ -121,9 +121,9 @@ TEST_F(SafeFilesTest, RefusesADirectoryUnderAnotherUsersDirectory) {
   ASSERT_EQ(::chown(theirs.c_str(), kNobody, kNobody), 0);
   auto d = SafeDir::Open((theirs / "ours").string(), "--log_dir");
   ASSERT_FALSE(d.ok());
-  EXPECT_NE(d.status().message().find(theirs.string() +
-                                      " belongs to another user"),
-            std::string::npos)
+  EXPECT_NE(
+      d.status().message().find(theirs.string() + " belongs to another user"),
+      std::string::npos)
       << d.status().message();
   // Nor made there.
   EXPECT_FALSE(SafeDir::Open((theirs / "new").string(), "--log_dir").ok());
@@ -138,7 +138,8 @@ TEST_F(SafeFilesTest, FollowsALinkOfThisUserOnTheWay) {
     auto d = SafeDir::Open((dir_ / link / "logs").string(), "--log_dir");
     ASSERT_TRUE(d.ok()) << d.status().message();
     Put(*d, std::string("via-") + link, "x");
-    EXPECT_TRUE(fs::exists(dir_ / "real" / "logs" / ("via-" + std::string(link))));
+    EXPECT_TRUE(
+        fs::exists(dir_ / "real" / "logs" / ("via-" + std::string(link))));
   }
   // The directory itself may be one (~/logs -> /scratch/me/logs).
   fs::create_directory_symlink(dir_ / "real", dir_ / "last");
@@ -175,12 +176,12 @@ TEST_F(SafeFilesTest, AnotherUidAcceptsRootsDirectoriesAboveOnly) {
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     if (::setgid(kNobody) != 0 || ::setuid(kNobody) != 0) ::_exit(10);
-    const bool below = SafeDir::Open((dir_ / "shared" / "mine").string(), "t").ok();
+    const bool below =
+        SafeDir::Open((dir_ / "shared" / "mine").string(), "t").ok();
     const auto itself = SafeDir::Open((dir_ / "shared").string(), "t");
-    const bool named =
-        !itself.ok() &&
-        itself.status().message().find("belongs to another user (uid 0)") !=
-            std::string::npos;
+    const bool named = !itself.ok() && itself.status().message().find(
+                                           "belongs to another user (uid 0)") !=
+                                           std::string::npos;
     ::_exit(below ? (named ? 0 : 2) : 1);
   }
   int status = 0;
@@ -324,8 +325,8 @@ TEST_F(SafeFilesTest, OpenUnnamedLeavesNothingBehind) {
 TEST_F(SafeFilesTest, ReadsASmallFileOfThisUserAlsoThroughALink) {
   Write(dir_ / "env", "A=1\n");
   fs::create_symlink(dir_ / "env", dir_ / ".deepspeed_env");
-  auto text = ReadTrustedFile((dir_ / ".deepspeed_env").string(), "env file",
-                              1024);
+  auto text =
+      ReadTrustedFile((dir_ / ".deepspeed_env").string(), "env file", 1024);
   ASSERT_TRUE(text.ok()) << text.status().message();
   EXPECT_EQ(*text, "A=1\n");
 }
@@ -356,9 +357,8 @@ TEST_F(SafeFilesTest, RefusesAFileWritableByEveryone) {
   ::chmod((dir_ / "env").c_str(), 0666);
   auto text = ReadTrustedFile((dir_ / "env").string(), "env file", 1024);
   ASSERT_FALSE(text.ok());
-  EXPECT_EQ(text.status().message(),
-            "env file " + (dir_ / "env").string() +
-                ": writable by every user; not read");
+  EXPECT_EQ(text.status().message(), "env file " + (dir_ / "env").string() +
+                                         ": writable by every user; not read");
 }
 
 TEST_F(SafeFilesTest, RefusesAFileOfAnotherUser) {

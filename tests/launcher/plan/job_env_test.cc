@@ -229,7 +229,8 @@ TEST_F(EnvFileTrustTest, AMissingDeepSpeedEnvIsSkippedAMissingEnvFileIsNot) {
 
 TEST_F(EnvFileTrustTest, ReadsAFileOfThisUserThroughALink) {
   std::ofstream(dir_ / "dotfiles-env") << "A=1\n";
-  std::filesystem::create_symlink(dir_ / "dotfiles-env", dir_ / ".deepspeed_env");
+  std::filesystem::create_symlink(dir_ / "dotfiles-env",
+                                  dir_ / ".deepspeed_env");
   for (const Status& st : Collect(dir_ / ".deepspeed_env")) {
     EXPECT_TRUE(st.ok()) << st.message();
   }

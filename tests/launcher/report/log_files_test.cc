@@ -40,8 +40,8 @@ class SinkFileTest : public ::testing::Test {
   fs::path dir_;
 };
 
-#define NEEDS_ROOT()        \
-  if (::geteuid() != 0)     \
+#define NEEDS_ROOT()    \
+  if (::geteuid() != 0) \
   GTEST_SKIP() << "needs root to give a file to another user"
 
 TEST_F(SinkFileTest, WritesANewFileAndTruncatesOneOfThisUser) {
@@ -96,12 +96,13 @@ TEST_F(SinkFileTest, APipePlantedAsTheFileFailsAtOnceInsteadOfBlocking) {
   if (pid == 0) {
     auto file = Create(dir_ / "rank-0.log");
     const bool said =
-        !file.ok() && file.status().message().find("a pipe that nobody reads") !=
-                          std::string::npos;
+        !file.ok() && file.status().message().find(
+                          "a pipe that nobody reads") != std::string::npos;
     ::_exit(said ? 0 : 1);
   }
   int status = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (::waitpid(pid, &status, WNOHANG) == 0) {
     if (std::chrono::steady_clock::now() > deadline) {
       ::kill(pid, SIGKILL);

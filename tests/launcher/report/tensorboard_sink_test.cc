@@ -254,8 +254,8 @@ TEST_F(TensorBoardSinkTest, ARankRunIsMadeInTheDirectoryOpenedAtTheStart) {
   sink_->Close();
   EXPECT_TRUE(sink_->status().ok()) << sink_->status().message();
   EXPECT_TRUE(fs::is_empty(elsewhere));
-  EXPECT_EQ(ReadRun(fs::path(tmp_.path()) / "moved" / "rank-1").at(1).at("loss"),
-            3.0f);
+  const fs::path moved = fs::path(tmp_.path()) / "moved";
+  EXPECT_EQ(ReadRun(moved / "rank-1").at(1).at("loss"), 3.0f);
 }
 
 TEST_F(TensorBoardSinkTest, ARankRunOfAnotherUserIsNotWrittenInto) {
