@@ -3,6 +3,8 @@
 #include <fcntl.h>     // openat, O_*
 #include <limits.h>    // PATH_MAX
 #include <sys/stat.h>  // fstat, mkdirat, umask
+#include <grp.h>       // getgrgid_r
+#include <pwd.h>       // getpwuid_r
 #include <unistd.h>    // close, readlinkat, unlinkat, geteuid
 
 #include <atomic>
@@ -110,6 +112,13 @@ Status CheckOwner(int fd, const std::string& shown, bool last) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return IoErrno("cannot open " + shown, errno);
   if (!S_ISDIR(st.st_mode)) return IoError(shown + ": not a directory");
+  // The directory written into: another user able to write there could
+  // plant names in it (sticky: only next to ours, never instead of them).
+  if (last && st.st_uid == ::geteuid() && (st.st_mode & S_IWOTH) &&
+      !(st.st_mode & S_ISVTX)) {
+    return IoError(shown + " is writable by every user (chmod o-w, or +t); "
+                           "nothing is written there");
+  }
   if (st.st_uid == ::geteuid() || (!last && st.st_uid == 0))
     return Status::Ok();
   return IoError(shown + " belongs to another user (uid " +
@@ -309,6 +318,15 @@ StatusOr<int> SafeDir::OpenLog(const std::string& name, mode_t mode) const {
 // user's never gets our logs.
 StatusOr<int> SafeDir::OpenLinkedLog(const std::string& name) const {
   const std::string shown = "cannot write " + Joined(path_, name);
+  // Only a link of ours (or root's): a link another user planted in a
+  // directory they may write would send our logs wherever they chose.
+  struct stat link {};
+  if (::fstatat(fd_, name.c_str(), &link, AT_SYMLINK_NOFOLLOW) != 0)
+    return IoErrno(shown, errno);
+  if (!OursOrRoot(link.st_uid)) {
+    return IoError(shown + ": a symbolic link of another user (uid " +
+                   std::to_string(link.st_uid) + "), not followed");
+  }
   Fd fd(::openat(fd_, name.c_str(),
                  O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
   if (fd.get() < 0 && errno == ENXIO)
@@ -349,10 +367,39 @@ int SafeDir::OpenForReading() const {
   return ::openat(fd_, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 }
 
+// True when group `gid` is `uid`'s own (its primary group, with no other
+// member listed): a file writable by it is writable by that user alone.
+bool UsersOwnGroup(gid_t gid, uid_t uid) {
+  char buf[16384];
+  struct passwd pw {};
+  struct passwd* pwp = nullptr;
+  if (::getpwuid_r(uid, &pw, buf, sizeof buf, &pwp) != 0 || pwp == nullptr ||
+      pw.pw_gid != gid)
+    return false;
+  char gbuf[65536];
+  struct group gr {};
+  struct group* grp = nullptr;
+  if (::getgrgid_r(gid, &gr, gbuf, sizeof gbuf, &grp) != 0 || grp == nullptr)
+    return false;
+  for (char** m = gr.gr_mem; *m != nullptr; ++m) {
+    if (std::strcmp(*m, pw.pw_name) != 0) return false;
+  }
+  return true;
+}
+
 StatusOr<std::string> ReadTrustedFile(const std::string& path,
                                       const std::string& what,
                                       size_t max_bytes) {
   const std::string shown = what + " " + path;
+  // A link is followed only when this user or root made it: one another
+  // user planted (a shared working directory) would make us read, and
+  // quote, whatever it names.
+  struct stat link {};
+  if (::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode) &&
+      !OursOrRoot(link.st_uid)) {
+    return DataError(shown + ": a symbolic link of another user (uid " +
+                     std::to_string(link.st_uid) + "); not followed");
+  }
   // Non-blocking: a FIFO nobody writes is opened at once, then refused.
   Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
   if (fd.get() < 0 && errno == ENOENT)
@@ -370,6 +417,15 @@ StatusOr<std::string> ReadTrustedFile(const std::string& path,
                      std::to_string(st.st_uid) + "); not read");
   if (st.st_mode & S_IWOTH)
     return DataError(shown + ": writable by every user; not read");
+  if ((st.st_mode & S_IWGRP) && !UsersOwnGroup(st.st_gid, st.st_uid)) {
+    return DataError(shown + ": writable by group " +
+                     std::to_string(st.st_gid) +
+                     ", which is not its owner's own; not read (chmod g-w)");
+  }
+  // Root's file under a second name: a hard link someone else made to it.
+  if (st.st_uid != ::geteuid() && st.st_nlink > 1)
+    return DataError(shown + ": root's file with more than one name (a hard "
+                             "link another user may have made); not read");
   const std::string too_big =
       shown + ": larger than " + std::to_string(max_bytes) + " bytes";
   if (static_cast<uint64_t>(st.st_size) > max_bytes) return DataError(too_big);

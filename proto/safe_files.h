@@ -108,8 +108,11 @@ class SafeDir {
 // file, reached without blocking (a FIFO, a device, /dev/zero are refused),
 // belonging to this user or root and not writable by others, at most
 // `max_bytes` long. A symbolic link is followed (dotfile managers, mounted
-// ConfigMaps) and what it reaches must pass. Errors are DataErrors (65) that
-// begin "`what` `path`: "; a missing file is NotFound.
+// ConfigMaps) when this user or root made it, and what it reaches must
+// pass. Group-writable only when the group is its owner's own (a user
+// private group); root's file only under one name (no hard link another
+// user made). Errors are DataErrors (65) that begin "`what` `path`: "; a
+// missing file is NotFound.
 StatusOr<std::string> ReadTrustedFile(const std::string& path,
                                       const std::string& what,
                                       size_t max_bytes);

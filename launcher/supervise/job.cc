@@ -123,6 +123,16 @@ void Job::ArmStartTimer() {
 }
 
 void Job::OnAgentSecret(int node_rank, std::string secret) {
+  if (node_rank >= 0 && node_rank < static_cast<int>(state_.nodes().size()) &&
+      state_.node(node_rank).authenticated) {
+    // Its agent is in and its secret spent: a later line was written by
+    // something else (a rank can open the tool's output through /proc). It
+    // proves nothing now; it must not end the job in the agent's name.
+    console_.Note("ignored a secret line for node " +
+                  std::to_string(node_rank) +
+                  " after its agent authenticated (not written by the agent)");
+    return;
+  }
   if (node_secrets_.count(node_rank)) {
     // A second secret for one node: something else printed it. Refuse both.
     node_secrets_[node_rank] = "";

@@ -270,7 +270,7 @@ class PlantedFilesTest(RefusalCase):
         self.need_root()
         logs = os.path.join(self.dir, "logs")
         os.mkdir(logs, 0o777)
-        os.chmod(logs, 0o777)  # shared, for a site's reasons
+        os.chmod(logs, 0o1777)  # shared, for a site's reasons
         planted = os.path.join(logs, "rank-0.log")
         with open(planted, "w") as f:
             f.write("theirs\n")
@@ -280,6 +280,38 @@ class PlantedFilesTest(RefusalCase):
                             "cannot write %s: the file belongs to another user" % planted)
         with open(planted) as f:
             self.assertEqual(f.read(), "theirs\n")
+
+    def test_a_log_link_another_user_planted_in_a_shared_log_dir_is_not_followed(self):
+        self.need_root()
+        logs = os.path.join(self.dir, "logs")
+        os.mkdir(logs)
+        os.chown(logs, 0, self.NOBODY)  # a group they share
+        os.chmod(logs, 0o770)
+        planted = os.path.join(logs, "rank-0.log")
+        os.symlink("/dev/null", planted)
+        os.lchown(planted, self.NOBODY, self.NOBODY)
+        self.assert_refused(self.job("--log_dir", logs), 74,
+                            "a symbolic link of another user (uid 65534), not followed")
+
+    def test_a_log_dir_every_user_may_write_is_refused(self):
+        logs = os.path.join(self.dir, "logs")
+        os.mkdir(logs)
+        os.chmod(logs, 0o777)
+        self.assert_refused(self.job("--log_dir", logs), 74,
+                            "%s is writable by every user" % logs)
+
+    def test_a_deepspeed_env_link_another_user_planted_is_not_followed(self):
+        self.need_root()
+        shared = os.path.join(self.dir, "shared")
+        os.mkdir(shared)
+        os.chmod(shared, 0o1777)
+        path = os.path.join(shared, ".deepspeed_env")
+        os.symlink("/etc/shadow", path)
+        os.lchown(path, self.NOBODY, self.NOBODY)
+        err = self.assert_refused(self.job(), 65, "env file %s: a symbolic link of "
+                                  "another user (uid 65534); not followed" % path,
+                                  HOME=shared)
+        self.assertNotIn("root:", err)
 
     def test_a_tensorboard_dir_of_another_user_is_refused(self):
         self.need_root()

@@ -310,6 +310,38 @@ TEST_F(SafeFilesTest, OpenLogFollowsALinkOnlyToADeviceOrAPipeOfOurs) {
   EXPECT_EQ(Read(dir_ / "victim"), "precious");
 }
 
+// A link another user planted in a directory they may write (a project
+// directory their group shares) is not followed, even to a device: it
+// would send our logs wherever they chose (/dev/kmsg, a terminal).
+TEST_F(SafeFilesTest, OpenLogNeverFollowsALinkOfAnotherUser) {
+  NEEDS_ROOT();
+  ASSERT_EQ(::chown(dir_.c_str(), 0, kNobody), 0);
+  ::chmod(dir_.c_str(), 0770);
+  auto d = SafeDir::Open(dir_.string(), "t");
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  fs::create_symlink("/dev/null", dir_ / "rank-0.log");
+  ASSERT_EQ(::lchown((dir_ / "rank-0.log").c_str(), kNobody, kNobody), 0);
+  auto fd = d->OpenLog("rank-0.log", 0600);
+  ASSERT_FALSE(fd.ok());
+  EXPECT_NE(fd.status().message().find(
+                "a symbolic link of another user (uid 65534), not followed"),
+            std::string::npos)
+      << fd.status().message();
+}
+
+// Our own directory that every user may write (not sticky): anybody could
+// plant names in it, so nothing is written there.
+TEST_F(SafeFilesTest, RefusesADirectoryOfOursThatEveryoneMayWrite) {
+  ::chmod(dir_.c_str(), 0777);
+  auto d = SafeDir::Open(dir_.string(), "--log_dir");
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("is writable by every user"),
+            std::string::npos)
+      << d.status().message();
+  ::chmod(dir_.c_str(), 01777);  // sticky: nobody replaces our names
+  EXPECT_TRUE(SafeDir::Open(dir_.string(), "--log_dir").ok());
+}
+
 TEST_F(SafeFilesTest, OpenUnnamedLeavesNothingBehind) {
   auto d = SafeDir::Open(dir_.string(), "t");
   ASSERT_TRUE(d.ok());
@@ -372,6 +404,61 @@ TEST_F(SafeFilesTest, RefusesAFileOfAnotherUser) {
   EXPECT_EQ(text.status().message(),
             "env file " + (dir_ / "env").string() +
                 ": belongs to another user (uid 65534); not read");
+}
+
+TEST_F(SafeFilesTest, RefusesALinkOfAnotherUserToAFileOfOurs) {
+  NEEDS_ROOT();
+  Write(dir_ / "ours", "A=1\n");
+  fs::create_symlink(dir_ / "ours", dir_ / ".deepspeed_env");
+  ASSERT_EQ(::lchown((dir_ / ".deepspeed_env").c_str(), kNobody, kNobody), 0);
+  auto text =
+      ReadTrustedFile((dir_ / ".deepspeed_env").string(), "env file", 1024);
+  ASSERT_FALSE(text.ok());
+  EXPECT_EQ(text.status().message(),
+            "env file " + (dir_ / ".deepspeed_env").string() +
+                ": a symbolic link of another user (uid 65534); not followed");
+}
+
+// Writable by a group others belong to: any of them could add LD_PRELOAD.
+// The owner's own group (no other member) is fine: umask 002 makes every
+// file so.
+TEST_F(SafeFilesTest, RefusesAFileWritableByASharedGroup) {
+  NEEDS_ROOT();
+  Write(dir_ / "env", "A=1\n");
+  ::chmod((dir_ / "env").c_str(), 0664);
+  ASSERT_EQ(::chown((dir_ / "env").c_str(), 0, kNobody), 0);  // nogroup
+  auto text = ReadTrustedFile((dir_ / "env").string(), "env file", 1024);
+  ASSERT_FALSE(text.ok());
+  EXPECT_NE(text.status().message().find("writable by group 65534"),
+            std::string::npos)
+      << text.status().message();
+  ASSERT_EQ(::chown((dir_ / "env").c_str(), 0, 0), 0);  // root's own group
+  EXPECT_TRUE(
+      ReadTrustedFile((dir_ / "env").string(), "env file", 1024).ok());
+}
+
+// Root's file under a second name that another user made (a hard link
+// into a shared directory) is not read by that user's victim.
+TEST_F(SafeFilesTest, AnotherUidRefusesRootsFileWithASecondName) {
+  NEEDS_ROOT();
+  ::chmod(dir_.c_str(), 0755);
+  Write(dir_ / "secret", "root:x:1:2\n");
+  ::chmod((dir_ / "secret").c_str(), 0644);
+  ASSERT_EQ(::link((dir_ / "secret").c_str(), (dir_ / "env").c_str()), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (::setgid(kNobody) != 0 || ::setuid(kNobody) != 0) ::_exit(10);
+    auto text = ReadTrustedFile((dir_ / "env").string(), "env file", 1024);
+    ::_exit(!text.ok() && text.status().message().find(
+                              "more than one name") != std::string::npos
+                ? 0
+                : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST_F(SafeFilesTest, RefusesAFileLargerThanTheCap) {

@@ -469,10 +469,27 @@ TEST_F(JobTest, ASecretAnAgentMadeIsGoodForOneConnection) {
   EXPECT_EQ(job_->NodeSecret(1), std::nullopt);
   Authenticate(0);
   EXPECT_EQ(job_->NodeSecret(0), "");  // spent: proves nothing any more
-  // A second secret for a node fails it, as a second agent would.
-  job_->OnAgentSecret(0, "again");
-  EXPECT_EQ(job_->NodeSecret(0), "");
+  // Before its agent is in, a second secret for a node fails it, as a
+  // second agent would.
+  job_->OnAgentSecret(1, "s1");
+  job_->OnAgentSecret(1, "again");
+  EXPECT_EQ(job_->NodeSecret(1), "");
   EXPECT_NE(phase(), Phase::kStarting);
+}
+
+// A secret line after the node's agent authenticated was written by
+// something else (a rank through /proc): ignored, not a lost node.
+TEST_F(JobTest, ASecretLineAfterTheAgentAuthenticatedIsIgnored) {
+  starter_.makes_secrets = true;
+  StartJob();
+  job_->OnAgentSecret(0, "s0");
+  job_->OnAgentSecret(1, "s1");
+  Authenticate(0);
+  Authenticate(1);
+  job_->OnAgentSecret(0, "forged");
+  EXPECT_EQ(phase(), Phase::kStarting);
+  EXPECT_EQ(job_->NodeSecret(0), "");  // still spent
+  EXPECT_TRUE(Got(0, wire::Envelope::kJobSpec));
 }
 
 TEST_F(JobTest, AgentsProvingTheJobSecretGetItAndStartAsTheyComeIn) {
