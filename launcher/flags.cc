@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "launcher/shell_words.h"
+#include "launcher/start/start_mode.h"
 #include "proto/host_info.h"  // ParseCpuList
 #include "proto/version.h"
 
@@ -29,8 +30,7 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
       "rendezvous port for the ranks (default: a free port on node 0)");
   app.add_option("--launcher", o.launcher,
                  "how agents start: local, ssh, pdsh, slurm, openmpi, join")
-      ->check(CLI::IsMember(
-          {"auto", "local", "ssh", "pdsh", "slurm", "openmpi", "join"}));
+      ->check(CLI::IsMember(StartModeNames()));
   app.add_option("--agent_path", o.agent_path,
                  "dsagent on the nodes (default: next to dslaunch)");
   app.add_option("--env", o.env, "K=V for every rank (repeatable)")
@@ -344,7 +344,7 @@ static Status Validate(const LaunchOptions& o) {
 // --launcher join: the agents come to us; what they need and what cannot
 // apply.
 Status ValidateJoin(const CLI::App& app, LaunchOptions& o) {
-  const bool join = o.launcher == "join";
+  const bool join = StartModeNamed(o.launcher).agents_join;
   if (!join) {
     for (const char* flag : {"--secret_file", "--join_timeout"}) {
       if (app.count(flag))

@@ -20,6 +20,7 @@
 #include "launcher/report/log_sink.h"
 #include "launcher/report/prometheus_text.h"
 #include "launcher/report/tensorboard_sink.h"
+#include "launcher/start/start_mode.h"
 #include "proto/auth.h"
 #include "proto/exit_status.h"
 #include "proto/unix_time.h"
@@ -30,7 +31,7 @@ static ControlServer::Options ServerOptions(
     const LaunchOptions& o, const std::string& job_id, int num_nodes,
     std::function<std::optional<std::string>(int)> node_secret) {
   ControlServer::Options s;
-  s.join = o.launcher == "join";
+  s.join = StartModeNamed(o.launcher).agents_join;
   s.node_secret = std::move(node_secret);
   s.job_id = job_id;
   s.num_nodes = num_nodes;
@@ -221,7 +222,7 @@ int Launcher::Run() {
   for (const auto& node : job_.plan().nodes) hosts.push_back(node.host);
   // join: on --control_addr (default every address) at --control_port.
   const std::vector<std::string> listen_on =
-      options_.launcher == "join"
+      StartModeNamed(options_.launcher).agents_join
           ? std::vector<std::string>{options_.control_addr.empty()
                                          ? "0.0.0.0"
                                          : options_.control_addr}

@@ -11,11 +11,12 @@
 
 #include "launcher/doctor.h"
 #include "launcher/flags.h"
-#include "launcher/job_hosts.h"
 #include "launcher/launcher.h"
 #include "launcher/plan/hostfile.h"
+#include "launcher/plan/job_hosts.h"
 #include "launcher/plan/plan.h"
 #include "launcher/plan/rank_command.h"
+#include "launcher/start/start_mode.h"
 #include "proto/auth.h"  // ReadSecretFile
 #include "proto/exit_status.h"
 #include "proto/host_info.h"
@@ -45,9 +46,9 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(options->log_level));
 
-  std::string said, secret;
+  std::string secret;
   dslaunch::StatusOr<dsl::Plan> plan = dsl::Plan{};
-  if (options->launcher == "join") {
+  if (dsl::StartModeNamed(options->launcher).agents_join) {
     // Until the agents join: "join-N" hosts, --num_gpus (else 1) ranks each.
     auto read = dslaunch::proto::ReadSecretFile(options->secret_file);
     if (!read.ok()) return ExitFor(read.status());
@@ -63,11 +64,22 @@ int main(int argc, char** argv) {
         std::vector<int>(hosts.size(), std::max(options->plan.num_gpus, 1)),
         options->plan);
   } else {
-    auto hostfile = dsl::LoadJobHosts(
-        &options.value(), [](const char* name) { return Getenv(name); }, &said);
-    if (!hostfile.ok()) return ExitFor(hostfile.status());
-    if (!said.empty()) std::fprintf(stderr, "dslaunch: %s\n", said.c_str());
-    plan = dsl::MakePlan(*hostfile, options->plan);
+    const dsl::StartMode& mode = dsl::StartModeNamed(options->launcher);
+    auto hosts = dsl::LoadJobHosts(
+        {options->hostfile_given ? options->hostfile : "",
+         options->plan.num_gpus, mode.allocation_hosts, options->launcher},
+        [](const char* name) { return Getenv(name); });
+    if (!hosts.ok()) return ExitFor(hosts.status());
+    if (hosts->from_allocation) {
+      options->hosts_from_slurm = true;
+      if (mode.in_allocation_becomes)
+        options->launcher = mode.in_allocation_becomes;
+      std::string said = hosts->said;
+      if (mode.over_allocation)
+        said += std::string(" (") + mode.over_allocation + ")";
+      std::fprintf(stderr, "dslaunch: %s\n", said.c_str());
+    }
+    plan = dsl::MakePlan(hosts->hostfile, options->plan);
   }
   if (!plan.ok()) return ExitFor(plan.status());
   if (options->doctor) return dsl::RunDoctor(*options, *plan);

@@ -1,28 +1,15 @@
-// The start modes, by name: the one place a new mode is registered.
+// Choosing and making the starter of the job's start mode (the modes'
+// table is start_mode.cc).
 #include <limits.h>  // PATH_MAX
 #include <unistd.h>  // readlink
 
 #include <boost/asio/post.hpp>
 
+#include "launcher/start/start_mode.h"
 #include "launcher/start/starter.h"
 #include "proto/host_info.h"
 
 namespace dslaunch::launcher {
-
-namespace {
-
-struct StartMode {
-  const char* name;
-  std::unique_ptr<Starter> (*make)(const StarterContext&);
-};
-
-constexpr StartMode kStartModes[] = {
-    {"local", NewLocalStarter},     {"ssh", NewSshStarter},
-    {"pdsh", NewPdshStarter},       {"slurm", NewSlurmStarter},
-    {"openmpi", NewOpenMpiStarter}, {"join", NewJoinStarter},
-};
-
-}  // namespace
 
 std::string ResolveStartMode(const LaunchOptions& options, const Plan& plan) {
   if (options.launcher != "auto") return options.launcher;
@@ -35,8 +22,13 @@ std::string ResolveStartMode(const LaunchOptions& options, const Plan& plan) {
 
 StatusOr<std::unique_ptr<Starter>> MakeStarter(const StarterContext& context) {
   const std::string mode = ResolveStartMode(context.options, context.plan);
-  if (!context.options.launcher_args.empty() &&
-      (mode == "local" || mode == "ssh")) {
+  const StartMode* m = FindStartMode(mode);
+  if (m == nullptr || m->make == nullptr) {
+    return InvalidArgument("--launcher " + mode +
+                           " is not a start mode; use local, ssh, pdsh, "
+                           "slurm, openmpi or join");
+  }
+  if (!context.options.launcher_args.empty() && !m->tool_args) {
     return InvalidArgument(
         "--launcher_args is passed to pdsh, srun or mpirun; --launcher " +
         mode + " runs none of them");
@@ -51,12 +43,7 @@ StatusOr<std::unique_ptr<Starter>> MakeStarter(const StarterContext& context) {
       }
     }
   }
-  for (const auto& m : kStartModes) {
-    if (mode == m.name) return m.make(context);
-  }
-  return InvalidArgument("--launcher " + mode +
-                         " is not available in this build yet; use local, "
-                         "ssh, pdsh, slurm, openmpi or join");
+  return m->make(context);
 }
 
 void PostStartDone(boost::asio::io_context& io, std::shared_ptr<bool> alive,

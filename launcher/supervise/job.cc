@@ -42,7 +42,8 @@ Job::Job(asio::io_context& io, const LaunchOptions& options, Plan plan,
       start_timer_(io),
       stop_timer_(io),
       join_wait_timer_(io),
-      join_(options.launcher == "join"),
+      mode_(StartModeNamed(options.launcher)),
+      join_(mode_.agents_join),
       master_port_known_(options.master_port_given),
       watch_(io, options, console,
              {[this](const std::vector<int>& ranks, const std::string& why) {
@@ -247,9 +248,7 @@ wire::JobSpec Job::MakeJobSpec(int node_rank) const {
   job.set_bind_cores_to_rank(options_.bind_cores_to_rank);
   // Ranks inside an allocation see srun's per-task variables also when
   // mpirun started them (its daemons are SLURM tasks, one per node).
-  job.set_slurm_task_env(
-      options_.launcher == "slurm" ||
-      (options_.launcher == "openmpi" && options_.hosts_from_slurm));
+  job.set_slurm_task_env(mode_.RanksAreSlurmTasks(options_.hosts_from_slurm));
   for (int core : options_.bind_cores) job.add_bind_core_list(core);
   job.set_host(node.host);
   return job;
@@ -390,7 +389,7 @@ void Job::StoppedFromOutside(int sig, const std::string& why) {
 // of a failure of their own. Under SLURM it is SLURM ending the step.
 void Job::HandleAgentSignalled(int node_rank, int sig) {
   const std::string& host = plan_.nodes[node_rank].host;
-  StoppedFromOutside(sig, options_.launcher == "slurm"
+  StoppedFromOutside(sig, mode_.scheduler_signals_agents
                               ? "SLURM stopped the step (" + SignalName(sig) +
                                     " to the agent on " + host + ")"
                               : "the agent on " + host + " received " +

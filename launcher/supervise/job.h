@@ -19,6 +19,7 @@
 #include "launcher/plan/plan.h"
 #include "launcher/plan/rank_command.h"
 #include "launcher/report/console.h"
+#include "launcher/start/start_mode.h"
 #include "launcher/start/starter.h"
 #include "launcher/supervise/control_server.h"
 #include "launcher/supervise/job_state.h"
@@ -140,6 +141,7 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   boost::asio::steady_timer start_timer_;
   boost::asio::steady_timer stop_timer_;
   boost::asio::steady_timer join_wait_timer_;
+  const StartMode& mode_;
   const bool join_;
   struct Joined {
     wire::NodeFacts facts;

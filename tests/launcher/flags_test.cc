@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "launcher/job_hosts.h"
+#include "launcher/plan/job_hosts.h"
 #include "launcher/shell_words.h"
 
 namespace dslaunch::launcher {
@@ -74,8 +74,7 @@ TEST(Flags, UnknownLauncherModeIsRejected) {
 }
 
 TEST(Flags, NoHostfileMeansThisMachine) {
-  LaunchOptions o;
-  auto h = LoadJobHostfile(o);
+  auto h = LoadJobHostfile("", 0);
   ASSERT_TRUE(h.ok());
   ASSERT_EQ(h->hosts.size(), 1u);
   EXPECT_EQ(h->hosts[0].host, "localhost");
@@ -83,10 +82,7 @@ TEST(Flags, NoHostfileMeansThisMachine) {
 }
 
 TEST(Flags, NamedHostfileThatIsMissingIsAnError) {
-  LaunchOptions o;
-  o.hostfile = "/nonexistent/hosts";
-  o.hostfile_given = true;
-  auto h = LoadJobHostfile(o);
+  auto h = LoadJobHostfile("/nonexistent/hosts", 0);
   ASSERT_FALSE(h.ok());
   EXPECT_EQ(h.status().code(), StatusCode::kDataError);
 }
@@ -268,9 +264,7 @@ TEST(Flags, BadLauncherArgsAndCoreListsAreUsageErrors) {
 }
 
 TEST(Flags, NumGpusWithoutAHostfileIsThatManyRanksHere) {
-  LaunchOptions o;
-  o.plan.num_gpus = 6;
-  auto h = LoadJobHostfile(o);
+  auto h = LoadJobHostfile("", 6);
   ASSERT_TRUE(h.ok());
   ASSERT_EQ(h->hosts.size(), 1u);
   EXPECT_EQ(h->hosts[0].slots, 6);
