@@ -70,8 +70,9 @@ Agent::Agent(AgentOptions options)
       grace_timer_(io_),
       workers_(io_, this),
       progress_(io_, this),
-      monitor_(io_, [this](const wire::Envelope& env) { Send(env); },
-               MonitorOptions(options_)),
+      monitor_(
+          io_, [this](const wire::Envelope& env) { Send(env); },
+          MonitorOptions(options_)),
       store_(io_, [this](const wire::StoreRequest& r) {
         wire::Envelope env;
         *env.mutable_store_request() = r;

@@ -1,4 +1,4 @@
-// The environment every rank gets (design section 5): the torchrun and
+// The environment every rank gets: the torchrun and
 // DeepSpeed variables, CUDA_VISIBLE_DEVICES, and dslaunch's own
 // DSLAUNCH_JOB_ID / DSLAUNCH_PROGRESS / DSLAUNCH_STORE, laid over the agent's
 // environment and the job's --env entries. Pure functions.

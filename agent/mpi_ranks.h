@@ -1,4 +1,4 @@
-// Ranks that are MPI processes (--launcher openmpi, design section 9).
+// Ranks that are MPI processes (--launcher openmpi).
 //
 // mpirun starts one process per rank, `dsagent --from_mpirun`, placed as the
 // plan says (--node_slots: each node's slot count, ranks node by node). On

@@ -139,7 +139,7 @@ Status TrustedTool(const std::string& path) {
     if (::stat(at.c_str(), &st) != 0) return ErrnoStatus(at, errno);
     if (st.st_uid != 0 || ((st.st_mode & 022) && !(st.st_mode & S_ISVTX))) {
       return InvalidArgument(real + std::string(": its directory ") + at +
-                              " is not root's alone");
+                             " is not root's alone");
     }
   }
   return Status::Ok();

@@ -110,10 +110,12 @@ Status StackHelperClient::Start() {
   channel_ = proto::Channel::Create(std::move(socket).value(), "stack helper",
                                     HelperLimits(kMaxAnswerBytes));
   channel_->Start({
-      .on_message = [this](wire::Envelope&& msg) { HandleMessage(std::move(msg)); },
+      .on_message =
+          [this](wire::Envelope&& msg) { HandleMessage(std::move(msg)); },
       .on_close =
           [this, alive = alive_](const Status& st) {
-            if (*alive) OnHelperGone("its connection closed (" + st.message() + ")");
+            if (*alive)
+              OnHelperGone("its connection closed (" + st.message() + ")");
           },
       .on_drain = nullptr,
   });
@@ -128,14 +130,14 @@ void StackHelperClient::Collect(int rank, pid_t pid) {
     return AnswerError(rank, "no stacks: the stack helper " + gone_);
   auto timer = std::make_unique<asio::steady_timer>(io_);
   timer->expires_after(options_.answer_within);
-  timer->async_wait([this, rank, alive = alive_](
-                        const boost::system::error_code& ec) {
-    if (ec || !*alive || !pending_.count(rank)) return;
-    pending_.erase(rank);
-    AnswerError(rank, "no stacks: the stack helper gave no answer within " +
-                          std::to_string(options_.answer_within.count()) +
-                          " ms");
-  });
+  timer->async_wait(
+      [this, rank, alive = alive_](const boost::system::error_code& ec) {
+        if (ec || !*alive || !pending_.count(rank)) return;
+        pending_.erase(rank);
+        AnswerError(rank, "no stacks: the stack helper gave no answer within " +
+                              std::to_string(options_.answer_within.count()) +
+                              " ms");
+      });
   pending_[rank] = std::move(timer);
   wire::Envelope env;
   env.mutable_stack_request()->set_rank(rank);
@@ -155,14 +157,14 @@ void StackHelperClient::Exited(int rank) {
 
 void StackHelperClient::Stop() {
   stopped_ = true;
-  pending_.clear();  // their timers are cancelled
+  pending_.clear();                             // their timers are cancelled
   if (channel_) channel_->Close(Status::Ok());  // the helper's EOF
 }
 
 void StackHelperClient::HandleMessage(wire::Envelope&& msg) {
   if (!msg.has_stacks()) {
-    return channel_->Close(ProtocolError(
-        "the stack helper sent " + proto::MessageName(msg)));
+    return channel_->Close(
+        ProtocolError("the stack helper sent " + proto::MessageName(msg)));
   }
   Answer(msg.stacks());
 }
@@ -200,8 +202,7 @@ void StackHelperClient::OnHelperGone(const std::string& why) {
     AnswerError(rank, "no stacks: the stack helper " + gone_);
 }
 
-void StackHelperClient::OnProcessOutput(pid_t, bool, std::string line,
-                                        bool) {
+void StackHelperClient::OnProcessOutput(pid_t, bool, std::string line, bool) {
   if (line.size() > 1000) line.resize(1000);
   spdlog::warn("stack helper: {}", proto::EscapeControlChars(line));
 }
@@ -224,8 +225,8 @@ void Serve(StackCollector& collector, proto::Channel& channel,
   if (r.exited()) return collector.Exited(r.rank());
   // Never pid 0 or below: those name process groups to a tool or kill().
   if (r.pid() <= 0) {
-    return channel.Close(ProtocolError("stack request for pid " +
-                                       std::to_string(r.pid())));
+    return channel.Close(
+        ProtocolError("stack request for pid " + std::to_string(r.pid())));
   }
   collector.Collect(r.rank(), r.pid());
 }

@@ -89,7 +89,7 @@ class StackHelperClient : private proto::ProcessSet::Delegate {
   StackHelperOptions options_;
   proto::ProcessSet process_;
   std::shared_ptr<proto::Channel> channel_;
-  pid_t pid_ = 0;     // the helper, while it runs
+  pid_t pid_ = 0;  // the helper, while it runs
   bool started_ = false;
   std::string gone_;  // why there is no helper ("" while it runs)
   bool stopped_ = false;

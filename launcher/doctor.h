@@ -4,7 +4,7 @@
 // thread with an io_context of its own.
 #pragma once
 
-#include "launcher/flags.h"
+#include "launcher/options.h"
 #include "launcher/plan/plan.h"
 
 namespace dslaunch::launcher {

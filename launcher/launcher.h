@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "launcher/flags.h"
+#include "launcher/options.h"
 #include "launcher/plan/job_env.h"
 #include "launcher/plan/plan.h"
 #include "launcher/report/console.h"
@@ -30,7 +30,8 @@ class Launcher {
            RankCommand command, std::string secret = "");
   ~Launcher();
 
-  // Runs the job; returns the process exit status (design section 3).
+  // Runs the job; returns the process exit status (ExitStatusFor(Outcome),
+  // 74 when it succeeded but its logs are incomplete).
   int Run();
 
  private:

@@ -12,9 +12,9 @@
 #include <algorithm>
 #include <array>
 #include <cctype>  // isspace
-#include <cmath>   // log2
-#include <cstdio>  // snprintf
 #include <cerrno>
+#include <cmath>    // log2
+#include <cstdio>   // snprintf
 #include <cstring>  // memcpy
 
 #include "proto/status.h"
@@ -222,11 +222,11 @@ std::vector<std::string> SecretFileWarnings(const std::string& path,
   constexpr double kMinBits = 80;  // random hex of 16 bytes: 95 or more
   const double bits = EstimatedBits(secret);
   if (bits < kMinBits) {
-    warnings.push_back("--secret_file " + path + ": the secret looks guessable (" +
-                       std::to_string(static_cast<int>(bits)) +
-                       " bits of entropy at most, " +
-                       std::to_string(static_cast<int>(kMinBits)) +
-                       " wanted); make one with: openssl rand -hex 32");
+    warnings.push_back(
+        "--secret_file " + path + ": the secret looks guessable (" +
+        std::to_string(static_cast<int>(bits)) + " bits of entropy at most, " +
+        std::to_string(static_cast<int>(kMinBits)) +
+        " wanted); make one with: openssl rand -hex 32");
   }
   return warnings;
 }

@@ -1,8 +1,10 @@
-// Exit statuses of every dslaunch binary (design section 3): sysexits codes
+// Exit statuses of every dslaunch binary: sysexits codes
 // for the programs' own failures, a rank's code or 128+signal for a rank's,
 // 130 after an interrupt. The one place where a Status or a process end
 // becomes an exit status. Pure functions; any thread.
 #pragma once
+
+#include <string>
 
 #include "proto/status.h"
 
@@ -15,7 +17,7 @@ inline constexpr int kExitNoInput = 66;      // EX_NOINPUT: a file not found
 inline constexpr int kExitUnavailable = 69;  // EX_UNAVAILABLE: node, agent
 inline constexpr int kExitSoftware = 70;     // EX_SOFTWARE: internal error
 inline constexpr int kExitIoError = 74;  // EX_IOERR: logs could not be written
-inline constexpr int kExitHung = 124;  // --on_hang abort (timeout(1)'s code)
+inline constexpr int kExitHung = 124;    // --on_hang abort (timeout(1)'s code)
 inline constexpr int kExitInterrupted = 130;  // 128 + SIGINT
 
 // The exit status for a failure: kInvalidArgument 64, kDataError 65,
@@ -25,5 +27,13 @@ int ExitStatusFor(const Status& status);
 // A process that ended with `exit_code`, or by `signal` when non-zero: the
 // code itself, or 128 + signal, as a shell reports it.
 int ExitStatusForProcess(int exit_code, int signal);
+
+// Words for how a process ended, for reports and logs:
+// "SIGTERM", "SIGKILL", ...; "signal 42" for ones without a name.
+std::string SignalName(int sig);
+// "exited with code 3" / "was killed by SIGABRT".
+std::string DescribeExit(int exit_code, int signal);
+// The same for a wait(2) status, with " (core dumped)" when it says so.
+std::string DescribeWaitStatus(int wait_status);
 
 }  // namespace dslaunch

@@ -355,11 +355,11 @@ StatusOr<pid_t> ProcessSet::Spawn(const ProcessSpec& spec) {
       return InvalidArgument("no CPU " + std::to_string(cpu) + " to bind to");
     CPU_SET(cpu, &cpus);
   }
-  ChildPlan plan{::getpid(),        !error.empty(),        spec.new_session,
-                 spec.death_signal, spec.tracer,        pipes.in[0],
-                 pipes.out[1],      pipes.err[1],          pipes.report[1],
-                 path.c_str(),      spec.cwd.c_str(),      "",
-                 nullptr,           argv.data(),           envp.data()};
+  ChildPlan plan{::getpid(),        !error.empty(),   spec.new_session,
+                 spec.death_signal, spec.tracer,      pipes.in[0],
+                 pipes.out[1],      pipes.err[1],     pipes.report[1],
+                 path.c_str(),      spec.cwd.c_str(), "",
+                 nullptr,           argv.data(),      envp.data()};
   if (!spec.cpus.empty()) plan.cpus = &cpus;
   if (!spec.stdin_pipe && spec.stdin_fd >= 0) plan.in_r = spec.stdin_fd;
   // Every signal blocked across the start: the child must not run the

@@ -36,7 +36,7 @@ struct ProcessSpec {
   // With stdin_pipe false: a descriptor of ours (a socket) that becomes the
   // child's stdin; the caller keeps and closes it (-1 = /dev/null).
   int stdin_fd = -1;
-  bool capture_output = true;     // false: stdout/stderr are the parent's
+  bool capture_output = true;  // false: stdout/stderr are the parent's
   // A cgroup v2 directory the child joins before it execs ("" = none).
   std::string cgroup_dir;
   // CPUs the child is bound to before it execs (empty = not bound).

@@ -174,8 +174,8 @@ std::string Escape(std::string_view text, bool strict) {
       std::snprintf(buf, sizeof(buf), "\\u%04x",
                     static_cast<unsigned char>(text[1]));  // C1: U+0080..9F
       out += buf;
-    } else if (n > 1 && IsInvisible(cp = DecodeUtf8(text.substr(0, n)),
-                                    strict)) {
+    } else if (n > 1 &&
+               IsInvisible(cp = DecodeUtf8(text.substr(0, n)), strict)) {
       std::snprintf(buf, sizeof(buf), cp > 0xFFFF ? "\\U%08x" : "\\u%04x", cp);
       out += buf;
     } else if (n == 0) {

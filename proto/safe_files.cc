@@ -1,10 +1,10 @@
 #include "proto/safe_files.h"
 
 #include <fcntl.h>     // openat, O_*
-#include <limits.h>    // PATH_MAX
-#include <sys/stat.h>  // fstat, mkdirat, umask
 #include <grp.h>       // getgrgid_r
+#include <limits.h>    // PATH_MAX
 #include <pwd.h>       // getpwuid_r
+#include <sys/stat.h>  // fstat, mkdirat, umask
 #include <unistd.h>    // close, readlinkat, unlinkat, geteuid
 
 #include <atomic>
@@ -116,8 +116,9 @@ Status CheckOwner(int fd, const std::string& shown, bool last) {
   // plant names in it (sticky: only next to ours, never instead of them).
   if (last && st.st_uid == ::geteuid() && (st.st_mode & S_IWOTH) &&
       !(st.st_mode & S_ISVTX)) {
-    return IoError(shown + " is writable by every user (chmod o-w, or +t); "
-                           "nothing is written there");
+    return IoError(shown +
+                   " is writable by every user (chmod o-w, or +t); "
+                   "nothing is written there");
   }
   if (st.st_uid == ::geteuid() || (!last && st.st_uid == 0))
     return Status::Ok();
@@ -424,8 +425,9 @@ StatusOr<std::string> ReadTrustedFile(const std::string& path,
   }
   // Root's file under a second name: a hard link someone else made to it.
   if (st.st_uid != ::geteuid() && st.st_nlink > 1)
-    return DataError(shown + ": root's file with more than one name (a hard "
-                             "link another user may have made); not read");
+    return DataError(shown +
+                     ": root's file with more than one name (a hard "
+                     "link another user may have made); not read");
   const std::string too_big =
       shown + ": larger than " + std::to_string(max_bytes) + " bytes";
   if (static_cast<uint64_t>(st.st_size) > max_bytes) return DataError(too_big);

@@ -1,4 +1,4 @@
-// TrainConfig: dsworker's training settings (design.md section 8), read from
+// TrainConfig: dsworker's training settings, read from
 // a DeepSpeed JSON config (or the same keys in YAML) plus dsworker's own
 // model/data/train/checkpoint sections, then adjusted by `key.path=value`
 // overrides from the command line. A plain value built once by the worker's

@@ -1,4 +1,5 @@
-// Hostfile: the parsed list of hosts a job may run on (design.md section 4).
+// Hostfile: the parsed list of hosts a job may run on (OpenMPI/DeepSpeed
+// syntax: `host slots=N`).
 // Plain value types built once by the launcher's main thread and then only
 // read; ParseHostfile/LoadHostfile are pure functions, safe on any thread.
 // Grammar: `host [slots=N] [max_slots=M] [port=P] [user=U]`, `#` comments,

@@ -1,6 +1,6 @@
 // Plan: which hosts and slots a job runs on and which global ranks they get,
 // computed from a Hostfile and the --include/--exclude/--num_nodes/--num_gpus
-// flags (design.md section 3). Plain values built once on the launcher's main
+// flags. Plain values built once on the launcher's main
 // thread; MakePlan and FormatPlanTable are pure functions, safe on any thread.
 #pragma once
 

@@ -1,6 +1,6 @@
-// What every rank runs (design section 10): PROGRAM ARGS as given, or, for a
-// Python script, the launcher's interpreter in front of it as DeepSpeed's
-// launcher does. Pure; main thread.
+// What every rank runs: PROGRAM ARGS as given, or, for a Python script, the
+// launcher's interpreter in front of it, as DeepSpeed's launcher does. Pure;
+// main thread.
 #pragma once
 
 #include <string>

@@ -1,4 +1,4 @@
-// The nodes of a SLURM allocation (design section 9): read from the
+// The nodes of a SLURM allocation: read from the
 // environment SLURM gives a batch script, an salloc shell or a job step,
 // never from a SLURM library. Pure; main thread.
 #pragma once

@@ -84,8 +84,9 @@ class Console {
   };
   // Opens the directory (if any; made if missing) by SafeDir's rule of
   // proto/safe_files.h, then one log file per rank of `plan` and
-  // metrics.jsonl relative to it (SafeDir::OpenLog). Called again before any rank wrote (--launcher join, once
-  // the agents joined): hosts are updated and every file made anew.
+  // metrics.jsonl relative to it (SafeDir::OpenLog). Called again before any
+  // rank wrote (--launcher join, once the agents joined): hosts are updated and
+  // every file made anew.
   Status Open(const Plan& plan, const LogLayout& layout);
   Status Open(const Plan& plan, const std::string& log_dir) {
     return Open(plan, LogLayout{log_dir});

@@ -25,7 +25,7 @@ struct MetricsServer::Connection {
   std::string peer;  // the address it came from
   std::string head;  // what came so far, at most max_head_bytes + chunk
   MetricsServer::Reply reply;  // held until written
-  bool answering = false;       // a whole request came: writing its answer
+  bool answering = false;      // a whole request came: writing its answer
   bool closed = false;
 };
 
@@ -130,46 +130,16 @@ StatusOr<int> MetricsServer::Listen(const std::vector<std::string>& addrs,
   if (port < 0 || port > 65535) {
     return InvalidArgument("--metrics_port: bad port " + std::to_string(port));
   }
-  // With port 0 the first address picks a free port and the others take
-  // the same; another address may have that one taken: try a new one.
-  StatusOr<int> bound = BindAll(addrs, port);
-  for (int attempt = 0; !bound.ok() && port == 0 &&
-                        bound.status().code() == StatusCode::kUnavailable &&
-                        attempt < 10;
-       ++attempt) {
-    bound = BindAll(addrs, port);
+  StatusOr<int> bound = proto::ListenAll(io_, addrs, port, &acceptors_);
+  if (!bound.ok()) {
+    const Status& st = bound.status();
+    return Status(st.code(), (st.code() == StatusCode::kInvalidArgument
+                                  ? "--metrics_addr: "
+                                  : "metrics endpoint: ") +
+                                 st.message());
   }
-  if (!bound.ok()) return bound;
   for (auto& acceptor : acceptors_) Accept(*acceptor);
   return bound;
-}
-
-StatusOr<int> MetricsServer::BindAll(const std::vector<std::string>& addrs,
-                                     int port) {
-  acceptors_.clear();
-  for (const std::string& addr : addrs) {
-    boost::system::error_code ec;
-    const auto ip = asio::ip::make_address(addr, ec);
-    if (ec) {
-      acceptors_.clear();
-      return InvalidArgument("--metrics_addr: bad address '" + addr + "'");
-    }
-    const tcp::endpoint ep(ip, static_cast<unsigned short>(port));
-    auto acceptor = std::make_unique<tcp::acceptor>(io_);
-    acceptor->open(ep.protocol(), ec);
-    if (!ec) acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
-    if (!ec && ip.is_v6()) acceptor->set_option(asio::ip::v6_only(true), ec);
-    if (!ec) acceptor->bind(ep, ec);
-    if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) {
-      acceptors_.clear();
-      return Unavailable("metrics endpoint: cannot listen on " + addr + ":" +
-                         std::to_string(port) + ": " + ec.message());
-    }
-    port = acceptor->local_endpoint().port();
-    acceptors_.push_back(std::move(acceptor));
-  }
-  return port;
 }
 
 void MetricsServer::Stop() {

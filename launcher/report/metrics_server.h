@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "proto/listen.h"
 #include "proto/status.h"
 
 namespace dslaunch::launcher {
@@ -82,7 +83,6 @@ class MetricsServer {
   struct Connection;
   using ConnectionPtr = std::shared_ptr<Connection>;
 
-  StatusOr<int> BindAll(const std::vector<std::string>& addrs, int port);
   void Accept(boost::asio::ip::tcp::acceptor& acceptor);
   void OnAccepted(boost::asio::ip::tcp::socket socket);
   void ReadHead(const ConnectionPtr& c);
@@ -98,7 +98,7 @@ class MetricsServer {
   boost::asio::io_context& io_;
   Render render_;
   Options options_;
-  std::vector<std::unique_ptr<boost::asio::ip::tcp::acceptor>> acceptors_;
+  proto::Acceptors acceptors_;
   std::map<uint64_t, ConnectionPtr> connections_;  // by accept order
   uint64_t next_id_ = 0;
   Counts counts_;

@@ -10,8 +10,8 @@
 #include <set>
 
 #include "launcher/plan/addresses.h"
-#include "launcher/report/report.h"
 #include "proto/child_reaper.h"
+#include "proto/exit_status.h"
 #include "proto/host_info.h"
 #include "proto/process_tree.h"
 #include "proto/unix_socket.h"

@@ -2,7 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "launcher/report/report.h"  // DescribeWaitStatus
+#include "proto/exit_status.h"
 
 namespace dslaunch::launcher {
 

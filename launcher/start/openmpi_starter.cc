@@ -32,17 +32,11 @@ std::vector<std::string> MpirunArgv(const MpirunSettings& s,
     world += n;
     slot_list += (slot_list.empty() ? "" : ",") + std::to_string(n);
   }
-  std::vector<std::string> argv = {s.mpirun,
-                                   "--np",
-                                   std::to_string(world),
-                                   "--hostfile",
-                                   hostfile_path,
-                                   "--map-by",
-                                   "slot",
-                                   "--bind-to",
-                                   "none",
-                                   "-x",
-                                   kMpiKeyVariable};
+  std::vector<std::string> argv = {
+      s.mpirun,     "--np",         std::to_string(world),
+      "--hostfile", hostfile_path,  "--map-by",
+      "slot",       "--bind-to",    "none",
+      "-x",         kMpiKeyVariable};
   if (s.as_root) argv.push_back("--allow-run-as-root");
   argv.insert(argv.end(), s.extra_args.begin(), s.extra_args.end());
   // One command for every process: each finds its place from mpirun's

@@ -8,8 +8,8 @@
 #include <chrono>
 #include <cstdio>  // fwrite
 
-#include "launcher/report/report.h"
 #include "launcher/start/secret_relay.h"
+#include "proto/exit_status.h"
 #include "proto/host_info.h"
 
 namespace dslaunch::launcher {

@@ -1,4 +1,4 @@
-// Starter: the one thing a start mode implements (design section 9). It
+// Starter: the one thing a start mode implements. It
 // starts one dsagent per node of the plan, each dialing the control server
 // back (the job secret goes over the agent's stdin; where the tool forwards
 // no stdin, each agent makes its node's secret and the tool relays it to us:
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "launcher/flags.h"
+#include "launcher/options.h"
 #include "launcher/plan/addresses.h"  // IsLocalHost
 #include "launcher/plan/plan.h"
 #include "proto/host_info.h"  // Route

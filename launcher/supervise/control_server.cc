@@ -60,42 +60,11 @@ ControlServer::~ControlServer() {
 
 StatusOr<int> ControlServer::Listen(const std::vector<std::string>& bind_addrs,
                                     int port) {
-  if (bind_addrs.empty()) return InvalidArgument("no address to listen on");
-  // With port 0 the first address picks a free port; another address may
-  // have that port taken: then try again with a new one.
-  StatusOr<int> bound = BindAll(bind_addrs, port);
-  for (int attempt = 0; !bound.ok() && port == 0 && attempt < 10; ++attempt) {
-    bound = BindAll(bind_addrs, port);
-  }
+  StatusOr<int> bound = proto::ListenAll(io_, bind_addrs, port, &acceptors_);
   if (!bound.ok()) return bound;
   for (auto& a : acceptors_) Accept(*a);
   ArmHeartbeat();
   return bound;
-}
-
-StatusOr<int> ControlServer::BindAll(const std::vector<std::string>& bind_addrs,
-                                     int port) {
-  acceptors_.clear();
-  for (const std::string& bind_addr : bind_addrs) {
-    boost::system::error_code ec;
-    auto addr = asio::ip::make_address(bind_addr, ec);
-    if (ec) return InvalidArgument("bad listen address '" + bind_addr + "'");
-    tcp::endpoint ep(addr, static_cast<unsigned short>(port));
-    auto acceptor = std::make_unique<tcp::acceptor>(io_);
-    acceptor->open(ep.protocol(), ec);
-    if (!ec) acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
-    if (!ec && addr.is_v6()) acceptor->set_option(asio::ip::v6_only(true), ec);
-    if (!ec) acceptor->bind(ep, ec);
-    if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) {
-      acceptors_.clear();
-      return Unavailable("cannot listen on " + bind_addr + ":" +
-                         std::to_string(port) + ": " + ec.message());
-    }
-    port = acceptor->local_endpoint().port();
-    acceptors_.push_back(std::move(acceptor));
-  }
-  return port;
 }
 
 void ControlServer::Accept(tcp::acceptor& acceptor) {
@@ -242,11 +211,10 @@ void ControlServer::LogRejections() {
 
 Status ControlServer::CheckHello(const wire::Hello& hello) const {
   if (hello.protocol_version() != kProtocolVersion) {
-    return ProtocolError("agent speaks protocol " +
-                         std::to_string(hello.protocol_version()) +
-                         ", this launcher " + std::to_string(kProtocolVersion) +
-                         " (dsagent " +
-                         proto::EscapeForLog(hello.agent_version(), 64) + ")");
+    return ProtocolError(
+        "agent speaks protocol " + std::to_string(hello.protocol_version()) +
+        ", this launcher " + std::to_string(kProtocolVersion) + " (dsagent " +
+        proto::EscapeForLog(hello.agent_version(), 64) + ")");
   }
   if (!options_.join && hello.job_id() != options_.job_id)
     return ProtocolError("agent of another job");

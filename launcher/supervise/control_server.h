@@ -31,6 +31,7 @@
 
 #include "proto/channel.h"
 #include "proto/dslaunch.pb.h"
+#include "proto/listen.h"
 #include "proto/status.h"
 
 namespace dslaunch::launcher {
@@ -111,7 +112,6 @@ class ControlServer : public AgentLinks {
   };
   // join: the node an authenticated agent gets, or why it gets none.
   StatusOr<int> NodeForJoiningAgent(int claimed) const;
-  StatusOr<int> BindAll(const std::vector<std::string>& bind_addrs, int port);
   void Accept(boost::asio::ip::tcp::acceptor& acceptor);
   void OnAccepted(boost::asio::ip::tcp::socket socket);
   void OnHandshakeClosed(uint64_t seq, const Status& st);
@@ -129,7 +129,7 @@ class ControlServer : public AgentLinks {
   boost::asio::io_context& io_;
   Options options_;
   Delegate* delegate_;
-  std::vector<std::unique_ptr<boost::asio::ip::tcp::acceptor>> acceptors_;
+  proto::Acceptors acceptors_;
   boost::asio::steady_timer heartbeat_timer_;
   boost::asio::steady_timer summary_timer_;
   // Pre-auth connections by arrival order (oldest first).

@@ -8,8 +8,9 @@
 #include <algorithm>  // max
 
 #include "launcher/plan/addresses.h"
-#include "launcher/report/report.h"
-#include "proto/progress.h"   // EscapeControlChars
+#include "launcher/report/closing_report.h"
+#include "proto/exit_status.h"
+#include "proto/progress.h"  // EscapeControlChars
 #include "proto/unix_time.h"
 
 namespace dslaunch::launcher {
@@ -25,54 +26,77 @@ static std::string WorkingDirectory() {
   return ::getcwd(cwd, sizeof(cwd)) ? cwd : "";
 }
 
+static JobSpecParts SpecParts(const LaunchOptions& o, const StartMode& mode,
+                              std::string job_id, EnvList job_env,
+                              RankCommand command) {
+  JobSpecParts p;
+  p.job_id = std::move(job_id);
+  p.env = std::move(job_env);
+  p.command = std::move(command);
+  p.cwd = WorkingDirectory();
+  p.kill_grace_s = o.kill_grace_s;
+  p.heartbeat_interval_s = o.heartbeat_interval_s;
+  p.heartbeat_timeout_s = o.heartbeat_timeout_s;
+  p.bind_cores_to_rank = o.bind_cores_to_rank;
+  p.bind_cores = o.bind_cores;
+  p.slurm_task_env = mode.RanksAreSlurmTasks(o.hosts_from_slurm);
+  return p;
+}
+
 Job::Job(asio::io_context& io, const LaunchOptions& options, Plan plan,
          EnvList job_env, RankCommand command, Console& console,
          std::string job_id, std::string secret)
     : io_(io),
       options_(options),
+      mode_(StartModeNamed(options.launcher)),
       plan_(std::move(plan)),
-      job_env_(std::move(job_env)),
-      command_(std::move(command)),
+      spec_(SpecParts(options, mode_, std::move(job_id), std::move(job_env),
+                      std::move(command))),
       console_(console),
-      job_id_(std::move(job_id)),
-      secret_(std::move(secret)),
-      cwd_(WorkingDirectory()),
+      gate_(std::move(secret), options.master_port_given),
       state_(plan_),
       store_(io),
       start_timer_(io),
       stop_timer_(io),
-      join_wait_timer_(io),
-      mode_(StartModeNamed(options.launcher)),
-      join_(mode_.agents_join),
-      master_port_known_(options.master_port_given),
       watch_(io, options, console,
              {[this](const std::vector<int>& ranks, const std::string& why) {
-                CollectStacks(ranks, why);
+                forensics_.CollectStacks(ranks, why);
               },
               [this](int rank, const std::string& why) {
-                AbortForHang(rank, why);
+                forensics_.AbortForHang(rank, why);
               }}),
-      hang_abort_timer_(io) {}
+      forensics_(io, options, console, state_,
+                 {[this](int node, const wire::Envelope& msg) {
+                    (void)links_->Send(node, msg);
+                  },
+                  [this](int rank, const std::string& why) {
+                    Act(state_.Hung(rank, why));
+                  }}) {
+  if (mode_.agents_join) {
+    join_.emplace(io, options, console, state_,
+                  static_cast<int>(plan_.nodes.size()),
+                  [this](StatusOr<JoinedPlan> joined) {
+                    StartJoinedJob(std::move(joined));
+                  });
+  }
+}
 
 Job::~Job() = default;
 
 std::optional<std::string> Job::NodeSecret(int node_rank) const {
-  if (starter_ == nullptr) return std::nullopt;  // nothing started yet
-  if (!starter_->AgentsMakeSecrets()) return secret_;
-  auto it = node_secrets_.find(node_rank);
-  if (it == node_secrets_.end()) return std::nullopt;
-  return it->second;
+  return gate_.NodeSecret(node_rank);
 }
 
 void Job::Start(Starter* starter, AgentLinks* links, int control_port) {
   starter_ = starter;
   links_ = links;
+  gate_.Started(starter->AgentsMakeSecrets());
   start_time_ = Clock::now();
-  control_port_ = control_port;
   ArmStartTimer();
   watch_.Start();
-  if (join_) ArmJoinWaitTimer();
-  AgentBootstrap boot{&plan_, &options_, job_id_, secret_, control_port};
+  if (join_) join_->Start(control_port, start_time_);
+  AgentBootstrap boot{&plan_, &options_, spec_.job_id, gate_.job_secret(),
+                      control_port};
   starter_->Start(boot, [this](StatusOr<Starter::Started> started) {
     OnStarted(std::move(started));
   });
@@ -109,13 +133,7 @@ void Job::ArmStartTimer() {
         (join_ ? "no agent joined as this node within "
                : "its agent did not connect within ") +
         std::to_string(static_cast<int>(options_.start_timeout_s)) + " s";
-    if (join_) {
-      console_.Note(
-          "--join_timeout: no agent joined as node rank" +
-          std::string(joined_.size() + 1 < plan_.nodes.size() ? "s " : " ") +
-          MissingNodes() + " within " +
-          std::to_string(static_cast<int>(options_.start_timeout_s)) + " s");
-    }
+    if (join_) join_->SayTimedOut();
     for (size_t n = 0; n < state_.nodes().size(); ++n) {
       if (!state_.node(static_cast<int>(n)).authenticated)
         Act(state_.NodeLost(static_cast<int>(n), why));
@@ -124,22 +142,20 @@ void Job::ArmStartTimer() {
 }
 
 void Job::OnAgentSecret(int node_rank, std::string secret) {
-  if (node_rank >= 0 && node_rank < static_cast<int>(state_.nodes().size()) &&
-      state_.node(node_rank).authenticated) {
-    // Its agent is in and its secret spent: a later line was written by
-    // something else (a rank can open the tool's output through /proc). It
-    // proves nothing now; it must not end the job in the agent's name.
-    console_.Note("ignored a secret line for node " +
-                  std::to_string(node_rank) +
-                  " after its agent authenticated (not written by the agent)");
-    return;
+  const bool in = node_rank >= 0 &&
+                  node_rank < static_cast<int>(state_.nodes().size()) &&
+                  state_.node(node_rank).authenticated;
+  switch (gate_.OnSecretLine(node_rank, std::move(secret), in)) {
+    case AgentGate::Line::kKept:
+      return;
+    case AgentGate::Line::kIgnored:
+      // It must not end the job in the agent's name.
+      return console_.Note(
+          "ignored a secret line for node " + std::to_string(node_rank) +
+          " after its agent authenticated (not written by the agent)");
+    case AgentGate::Line::kTwice:
+      return Act(state_.NodeLost(node_rank, "two agents claimed the node"));
   }
-  if (node_secrets_.count(node_rank)) {
-    // A second secret for one node: something else printed it. Refuse both.
-    node_secrets_[node_rank] = "";
-    return Act(state_.NodeLost(node_rank, "two agents claimed the node"));
-  }
-  node_secrets_[node_rank] = std::move(secret);
 }
 
 void Job::OnStarterOutput(const std::string& source, std::string line) {
@@ -148,13 +164,11 @@ void Job::OnStarterOutput(const std::string& source, std::string line) {
 
 void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
                                const std::string& agent_addr) {
-  // A secret its agent made is good for this one connection: spent now.
-  if (auto it = node_secrets_.find(node_rank); it != node_secrets_.end())
-    it->second.clear();
+  gate_.Spend(node_rank);  // a secret its agent made: one connection
   spdlog::info("node {} ({}) joined: agent pid {}, {} cores, {} GPUs",
                node_rank, proto::EscapeForLog(hello.facts().hostname(), 255),
-               hello.facts().agent_pid(),
-               hello.facts().cpu_cores(), hello.facts().gpus_size());
+               hello.facts().agent_pid(), hello.facts().cpu_cores(),
+               hello.facts().gpus_size());
   if (Status st = state_.NodeAuthenticated(node_rank); !st.ok()) {
     spdlog::warn("{}", st.message());
     return;
@@ -175,15 +189,15 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
     (void)links_->Send(node_rank, env);
     return;
   }
-  if (join_) return OnNodeJoined(node_rank, hello, agent_addr);
+  if (join_) return join_->OnJoined(node_rank, hello, agent_addr);
   if (node_rank == 0 && !options_.plan.master_addr.empty()) {
     const std::string warning =
         MasterAddrWarning(options_.plan.master_addr, plan_.nodes[0].host,
                           agent_addr, AddressLookup::System());
     if (!warning.empty()) console_.Note(warning);
   }
-  if (node_rank == 0 && !master_port_known_) {
-    master_port_known_ = true;
+  if (node_rank == 0 && !gate_.master_port_known()) {
+    gate_.SetMasterPortKnown();
     int port = hello.facts().free_port();
     if (port > 65535) port = 0;  // not a port: the default
     if (port > 0) plan_.master_port = port;
@@ -194,64 +208,48 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
                              ") reported no free port; the default") +
                   "; --master_port chooses another");
   }
-  held_specs_.push_back(node_rank);
-  if (!master_port_known_ || !EveryAgentIn()) return;
-  for (int n : held_specs_) SendJobSpec(n);
-  held_specs_.clear();
-}
-
-// Where agents make their own secrets, a secret may be in the start tool's
-// pipe to us until its node authenticated, and a rank of the same user
-// could open that pipe through /proc: no rank runs before every node's did.
-bool Job::EveryAgentIn() const {
-  if (starter_ == nullptr || !starter_->AgentsMakeSecrets()) return true;
-  for (size_t n = 0; n < state_.nodes().size(); ++n) {
-    if (!state_.node(static_cast<int>(n)).authenticated) return false;
-  }
-  return true;
+  for (int n : gate_.Admit(node_rank, state_)) SendJobSpec(n);
 }
 
 void Job::SendJobSpec(int node_rank) {
   wire::Envelope env;
-  *env.mutable_job_spec() = MakeJobSpec(node_rank);
+  *env.mutable_job_spec() = MakeJobSpec(plan_, spec_, node_rank);
   (void)links_->Send(node_rank, env);
 }
 
-wire::JobSpec Job::MakeJobSpec(int node_rank) const {
-  const NodePlan& node = plan_.nodes[node_rank];
-  wire::JobSpec job;
-  job.set_job_id(job_id_);
-  for (const auto& a : command_.argv) job.add_argv(a);
-  for (const auto& [key, value] : job_env_) {
-    auto* var = job.add_env();
-    var->set_key(key);
-    var->set_value(value);
+// --launcher join: the plan is the agents' now.
+void Job::StartJoinedJob(StatusOr<JoinedPlan> joined) {
+  if (!joined.ok()) return FailJoinedStart(joined.status());
+  if (!joined->warning.empty()) console_.Note(joined->warning);
+  plan_ = std::move(joined->plan);
+  state_.Replan(plan_);
+  if (on_plan_final_) {
+    if (Status st = on_plan_final_(plan_); !st.ok()) return FailJoinedStart(st);
   }
-  job.set_cwd(cwd_);
-  for (size_t i = 0; i < node.slots.size(); ++i) {
-    auto* r = job.add_ranks();
-    r->set_rank(node.first_rank + static_cast<int>(i));
-    r->set_local_rank(static_cast<int>(i));
-    r->set_slot(node.slots[i]);
-    job.add_visible_slots(node.slots[i]);
-  }
-  job.set_node_rank(node_rank);
-  job.set_num_nodes(static_cast<int>(plan_.nodes.size()));
-  job.set_world_size(plan_.world_size);
-  job.set_master_addr(plan_.master_addr);
-  job.set_master_port(plan_.master_port);
-  job.set_kill_grace_s(options_.kill_grace_s);
-  job.set_heartbeat_interval_s(options_.heartbeat_interval_s);
-  job.set_heartbeat_timeout_s(options_.heartbeat_timeout_s);
-  job.set_append_local_rank(command_.local_rank_at >= 0);
-  job.set_local_rank_at(std::max(command_.local_rank_at, 0));
-  job.set_bind_cores_to_rank(options_.bind_cores_to_rank);
-  // Ranks inside an allocation see srun's per-task variables also when
-  // mpirun started them (its daemons are SLURM tasks, one per node).
-  job.set_slurm_task_env(mode_.RanksAreSlurmTasks(options_.hosts_from_slurm));
-  for (int core : options_.bind_cores) job.add_bind_core_list(core);
-  job.set_host(node.host);
-  return job;
+  console_.Note(
+      (plan_.nodes.size() == 1
+           ? std::string("the agent joined: ")
+           : "all " + std::to_string(plan_.nodes.size()) + " agents joined: ") +
+      Plural(static_cast<size_t>(plan_.world_size), "rank") + ", MASTER_ADDR " +
+      plan_.master_addr + ":" + std::to_string(plan_.master_port) +
+      " (node 0, " + plan_.nodes[0].host + ")");
+  gate_.SetMasterPortKnown();
+  for (size_t n = 0; n < plan_.nodes.size(); ++n)
+    SendJobSpec(static_cast<int>(n));
+}
+
+void Job::FailJoinedStart(const Status& why) {
+  console_.Note(why.message());
+  state_.StartFailed(why);
+  wire::Envelope env;
+  env.mutable_abort()->set_reason(why.message());
+  env.mutable_abort()->set_kill_now(true);
+  env.mutable_abort()->set_exit_status(state_.ExitStatus());
+  SendToAll(env);
+  links_->Shutdown();  // closes each connection once the Abort is out
+  stop_timer_.expires_after(std::chrono::milliseconds(200));
+  stop_timer_.async_wait(
+      [this](const boost::system::error_code&) { io_.stop(); });
 }
 
 void Job::OnAgentMessage(int node_rank, wire::Envelope&& msg) {
@@ -280,7 +278,9 @@ void Job::OnAgentMessage(int node_rank, wire::Envelope&& msg) {
       }
       return;
     case wire::Envelope::kStacks:
-      return HandleStacks(node_rank, msg.stacks());
+      if (RankOfNode(msg.stacks().rank(), node_rank))
+        forensics_.OnStacks(msg.stacks());
+      return;
     case wire::Envelope::kAgentDone:
       spdlog::info("node {} done", node_rank);
       done_nodes_.insert(node_rank);
@@ -328,7 +328,7 @@ void Job::HandleWorkerExited(int node_rank, const wire::WorkerExited& e) {
   if (!action.ok())
     return spdlog::warn("node {}: {}", node_rank, action.status().message());
   console_.board().Exited(e.rank(), e.exit_code(), e.signal(), e.oom_killed());
-  KeepExitForensics(e);
+  forensics_.OnExited(e);
   console_.EndOfOutput(e.rank());
   if (!e.error().empty())
     console_.Note("rank " + std::to_string(e.rank()) + ": " + e.error());
@@ -346,7 +346,10 @@ void Job::HandleStore(int node_rank, const wire::StoreRequest& request) {
 }
 
 void Job::OnAgentDisconnected(int node_rank, const Status& why) {
-  if (join_ && OnJoinedNodeLeft(node_rank, why)) return;
+  // A joined agent that leaves while the job assembles frees its node.
+  if (join_ && join_->Assembling(node_rank) &&
+      state_.NodeLeftBeforeStart(node_rank))
+    return join_->Left(node_rank, why);
   Act(state_.NodeDisconnected(
       node_rank, why.ok() ? std::string("closed") : why.message()));
   // Where the start tool's daemons own the agent process (mpirun), an agent
@@ -469,9 +472,19 @@ void Job::ArmStopTimer() {
   });
 }
 
+int Job::Finish() {
+  return PrintClosingReport(
+      {state_, plan_, start_time_, malformed_progress_, dropped_progress_,
+       watch_.hangs(), forensics_.stacks(), forensics_.oom(),
+       forensics_.error_files(), spec_.env, gate_.job_secret(),
+       options_.log_dir},
+      console_);
+}
+
 void Job::MaybeEnd() {
   if (!state_.MaybeEnd()) return;
   stop_timer_.cancel();
+  if (join_) join_->Stop();
   watch_.Stop();
   store_.FailAll("job ended");
   links_->Shutdown();

@@ -1,9 +1,12 @@
 // Job: supervises one job once its agents are being started. It hears the
 // agents (through the control server), the starter and the user's signals,
 // keeps the JobState, answers the store, routes output to the Console and
-// enforces design section 7: the first failure stops every rank everywhere.
-// Owned by the Launcher (or a test, with fake agents and a FakeStarter);
-// io_context thread only.
+// keeps the rule the product exists for: the first failure (a rank's exit,
+// a lost node, an interrupt) stops every rank everywhere. Join assembly
+// (JoinAssembly), forensics (JobForensics), the periodic watch (JobWatch) and
+// the closing report (report/closing_report) are its parts. Owned by the
+// Launcher (or a test, with fake agents and a FakeStarter); io_context
+// thread only.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -14,16 +17,21 @@
 #include <set>
 #include <string>
 
-#include "launcher/flags.h"
+#include "launcher/options.h"
 #include "launcher/plan/job_env.h"
+#include "launcher/plan/job_spec.h"
+#include "launcher/plan/joined_plan.h"
 #include "launcher/plan/plan.h"
 #include "launcher/plan/rank_command.h"
 #include "launcher/report/console.h"
 #include "launcher/start/start_mode.h"
 #include "launcher/start/starter.h"
+#include "launcher/state/job_state.h"
+#include "launcher/supervise/agent_gate.h"
 #include "launcher/supervise/control_server.h"
-#include "launcher/supervise/job_state.h"
+#include "launcher/supervise/job_forensics.h"
 #include "launcher/supervise/job_watch.h"
+#include "launcher/supervise/join_assembly.h"
 #include "launcher/supervise/kv_store.h"
 
 namespace dslaunch::launcher {
@@ -57,7 +65,7 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
 
   const JobState& state() const { return state_; }
   const Plan& plan() const { return plan_; }
-  const std::string& job_id() const { return job_id_; }
+  const std::string& job_id() const { return spec_.job_id; }
 
   // ControlServer::Delegate
   void OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
@@ -75,26 +83,13 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
  private:
   void OnStarted(StatusOr<Starter::Started> started);
   void ArmStartTimer();
-  // --launcher join: records a joined node; once all have, makes the plan
-  // from them and sends every JobSpec.
-  void OnNodeJoined(int node_rank, const wire::Hello& hello,
-                    const std::string& agent_addr);
-  void StartJoinedJob();
+  // --launcher join: every node joined; sends every JobSpec.
+  void StartJoinedJob(StatusOr<JoinedPlan> joined);
+  // The joined agents hear why (an Abort with the exit status) before the
+  // launcher ends: none waits for a job that will not come.
   void FailJoinedStart(const Status& why);
-  // A joined node's agent left while others are still missing: its node is
-  // free again and the job keeps assembling (true); false once the job was
-  // planned (then it is lost as under every mode).
-  bool OnJoinedNodeLeft(int node_rank, const Status& why);
-  // "1,3-5": the node ranks no agent has joined as yet.
-  std::string MissingNodes() const;
-  // While agents are missing, one line every few seconds says which.
-  void ArmJoinWaitTimer();
   // Sends node_rank its JobSpec once the master port is known.
   void SendJobSpec(int node_rank);
-  // Whether every node's agent has authenticated, or the starter's agents
-  // prove AgentBootstrap::secret (then nodes need not wait for each other).
-  bool EveryAgentIn() const;
-  wire::JobSpec MakeJobSpec(int node_rank) const;
   void HandleWorkerStarted(int node_rank, const wire::WorkerStarted& started);
   void HandleWorkerExited(int node_rank, const wire::WorkerExited& exited);
   void HandleProgress(int node_rank, const wire::ProgressBatch& batch);
@@ -108,66 +103,29 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   void ArmStopTimer();
   void MaybeEnd();
   void SendToAll(const wire::Envelope& msg);
-  // job_report.cc
-  void PrintOutcome();
-  void PrintRankFailure(int rank);
-  void PrintConsequences();
-  // job_forensics.cc: stacks, OOM and error files, <log_dir>/failure/.
-  void CollectStacks(const std::vector<int>& ranks, const std::string& why);
-  // --on_hang abort: ends the job once the stacks asked for arrived (their
-  // tools must not race the SIGTERM), or after kStacksWait at most.
-  void AbortForHang(int rank, const std::string& why);
-  void FinishHangAbort();
-  void HandleStacks(int node_rank, const wire::Stacks& stacks);
-  void KeepStacks(const wire::Stacks& stacks);  // console, file, memory
-  void KeepExitForensics(const wire::WorkerExited& exited);
-  void PrintForensics(int rank);
-  void PrintHangs();
-  void WriteFailureBundle();
 
   boost::asio::io_context& io_;
   const LaunchOptions& options_;
+  const StartMode& mode_;
   Plan plan_;
-  EnvList job_env_;
-  RankCommand command_;
+  JobSpecParts spec_;  // what every node's JobSpec shares
   Console& console_;
-  std::string job_id_;
-  std::string secret_;
-  std::string cwd_;
+  AgentGate gate_;  // each node's secret; when it gets its JobSpec
   JobState state_;
   KvStore store_;
   Starter* starter_ = nullptr;
   AgentLinks* links_ = nullptr;
   boost::asio::steady_timer start_timer_;
   boost::asio::steady_timer stop_timer_;
-  boost::asio::steady_timer join_wait_timer_;
-  const StartMode& mode_;
-  const bool join_;
-  struct Joined {
-    wire::NodeFacts facts;
-    std::string addr;  // as the control server saw it: the node's address
-  };
-  std::map<int, Joined> joined_;
-  std::function<Status(const Plan&)> on_plan_final_;
-  int control_port_ = 0;
-  // Secrets the agents made (Starter::AgentsMakeSecrets), emptied once used.
-  std::map<int, std::string> node_secrets_;
-  std::set<int> done_nodes_;  // agents that sent AgentDone
-  // Nodes authenticated while the master port is unknown, or while another
-  // node's agent has not authenticated (EveryAgentIn).
-  std::vector<int> held_specs_;
-  bool master_port_known_ = false;
   bool stop_timer_armed_ = false;
-  std::map<int, int64_t> malformed_progress_;  // rank -> records dropped
-  std::map<int, int64_t> dropped_progress_;    // rank -> dropped by its agent
+  std::optional<JoinAssembly> join_;  // --launcher join only
+  std::function<Status(const Plan&)> on_plan_final_;
+  std::set<int> done_nodes_;  // agents that sent AgentDone
+  // rank -> progress records dropped: malformed; by its agent (too fast).
+  std::map<int, int64_t> malformed_progress_, dropped_progress_;
   Clock::time_point start_time_;
   JobWatch watch_;
-  std::map<int, std::string> stacks_;  // rank -> collected (bounded)
-  std::set<int> stacks_pending_;       // asked for, not yet come
-  boost::asio::steady_timer hang_abort_timer_;
-  std::optional<std::pair<int, std::string>> hang_abort_;  // rank, why
-  std::map<int, std::string> oom_;          // rank -> the OOM kill's detail
-  std::map<int, std::string> error_files_;  // rank -> its error file JSON
+  JobForensics forensics_;
 };
 
 }  // namespace dslaunch::launcher

@@ -1,16 +1,12 @@
-// What the Job gathers for an operator after something went wrong: stacks
-// of hung ranks, OOM kills, Python exceptions left in error files, and the
-// <log_dir>/failure/ bundle.
+// JobForensics (job_forensics.h): stacks, OOM kills and error files.
+#include "launcher/supervise/job_forensics.h"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 
-#include "launcher/report/forensics.h"
-#include "launcher/report/report.h"
-#include "launcher/supervise/job.h"
-#include "proto/progress.h"  // EscapeControlChars
-
-extern char** environ;
+#include "launcher/report/log_files.h"  // SinkFile
+#include "proto/progress.h"             // EscapeControlChars
 
 namespace dslaunch::launcher {
 
@@ -26,7 +22,17 @@ constexpr auto kStacksWait = std::chrono::seconds(25);
 
 }  // namespace
 
-void Job::CollectStacks(const std::vector<int>& ranks, const std::string& why) {
+JobForensics::JobForensics(boost::asio::io_context& io,
+                           const LaunchOptions& options, Console& console,
+                           const JobState& state, Hooks hooks)
+    : options_(options),
+      console_(console),
+      state_(state),
+      hooks_(std::move(hooks)),
+      hang_abort_timer_(io) {}
+
+void JobForensics::CollectStacks(const std::vector<int>& ranks,
+                                 const std::string& why) {
   std::map<int, wire::Envelope> by_node;
   for (int rank : ranks) {
     auto it = state_.ranks().find(rank);
@@ -38,11 +44,11 @@ void Job::CollectStacks(const std::vector<int>& ranks, const std::string& why) {
     msg.mutable_collect_stacks()->set_reason(why);
   }
   for (const auto& [node, msg] : by_node) {
-    if (state_.node(node).authenticated) (void)links_->Send(node, msg);
+    if (state_.node(node).authenticated) hooks_.send(node, msg);
   }
 }
 
-void Job::AbortForHang(int rank, const std::string& why) {
+void JobForensics::AbortForHang(int rank, const std::string& why) {
   if (hang_abort_) return;
   hang_abort_ = {rank, why};
   if (stacks_pending_.empty()) return FinishHangAbort();
@@ -53,21 +59,20 @@ void Job::AbortForHang(int rank, const std::string& why) {
   });
 }
 
-void Job::FinishHangAbort() {
+void JobForensics::FinishHangAbort() {
   hang_abort_timer_.cancel();
   if (!hang_abort_ || state_.phase() == Phase::kEnded) return;
   console_.Note("stopping the job: --on_hang abort");
-  Act(state_.Hung(hang_abort_->first, hang_abort_->second));
+  hooks_.hung(hang_abort_->first, hang_abort_->second);
 }
 
-void Job::HandleStacks(int node_rank, const wire::Stacks& s) {
-  if (!RankOfNode(s.rank(), node_rank)) return;
+void JobForensics::OnStacks(const wire::Stacks& s) {
   KeepStacks(s);
   stacks_pending_.erase(s.rank());
   if (hang_abort_ && stacks_pending_.empty()) FinishHangAbort();
 }
 
-void Job::KeepStacks(const wire::Stacks& s) {
+void JobForensics::KeepStacks(const wire::Stacks& s) {
   const std::string who = "rank " + std::to_string(s.rank());
   if (!s.error().empty() || s.text().empty()) {
     return console_.Note(
@@ -104,59 +109,12 @@ void Job::KeepStacks(const wire::Stacks& s) {
   stacks_[s.rank()] = std::move(text);
 }
 
-void Job::KeepExitForensics(const wire::WorkerExited& e) {
+void JobForensics::OnExited(const wire::WorkerExited& e) {
   if (e.oom_killed()) oom_[e.rank()] = e.oom_detail();
   // The first ranks' (the cause among them), as for stacks: a job of
   // thousands of failing ranks must not hold thousands of files.
   if (!e.error_file().empty() && error_files_.size() < kMaxErrorFileRanks)
     error_files_[e.rank()] = e.error_file().substr(0, kMaxErrorFileBytes);
-}
-
-// Under a rank's FAILED line: how the kernel or Python ended it.
-void Job::PrintForensics(int rank) {
-  if (auto it = oom_.find(rank); it != oom_.end()) {
-    console_.Note("  killed by the kernel's OOM killer (out of memory)" +
-                  (it->second.empty()
-                       ? std::string()
-                       : ": " + proto::EscapeControlChars(it->second)));
-  }
-  if (auto it = error_files_.find(rank); it != error_files_.end()) {
-    const auto lines = DescribeErrorFile(it->second);
-    if (!lines.empty())
-      console_.Note("  its error file (TORCHELASTIC_ERROR_FILE) says:");
-    for (const auto& line : lines) console_.Note("  " + line);
-  }
-}
-
-void Job::PrintHangs() {
-  for (const auto& [rank, what] : watch_.hangs()) {
-    console_.Note("hang seen: " + what +
-                  (stacks_.count(rank) ? "; its stacks were collected" : ""));
-  }
-}
-
-void Job::WriteFailureBundle() {
-  if (options_.log_dir.empty()) return;
-  FailureRecord record;
-  record.report = console_.TakeCaptured();
-  record.plan = FormatPlanTable(plan_);
-  record.rank_env = job_env_;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    const std::string kv = *e;
-    const size_t eq = kv.find('=');
-    if (eq != std::string::npos)
-      record.launcher_env.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
-  }
-  record.job_secret = secret_;
-  for (const auto& [rank, r] : state_.ranks())
-    record.last_lines[rank] = &console_.LastLines(rank);
-  record.stacks = stacks_;
-  record.error_files = error_files_;
-  auto dir = launcher::WriteFailureBundle(options_.log_dir, record);
-  console_.Note(dir.ok() ? "for a bug report: " + *dir +
-                               " (report, last lines, stacks, plan, "
-                               "environment with secrets redacted)"
-                         : dir.status().message());
 }
 
 }  // namespace dslaunch::launcher

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "launcher/flags.h"
+#include "launcher/options.h"
 #include "launcher/report/console.h"
 
 namespace dslaunch::launcher {

@@ -5,8 +5,8 @@
 #include <spawn.h>     // posix_spawn
 #include <stdlib.h>    // mkdtemp
 #include <sys/stat.h>  // chmod, mkdir
-#include <unistd.h>    // chown, symlink, geteuid
 #include <sys/wait.h>  // waitpid
+#include <unistd.h>    // chown, symlink, geteuid
 
 #include <boost/asio/io_context.hpp>
 #include <chrono>
@@ -270,8 +270,8 @@ TEST_F(StackCollectorTest, TakesOnlyToolsNobodyButRootCanReplace) {
   ASSERT_EQ(::chown((trusted + "/eu-stack").c_str(), 65534, 65534), 0);
   EXPECT_FALSE(TrustedTool(trusted + "/eu-stack").ok());
   EXPECT_TRUE(StackToolsFor(1234, false, planted + ":" + trusted).empty());
-  ASSERT_EQ(::symlink((planted + "/eu-stack").c_str(),
-                      (dir_ + "/link").c_str()), 0);
+  ASSERT_EQ(
+      ::symlink((planted + "/eu-stack").c_str(), (dir_ + "/link").c_str()), 0);
   EXPECT_FALSE(TrustedTool(dir_ + "/link").ok());
   EXPECT_TRUE(TrustedTool("/bin/sh").ok());
 }

@@ -35,7 +35,8 @@ class StackHelperTest : public ::testing::Test {
   }
   void TearDown() override {
     client_.reset();
-    RunUntil(io_, [] { return false; }, milliseconds(50));  // reap it
+    RunUntil(
+        io_, [] { return false; }, milliseconds(50));  // reap it
     std::filesystem::remove_all(dir_);
   }
   void FakeTool(const std::string& name, const std::string& script) {
@@ -50,7 +51,8 @@ class StackHelperTest : public ::testing::Test {
         io_, [this](const wire::Stacks& s) { replies_.push_back(s); }, o);
   }
   bool WaitReplies(size_t n, milliseconds timeout = milliseconds(10000)) {
-    return RunUntil(io_, [&] { return replies_.size() >= n; }, timeout);
+    return RunUntil(
+        io_, [&] { return replies_.size() >= n; }, timeout);
   }
   bool WaitFile(const std::string& name) {
     return RunUntil(
@@ -91,7 +93,8 @@ TEST_F(StackHelperTest, TheToolIsAChildOfTheHelperWhichIsAChildOfTheAgent) {
       << s.text();
   EXPECT_NE(s.text().find(std::string(kStackHelperFlag)), std::string::npos)
       << s.text();
-  RunUntil(io_, [] { return false; }, milliseconds(200));
+  RunUntil(
+      io_, [] { return false; }, milliseconds(200));
   EXPECT_EQ(replies_.size(), 1u);  // exactly one answer
   EXPECT_EQ(client_->pending(), 0u);
 }
@@ -103,7 +106,8 @@ TEST_F(StackHelperTest, CollectionsOfTheSameRankAreMergedIntoOneAnswer) {
   client_->Collect(3, rank_.pid());
   client_->Collect(4, rank_.pid());
   ASSERT_TRUE(WaitReplies(2));
-  RunUntil(io_, [] { return false; }, milliseconds(200));
+  RunUntil(
+      io_, [] { return false; }, milliseconds(200));
   ASSERT_EQ(replies_.size(), 2u);
   EXPECT_EQ(replies_[0].text(), "frames\n");
   EXPECT_EQ(replies_[1].text(), "frames\n");
@@ -147,7 +151,8 @@ TEST_F(StackHelperTest, AHelperThatStopsAnsweringIsAnsweredByTheBackstop) {
             "no stacks: the stack helper gave no answer within 300 ms");
   ::kill(helper, SIGCONT);
   // Its late answer is dropped: still one answer for the one request.
-  RunUntil(io_, [] { return false; }, milliseconds(500));
+  RunUntil(
+      io_, [] { return false; }, milliseconds(500));
   EXPECT_EQ(replies_.size(), 1u);
 }
 
@@ -180,7 +185,8 @@ TEST_F(StackHelperTest, StopEndsTheHelperAndItsToolsAndAnswersNothing) {
   }));
   EXPECT_TRUE(replies_.empty());
   client_->Collect(4, rank_.pid());
-  RunUntil(io_, [] { return false; }, milliseconds(100));
+  RunUntil(
+      io_, [] { return false; }, milliseconds(100));
   EXPECT_TRUE(replies_.empty());
 }
 

@@ -204,8 +204,7 @@ TEST(Auth, SecretFileWarningsNameAWorldReadableFileAndAGuessableSecret) {
   ASSERT_EQ(::chown(path.c_str(), 65534, 65534), 0);
   auto foreign = SecretFileWarnings(path, good);
   ASSERT_EQ(foreign.size(), 1u);
-  EXPECT_NE(foreign[0].find(path + " belongs to user 65534"),
-            std::string::npos)
+  EXPECT_NE(foreign[0].find(path + " belongs to user 65534"), std::string::npos)
       << foreign[0];
   std::filesystem::remove_all(dir);
 }

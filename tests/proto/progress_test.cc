@@ -155,15 +155,19 @@ TEST(EscapeControlChars, EscapesC0DelAndC1ButNotTabOrText) {
 // "Trojan Source": bidirectional overrides and isolates reorder what a
 // reader sees; the Unicode line separators start a new line in some viewers.
 TEST(EscapeControlChars, EscapesBidiControlsAndLineSeparators) {
-  EXPECT_EQ(EscapeControlChars("user\xe2\x80\xae" "txt.exe"),
+  EXPECT_EQ(EscapeControlChars("user\xe2\x80\xae"
+                               "txt.exe"),
             "user\\u202etxt.exe");  // RIGHT-TO-LEFT OVERRIDE
-  EXPECT_EQ(EscapeControlChars("\xe2\x80\xaa\xe2\x80\xab\xe2\x80\xac\xe2\x80\xad"),
-            "\\u202a\\u202b\\u202c\\u202d");
-  EXPECT_EQ(EscapeControlChars("\xe2\x81\xa6\xe2\x81\xa7\xe2\x81\xa8\xe2\x81\xa9"),
-            "\\u2066\\u2067\\u2068\\u2069");  // isolates
+  EXPECT_EQ(
+      EscapeControlChars("\xe2\x80\xaa\xe2\x80\xab\xe2\x80\xac\xe2\x80\xad"),
+      "\\u202a\\u202b\\u202c\\u202d");
+  EXPECT_EQ(
+      EscapeControlChars("\xe2\x81\xa6\xe2\x81\xa7\xe2\x81\xa8\xe2\x81\xa9"),
+      "\\u2066\\u2067\\u2068\\u2069");  // isolates
   EXPECT_EQ(EscapeControlChars("\xe2\x80\x8e\xe2\x80\x8f\xd8\x9c"),
             "\\u200e\\u200f\\u061c");  // LRM, RLM, ARABIC LETTER MARK
-  EXPECT_EQ(EscapeControlChars("a\xe2\x80\xa8" "b\xe2\x80\xa9"),
+  EXPECT_EQ(EscapeControlChars("a\xe2\x80\xa8"
+                               "b\xe2\x80\xa9"),
             "a\\u2028b\\u2029");
   // Their neighbours stay text: en dash, narrow no-break space, Arabic.
   EXPECT_EQ(EscapeControlChars("\xe2\x80\x93\xe2\x80\xaf\xd8\xa8"),
@@ -172,7 +176,9 @@ TEST(EscapeControlChars, EscapesBidiControlsAndLineSeparators) {
 
 // Invisible characters: a name holding them looks like another.
 TEST(EscapeControlChars, EscapesZeroWidthAndHiddenCharacters) {
-  EXPECT_EQ(EscapeControlChars("a\xe2\x80\x8b" "b\xe2\x81\xa0" "c\xef\xbb\xbf"),
+  EXPECT_EQ(EscapeControlChars("a\xe2\x80\x8b"
+                               "b\xe2\x81\xa0"
+                               "c\xef\xbb\xbf"),
             "a\\u200bb\\u2060c\\ufeff");
   EXPECT_EQ(EscapeControlChars("\xef\xbf\xb9x\xef\xbf\xbb"), "\\ufff9x\\ufffb");
   // Tag characters carry hidden ASCII ("A" = U+E0041).
@@ -185,7 +191,9 @@ TEST(EscapeControlChars, EscapesZeroWidthAndHiddenCharacters) {
 }
 
 TEST(EscapeForLog, EscapesWhatMakesTwoNamesLookAlike) {
-  EXPECT_EQ(EscapeForLog("node\xe2\x80\x8d" "1\xc2\xad" "x\xe3\x85\xa4"),
+  EXPECT_EQ(EscapeForLog("node\xe2\x80\x8d"
+                         "1\xc2\xad"
+                         "x\xe3\x85\xa4"),
             "node\\u200d1\\u00adx\\u3164");
   EXPECT_EQ(EscapeForLog("n\xef\xb8\x8f"), "n\\ufe0f");
 }
@@ -195,7 +203,10 @@ TEST(EscapeForLog, CutsLongTextAtACharacterBoundaryAndSaysHowMuchWasLeft) {
   EXPECT_EQ(EscapeForLog(std::string(300, 'x'), 10),
             "xxxxxxxxxx...(290 more bytes)");
   // "é" is two bytes: a cut inside it backs up to before it.
-  EXPECT_EQ(EscapeForLog("abc\xc3\xa9" "def", 4), "abc...(5 more bytes)");
+  EXPECT_EQ(EscapeForLog("abc\xc3\xa9"
+                         "def",
+                         4),
+            "abc...(5 more bytes)");
   EXPECT_EQ(EscapeForLog("\x1b\x1b\x1b", 2), "\\u001b\\u001b...(1 more bytes)");
   // Continuation bytes alone: the cut backs up 3 at most, never to nothing.
   EXPECT_EQ(EscapeForLog(std::string(300, '\x80'), 10),

@@ -433,8 +433,7 @@ TEST_F(SafeFilesTest, RefusesAFileWritableByASharedGroup) {
             std::string::npos)
       << text.status().message();
   ASSERT_EQ(::chown((dir_ / "env").c_str(), 0, 0), 0);  // root's own group
-  EXPECT_TRUE(
-      ReadTrustedFile((dir_ / "env").string(), "env file", 1024).ok());
+  EXPECT_TRUE(ReadTrustedFile((dir_ / "env").string(), "env file", 1024).ok());
 }
 
 // Root's file under a second name that another user made (a hard link
@@ -450,8 +449,8 @@ TEST_F(SafeFilesTest, AnotherUidRefusesRootsFileWithASecondName) {
   if (pid == 0) {
     if (::setgid(kNobody) != 0 || ::setuid(kNobody) != 0) ::_exit(10);
     auto text = ReadTrustedFile((dir_ / "env").string(), "env file", 1024);
-    ::_exit(!text.ok() && text.status().message().find(
-                              "more than one name") != std::string::npos
+    ::_exit(!text.ok() && text.status().message().find("more than one name") !=
+                              std::string::npos
                 ? 0
                 : 1);
   }

@@ -1,22 +1,21 @@
 #include "proto/tb_events.h"
 
-#include <sys/resource.h>  // setrlimit
-#include <sys/stat.h>      // stat
 #include <fcntl.h>         // AT_FDCWD
 #include <linux/fs.h>      // RENAME_EXCHANGE
+#include <sys/resource.h>  // setrlimit
+#include <sys/stat.h>      // stat
 #include <sys/syscall.h>   // SYS_renameat2
 #include <unistd.h>        // getpid, syscall, chown
 
 #include <atomic>
 #include <chrono>
-#include <thread>
-
 #include <csignal>  // signal, SIGXFSZ
 #include <cstdlib>  // mkdtemp
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"

@@ -372,9 +372,9 @@ TEST_F(FailureBundleTest, RefusesALogDirectoryOfAnotherUser) {
   ASSERT_EQ(::chown(theirs.c_str(), 65534, 65534), 0);
   const auto out = WriteFailureBundle(theirs.string(), Record());
   ASSERT_FALSE(out.ok());
-  EXPECT_NE(out.status().message().find(theirs.string() +
-                                        " belongs to another user"),
-            std::string::npos)
+  EXPECT_NE(
+      out.status().message().find(theirs.string() + " belongs to another user"),
+      std::string::npos)
       << out.status().message();
   EXPECT_TRUE(fs::is_empty(theirs));
 }

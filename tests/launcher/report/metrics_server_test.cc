@@ -276,7 +276,8 @@ TEST_F(MetricsServerTest, AFloodFromOneAddressDoesNotEvictAnotherAddress) {
 // Many addresses, one idle connection each, cannot push out a scraper whose
 // request was read and whose answer is being written: connections still
 // sending a request go first, whatever address they come from.
-TEST_F(MetricsServerTest, AFloodFromManyAddressesNeverDropsAScraperBeingAnswered) {
+TEST_F(MetricsServerTest,
+       AFloodFromManyAddressesNeverDropsAScraperBeingAnswered) {
   MetricsServer::Options o;
   o.max_connections = 4;
   o.read_timeout = std::chrono::milliseconds(60000);
@@ -300,7 +301,8 @@ TEST_F(MetricsServerTest, AFloodFromManyAddressesNeverDropsAScraperBeingAnswered
 TEST_F(MetricsServerTest, ListensOnEveryAddressGivenAtOnePort) {
   server_ = std::make_unique<MetricsServer>(
       io_, [this] { return std::make_shared<const std::string>(body_); });
-  auto port = server_->Listen(std::vector<std::string>{"127.0.0.1", "127.0.0.3"}, 0);
+  auto port =
+      server_->Listen(std::vector<std::string>{"127.0.0.1", "127.0.0.3"}, 0);
   ASSERT_TRUE(port.ok()) << port.status().message();
   port_ = *port;
   for (uint32_t to : {0x7F000001u, 0x7F000003u}) {

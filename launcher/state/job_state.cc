@@ -1,9 +1,9 @@
-#include "launcher/supervise/job_state.h"
+#include "launcher/state/job_state.h"
 
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
-#include "launcher/report/report.h"
+#include "proto/exit_status.h"
 #include "proto/exit_status.h"
 
 namespace dslaunch::launcher {

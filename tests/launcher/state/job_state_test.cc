@@ -1,4 +1,4 @@
-#include "launcher/supervise/job_state.h"
+#include "launcher/state/job_state.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>

@@ -1,0 +1,65 @@
+#include "launcher/plan/joined_plan.h"
+
+#include <vector>
+
+#include "launcher/plan/hostfile.h"  // kMaxSlotsPerHost, kMaxTotalSlots
+#include "proto/progress.h"          // EscapeForLog
+
+namespace dslaunch::launcher {
+
+namespace {
+
+bool Loopback(const std::string& addr) {
+  return addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+}  // namespace
+
+StatusOr<JoinedPlan> PlanFromJoinedAgents(
+    const std::map<int, JoinedAgent>& joined, const PlanOptions& options,
+    bool master_port_given) {
+  std::vector<std::string> hosts;
+  std::vector<int> slots;
+  int64_t world = 0;
+  for (const auto& [node, j] : joined) {
+    // What agents say of themselves reaches the terminal escaped.
+    hosts.push_back(
+        proto::EscapeForLog(j.hostname.empty() ? j.addr : j.hostname, 255));
+    if (options.num_gpus <= 0 && j.gpus > kMaxSlotsPerHost) {
+      return InvalidArgument(
+          "node " + std::to_string(node) + " (" + hosts.back() + ") reports " +
+          std::to_string(j.gpus) + " GPUs, more than " +
+          std::to_string(kMaxSlotsPerHost) + " per node; --num_gpus sets it");
+    }
+    slots.push_back(options.num_gpus > 0 ? options.num_gpus
+                    : j.gpus > 0         ? j.gpus
+                                         : 1);
+    world += slots.back();
+  }
+  if (world > kMaxTotalSlots) {
+    return InvalidArgument(std::to_string(world) + " ranks in all, more than " +
+                           std::to_string(kMaxTotalSlots));
+  }
+  JoinedPlan out;
+  out.plan = JoinPlan(hosts, slots, options);
+  const JoinedAgent& node0 = joined.at(0);
+  // Node 0's address as it reached us: the pods' network.
+  if (out.plan.master_addr.empty()) {
+    out.plan.master_addr = node0.addr;
+    // Node 0 reached us over loopback (the launcher runs in its pod):
+    // other nodes cannot rendezvous there.
+    bool remote = false;
+    for (const auto& [node, j] : joined) remote = remote || !Loopback(j.addr);
+    if (Loopback(node0.addr) && remote) {
+      out.warning =
+          "node 0 joined over loopback (" + node0.addr +
+          "), which the other nodes cannot reach as MASTER_ADDR; pass "
+          "--master_addr with node 0's address on their network";
+    }
+  }
+  if (!master_port_given && node0.free_port > 0 && node0.free_port <= 65535)
+    out.plan.master_port = node0.free_port;
+  return out;
+}
+
+}  // namespace dslaunch::launcher

@@ -1,0 +1,139 @@
+// The Job under --launcher join: the plan is made from the agents that
+// come, once all have; a node may leave and join again while it assembles.
+#include <gtest/gtest.h>
+
+#include "tests/common/run_until.h"
+#include "tests/launcher/supervise/job_fixture.h"
+
+namespace dslaunch::launcher {
+namespace {
+
+using job_testing::JobTest;
+
+// --launcher join: the plan is made from the agents once all have joined.
+class JoinJobTest : public JobTest {
+ protected:
+  JoinJobTest() {
+    options_.launcher = "join";
+    options_.master_port_given = false;
+    // Until they join: two "join-N" nodes of one rank each.
+    plan_ = JoinPlan({"join-0", "join-1"}, {1, 1}, PlanOptions());
+  }
+  void Join(int node, const std::string& host, int gpus,
+            const std::string& addr, int free_port = 0) {
+    wire::Hello hello;
+    hello.set_node_rank(node);
+    hello.mutable_facts()->set_hostname(host);
+    for (int g = 0; g < gpus; ++g) hello.mutable_facts()->add_gpus(g);
+    hello.mutable_facts()->set_free_port(free_port);
+    job_->OnAgentAuthenticated(node, hello, addr);
+  }
+};
+
+TEST_F(JoinJobTest, PlansFromTheJoinedAgentsAndOnlyThenSendsTheJob) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  Join(1, "train-worker-1", 0, "10.9.0.12");
+  EXPECT_FALSE(links_.sent.count(1)) << "no job before every node joined";
+  Join(0, "train-worker-0", 3, "10.9.0.11", 40123);
+  ASSERT_TRUE(links_.sent.count(0) && links_.sent.count(1));
+  const wire::JobSpec& zero = links_.Last(0).job_spec();
+  const wire::JobSpec& one = links_.Last(1).job_spec();
+  // Node 0 has 3 GPUs, node 1 none (one rank).
+  EXPECT_EQ(zero.world_size(), 4);
+  EXPECT_EQ(zero.ranks_size(), 3);
+  EXPECT_EQ(one.ranks_size(), 1);
+  EXPECT_EQ(one.ranks(0).rank(), 3);
+  EXPECT_EQ(zero.host(), "train-worker-0");
+  EXPECT_EQ(one.master_addr(), "10.9.0.11");
+  EXPECT_EQ(one.master_port(), 40123);
+  EXPECT_EQ(job_->plan().nodes[1].host, "train-worker-1");
+  for (int r = 0; r < 3; ++r) RankStarted(0, r);
+  RankStarted(1, 3);
+  EXPECT_EQ(phase(), Phase::kRunning);
+}
+
+TEST_F(JoinJobTest, NumGpusDecidesTheRanksPerNode) {
+  options_.plan.num_gpus = 2;
+  plan_ = JoinPlan({"join-0", "join-1"}, {2, 2}, options_.plan);
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  Join(0, "a", 8, "10.9.0.11");
+  Join(1, "b", 0, "10.9.0.12");
+  EXPECT_EQ(links_.Last(0).job_spec().world_size(), 4);
+  EXPECT_EQ(links_.Last(1).job_spec().ranks_size(), 2);
+}
+
+TEST_F(JoinJobTest, AnAgentClaimingTooManyGpusFailsTheStartAndEveryAgentHears) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  Join(0, "a", 5000, "10.9.0.11");
+  Join(1, "b", 0, "10.9.0.12");
+  for (int n : {0, 1}) {
+    ASSERT_TRUE(links_.sent.count(n));
+    EXPECT_TRUE(links_.Last(n).has_abort()) << n;
+    EXPECT_NE(links_.Last(n).abort().reason().find("5000 GPUs"),
+              std::string::npos);
+    EXPECT_NE(links_.Last(n).abort().exit_status(), 0);
+  }
+  EXPECT_TRUE(links_.shut_down);
+}
+
+TEST_F(JoinJobTest, AHostileHostnameReachesTheConsoleEscaped) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  Join(0, "evil\x1b[31m\nFAKE", 0, "10.9.0.11");
+  Join(1, "b", 0, "10.9.0.12");
+  EXPECT_EQ(job_->plan().nodes[0].host.find('\x1b'), std::string::npos);
+  EXPECT_EQ(job_->plan().nodes[0].host.find('\n'), std::string::npos);
+}
+
+// Node 0 joins and drops before node 1 comes: the job is still assembling,
+// so it waits for node 0 again instead of failing before anything ran.
+TEST_F(JoinJobTest, ANodeThatLeavesBeforeTheJobAssembledMayJoinAgain) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  Join(0, "pod-0", 0, "10.9.0.11");
+  job_->OnAgentDisconnected(0, Unavailable("connection reset"));
+  EXPECT_EQ(phase(), Phase::kStarting);
+  Join(1, "pod-1", 0, "10.9.0.12");
+  EXPECT_FALSE(links_.sent.count(1)) << "no job while node 0 is missing";
+  Join(0, "pod-0b", 0, "10.9.0.13");
+  ASSERT_TRUE(links_.sent.count(0) && links_.sent.count(1));
+  EXPECT_TRUE(links_.Last(0).has_job_spec());
+  EXPECT_TRUE(links_.Last(1).has_job_spec());
+  EXPECT_EQ(links_.Last(1).job_spec().master_addr(), "10.9.0.13");
+  EXPECT_EQ(job_->plan().nodes[0].host, "pod-0b");
+  RankStarted(0, 0);
+  RankStarted(1, 1);
+  EXPECT_EQ(phase(), Phase::kRunning);
+}
+
+// Once every node joined the job is sent: a node lost then fails the job.
+TEST_F(JoinJobTest, ANodeLostAfterTheJobWasSentFailsIt) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  Join(0, "pod-0", 0, "10.9.0.11");
+  Join(1, "pod-1", 0, "10.9.0.12");
+  job_->OnAgentDisconnected(0, Unavailable("connection reset"));
+  EXPECT_EQ(phase(), Phase::kStopping);
+  EXPECT_EQ(job_->state().outcome().node, 0);
+}
+
+TEST_F(JoinJobTest, AnAgentJoiningAnEndedJobIsToldItFailed) {
+  options_.start_timeout_s = 0.05;
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  Join(0, "a", 0, "10.9.0.11");
+  // Node 1 never joins: the job fails (69), node 0 is aborted.
+  ASSERT_TRUE(dslaunch::testing::RunUntil(
+      io_, [&] { return phase() != Phase::kStarting; }));
+  EXPECT_EQ(links_.Last(0).abort().exit_status(), 69);
+  Join(1, "b", 0, "10.9.0.12");
+  ASSERT_TRUE(links_.sent.count(1));
+  EXPECT_TRUE(links_.Last(1).has_abort());
+  EXPECT_EQ(links_.Last(1).abort().exit_status(), 69);
+}
+
+}  // namespace
+}  // namespace dslaunch::launcher
