@@ -77,6 +77,7 @@ nlohmann::json ToJson(const CheckpointState& s, int world, size_t num_params) {
           {"version", 1},
           {"step", s.step},
           {"world_size", world},
+          {"train_batch_size", s.train_batch_size},
           {"num_params", num_params},
           {"param_order", "llmc"},
           {"model",
@@ -184,6 +185,7 @@ StatusOr<CheckpointState> ReadCheckpointState(const std::string& dir) {
   try {
     s.step = j.at("step");
     s.num_params = j.at("num_params");
+    s.train_batch_size = j.value("train_batch_size", int64_t{0});
     const auto& m = j.at("model");
     s.model = ModelConfig::Make(m.at("max_seq_len"), m.at("vocab_size"),
                                 m.at("num_layers"), m.at("num_heads"),

@@ -24,6 +24,9 @@ struct CheckpointState {
   size_t num_params = 0;
   LoaderState loader;  // rank 0's; positions are global
   ModelConfig model;
+  // The global batch it trained with (micro x accumulation x world); 0 in
+  // checkpoints written before it was recorded.
+  int64_t train_batch_size = 0;
 };
 
 // This rank's share of the state: elements [begin, begin + params.size()) of

@@ -10,6 +10,7 @@
 #include "worker/comm.h"
 #include "worker/data_loader.h"
 #include "worker/model.h"
+#include "worker/stop_signal.h"
 #include "worker/train_config.h"
 #include "worker/trainer.h"
 
@@ -20,6 +21,21 @@ static int Fail(const Status& st) {
   return ExitStatusFor(st);
 }
 
+// The restart count dslaunch (DSLAUNCH_RESTART_COUNT) or torchrun's elastic
+// agent (TORCHELASTIC_RESTART_COUNT) gives a restarted generation; 0 for
+// the first run or a value that is not a count.
+static int RestartCount() {
+  for (const char* name :
+       {"DSLAUNCH_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"}) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') continue;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    return *end == '\0' && n > 0 && n < (1 << 30) ? static_cast<int>(n) : 0;
+  }
+  return 0;
+}
+
 int RunTrain(const TrainArgs& args) {
   const char* world_env = std::getenv("WORLD_SIZE");
   const int world = world_env ? std::atoi(world_env) : 1;
@@ -28,11 +44,24 @@ int RunTrain(const TrainArgs& args) {
   for (const auto& o : args.overrides) {
     if (Status st = ApplyOverride(&*config, o); !st.ok()) return Fail(st);
   }
+  // A restarted generation goes on from the newest complete checkpoint
+  // (none yet: from the start), unless checkpoint.resume names one.
+  const int restart = RestartCount();
+  const bool auto_resume = restart > 0 && config->checkpoint.resume.empty() &&
+                           !config->checkpoint.dir.empty();
+  if (auto_resume) config->checkpoint.resume = "latest";
+  CatchStopSignal();  // from here a SIGTERM ends the step, then the run
   auto comm = CommFromEnvironment();
   if (!comm.ok()) return Fail(comm.status());
   if ((*comm)->rank() == 0) {
     for (const auto& w : config->warnings)
       std::fprintf(stderr, "dsworker: warning: %s\n", w.c_str());
+    if (auto_resume) {
+      std::printf(
+          "restart %d: resuming from the newest complete checkpoint "
+          "in %s\n",
+          restart, config->checkpoint.dir.c_str());
+    }
   }
   TrainOptions options;
   options.init_model = args.init_model;
@@ -40,6 +69,7 @@ int RunTrain(const TrainArgs& args) {
   if (!trainer.ok()) return Fail(trainer.status());
   auto result = (*trainer)->Run();
   if (!result.ok()) return Fail(result.status());
+  if (result->stop_signal != 0) return 128 + result->stop_signal;
   if (!args.save_model.empty()) {
     auto params = (*trainer)->WholeParams();  // collective
     if (!params.ok()) return Fail(params.status());

@@ -5,12 +5,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>  // SIGTERM
 #include <cstdio>
 
+#include "proto/exit_status.h"  // SignalName
 #include "worker/checkpoint.h"
 #include "worker/cpu_adam.h"
 #include "worker/lr_schedule.h"
 #include "worker/partition.h"
+#include "worker/stop_signal.h"
 
 namespace dslaunch::worker {
 
@@ -115,12 +118,45 @@ Status Trainer::MaybeResume() {
         ReadCheckpointRange(dir, "params", 0, model_->params().first(n)));
     RETURN_IF_ERROR(ResumeMoments(dir, n));
   }
+  RETURN_IF_ERROR(KeepGlobalBatch(dir, s.train_batch_size));
   RETURN_IF_ERROR(train_->Restore(s.loader));
   step_ = s.step;
   if (comm_->rank() == 0) {
     std::printf("resumed from %s at step %lld\n", dir.c_str(),
                 static_cast<long long>(step_));
   }
+  return Status::Ok();
+}
+
+// On another world size (a restart with fewer or more nodes) the global
+// batch goes on as the checkpoint had it, through the accumulation steps:
+// the micro-batch stays, so memory per rank does too. A train_batch_size the
+// config gives is the user's choice and stays.
+Status Trainer::KeepGlobalBatch(const std::string& dir, int64_t saved) {
+  BatchConfig& b = config_.batch;
+  if (saved <= 0 || saved == b.train_batch_size ||
+      b.given_train_batch_size.has_value())
+    return Status::Ok();
+  const int64_t per_step =
+      static_cast<int64_t>(b.micro_batch_per_gpu) * comm_->size();
+  if (saved % per_step != 0) {
+    return DataError(
+        dir + ": the checkpoint's global batch " + std::to_string(saved) +
+        " is not divisible by train_micro_batch_size_per_gpu " +
+        std::to_string(b.micro_batch_per_gpu) + " * world_size " +
+        std::to_string(comm_->size()) +
+        "; set train_batch_size to go on with another global batch");
+  }
+  const int accumulation = static_cast<int>(saved / per_step);
+  if (comm_->rank() == 0) {
+    std::printf(
+        "keeping the checkpoint's global batch %lld at world size %d: "
+        "gradient_accumulation_steps %d (was %d)\n",
+        static_cast<long long>(saved), comm_->size(), accumulation,
+        b.gradient_accumulation_steps);
+  }
+  b.gradient_accumulation_steps = accumulation;
+  b.train_batch_size = static_cast<int>(saved);
   return Status::Ok();
 }
 
@@ -202,6 +238,7 @@ Status Trainer::Save() {
   s.num_params = n;
   s.loader = train_->state();
   s.model = model_->config();
+  s.train_batch_size = config_.batch.train_batch_size;
   ASSIGN_OR_RETURN(std::string dir,
                    SaveCheckpoint(config_.checkpoint.dir, s, shard,
                                   config_.checkpoint.keep, *comm_));
@@ -319,11 +356,15 @@ StatusOr<StepResult> Trainer::Step() {
   } else {
     RETURN_IF_ERROR(UpdateParameters(r.lr, clip_scale));
   }
+  // The stop signal rides on the loss: every rank learns that some rank
+  // got one at the same step, and all stop after it.
+  float sums[2] = {loss, StopSignal() != 0 ? 1.0f : 0.0f};
   if (comm_->size() > 1) {
-    RETURN_IF_ERROR(comm_->AllReduceSum(&loss, 1));
-    loss /= static_cast<float>(comm_->size());
+    RETURN_IF_ERROR(comm_->AllReduceSum(sums, 2));
+    sums[0] /= static_cast<float>(comm_->size());
   }
-  r.loss = loss;
+  r.loss = sums[0];
+  if (sums[1] > 0) r.stop_signal = StopSignal() != 0 ? StopSignal() : SIGTERM;
   return r;
 }
 
@@ -380,7 +421,21 @@ StatusOr<StepResult> Trainer::Run() {
     ASSIGN_OR_RETURN(last, Step());
     tensorboard_->StepDone(step_, config_.batch.train_batch_size, last.loss,
                            LearningRate(config_, step_));
-    if (save_every > 0 && step_ % save_every == 0) RETURN_IF_ERROR(Save());
+    const bool saved = save_every > 0 && step_ % save_every == 0;
+    if (saved) RETURN_IF_ERROR(Save());
+    if (last.stop_signal != 0) {
+      if (!saved && !config_.checkpoint.dir.empty()) RETURN_IF_ERROR(Save());
+      if (comm_->rank() == 0) {
+        std::printf("stopping after step %lld (%s)%s\n",
+                    static_cast<long long>(step_),
+                    SignalName(last.stop_signal).c_str(),
+                    config_.checkpoint.dir.empty()
+                        ? "; no checkpoint.dir, nothing saved"
+                        : "; checkpoint saved");
+        std::fflush(stdout);
+      }
+      return last;
+    }
     const int64_t s = step_ - 1;
     if (step_ % every != 0 && s + 1 != config_.train.steps) continue;
     const auto t1 = std::chrono::steady_clock::now();

@@ -30,6 +30,9 @@ struct StepResult {
   float loss = 0;  // mean over ranks and micro-batches
   float grad_norm = 0;
   double lr = 0;
+  // A rank got the stop signal (stop_signal.h) by this step's end: every
+  // rank stops after it (Run saves a checkpoint of it first).
+  int stop_signal = 0;
 };
 
 class Trainer {
@@ -37,7 +40,9 @@ class Trainer {
   static StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
                                                    std::unique_ptr<Comm> comm,
                                                    const TrainOptions& options);
-  // Runs train.steps steps; returns the last step's result.
+  // Runs train.steps steps, or fewer when a stop signal came (then the
+  // result's stop_signal is set, after a checkpoint of the last step where
+  // checkpoint.dir is set); returns the last step's result.
   StatusOr<StepResult> Run();
   // One line on what runs: model size, stage, ranks, batch, threads.
   std::string Summary() const;
@@ -58,6 +63,7 @@ class Trainer {
                      const TrainOptions& options);  // stages 2, 3
   AdamParams Adam(double lr) const;
   Status MaybeResume();
+  Status KeepGlobalBatch(const std::string& dir, int64_t saved);
   Status ResumeSharded(const std::string& dir, size_t n);
   Status ResumeMoments(const std::string& dir,
                        size_t n);  // checkpoint.resume: "latest" or a directory

@@ -1,6 +1,8 @@
 // The closing report (closing_report.h).
 #include "launcher/report/closing_report.h"
 
+#include <signal.h>
+
 #include <cstdio>
 
 #include "launcher/report/forensics.h"
@@ -113,8 +115,12 @@ void Report::PrintOutcome() {
     case Outcome::Cause::kInterrupted:
       if (!o.stopped_by.empty())
         return console_.Note("stopped: " + o.stopped_by);
-      return console_.Note("stopped: interrupted by the user (" +
-                           SignalName(o.signal) + ")");
+      if (o.signal == SIGINT || o.signal == 0)
+        return console_.Note("stopped: interrupted by the user (SIGINT)");
+      // SIGTERM: a preemption (SLURM's --signal, a pod's deletion) or kill.
+      return console_.Note("stopped: dslaunch received " +
+                           SignalName(o.signal) +
+                           " and passed it on to every rank");
     default:
       return console_.Note(
           "FAILED: the job ended without an exit from every rank");

@@ -4,7 +4,6 @@
 #include <spdlog/spdlog.h>
 
 #include "proto/exit_status.h"
-#include "proto/exit_status.h"
 
 namespace dslaunch::launcher {
 
@@ -72,7 +71,10 @@ int ExitStatusFor(const Outcome& o) {
     case Outcome::Cause::kNodeLost:
       return kExitUnavailable;
     case Outcome::Cause::kInterrupted:
-      return kExitInterrupted;
+      // As a shell reports a process the signal ended: 130 after Ctrl-C,
+      // 143 after SIGTERM (a preemption), 129 after SIGHUP.
+      return o.signal > 0 ? ExitStatusForProcess(0, o.signal)
+                          : kExitInterrupted;
     case Outcome::Cause::kStartFailed:
       return ExitStatusFor(o.start_status);
     case Outcome::Cause::kHung:

@@ -58,7 +58,9 @@ const char* CauseName(Outcome::Cause cause);
 
 // The launcher's exit status for an outcome: 0 when every rank exited 0; a
 // failed rank's code (128 + signal when killed); 69 for a lost node; 130
-// after an interrupt; 124 for --on_hang abort; the start's Status mapped by
+// after Ctrl-C, 128 + the signal after another (143: SIGTERM, a
+// preemption), also when the batch system stopped the job; 124 for
+// --on_hang abort; the start's Status mapped by
 // ExitStatusFor(Status) when nothing started.
 int ExitStatusFor(const Outcome& outcome);
 

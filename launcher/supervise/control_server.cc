@@ -262,15 +262,12 @@ void ControlServer::SendWelcome(const std::shared_ptr<Handshake>& hs) {
       options_.node_secret ? options_.node_secret(node) : options_.secret;
   if (!secret) {
     // The node's secret is still on its way (through the starter's output):
-    // ask again shortly; the handshake timeout bounds the wait.
-    auto retry =
-        std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(5));
-    std::weak_ptr<Handshake> weak = hs;
-    retry->async_wait([this, weak, retry,
-                       alive = alive_](const boost::system::error_code& ec) {
-      auto hs = weak.lock();
-      if (!ec && *alive && hs) SendWelcome(hs);
-    });
+    // answered when it comes (NodeSecretKnown); the handshake timeout bounds
+    // the wait.
+    auto& waiting = awaiting_secret_[node];
+    std::erase_if(
+        waiting, [](const std::weak_ptr<Handshake>& w) { return w.expired(); });
+    waiting.push_back(hs);
     return;
   }
   hs->secret = *secret;
@@ -285,6 +282,16 @@ void ControlServer::SendWelcome(const std::shared_ptr<Handshake>& hs) {
   welcome.mutable_welcome()->set_heartbeat_timeout_s(
       options_.heartbeat_timeout_s);
   (void)hs->channel->Send(welcome);
+}
+
+void ControlServer::NodeSecretKnown(int node_rank) {
+  auto it = awaiting_secret_.find(node_rank);
+  if (it == awaiting_secret_.end()) return;
+  const std::vector<std::weak_ptr<Handshake>> waiting = std::move(it->second);
+  awaiting_secret_.erase(it);
+  for (const auto& weak : waiting) {
+    if (auto hs = weak.lock()) SendWelcome(hs);
+  }
 }
 
 StatusOr<int> ControlServer::NodeForJoiningAgent(int claimed) const {

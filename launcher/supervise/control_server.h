@@ -44,6 +44,9 @@ class AgentLinks {
   virtual Status Send(int node_rank, const wire::Envelope& msg) = 0;
   // Stops accepting; closes every connection after what is queued.
   virtual void Shutdown() = 0;
+  // node_rank's own secret is known now (Options::node_secret answers): a
+  // Hello that waits for it is answered at once.
+  virtual void NodeSecretKnown(int node_rank) { (void)node_rank; }
 };
 
 class ControlServer : public AgentLinks {
@@ -95,6 +98,7 @@ class ControlServer : public AgentLinks {
   Status Send(int node_rank, const wire::Envelope& msg) override;
   // Stops accepting; closes every connection after flushing what is queued.
   void Shutdown() override;
+  void NodeSecretKnown(int node_rank) override;
   bool connected(int node_rank) const { return agents_.count(node_rank) > 0; }
   // Connections not authenticated yet.
   size_t pending_handshakes() const { return handshakes_.size(); }
@@ -141,6 +145,9 @@ class ControlServer : public AgentLinks {
   std::string last_rejection_;
   bool summary_armed_ = false;
   std::map<int, AgentLink> agents_;
+  // Hellos whose node's secret has not come yet (NodeSecretKnown), by node;
+  // no more than the live handshakes (closed ones are dropped on the way).
+  std::map<int, std::vector<std::weak_ptr<Handshake>>> awaiting_secret_;
   uint64_t heartbeat_seq_ = 0;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

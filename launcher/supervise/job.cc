@@ -147,13 +147,14 @@ void Job::OnAgentSecret(int node_rank, std::string secret) {
                   state_.node(node_rank).authenticated;
   switch (gate_.OnSecretLine(node_rank, std::move(secret), in)) {
     case AgentGate::Line::kKept:
-      return;
+      return links_->NodeSecretKnown(node_rank);
     case AgentGate::Line::kIgnored:
       // It must not end the job in the agent's name.
       return console_.Note(
           "ignored a secret line for node " + std::to_string(node_rank) +
           " after its agent authenticated (not written by the agent)");
     case AgentGate::Line::kTwice:
+      links_->NodeSecretKnown(node_rank);  // known to prove nothing
       return Act(state_.NodeLost(node_rank, "two agents claimed the node"));
   }
 }

@@ -244,7 +244,7 @@ class Failures(SlurmTest):
         subprocess.run(login("scancel", jobs[0].split()[0]), check=True, timeout=30)
         out, err = job.communicate(timeout=60)
         err = err.decode()
-        self.assertEqual(job.returncode, 130, err)
+        self.assertEqual(job.returncode, 143, err)  # SLURM's SIGTERM: a preemption
         # SLURM signals the agents and says it cancelled the step, in either
         # order: the report names SLURM either way, never a rank's failure.
         self.assertRegex(err, r"stopped: SLURM (cancelled step|stopped the step)")

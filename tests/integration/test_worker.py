@@ -27,7 +27,7 @@ class WorkerTest(LaunchTest):
         self.assertEqual(p.returncode, 0, p.stderr.decode())
 
     def config(self, micro, stage, steps=4, checkpoint=None, batch=None, zero=None,
-               accumulation=1):
+               accumulation=1, extra=None):
         cfg = {
             "gradient_accumulation_steps": accumulation,
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}},
@@ -45,14 +45,16 @@ class WorkerTest(LaunchTest):
         if checkpoint:
             cfg["checkpoint"] = checkpoint
         cfg["zero_optimization"].update(zero or {})
+        cfg.update(extra or {})
         path = os.path.join(self.dir, "ds-%d-%d-%d.json" % (micro, stage, len(os.listdir(self.dir))))
         with open(path, "w") as f:
             json.dump(cfg, f)
         return path
 
-    def train(self, nodes, micro, stage, **kw):
+    def train(self, nodes, micro, stage, launcher_args=(), **kw):
         logs = os.path.join(self.dir, "logs-%d" % len(os.listdir(self.dir)))
-        p = self.run_job(self.args(nodes=nodes, slots=1) + ["--log_dir", logs, DSWORKER, "train",
+        p = self.run_job(self.args(nodes=nodes, slots=1) + list(launcher_args) +
+                         ["--log_dir", logs, DSWORKER, "train",
                                                              "--config",
                                                              self.config(micro, stage, **kw)],
                          timeout=300, OMP_NUM_THREADS="1")
@@ -206,6 +208,39 @@ class PeerDeath(WorkerTest):
         self.assertEqual(self.worker_pids(), {})
 
 
+    def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(self):
+        # Only rank 2 gets SIGTERM; the step's all-reduce tells the others,
+        # all three save that one step together and exit 143.
+        ck = os.path.join(self.dir, "ck")
+        logs = os.path.join(self.dir, "logs")
+        job = subprocess.Popen(self.args(nodes=3, slots=1) + [
+            "--log_dir", logs, DSWORKER, "train", "--config",
+            self.config(4, 2, steps=100000, checkpoint={"dir": ck})],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env(OMP_NUM_THREADS="1"))
+        self.addCleanup(lambda: job.poll() is None and job.kill())
+        metrics = os.path.join(logs, "metrics.jsonl")
+        deadline = time.monotonic() + 60
+        while self.ranks_reporting(metrics) != {0, 1, 2}:
+            self.assertIsNone(job.poll(), "the job ended before the SIGTERM")
+            self.assertLess(time.monotonic(), deadline, "training did not start on every rank")
+            time.sleep(0.05)
+        pids = self.worker_pids()
+        os.kill(pids[2], signal.SIGTERM)
+        out, err = job.communicate(timeout=60)
+        out, err = out.decode(), err.decode()
+        self.assertEqual(job.returncode, 143, err[-3000:])
+        # Rank 0 got no signal itself; it learnt of rank 2's in the step.
+        m = re.search(r"stopping after step (\d+) \(SIGTERM\); checkpoint saved", out)
+        self.assertIsNotNone(m, out[-2000:])
+        saved = os.path.join(ck, "step_%08d" % int(m.group(1)))
+        self.assertTrue(os.path.exists(os.path.join(saved, "COMPLETE")), os.listdir(ck))
+        self.assertEqual(sorted(os.listdir(ck)), [os.path.basename(saved)])
+        # Every rank ended on its own, 143, none killed by the launcher.
+        for rank in range(3):
+            self.assertRegex(err, r"rank %d .*(exit 143|exited with code 143)" % rank)
+        self.assertEqual(self.worker_pids(), {})
+
+
 class AgainstPyTorch(WorkerTest):
     def test_adamw_steps_match_pytorch_from_the_same_model_file(self):
         if subprocess.run(["/usr/bin/python3", "-c", "import torch"],
@@ -258,6 +293,89 @@ class Checkpoints(WorkerTest):
                 self.assertEqual(sorted(resumed), [4, 5, 6])
                 for step in (4, 5, 6):
                     self.assertEqual(resumed[step], whole[step], "step %d" % step)  # every bit
+
+    def test_sigterm_saves_a_checkpoint_that_a_restarted_run_resumes_from(self):
+        # Preemption: SIGTERM to the launcher reaches every rank; they agree
+        # on the step to stop after, save it, and exit 143. A restarted
+        # generation (DSLAUNCH_RESTART_COUNT > 0) resumes from that
+        # checkpoint by itself, and its losses equal an uninterrupted run's.
+        ck = os.path.join(self.dir, "ck")
+        logs = os.path.join(self.dir, "logs-stopped")
+        stderr = open(os.path.join(self.dir, "stderr"), "w+b")
+        self.addCleanup(stderr.close)
+        job = subprocess.Popen(self.args(nodes=2, slots=1) + [
+            "--log_dir", logs, DSWORKER, "train", "--config",
+            self.config(4, 3, steps=100000, checkpoint={"dir": ck})],
+            stdout=subprocess.PIPE, stderr=stderr, env=self.env(OMP_NUM_THREADS="1"))
+        self.addCleanup(lambda: job.poll() is None and job.kill())
+        metrics = os.path.join(logs, "metrics.jsonl")
+        deadline = time.monotonic() + 60
+        while self.steps_reported(metrics) < 3:
+            self.assertIsNone(job.poll(), "the job ended before the SIGTERM")
+            self.assertLess(time.monotonic() - deadline, 0, "training did not start")
+            time.sleep(0.05)
+        job.send_signal(signal.SIGTERM)
+        out, _ = job.communicate(timeout=60)
+        stderr.seek(0)
+        err = stderr.read().decode()
+        out = out.decode()
+        self.assertEqual(job.returncode, 143, err[-3000:])
+        m = re.search(r"stopping after step (\d+) \(SIGTERM\); checkpoint saved", out)
+        self.assertIsNotNone(m, out[-3000:] + err[-3000:])
+        stopped = int(m.group(1))
+        saved = os.path.join(ck, "step_%08d" % stopped)
+        self.assertTrue(os.path.exists(os.path.join(saved, "COMPLETE")), os.listdir(ck))
+        # Every rank stopped after that step: none went on past it.
+        with open(metrics) as f:
+            steps = [json.loads(l)["step"] for l in f]
+        self.assertLessEqual(max(steps), stopped)
+
+        whole = self.losses(self.train(2, 4, 3, steps=stopped + 3))
+        resumed = self.losses(self.train(
+            2, 4, 3, steps=stopped + 3, checkpoint={"dir": ck},
+            launcher_args=["--env", "DSLAUNCH_RESTART_COUNT=1"]))
+        self.assertIn("restart 1: resuming from the newest complete checkpoint", self.stdout)
+        self.assertIn("resumed from %s at step %d" % (saved, stopped), self.stdout)
+        self.assertEqual(sorted(resumed), [stopped + 1, stopped + 2, stopped + 3])
+        for step in sorted(resumed):
+            self.assertEqual(resumed[step], whole[step], "step %d" % step)  # every bit
+
+    def test_resume_at_another_world_size_keeps_the_global_batch(self):
+        # 2 ranks x micro 4 x accumulation 3 = 24 samples per step; at 3 ranks
+        # the same 24 take accumulation 2 (the micro-batch, so each rank's
+        # memory, stays), and training goes on as a run started at 3 ranks
+        # with that batch from the same checkpoint does.
+        ck = os.path.join(self.dir, "ck")
+        self.train(2, 4, 1, steps=3, accumulation=3, checkpoint={"dir": ck, "every": 3})
+        resumed = self.losses(self.train(3, 4, 1, steps=5, accumulation=3,
+                                         checkpoint={"dir": ck, "resume": "latest"}))
+        self.assertIn("keeping the checkpoint's global batch 24 at world size 3: "
+                      "gradient_accumulation_steps 2 (was 3)", self.stdout)
+        self.assertIn("batch 24 = 4 micro x 2 accumulation x 3 ranks", self.stdout)
+        pinned = self.losses(self.train(
+            3, 4, 1, steps=5, batch=24, accumulation=2,
+            extra={"train_micro_batch_size_per_gpu": 4},
+            checkpoint={"dir": ck, "resume": "latest"}))
+        self.assertEqual(sorted(resumed), [4, 5])
+        self.assertEqual(resumed, pinned)  # every bit
+        # 24 over 5 ranks of micro-batch 4: no whole accumulation count.
+        logs = os.path.join(self.dir, "logs-5")
+        p = self.run_job(self.args(nodes=5, slots=1) + [
+            "--log_dir", logs, DSWORKER, "train", "--config",
+            self.config(4, 1, steps=5, checkpoint={"dir": ck, "resume": "latest"})],
+            timeout=300, OMP_NUM_THREADS="1")
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 65, err[-3000:])
+        self.assertIn("the checkpoint's global batch 24 is not divisible by "
+                      "train_micro_batch_size_per_gpu 4 * world_size 5", err)
+
+    def steps_reported(self, metrics):
+        try:
+            with open(metrics) as f:
+                return max((json.loads(l).get("step", 0) for l in f if l.endswith("\n")),
+                           default=0)
+        except FileNotFoundError:
+            return 0
 
     def test_resume_at_another_world_size_reshards(self):
         ck = os.path.join(self.dir, "ck")

@@ -43,7 +43,12 @@ TEST(JobState, ExitStatusForEveryCause) {
   o.cause = Outcome::Cause::kNodeLost;
   EXPECT_EQ(ExitStatusFor(o), 69);
   o.cause = Outcome::Cause::kInterrupted;
+  o.signal = SIGINT;
   EXPECT_EQ(ExitStatusFor(o), 130);
+  o.signal = SIGTERM;  // a preemption
+  EXPECT_EQ(ExitStatusFor(o), 143);
+  o.signal = SIGHUP;
+  EXPECT_EQ(ExitStatusFor(o), 129);
   o.cause = Outcome::Cause::kStartFailed;
   o.start_status = InvalidArgument("bad");
   EXPECT_EQ(ExitStatusFor(o), 64);
@@ -70,7 +75,7 @@ TEST(JobState, EndsOnlyWhenEveryNodeFinished) {
             JobState::Action::kNone);  // already stopping
   EXPECT_TRUE(s.MaybeEnd());
   EXPECT_EQ(s.phase(), Phase::kEnded);
-  EXPECT_EQ(s.ExitStatus(), 130);
+  EXPECT_EQ(s.ExitStatus(), 143);  // SIGTERM
 }
 
 TEST(JobState, AStopFromOutsideIsAnInterruptThatRankDeathsDoNotReplace) {
@@ -87,7 +92,7 @@ TEST(JobState, AStopFromOutsideIsAnInterruptThatRankDeathsDoNotReplace) {
             JobState::Action::kNone);
   EXPECT_EQ(s.outcome().cause, Outcome::Cause::kInterrupted);
   EXPECT_EQ(s.outcome().stopped_by, "SLURM cancelled step 7.0");
-  EXPECT_EQ(s.ExitStatus(), 130);
+  EXPECT_EQ(s.ExitStatus(), 143);  // as a preemption
 }
 
 TEST(JobState, AStopFromOutsideAfterAFailureChangesNothing) {

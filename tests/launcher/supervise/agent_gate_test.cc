@@ -44,16 +44,28 @@ TEST(AgentGate, SecretsAgentsMadeAreForOneConnectionAndOneClaim) {
   EXPECT_EQ(gate.NodeSecret(1), "");
 }
 
-TEST(AgentGate, WhereAgentsMakeSecretsNoNodeIsAdmittedBeforeEveryAgentIsIn) {
+TEST(AgentGate, WhereAgentsMakeSecretsNoNodeIsAdmittedBeforeEveryLineIsRead) {
   AgentGate gate("s", true);
   gate.Started(true);
   JobState state(kPlan);
   for (int n : {2, 0}) {
+    EXPECT_EQ(gate.OnSecretLine(n, "s", false), AgentGate::Line::kKept);
     ASSERT_TRUE(state.NodeAuthenticated(n).ok());
     EXPECT_TRUE(gate.Admit(n, state).empty()) << n;
   }
+  EXPECT_EQ(gate.OnSecretLine(1, "s", false), AgentGate::Line::kKept);
   ASSERT_TRUE(state.NodeAuthenticated(1).ok());
   EXPECT_EQ(gate.Admit(1, state), (std::vector<int>{2, 0, 1}));
+}
+
+TEST(AgentGate, OnceEveryLineIsReadEachNodeIsAdmittedAsItComes) {
+  AgentGate gate("s", true);
+  gate.Started(true);
+  JobState state(kPlan);
+  for (int n : {0, 1, 2})
+    EXPECT_EQ(gate.OnSecretLine(n, "s", false), AgentGate::Line::kKept);
+  ASSERT_TRUE(state.NodeAuthenticated(1).ok());
+  EXPECT_EQ(gate.Admit(1, state), (std::vector<int>{1}));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <boost/asio/write.hpp>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -175,6 +176,40 @@ TEST_F(ControlServerTest, AuthenticatesAgentWithTheRightSecret) {
   EXPECT_TRUE(server_->connected(1));
   EXPECT_EQ(server_->pending_handshakes(), 0u);
   EXPECT_FALSE(a->closed);
+}
+
+// Where each node has its own secret (pdsh, srun, mpirun), a Hello that
+// comes before its node's secret waits for it, and is answered as soon as
+// the secret is known (no polling), with a proof of that secret.
+TEST_F(ControlServerTest,
+       AHelloWaitsForItsNodesSecretAndIsAnsweredWhenItComes) {
+  std::optional<std::string> node1;
+  options_.node_secret = [&](int node) -> std::optional<std::string> {
+    if (node == 1) return node1;
+    return std::nullopt;
+  };
+  StartServer();
+  auto a = Agent();
+  a->SendHello(1);
+  auto b = Agent();
+  b->SendHello(0);  // its node's secret never comes: it waits, then times out
+  RunUntil(
+      io_, [&] { return a->welcomed() || a->closed; },
+      std::chrono::milliseconds(200));
+  EXPECT_FALSE(a->welcomed());
+  EXPECT_FALSE(a->closed);
+  node1 = kSecret;
+  server_->NodeSecretKnown(1);
+  ASSERT_TRUE(RunUntil(io_, [&] { return a->welcomed() || a->closed; }));
+  ASSERT_TRUE(a->welcomed());
+  a->SendAuth(kSecret);  // checks the Welcome's proof of the node's secret
+  ASSERT_TRUE(RunUntil(io_, [&] { return !delegate_.authenticated.empty(); }));
+  EXPECT_EQ(delegate_.authenticated, std::vector<int>{1});
+  EXPECT_FALSE(b->welcomed());
+  server_->NodeSecretKnown(0);  // still unknown: nothing to answer with
+  RunUntil(
+      io_, [&] { return b->welcomed(); }, std::chrono::milliseconds(100));
+  EXPECT_FALSE(b->welcomed());
 }
 
 TEST_F(ControlServerTest, WelcomesAHelloListingManyAddresses) {

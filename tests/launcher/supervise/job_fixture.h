@@ -43,10 +43,14 @@ class FakeLinks : public AgentLinks {
     return Status::Ok();
   }
   void Shutdown() override { shut_down = true; }
+  void NodeSecretKnown(int node_rank) override {
+    secrets_known.push_back(node_rank);
+  }
   const wire::Envelope& Last(int node) { return sent.at(node).back(); }
 
   std::map<int, std::vector<wire::Envelope>> sent;
   bool shut_down = false;
+  std::vector<int> secrets_known;
 };
 
 inline Plan TwoByTwo() {
