@@ -57,8 +57,9 @@ int main(int argc, char** argv) {
     return dslaunch::ExitStatusFor(startup.status());
   }
   if (startup->kind == agent::Startup::Kind::kMpiHolder) {
-    return agent::RunMpiHolder(flags.job_id, startup->mpi_key,
-                               startup->placement, flags.connect_timeout_s);
+    return agent::RunMpiHolder(startup->options.job_id, startup->mpi_key,
+                               startup->placement,
+                               startup->options.connect_timeout_s);
   }
   SetUpLogging(startup->options.node_rank, flags.log_level);
   for (const auto& w : startup->warnings) spdlog::warn("{}", w);

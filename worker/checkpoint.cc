@@ -186,6 +186,7 @@ StatusOr<CheckpointState> ReadCheckpointState(const std::string& dir) {
     s.step = j.at("step");
     s.num_params = j.at("num_params");
     s.train_batch_size = j.value("train_batch_size", int64_t{0});
+    s.world_size = j.value("world_size", 0);
     const auto& m = j.at("model");
     s.model = ModelConfig::Make(m.at("max_seq_len"), m.at("vocab_size"),
                                 m.at("num_layers"), m.at("num_heads"),

@@ -25,8 +25,9 @@ struct CheckpointState {
   LoaderState loader;  // rank 0's; positions are global
   ModelConfig model;
   // The global batch it trained with (micro x accumulation x world); 0 in
-  // checkpoints written before it was recorded.
+  // checkpoints written before it was recorded. Read back only.
   int64_t train_batch_size = 0;
+  int world_size = 0;  // the ranks that wrote it; read back only
 };
 
 // This rank's share of the state: elements [begin, begin + params.size()) of

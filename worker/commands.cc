@@ -58,8 +58,8 @@ int RunTrain(const TrainArgs& args) {
       std::fprintf(stderr, "dsworker: warning: %s\n", w.c_str());
     if (auto_resume) {
       std::printf(
-          "restart %d: resuming from the newest complete checkpoint "
-          "in %s\n",
+          "restart %d: checkpoint.resume is latest (the newest complete "
+          "checkpoint in %s, if there is one)\n",
           restart, config->checkpoint.dir.c_str());
     }
   }

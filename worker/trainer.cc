@@ -118,7 +118,8 @@ Status Trainer::MaybeResume() {
         ReadCheckpointRange(dir, "params", 0, model_->params().first(n)));
     RETURN_IF_ERROR(ResumeMoments(dir, n));
   }
-  RETURN_IF_ERROR(KeepGlobalBatch(dir, s.train_batch_size));
+  if (s.world_size != comm_->size())
+    RETURN_IF_ERROR(KeepGlobalBatch(dir, s.train_batch_size));
   RETURN_IF_ERROR(train_->Restore(s.loader));
   step_ = s.step;
   if (comm_->rank() == 0) {
@@ -131,7 +132,9 @@ Status Trainer::MaybeResume() {
 // On another world size (a restart with fewer or more nodes) the global
 // batch goes on as the checkpoint had it, through the accumulation steps:
 // the micro-batch stays, so memory per rank does too. A train_batch_size the
-// config gives is the user's choice and stays.
+// config gives is the user's choice and stays; at the same world size the
+// config is taken as it is (a changed micro-batch or accumulation is the
+// user's choice too).
 Status Trainer::KeepGlobalBatch(const std::string& dir, int64_t saved) {
   BatchConfig& b = config_.batch;
   if (saved <= 0 || saved == b.train_batch_size ||
@@ -421,23 +424,25 @@ StatusOr<StepResult> Trainer::Run() {
     ASSIGN_OR_RETURN(last, Step());
     tensorboard_->StepDone(step_, config_.batch.train_batch_size, last.loss,
                            LearningRate(config_, step_));
+    // Asked to stop in the last step: the training is done anyway.
+    if (step_ == config_.train.steps) last.stop_signal = 0;
+    const bool stopping = last.stop_signal != 0;
+    if (stopping) NoteStopAgreed();  // the save may take its time
     const bool saved = save_every > 0 && step_ % save_every == 0;
-    if (saved) RETURN_IF_ERROR(Save());
-    if (last.stop_signal != 0) {
-      if (!saved && !config_.checkpoint.dir.empty()) RETURN_IF_ERROR(Save());
-      if (comm_->rank() == 0) {
-        std::printf("stopping after step %lld (%s)%s\n",
-                    static_cast<long long>(step_),
-                    SignalName(last.stop_signal).c_str(),
-                    config_.checkpoint.dir.empty()
-                        ? "; no checkpoint.dir, nothing saved"
-                        : "; checkpoint saved");
-        std::fflush(stdout);
-      }
-      return last;
+    if (saved || (stopping && !config_.checkpoint.dir.empty()))
+      RETURN_IF_ERROR(Save());
+    if (stopping && comm_->rank() == 0) {
+      std::printf(
+          "stopping after step %lld (%s)%s\n", static_cast<long long>(step_),
+          SignalName(last.stop_signal).c_str(),
+          config_.checkpoint.dir.empty() ? "; no checkpoint.dir, nothing saved"
+                                         : "; checkpoint saved");
+      std::fflush(stdout);
     }
+    NoteStepDone();
     const int64_t s = step_ - 1;
-    if (step_ % every != 0 && s + 1 != config_.train.steps) continue;
+    if (!stopping && step_ % every != 0 && s + 1 != config_.train.steps)
+      continue;
     const auto t1 = std::chrono::steady_clock::now();
     const double dt = std::chrono::duration<double>(t1 - t0).count();
     const int steps =
@@ -462,6 +467,7 @@ StatusOr<StepResult> Trainer::Run() {
           rep.tokens_per_s);
       std::fflush(stdout);
     }
+    if (stopping) return last;  // its record is out; no evaluation now
     if (config_.train.eval_every > 0 && step_ % config_.train.eval_every == 0 &&
         val_) {
       ASSIGN_OR_RETURN(float val, Evaluate(4));

@@ -85,7 +85,7 @@ class Starter {
   // Whether each agent makes its own node's secret and the starter hands it
   // over (Delegate::OnAgentSecret: pdsh, srun, mpirun) instead of proving
   // AgentBootstrap::secret. Such a secret is good for one connection only,
-  // and no node gets its job before every node's secret was read: until
+  // and no node gets its job before every node's agent authenticated: until
   // then a secret may still be in the tool's pipe to us, which a rank of the
   // same user could open through /proc.
   virtual bool AgentsMakeSecrets() const { return false; }

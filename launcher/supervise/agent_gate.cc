@@ -33,17 +33,17 @@ void AgentGate::Spend(int node_rank) {
     it->second.clear();
 }
 
-bool AgentGate::EverySecretRead(const JobState& state) const {
+bool AgentGate::EveryAgentIn(const JobState& state) const {
   if (!agents_make_secrets_) return true;
-  for (size_t n = 0; n < state.nodes().size(); ++n) {
-    if (!node_secrets_.count(static_cast<int>(n))) return false;
+  for (const NodeRecord& node : state.nodes()) {
+    if (!node.authenticated) return false;
   }
   return true;
 }
 
 std::vector<int> AgentGate::Admit(int node_rank, const JobState& state) {
   held_.push_back(node_rank);
-  if (!master_port_known_ || !EverySecretRead(state)) return {};
+  if (!master_port_known_ || !EveryAgentIn(state)) return {};
   std::vector<int> admitted;
   admitted.swap(held_);
   return admitted;

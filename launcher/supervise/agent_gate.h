@@ -7,10 +7,10 @@
 //   - a second secret line for a node means two claimed it: neither holds;
 //   - a line after the node's agent is in was not written by the agent (a
 //     rank can open the tool's output through /proc): ignored;
-//   - no node gets its job before every node's secret line has been read:
-//     until then a secret may still be in the tool's pipe, where a rank (of
-//     the same user, through /proc) could read it first. Once every line
-//     is read, an unspent secret is in the launcher's memory alone.
+//   - no node gets its job before every node's agent is in, so that every
+//     secret is spent before any rank runs: until then a secret may still
+//     be in the tool's pipe or buffers, where a rank of the same user could
+//     read it through /proc and race its agent.
 // Owned by the Job; io_context thread only.
 #pragma once
 
@@ -46,11 +46,11 @@ class AgentGate {
   bool master_port_known() const { return master_port_known_; }
   void SetMasterPortKnown() { master_port_known_ = true; }
   // node_rank is in: the nodes that may get their JobSpec now (it and the
-  // ones held before), or none while the port or a secret line is missing.
+  // ones held before), or none while the port or another agent is missing.
   std::vector<int> Admit(int node_rank, const JobState& state);
 
  private:
-  bool EverySecretRead(const JobState& state) const;
+  bool EveryAgentIn(const JobState& state) const;
 
   const std::string job_secret_;
   bool started_ = false;

@@ -61,7 +61,10 @@ ControlServer::~ControlServer() {
 StatusOr<int> ControlServer::Listen(const std::vector<std::string>& bind_addrs,
                                     int port) {
   StatusOr<int> bound = proto::ListenAll(io_, bind_addrs, port, &acceptors_);
-  if (!bound.ok()) return bound;
+  if (!bound.ok()) {
+    return Status(bound.status().code(),
+                  "control server: " + bound.status().message());
+  }
   for (auto& a : acceptors_) Accept(*a);
   ArmHeartbeat();
   return bound;

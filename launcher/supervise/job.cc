@@ -147,7 +147,7 @@ void Job::OnAgentSecret(int node_rank, std::string secret) {
                   state_.node(node_rank).authenticated;
   switch (gate_.OnSecretLine(node_rank, std::move(secret), in)) {
     case AgentGate::Line::kKept:
-      return links_->NodeSecretKnown(node_rank);
+      return links_->NodeSecretKnown(node_rank);  // its Hello goes on
     case AgentGate::Line::kIgnored:
       // It must not end the job in the agent's name.
       return console_.Note(

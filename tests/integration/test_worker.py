@@ -334,7 +334,7 @@ class Checkpoints(WorkerTest):
         resumed = self.losses(self.train(
             2, 4, 3, steps=stopped + 3, checkpoint={"dir": ck},
             launcher_args=["--env", "DSLAUNCH_RESTART_COUNT=1"]))
-        self.assertIn("restart 1: resuming from the newest complete checkpoint", self.stdout)
+        self.assertIn("restart 1: checkpoint.resume is latest", self.stdout)
         self.assertIn("resumed from %s at step %d" % (saved, stopped), self.stdout)
         self.assertEqual(sorted(resumed), [stopped + 1, stopped + 2, stopped + 3])
         for step in sorted(resumed):
