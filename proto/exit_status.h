@@ -1,7 +1,8 @@
 // Exit statuses of every dslaunch binary: sysexits codes
 // for the programs' own failures, a rank's code or 128+signal for a rank's,
-// 128+signal after a signal from outside (130 Ctrl-C, 143 SIGTERM). The one place where a Status or a process end
-// becomes an exit status. Pure functions; any thread.
+// 128+signal after a signal from outside (130 Ctrl-C, 143 SIGTERM). The one
+// place where a Status or a process end becomes an exit status. Pure functions;
+// any thread.
 #pragma once
 
 #include <string>

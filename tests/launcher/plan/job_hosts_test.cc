@@ -5,15 +5,10 @@
 #include <map>
 #include <string>
 
+#include "tests/launcher/plan/fake_env.h"
+
 namespace dslaunch::launcher {
 namespace {
-
-EnvLookup Env(std::map<std::string, std::string> vars) {
-  return [vars = std::move(vars)](const char* name) {
-    auto it = vars.find(name);
-    return it == vars.end() ? std::string() : it->second;
-  };
-}
 
 const std::map<std::string, std::string> kInside = {
     {"SLURM_JOB_ID", "77"},
@@ -23,7 +18,7 @@ const std::map<std::string, std::string> kInside = {
 
 TEST(JobHosts, OutsideAnAllocationIsThisMachine) {
   for (auto where : {AllocationHosts::kNever, AllocationHosts::kWhenInside}) {
-    auto h = LoadJobHosts({"", 3, where, "auto"}, Env({}));
+    auto h = LoadJobHosts({"", 3, where, "auto"}, FakeEnv({}));
     ASSERT_TRUE(h.ok()) << h.status().message();
     EXPECT_FALSE(h->from_allocation);
     ASSERT_EQ(h->hostfile.hosts.size(), 1u);
@@ -35,7 +30,7 @@ TEST(JobHosts, OutsideAnAllocationIsThisMachine) {
 
 TEST(JobHosts, InsideAnAllocationTheModesThatTakeOneRunOverIt) {
   for (auto where : {AllocationHosts::kWhenInside, AllocationHosts::kAlways}) {
-    auto h = LoadJobHosts({"", 0, where, "slurm"}, Env(kInside));
+    auto h = LoadJobHosts({"", 0, where, "slurm"}, FakeEnv(kInside));
     ASSERT_TRUE(h.ok()) << h.status().message();
     EXPECT_TRUE(h->from_allocation);
     ASSERT_EQ(h->hostfile.hosts.size(), 2u);
@@ -44,7 +39,8 @@ TEST(JobHosts, InsideAnAllocationTheModesThatTakeOneRunOverIt) {
     EXPECT_NE(h->said.find("SLURM job 77"), std::string::npos) << h->said;
   }
   // ssh, pdsh, local: this machine even inside one.
-  auto h = LoadJobHosts({"", 0, AllocationHosts::kNever, "ssh"}, Env(kInside));
+  auto h =
+      LoadJobHosts({"", 0, AllocationHosts::kNever, "ssh"}, FakeEnv(kInside));
   ASSERT_TRUE(h.ok());
   EXPECT_FALSE(h->from_allocation);
   EXPECT_EQ(h->hostfile.hosts[0].host, "localhost");
@@ -53,13 +49,14 @@ TEST(JobHosts, InsideAnAllocationTheModesThatTakeOneRunOverIt) {
 TEST(JobHosts, AGivenHostfileWinsOverTheAllocation) {
   auto h =
       LoadJobHosts({"/nonexistent/hosts", 0, AllocationHosts::kAlways, "slurm"},
-                   Env(kInside));
+                   FakeEnv(kInside));
   ASSERT_FALSE(h.ok());  // read (and missing), never replaced
   EXPECT_EQ(h.status().code(), StatusCode::kDataError);
 }
 
 TEST(JobHosts, AModeThatNeedsAnAllocationSaysSoOutsideOne) {
-  auto h = LoadJobHosts({"", 0, AllocationHosts::kAlways, "slurm"}, Env({}));
+  auto h =
+      LoadJobHosts({"", 0, AllocationHosts::kAlways, "slurm"}, FakeEnv({}));
   ASSERT_FALSE(h.ok());
   EXPECT_EQ(h.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(h.status().message().rfind("--launcher slurm: ", 0), 0u)

@@ -6,15 +6,10 @@
 #include <string>
 #include <vector>
 
+#include "tests/launcher/plan/fake_env.h"
+
 namespace dslaunch::launcher {
 namespace {
-
-EnvLookup Env(std::map<std::string, std::string> vars) {
-  return [vars = std::move(vars)](const char* name) {
-    auto it = vars.find(name);
-    return it == vars.end() ? std::string() : it->second;
-  };
-}
 
 TEST(TasksPerNode, ExpandsRepeatsInNodeOrder) {
   auto counts = ParseTasksPerNode("4(x2),2", 3);
@@ -49,7 +44,7 @@ TEST(SlurmAllocation, NodesFromTheNodeListSlotsByPrecedence) {
       {"SLURM_JOB_NODELIST", "gpu-a[01-02],gpu-b7"},
       {"SLURM_TASKS_PER_NODE", "4(x2),2"},
   };
-  auto a = ReadSlurmAllocation(Env(vars), -1);
+  auto a = ReadSlurmAllocation(FakeEnv(vars), -1);
   ASSERT_TRUE(a.ok()) << a.status().message();
   EXPECT_EQ(a->job_id, "77");
   EXPECT_EQ(a->nodes,
@@ -59,11 +54,11 @@ TEST(SlurmAllocation, NodesFromTheNodeListSlotsByPrecedence) {
             "SLURM job 77: 3 nodes from SLURM_JOB_NODELIST, ranks 4,4,2 from "
             "SLURM_TASKS_PER_NODE");
   vars["SLURM_GPUS_ON_NODE"] = "8";
-  a = ReadSlurmAllocation(Env(vars), -1);
+  a = ReadSlurmAllocation(FakeEnv(vars), -1);
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a->slots, (std::vector<int>{8, 8, 8}));
   EXPECT_EQ(a->slots_from, "SLURM_GPUS_ON_NODE");
-  a = ReadSlurmAllocation(Env(vars), 2);
+  a = ReadSlurmAllocation(FakeEnv(vars), 2);
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a->slots, (std::vector<int>{2, 2, 2}));
   EXPECT_EQ(DescribeAllocation(*a),
@@ -71,7 +66,7 @@ TEST(SlurmAllocation, NodesFromTheNodeListSlotsByPrecedence) {
             "from --num_gpus");
   vars.erase("SLURM_GPUS_ON_NODE");
   vars.erase("SLURM_TASKS_PER_NODE");
-  a = ReadSlurmAllocation(Env(vars), -1);
+  a = ReadSlurmAllocation(FakeEnv(vars), -1);
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a->slots, (std::vector<int>{1, 1, 1}));
   EXPECT_EQ(DescribeAllocation(*a),
@@ -80,18 +75,18 @@ TEST(SlurmAllocation, NodesFromTheNodeListSlotsByPrecedence) {
 }
 
 TEST(SlurmAllocation, OutsideOrMalformedSaysWhich) {
-  EXPECT_FALSE(InSlurmAllocation(Env({})));
+  EXPECT_FALSE(InSlurmAllocation(FakeEnv({})));
   EXPECT_TRUE(InSlurmAllocation(
-      Env({{"SLURM_JOB_ID", "1"}, {"SLURM_NODELIST", "n1"}})));
-  EXPECT_EQ(ReadSlurmAllocation(Env({}), -1).status().code(),
+      FakeEnv({{"SLURM_JOB_ID", "1"}, {"SLURM_NODELIST", "n1"}})));
+  EXPECT_EQ(ReadSlurmAllocation(FakeEnv({}), -1).status().code(),
             StatusCode::kNotFound);
   auto a = ReadSlurmAllocation(
-      Env({{"SLURM_JOB_ID", "1"}, {"SLURM_JOB_NODELIST", "n[1-"}}), -1);
+      FakeEnv({{"SLURM_JOB_ID", "1"}, {"SLURM_JOB_NODELIST", "n[1-"}}), -1);
   EXPECT_EQ(a.status().message(),
             "SLURM_JOB_NODELIST: malformed range 'n[1-': missing ']'");
-  a = ReadSlurmAllocation(Env({{"SLURM_JOB_ID", "1"},
-                               {"SLURM_JOB_NODELIST", "n1"},
-                               {"SLURM_GPUS_ON_NODE", "many"}}),
+  a = ReadSlurmAllocation(FakeEnv({{"SLURM_JOB_ID", "1"},
+                                   {"SLURM_JOB_NODELIST", "n1"},
+                                   {"SLURM_GPUS_ON_NODE", "many"}}),
                           -1);
   EXPECT_NE(a.status().message().find("SLURM_GPUS_ON_NODE 'many'"),
             std::string::npos);

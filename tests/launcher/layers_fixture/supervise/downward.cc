@@ -1,3 +1,3 @@
 // A supervise source using an earlier stage: allowed.
-#include "launcher/plan/plan.h"
 #include "launcher/options.h"
+#include "launcher/plan/plan.h"
