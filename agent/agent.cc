@@ -14,7 +14,7 @@
 #include <filesystem>
 
 #include "agent/env_contract.h"
-#include "agent/node_facts.h"  // InterfaceToward
+#include "agent/node_facts.h"  // InterfaceToward, FindFreePort
 #include "proto/auth.h"
 #include "proto/exit_status.h"
 #include "proto/host_info.h"  // UsableCores
@@ -38,6 +38,8 @@ static const char* StateName(Agent::State s) {
       return "Running";
     case Agent::State::kDraining:
       return "Draining";
+    case Agent::State::kIdle:
+      return "Idle";
     case Agent::State::kExited:
       return "Exited";
   }
@@ -82,10 +84,14 @@ Agent::Agent(AgentOptions options)
 
 Agent::~Agent() {
   RemoveReadyFile();
-  if (!run_dir_.empty()) {
-    std::error_code ec;
-    std::filesystem::remove_all(run_dir_, ec);
-  }
+  RemoveRunDir();
+}
+
+void Agent::RemoveRunDir() {
+  if (run_dir_.empty()) return;
+  std::error_code ec;
+  std::filesystem::remove_all(run_dir_, ec);
+  run_dir_.clear();
 }
 
 int Agent::Run() {
@@ -114,7 +120,8 @@ void Agent::WatchSignals() {
   signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
     if (ec) return;
     spdlog::warn("received signal {}; stopping workers", sig);
-    if (state_ == State::kRunning) {
+    restart_expected_ = false;  // no further generation here
+    if (state_ == State::kRunning || state_ == State::kIdle) {
       // Before the workers' exits: they die of our stop, not of their own.
       wire::Envelope env;
       env.mutable_agent_signalled()->set_signal(sig);
@@ -126,6 +133,7 @@ void Agent::WatchSignals() {
       io_.stop();
       return;
     }
+    if (state_ == State::kIdle) return Finish();
     Drain(state_ == State::kDraining,
           "agent received signal " + std::to_string(sig));
     WatchSignals();
@@ -153,7 +161,8 @@ void Agent::HandleMessage(wire::Envelope&& msg) {
       if (auth_sent_) break;
       return HandleWelcome(msg.welcome());
     case wire::Envelope::kJobSpec:
-      if (!auth_sent_ || authed) break;
+      // The first, or the next generation's.
+      if (!auth_sent_ || (authed && state_ != State::kIdle)) break;
       return HandleJobSpec(msg.job_spec());
     case wire::Envelope::kHeartbeat:
       // Authenticated nodes wait for their JobSpec until node 0 has joined
@@ -183,9 +192,15 @@ void Agent::HandleMessage(wire::Envelope&& msg) {
                         proto::EscapeForLog(msg.abort().reason(), 1024));
         }
       }
+      restart_expected_ = msg.abort().restart() && !launcher_lost_;
+      if (state_ == State::kIdle) {
+        if (restart_expected_) return;  // already waiting for it
+        return Finish();
+      }
       return Drain(msg.abort().kill_now(), msg.abort().reason());
     case wire::Envelope::kShutdown:
       if (!auth_sent_) break;
+      restart_expected_ = false;
       if (workers_.unfinished() == 0) return Finish();
       return Drain(false, "launcher asked to shut down");
     case wire::Envelope::kStoreResponse:
@@ -235,8 +250,16 @@ void Agent::HandleWelcome(const wire::Welcome& welcome) {
 void Agent::HandleJobSpec(const wire::JobSpec& job) {
   job_ = job;
   connect_timer_.cancel();
+  const bool restarted = state_ == State::kIdle;
+  restart_expected_ = false;
+  exit_code_ = 0;
   SetState(State::kSpawning);
-  if (options_.join) {
+  if (restarted) {
+    spdlog::info("generation {} of job {} (restart {} of at most {})",
+                 job_.restart_count(), job_.job_id(), job_.restart_count(),
+                 job_.max_restarts());
+    options_.node_rank = job_.node_rank();
+  } else if (options_.join) {
     spdlog::info("joined job {} as node rank {} of {} (claimed: {})",
                  job_.job_id(), job_.node_rank(), job_.num_nodes(),
                  options_.join_rank_from);
@@ -407,6 +430,7 @@ void Agent::OnLauncherLost(const std::string& why) {
   spdlog::warn("launcher lost: {}", why);
   RemoveReadyFile();  // not in the job any more
   exit_code_ = kExitUnavailable;
+  restart_expected_ = false;
   if (channel_) channel_->Close(Unavailable(why));
   workers_.ResumeOutput();
   store_.ResumeReading();
@@ -415,6 +439,7 @@ void Agent::OnLauncherLost(const std::string& why) {
     io_.stop();
     return;
   }
+  if (state_ == State::kIdle) return Finish();
   Drain(false, "launcher lost: " + why);
 }
 
@@ -433,7 +458,33 @@ void Agent::Drain(bool kill_now, const std::string& why) {
     });
   }
   workers_.SignalAll(kill_now ? SIGKILL : SIGTERM);
-  if (workers_.unfinished() == 0) Finish();
+  if (workers_.unfinished() == 0) WorkersGone();
+}
+
+void Agent::WorkersGone() {
+  if (restart_expected_) return EndGeneration();
+  Finish();
+}
+
+// The node is ready for the next generation as it was for the first: no
+// process, socket or file of this one is left, and every store request it
+// made went out before GenerationEnded (the launcher empties the store
+// between generations).
+void Agent::EndGeneration() {
+  workers_.EndGeneration();
+  Flush();  // the last output and progress, in Draining
+  grace_timer_.cancel();
+  progress_.Close();
+  store_.Close();
+  RemoveRunDir();
+  spawned_.clear();
+  SetState(State::kIdle);
+  wire::Envelope env;
+  auto* ended = env.mutable_generation_ended();
+  ended->set_restart_count(job_.restart_count());
+  // A fresh MASTER_PORT each generation: the last one's may linger.
+  if (job_.node_rank() == 0) ended->set_free_port(FindFreePort());
+  Send(env);
 }
 
 void Agent::Finish() {
@@ -547,7 +598,7 @@ void Agent::OnWorkerExited(int rank, pid_t pid, const ExitInfo& info) {
   exited->set_stopped(info.signalled);
   monitor_.OnExited(rank, info, exited);  // OOM verdict, error file
   Send(env);
-  if (state_ == State::kDraining && workers_.unfinished() == 0) Finish();
+  if (state_ == State::kDraining && workers_.unfinished() == 0) WorkersGone();
 }
 
 }  // namespace dslaunch::agent

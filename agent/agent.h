@@ -2,8 +2,10 @@
 // It connects back to the launcher, authenticates, receives this node's part
 // of the plan, runs the workers through a WorkerSet, relays their output,
 // progress and exits, proxies store requests, and tears the workers down on
-// abort, on launcher loss and on its own termination. Owns the process's one
-// io_context; everything runs on the thread that calls Run().
+// abort, on launcher loss and on its own termination. A job that restarts
+// (--max_restarts) runs several generations through the same agent and
+// connection. Owns the process's one io_context; everything runs on the
+// thread that calls Run().
 //
 // States (each transition logged once):
 //   Connecting -> Spawning -> Running -> Draining -> Exited
@@ -11,6 +13,10 @@
 //   Connecting/Spawning/Running -> Draining
 //                                   (abort, launcher lost, SIGTERM/INT/HUP)
 //   Running -> Exited               (Shutdown after every worker is done)
+//   Draining -> Idle                (an Abort with restart: every worker is
+//                                    gone, GenerationEnded sent)
+//   Idle -> Spawning                (the next generation's JobSpec)
+//   Idle -> Exited                  (Abort, Shutdown, a signal, launcher lost)
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -62,7 +68,14 @@ struct AgentOptions {
 
 class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
  public:
-  enum class State { kConnecting, kSpawning, kRunning, kDraining, kExited };
+  enum class State {
+    kConnecting,
+    kSpawning,
+    kRunning,
+    kDraining,
+    kIdle,
+    kExited
+  };
 
   explicit Agent(AgentOptions options);
   ~Agent() override;
@@ -93,6 +106,7 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   void HandleWelcome(const wire::Welcome& welcome);
   void HandleJobSpec(const wire::JobSpec& job);
   Status SetUpRunDir();
+  void RemoveRunDir();
   std::string RankDirectory() const;
   // Spawns the ranks (once the node's MPI processes registered, under
   // mpirun); on failure every rank not started is reported and we drain.
@@ -104,6 +118,10 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   Status SpawnWorkers();
   void OnLauncherLost(const std::string& why);
   void Drain(bool kill_now, const std::string& why);
+  // Every worker is gone: the generation ends (Idle) when the launcher said
+  // it restarts the job, else the agent does (Finish).
+  void WorkersGone();
+  void EndGeneration();
   void Finish();
   void Send(const wire::Envelope& msg);
   void ScheduleFlush();
@@ -138,6 +156,8 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   bool ready_file_made_ = false;
   bool accepted_ = false;  // join: the launcher accepted us (1st heartbeat)
   bool connect_timer_armed_ = false;
+  // The last Abort said the job restarts: stay for the next generation.
+  bool restart_expected_ = false;
   wire::JobSpec job_;
   std::set<int> spawned_;  // ranks started
   std::string run_dir_;

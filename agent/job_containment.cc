@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <utility>  // exchange
 
 #include "proto/process_tree.h"
 
@@ -65,7 +66,8 @@ void JobContainment::SetUp(const std::string& job_id, int node_rank) {
   if (set_up_) return;
   set_up_ = true;
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-  const std::string dir = proto::JobCgroupDir(job_id, node_rank, ::getpid());
+  std::string dir = proto::JobCgroupDir(job_id, node_rank, ::getpid());
+  if (!dir.empty() && generation_ > 0) dir += "-g" + std::to_string(generation_);
   // Never join a cgroup that exists: another agent's would be killed with
   // ours. One left empty by a dead agent with our pid is removed first (a
   // cgroup with processes cannot be removed, and then mkdir fails).
@@ -147,6 +149,17 @@ void JobContainment::KillAll() {
     SleepMs(5);
   }
   spdlog::warn("descendants of the job still alive after SIGKILL");
+}
+
+void JobContainment::EndGeneration() {
+  if (!set_up_) return;
+  if (!all_gone_) KillAll();
+  RemoveCgroup();
+  // The guard finds nothing left, exits, and is reaped as an orphan.
+  if (guard_fd_ >= 0) ::close(std::exchange(guard_fd_, -1));
+  guard_pid_ = -1;
+  set_up_ = false;
+  ++generation_;
 }
 
 void JobContainment::RemoveCgroup() {

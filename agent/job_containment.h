@@ -38,11 +38,18 @@ class JobContainment {
   // SIGKILLs everything in the cgroup and every live descendant of this
   // process (never the guard), repeating until none is left (bounded).
   void KillAll();
+  // A generation of a restarted job ended: KillAll, then the cgroup is
+  // removed and its guard let go; the next SetUp makes a new one, named
+  // with the generation. Never reused: on some kernels (seen on 6.18) a
+  // cgroup once killed through cgroup.kill kills every process later
+  // cloned into it with CLONE_INTO_CGROUP.
+  void EndGeneration();
 
  private:
   void RemoveCgroup();
 
   bool set_up_ = false;
+  int generation_ = 0;
   // The last KillAll found nothing left; no worker was spawned since.
   bool all_gone_ = false;
   std::string cgroup_dir_;

@@ -67,6 +67,9 @@ class WorkerSet : private proto::ProcessSet::Delegate {
   void SignalAll(int sig) { processes_.SignalAll(sig); }
   // SIGKILLs every descendant (cgroup and /proc walk) until none is left.
   void KillDescendants() { containment_.KillAll(); }
+  // Between generations: every descendant killed, the next Contain()
+  // starts afresh (JobContainment::EndGeneration).
+  void EndGeneration() { containment_.EndGeneration(); }
   // After the workers started: guards the job's cgroup (JobContainment).
   void GuardContainment() { containment_.StartGuard(); }
   // Stop/restart reading worker output (backpressure from the channel).

@@ -47,6 +47,12 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
                  "write rank-<r>.log and metrics.jsonl here");
   app.add_option("--kill_grace", o.kill_grace_s,
                  "seconds from SIGTERM to SIGKILL on abort (default 5)");
+  app.add_option("--max_restarts", o.max_restarts,
+                 "start the job again after a failure, at most this many "
+                 "times, on the same agents (default 0)");
+  app.add_option("--restart_backoff", o.restart_backoff_s,
+                 "seconds between a failed generation and the next "
+                 "(default 1)");
   app.add_flag("--no_local_rank", o.no_local_rank,
                "do not pass --local_rank=N to the program");
   app.add_flag("--no_python", o.no_python,
@@ -210,6 +216,8 @@ Status CheckDurations(const LaunchOptions& o) {
       {"--join_timeout", o.join_timeout_s, 0, false, kMaxStartSeconds},
       {"--ssh_timeout", o.ssh_timeout_s, 0, false, kMaxSshTimeoutSeconds},
       {"--hang_timeout", o.hang_timeout_s, 0, true, kMaxHangSeconds},
+      {"--restart_backoff", o.restart_backoff_s, 0, true,
+       kMaxRestartBackoffSeconds},
   };
   for (const SecondsFlag& f : flags) RETURN_IF_ERROR(CheckSeconds(f));
   if (!(o.straggler_k >= 0 && o.straggler_k <= 1000))
@@ -247,6 +255,20 @@ Status CheckIntegers(const CLI::App& app, const LaunchOptions& o) {
       CheckGivenInt(app, "--control_port", o.control_port, 1, 65535));
   RETURN_IF_ERROR(
       CheckGivenInt(app, "--metrics_port", o.metrics_port, 1, 65535));
+  RETURN_IF_ERROR(
+      CheckGivenInt(app, "--max_restarts", o.max_restarts, 0, kMaxRestarts));
+  if (app.count("--max_restarts") && o.max_restarts > 0 &&
+      !StartModeNamed(o.launcher).agents_stay_between_generations) {
+    return InvalidArgument(
+        "--max_restarts is not supported with --launcher " + o.launcher +
+        " yet: its agents end with mpirun, and a generation would need a new "
+        "mpirun; use --launcher slurm or ssh");
+  }
+  if (app.count("--restart_backoff") && o.max_restarts == 0) {
+    return InvalidArgument(
+        "--restart_backoff needs --max_restarts N: without it the job never "
+        "restarts");
+  }
   return CheckGivenInt(app, "--ssh_fanout", o.ssh_fanout, 1, kMaxSshFanout);
 }
 

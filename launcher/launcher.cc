@@ -277,7 +277,7 @@ Status Launcher::StartMetrics(const std::vector<std::string>& addrs) {
     const double now = proto::SteadySeconds();
     if (cache->first >= 0 && now - cache->first < 0.5) return cache->second;
     JobCounters counters;
-    counters.restarts = 0;  // no elastic restarts yet
+    counters.restarts = job_.restarts();
     counters.progress_records = console_.progress_records();
     counters.malformed_progress = console_.malformed_progress();
     counters.dropped_lines = console_.dropped_lines();

@@ -20,6 +20,8 @@ inline constexpr int kJoinControlPort = 29400;
 inline constexpr double kMaxSshTimeoutSeconds = 3600;
 inline constexpr int kMaxSshFanout = 1024;
 inline constexpr double kMaxHangSeconds = 7 * 86400;
+inline constexpr int kMaxRestarts = 10000;
+inline constexpr double kMaxRestartBackoffSeconds = 3600;
 
 struct LaunchOptions {
   std::string hostfile;  // empty = none given
@@ -35,6 +37,11 @@ struct LaunchOptions {
   bool master_port_given = false;            // else a free port on node 0
   std::string log_dir;
   double kill_grace_s = 5;
+  // Restarts (torchrun's --max_restarts): a failed generation is followed by
+  // another, on the same agents, up to max_restarts times, each after
+  // restart_backoff_s.
+  int max_restarts = 0;
+  double restart_backoff_s = 1;
   bool no_local_rank = false;
   // DeepSpeed's launcher flags, with DeepSpeed's meaning: its job scripts
   // run unchanged.

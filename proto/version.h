@@ -4,7 +4,7 @@
 
 namespace dslaunch {
 
-inline constexpr unsigned kProtocolVersion = 1;
+inline constexpr unsigned kProtocolVersion = 2;
 inline constexpr const char* kVersion = "0.1.0";
 
 }  // namespace dslaunch

@@ -37,6 +37,8 @@ wire::JobSpec MakeJobSpec(const Plan& plan, const JobSpecParts& parts,
   job.set_slurm_task_env(parts.slurm_task_env);
   for (int core : parts.bind_cores) job.add_bind_core_list(core);
   job.set_host(node.host);
+  job.set_restart_count(parts.restart_count);
+  job.set_max_restarts(parts.max_restarts);
   return job;
 }
 

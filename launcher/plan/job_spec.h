@@ -26,6 +26,8 @@ struct JobSpecParts {
   std::vector<int> bind_cores;
   // Ranks see srun's per-task variables (they are SLURM tasks).
   bool slurm_task_env = false;
+  int restart_count = 0;  // the generation
+  int max_restarts = 0;
 };
 
 // node_rank's JobSpec: its ranks (global, local, slot), the world, the

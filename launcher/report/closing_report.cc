@@ -28,6 +28,8 @@ class Report {
   // Under a rank's FAILED line: how the kernel or Python ended it.
   void PrintForensics(int rank);
   void PrintHangs();
+  // --max_restarts: one line per generation that ended before the last.
+  void PrintGenerations();
   void WriteFailureBundle();
 
   const JobRecord& job_;
@@ -127,9 +129,28 @@ void Report::PrintOutcome() {
   }
 }
 
+void Report::PrintGenerations() {
+  constexpr size_t kHostsShown = 8;
+  for (const Generation& g : job_.state.history()) {
+    std::string hosts;
+    for (size_t i = 0; i < g.hosts.size() && i < kHostsShown; ++i)
+      hosts += (i ? ", " : "") + g.hosts[i];
+    if (g.hosts.size() > kHostsShown)
+      hosts += " and " + std::to_string(g.hosts.size() - kHostsShown) + " more";
+    console_.Note("generation " + std::to_string(g.restart_count) + " on " +
+                  Plural(g.hosts.size(), "node") + " (" + hosts +
+                  "): " + g.outcome.reason + ", " +
+                  Fixed(Seconds(g.stopped - job_.start_time), 2) +
+                  " s after launch; every rank of it was gone " +
+                  Fixed(Seconds(g.ended - g.stopped) * 1000, 0) +
+                  " ms later");
+  }
+}
+
 int Report::Print() {
   console_.StartCapture();
   PrintHangs();
+  PrintGenerations();
   for (const auto& [rank, count] : job_.malformed_progress) {
     console_.Note("rank " + std::to_string(rank) + ": " +
                   std::to_string(count) +
@@ -148,9 +169,15 @@ int Report::Print() {
     return code;
   }
   if (code == 0) {
+    const int restarts = job_.state.restarts();
     console_.Note("all " + Plural(job_.state.ranks().size(), "rank") + " on " +
                   Plural(job_.plan.nodes.size(), "node") + " exited 0 (" +
-                  Fixed(Seconds(Clock::now() - job_.start_time), 2) + " s)");
+                  Fixed(Seconds(Clock::now() - job_.start_time), 2) + " s" +
+                  (restarts > 0 ? ", after " + Plural(static_cast<size_t>(
+                                                          restarts),
+                                                      "restart")
+                                : "") +
+                  ")");
     if (console_.sink_status().ok()) return code;
     // The job succeeded, its record did not: say so in the status.
     console_.Note(
@@ -159,7 +186,11 @@ int Report::Print() {
     return kExitIoError;
   }
   PrintOutcome();
-  PrintConsequences();
+  // An interrupt that called a restart off: the ranks are those of the
+  // generation its line above told of.
+  const auto& history = job_.state.history();
+  if (history.empty() || history.back().restart_count != job_.state.restarts())
+    PrintConsequences();
   console_.Note("exit status " + std::to_string(code));
   WriteFailureBundle();
   return code;

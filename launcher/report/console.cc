@@ -92,6 +92,26 @@ Status Console::Open(const Plan& plan, const LogLayout& layout) {
   return Status::Ok();
 }
 
+void Console::NewGeneration(const Plan& plan, int restart_count,
+                             const std::string& why) {
+  board_.Reset(plan);
+  board_.set_restarts(restart_count);
+  const double now = proto::UnixSeconds();
+  if (sink_) sink_->Restart(restart_count, now);
+  if (!metrics_) return;
+  nlohmann::ordered_json hosts = nlohmann::ordered_json::array();
+  for (const auto& node : plan.nodes) hosts.push_back(node.host);
+  nlohmann::ordered_json event = {{"event", "restart"},
+                                  {"restart_count", restart_count},
+                                  {"reason", why},
+                                  {"nodes", hosts},
+                                  {"world_size", plan.world_size},
+                                  {"time", now}};
+  metrics_->Append(
+      event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+      "\n");
+}
+
 void Console::SetView(const View& view) {
   view_ = view;
   folder_ = LineFolder(view.fold_window_s);

@@ -131,6 +131,8 @@ std::string Bar(const RankBoard& board, double now, const TableStyle& style,
   }
   std::string tail = "  " + std::to_string(running) + "/" +
                      std::to_string(board.ranks().size()) + " ranks running";
+  if (board.restarts() > 0)
+    tail += "  restart " + std::to_string(board.restarts());
   if (start > 0) tail += "  " + HumanDuration(now - start) + " elapsed";
   if (total <= 0 || !step) return tail.substr(2);
   const double done = std::clamp(double(*step) / double(total), 0.0, 1.0);

@@ -21,6 +21,8 @@ class ProgressSink {
       int rank, int64_t step,
       const std::vector<std::pair<std::string, double>>& scalars,
       double wall_time) = 0;
+  // The job restarted (--max_restarts): `restart_count` generations so far.
+  virtual void Restart(int restart_count, double wall_time) = 0;
   virtual void Flush() = 0;  // about once a second
   virtual void Close() = 0;  // at the end; nothing is written after
   virtual const Status& status() const = 0;  // the first error, OK if none

@@ -85,6 +85,9 @@ class RankBoard {
 
   const std::map<int, RankView>& ranks() const { return ranks_; }
   int num_nodes() const { return num_nodes_; }
+  // Restarts of the job so far (--max_restarts); Reset keeps it.
+  int restarts() const { return restarts_; }
+  void set_restarts(int n) { restarts_ = n; }
   // The median step time over ranks that have one; 0 if none.
   double MedianStepTime() const;
 
@@ -93,6 +96,7 @@ class RankBoard {
 
   std::map<int, RankView> ranks_;
   int num_nodes_ = 0;
+  int restarts_ = 0;
 };
 
 }  // namespace dslaunch::launcher

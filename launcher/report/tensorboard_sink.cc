@@ -155,6 +155,15 @@ void TensorBoardSink::WriteJobStep(int64_t step, const PendingStep& pending) {
   }
 }
 
+void TensorBoardSink::Restart(int restart_count, double wall_time) {
+  if (closed_) return;
+  for (const auto& [step, pending] : pending_) WriteJobStep(step, pending);
+  pending_.clear();
+  const int64_t step = written_.empty() ? 0 : *written_.rbegin();
+  job_->AddScalar("dslaunch/restarts", step, restart_count, wall_time);
+  Keep(job_->status());
+}
+
 void TensorBoardSink::Flush() {
   if (closed_) return;
   WriteComplete();

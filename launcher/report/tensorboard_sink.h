@@ -59,6 +59,12 @@ class TensorBoardSink : public ProgressSink {
   void Record(int rank, int64_t step,
               const std::vector<std::pair<std::string, double>>& scalars,
               double wall_time) override;
+  // The failed generation's pending steps are written with what they have
+  // (its ranks will not report them), and the job run gets
+  // "dslaunch/restarts" at the last step written. The restarted ranks go on
+  // from their checkpoint's step: steps the job run already holds are not
+  // written again (the rank runs have every record).
+  void Restart(int restart_count, double wall_time) override;
   // Writes the steps that exits made complete, then flushes every run.
   void Flush() override;
   // Writes every pending step with what it has, then closes every run.

@@ -37,6 +37,9 @@ struct StartMode {
   bool ranks_are_slurm_tasks_in_allocation = false;
   // A signal to an agent from outside is the scheduler ending the step.
   bool scheduler_signals_agents = false;
+  // Its agents can wait, connected, between generations (--max_restarts);
+  // not where the tool that started them ends with the ranks (mpirun).
+  bool agents_stay_between_generations = true;
 
   bool RanksAreSlurmTasks(bool hosts_from_allocation) const {
     return ranks_are_slurm_tasks ||

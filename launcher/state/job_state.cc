@@ -16,7 +16,7 @@ struct Transition {
 constexpr Transition kTransitions[] = {
     {Phase::kStarting, Phase::kRunning}, {Phase::kStarting, Phase::kStopping},
     {Phase::kRunning, Phase::kStopping}, {Phase::kStarting, Phase::kEnded},
-    {Phase::kStopping, Phase::kEnded},
+    {Phase::kStopping, Phase::kEnded},   {Phase::kStopping, Phase::kStarting},
 };
 
 }  // namespace
@@ -85,7 +85,8 @@ int ExitStatusFor(const Outcome& o) {
   return kExitSoftware;  // the job ended unaccounted: a bug
 }
 
-JobState::JobState(const Plan& plan) : nodes_(plan.nodes.size()) {
+JobState::JobState(const Plan& plan, int max_restarts)
+    : nodes_(plan.nodes.size()), max_restarts_(max_restarts) {
   Replan(plan);
 }
 
@@ -118,8 +119,75 @@ bool JobState::Decide(Outcome outcome) {
   outcome.when = Clock::now();
   outcome_ = std::move(outcome);
   stop_time_ = outcome_.when;
+  // A rank its agent could not start (no such program) fails the same way
+  // in every generation: no restart is spent on it.
+  const bool restartable =
+      (outcome_.cause == Outcome::Cause::kRankFailed &&
+       ranks_.at(outcome_.rank).error.empty()) ||
+      outcome_.cause == Outcome::Cause::kHung;
+  restart_pending_ =
+      restartable && restarts_ < max_restarts_ && interrupts_ == 0;
   SetPhase(Phase::kStopping);
   return true;
+}
+
+Generation JobState::CurrentGeneration() const {
+  return {restarts_,         outcome_,
+          hosts_,            generation_start_,
+          stop_time_,        all_idle_at_ == Clock::time_point{} ? Clock::now()
+                                                                 : all_idle_at_};
+}
+
+void JobState::InterruptRestart(Outcome interrupt) {
+  history_.push_back(CurrentGeneration());
+  restart_pending_ = false;
+  interrupt.when = Clock::now();
+  outcome_ = std::move(interrupt);
+}
+
+void JobState::CallOffRestart(const std::string& why) {
+  if (!restart_pending_) return;
+  restart_pending_ = false;
+  outcome_.reason += "; no restart: " + why;
+}
+
+Status JobState::NodeIdle(int node) {
+  if (node < 0 || node >= static_cast<int>(nodes_.size()) ||
+      !nodes_[node].authenticated || phase_ != Phase::kStopping)
+    return ProtocolError("generation end of node " + std::to_string(node) +
+                         " while the job is " + PhaseName(phase_));
+  if (NodeHasRunningRanks(node))
+    return ProtocolError("generation end of node " + std::to_string(node) +
+                         " before the exits of its ranks");
+  nodes_[node].idle = true;
+  if (ReadyToRestart()) all_idle_at_ = Clock::now();
+  return Status::Ok();
+}
+
+bool JobState::ReadyToRestart() const {
+  if (phase_ != Phase::kStopping || !restart_pending_) return false;
+  for (const auto& n : nodes_) {
+    if (!n.idle || n.disconnected || !n.lost_reason.empty()) return false;
+  }
+  return true;
+}
+
+void JobState::NextGeneration() {
+  DSL_CHECK(ReadyToRestart());
+  history_.push_back(CurrentGeneration());
+  ++restarts_;
+  restart_pending_ = false;
+  outcome_ = Outcome();
+  for (auto& [rank, r] : ranks_) {
+    const int node = r.node_rank;
+    r = RankRecord();
+    r.node_rank = node;
+  }
+  started_ = exited_ = 0;
+  for (auto& n : nodes_) n.idle = false;
+  stop_time_ = all_idle_at_ = {};
+  generation_start_ = Clock::now();
+  SetPhase(Phase::kStarting);
 }
 
 Status JobState::NodeAuthenticated(int node) {
@@ -196,6 +264,12 @@ bool JobState::NodeHasRunningRanks(int node) const {
 
 JobState::Action JobState::NodeDisconnected(int node, const std::string& why) {
   nodes_.at(node).disconnected = true;
+  if (restart_pending_) {
+    // The next generation needs every node's agent.
+    CallOffRestart("node " + std::to_string(node) + " (" + hosts_[node] +
+                   ") was lost (" + why + ")");
+    return Action::kAbortAll;
+  }
   if (!NodeHasRunningRanks(node)) return Action::kNone;
   return NodeLost(node, "its agent's connection ended (" + why + ")");
 }
@@ -223,6 +297,11 @@ JobState::Action JobState::NodeLost(int node, const std::string& why) {
   NodeRecord& n = nodes_.at(node);
   if (!n.lost_reason.empty()) return Action::kNone;
   n.lost_reason = why;
+  if (restart_pending_) {
+    CallOffRestart("node " + std::to_string(node) + " (" + hosts_[node] +
+                   ") was lost: " + why);
+    return Action::kAbortAll;
+  }
   Outcome o;
   o.cause = Outcome::Cause::kNodeLost;
   o.node = node;
@@ -238,6 +317,10 @@ JobState::Action JobState::Interrupted(int signal) {
   o.cause = Outcome::Cause::kInterrupted;
   o.signal = signal;
   o.reason = "interrupted by " + SignalName(signal);
+  if (restart_pending_) {
+    InterruptRestart(std::move(o));
+    return Action::kAbortAll;  // the agents hear: no restart
+  }
   if (Decide(o)) return Action::kAbortAll;
   return Action::kKillAll;  // already stopping: now at once
 }
@@ -254,6 +337,10 @@ JobState::Action JobState::StoppedFromOutside(int signal,
   o.signal = signal;
   o.reason = why;
   o.stopped_by = why;
+  if (restart_pending_) {
+    InterruptRestart(std::move(o));
+    return Action::kAbortAll;
+  }
   return Decide(o) ? Action::kAbortAll : Action::kNone;
 }
 

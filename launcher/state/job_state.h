@@ -3,6 +3,9 @@
 // what the agents, the starter and the user did, and acts on the answers.
 // Owned by the Job; io_context thread only.
 //
+// A job that restarts (--max_restarts) runs generations: the JobState is
+// the current one's, and keeps what ended each earlier one (history()).
+//
 // Phases and the only legal transitions (each logged once):
 //   Starting -> Running    every rank started
 //   Starting -> Stopping   a rank failed, a node was lost, an interrupt
@@ -10,6 +13,8 @@
 //   Starting -> Ended      the start failed: nothing was started
 //   Stopping -> Ended      every agent finished, or was given up on after it
 //                          was killed past the grace period
+//   Stopping -> Starting   the next generation: a restart was due and every
+//                          agent ended its ranks and waits (idle)
 #pragma once
 
 #include <chrono>
@@ -79,6 +84,7 @@ struct RankRecord {
 
 struct NodeRecord {
   bool authenticated = false;
+  bool idle = false;            // its ranks are gone; it waits for a restart
   bool disconnected = false;    // its control connection ended
   bool process_exited = false;  // the starter saw its agent process end
   std::string lost_reason;      // set once when the node is lost
@@ -86,6 +92,17 @@ struct NodeRecord {
   bool finished() const {
     return process_exited && (disconnected || !authenticated);
   }
+};
+
+// One generation that ended in a restart (or whose restart an interrupt
+// called off): what ended it, and where it ran.
+struct Generation {
+  int restart_count = 0;  // 0: the first
+  Outcome outcome;
+  std::vector<std::string> hosts;  // its nodes, by node rank
+  Clock::time_point started{};
+  Clock::time_point stopped{};  // when the outcome was decided
+  Clock::time_point ended{};    // every agent idle (or the restart called off)
 };
 
 class JobState {
@@ -98,7 +115,8 @@ class JobState {
     kShutdownAll,  // every rank is done: tell the agents to exit
   };
 
-  explicit JobState(const Plan& plan);
+  // `max_restarts`: how many generations may follow the first.
+  explicit JobState(const Plan& plan, int max_restarts = 0);
 
   Phase phase() const { return phase_; }
   const Outcome& outcome() const { return outcome_; }
@@ -107,6 +125,27 @@ class JobState {
   const NodeRecord& node(int n) const { return nodes_.at(n); }
   Clock::time_point stop_time() const { return stop_time_; }
   Clock::time_point end_time() const { return end_time_; }
+  Clock::time_point generation_start() const { return generation_start_; }
+
+  // Generations: restarts so far (the current generation's number) and the
+  // ones that ended before it.
+  int restarts() const { return restarts_; }
+  int max_restarts() const { return max_restarts_; }
+  const std::vector<Generation>& history() const { return history_; }
+  // The stop under way ends in a restart: its cause was a rank's failure or
+  // a hang (a node lost, an interrupt, success: never), restarts are left,
+  // and nothing called it off. What the Abort tells the agents.
+  bool restart_pending() const { return restart_pending_; }
+  // The agent of `node` ended its ranks of this generation and waits.
+  Status NodeIdle(int node);
+  // Every agent is idle: the next generation can start.
+  bool ReadyToRestart() const;
+  // Calls a pending restart off (a node was lost meanwhile): the stop ends
+  // the job. `why` is added to the outcome's reason.
+  void CallOffRestart(const std::string& why);
+  // Stopping -> Starting: the current generation goes to history(), every
+  // rank is pending again on the same nodes. Only when ReadyToRestart().
+  void NextGeneration();
 
   // Events from agents. Invalid ones (unknown rank or node, a rank's start
   // or exit from another node, or repeated) return a non-OK Status and change
@@ -157,6 +196,10 @@ class JobState {
   void SetPhase(Phase next);
   // Records `outcome` when none is recorded, and starts stopping.
   bool Decide(Outcome outcome);
+  // An interrupt while a restart is due: the failure goes to history() as
+  // its generation's end, and the interrupt is the job's outcome.
+  void InterruptRestart(Outcome interrupt);
+  Generation CurrentGeneration() const;
   bool NodeHasRunningRanks(int node) const;
 
   Phase phase_ = Phase::kStarting;
@@ -168,6 +211,12 @@ class JobState {
   size_t exited_ = 0;
   int interrupts_ = 0;
   bool gave_up_ = false;
+  int max_restarts_ = 0;
+  int restarts_ = 0;
+  bool restart_pending_ = false;
+  std::vector<Generation> history_;
+  Clock::time_point generation_start_ = Clock::now();
+  Clock::time_point all_idle_at_{};  // every agent idle: its ranks gone
   Clock::time_point stop_time_{};
   Clock::time_point end_time_{};
 };

@@ -40,6 +40,7 @@ static JobSpecParts SpecParts(const LaunchOptions& o, const StartMode& mode,
   p.bind_cores_to_rank = o.bind_cores_to_rank;
   p.bind_cores = o.bind_cores;
   p.slurm_task_env = mode.RanksAreSlurmTasks(o.hosts_from_slurm);
+  p.max_restarts = o.max_restarts;
   return p;
 }
 
@@ -54,10 +55,11 @@ Job::Job(asio::io_context& io, const LaunchOptions& options, Plan plan,
                       std::move(command))),
       console_(console),
       gate_(std::move(secret), options.master_port_given),
-      state_(plan_),
+      state_(plan_, options.max_restarts),
       store_(io),
       start_timer_(io),
       stop_timer_(io),
+      restart_timer_(io),
       watch_(io, options, console,
              {[this](const std::vector<int>& ranks, const std::string& why) {
                 forensics_.CollectStacks(ranks, why);
@@ -282,6 +284,8 @@ void Job::OnAgentMessage(int node_rank, wire::Envelope&& msg) {
       if (RankOfNode(msg.stacks().rank(), node_rank))
         forensics_.OnStacks(msg.stacks());
       return;
+    case wire::Envelope::kGenerationEnded:
+      return HandleGenerationEnded(node_rank, msg.generation_ended());
     case wire::Envelope::kAgentDone:
       spdlog::info("node {} done", node_rank);
       done_nodes_.insert(node_rank);
@@ -335,6 +339,45 @@ void Job::HandleWorkerExited(int node_rank, const wire::WorkerExited& e) {
     console_.Note("rank " + std::to_string(e.rank()) + ": " + e.error());
   Act(*action);
   MaybeEnd();
+}
+
+void Job::HandleGenerationEnded(int node_rank, const wire::GenerationEnded& e) {
+  if (Status st = state_.NodeIdle(node_rank); !st.ok())
+    return spdlog::warn("node {}: {}", node_rank, st.message());
+  if (node_rank == 0 && e.free_port() > 0 && e.free_port() <= 65535)
+    next_master_port_ = e.free_port();
+  if (!state_.ReadyToRestart()) return;
+  // Every rank of the generation is gone; the agents wait.
+  stop_timer_.cancel();
+  stop_timer_armed_ = false;
+  restart_timer_.expires_after(Ms(options_.restart_backoff_s));
+  restart_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec && state_.ReadyToRestart()) StartNextGeneration();
+  });
+}
+
+// The same agents, a fresh rendezvous: a MASTER_PORT node 0 found free now
+// (unless --master_port), an empty store, the restart count in every
+// rank's environment.
+void Job::StartNextGeneration() {
+  const std::string why = state_.outcome().reason;
+  const double stopped_s =
+      std::chrono::duration<double>(Clock::now() - state_.stop_time()).count();
+  store_.Clear("the generation ended");
+  state_.NextGeneration();
+  watch_.NewGeneration();
+  if (!options_.master_port_given && next_master_port_ > 0)
+    plan_.master_port = next_master_port_;
+  spec_.restart_count = state_.restarts();
+  console_.NewGeneration(plan_, state_.restarts(), why);
+  char took[32];
+  std::snprintf(took, sizeof(took), "%.2f", stopped_s);
+  console_.Note("restart " + std::to_string(state_.restarts()) + " of " +
+                std::to_string(state_.max_restarts()) + " (" + took +
+                " s after the stop began): " + why + "; MASTER_PORT " +
+                std::to_string(plan_.master_port));
+  for (size_t n = 0; n < plan_.nodes.size(); ++n)
+    SendJobSpec(static_cast<int>(n));
 }
 
 void Job::HandleStore(int node_rank, const wire::StoreRequest& request) {
@@ -434,6 +477,13 @@ void Job::Abort(bool kill_now) {
   env.mutable_abort()->set_reason(state_.outcome().reason);
   env.mutable_abort()->set_kill_now(kill_now);
   env.mutable_abort()->set_exit_status(state_.ExitStatus());
+  env.mutable_abort()->set_restart(state_.restart_pending());
+  if (state_.restart_pending()) {
+    console_.Note(state_.outcome().reason +
+                  "; stopping every rank, then restart " +
+                  std::to_string(state_.restarts() + 1) + " of " +
+                  std::to_string(state_.max_restarts()));
+  }
   SendToAll(env);
   for (size_t n = 0; n < state_.nodes().size(); ++n) {
     const NodeRecord& node = state_.node(static_cast<int>(n));
@@ -456,7 +506,7 @@ void Job::ArmStopTimer() {
     if (ec) return;
     for (size_t n = 0; n < state_.nodes().size(); ++n) {
       const int node = static_cast<int>(n);
-      if (state_.node(node).finished()) continue;
+      if (state_.node(node).finished() || state_.node(node).idle) continue;
       console_.Note("agent of node " + std::to_string(node) + " (" +
                     plan_.nodes[node].host +
                     ") did not stop in time; killing it");

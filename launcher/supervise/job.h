@@ -65,6 +65,7 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
 
   const JobState& state() const { return state_; }
   const Plan& plan() const { return plan_; }
+  int restarts() const { return state_.restarts(); }
   const std::string& job_id() const { return spec_.job_id; }
 
   // ControlServer::Delegate
@@ -92,6 +93,10 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   void SendJobSpec(int node_rank);
   void HandleWorkerStarted(int node_rank, const wire::WorkerStarted& started);
   void HandleWorkerExited(int node_rank, const wire::WorkerExited& exited);
+  // --max_restarts: the node's agent ended its ranks and waits; once every
+  // node's has, the next generation starts after --restart_backoff.
+  void HandleGenerationEnded(int node_rank, const wire::GenerationEnded& e);
+  void StartNextGeneration();
   void HandleProgress(int node_rank, const wire::ProgressBatch& batch);
   // Whether `rank` runs on node_rank (else its entry is dropped, logged).
   bool RankOfNode(int rank, int node_rank) const;
@@ -118,6 +123,8 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   boost::asio::steady_timer start_timer_;
   boost::asio::steady_timer stop_timer_;
   bool stop_timer_armed_ = false;
+  boost::asio::steady_timer restart_timer_;  // --restart_backoff
+  int next_master_port_ = 0;  // node 0's free port at the last generation end
   std::optional<JoinAssembly> join_;  // --launcher join only
   std::function<Status(const Plan&)> on_plan_final_;
   std::set<int> done_nodes_;  // agents that sent AgentDone

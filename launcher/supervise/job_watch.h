@@ -33,6 +33,9 @@ class JobWatch {
            Console& console, Hooks hooks);
   void Start();
   void Stop();
+  // The job restarted: ranks named hung before are not any more (the
+  // report keeps what was said).
+  void NewGeneration() { hung_now_.clear(); }
   // One look at the board at `now` (proto::SteadySeconds); Start calls it each
   // second. Public for tests.
   void Check(double now);

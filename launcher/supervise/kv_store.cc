@@ -266,6 +266,12 @@ void KvStore::WakeWaiters(const std::string& key) {
   }
 }
 
+void KvStore::Clear(const std::string& why) {
+  FailAll(why);
+  data_.clear();
+  bytes_ = 0;
+}
+
 void KvStore::FailAll(const std::string& why) {
   auto waiters = std::move(waiters_);
   waiters_.clear();

@@ -63,6 +63,9 @@ class KvStore {
   void Handle(const wire::StoreRequest& request, Reply reply);
   // Fails every parked request (e.g. on teardown) with `why`.
   void FailAll(const std::string& why);
+  // Fails every parked request and forgets every key: a fresh namespace
+  // (the next generation of a restarted job).
+  void Clear(const std::string& why);
   size_t size() const { return data_.size(); }
   // Bytes of keys and values held (what max_total_bytes bounds).
   size_t bytes() const { return bytes_; }
