@@ -186,6 +186,10 @@ int Report::Print() {
     return kExitIoError;
   }
   PrintOutcome();
+  if (!o.no_restart.empty())
+    console_.Note("no restart (--max_restarts " +
+                  std::to_string(job_.state.max_restarts()) +
+                  "): " + o.no_restart);
   // An interrupt that called a restart off: the ranks are those of the
   // generation its line above told of.
   const auto& history = job_.state.history();

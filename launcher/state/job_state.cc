@@ -148,7 +148,7 @@ void JobState::InterruptRestart(Outcome interrupt) {
 void JobState::CallOffRestart(const std::string& why) {
   if (!restart_pending_) return;
   restart_pending_ = false;
-  outcome_.reason += "; no restart: " + why;
+  outcome_.no_restart = why;
 }
 
 Status JobState::NodeIdle(int node) {

@@ -56,6 +56,7 @@ struct Outcome {
   double exit_time = 0;    // kRankFailed: wall-clock seconds its agent stamped
   std::string reason;      // one sentence for the report
   std::string stopped_by;  // kInterrupted from outside: who and why
+  std::string no_restart;  // why a restart that was due did not happen
   Status start_status;     // kStartFailed
   Clock::time_point when{};
 };
@@ -141,7 +142,7 @@ class JobState {
   // Every agent is idle: the next generation can start.
   bool ReadyToRestart() const;
   // Calls a pending restart off (a node was lost meanwhile): the stop ends
-  // the job. `why` is added to the outcome's reason.
+  // the job. `why` goes to the outcome's no_restart.
   void CallOffRestart(const std::string& why);
   // Stopping -> Starting: the current generation goes to history(), every
   // rank is pending again on the same nodes. Only when ReadyToRestart().

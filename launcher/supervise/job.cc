@@ -496,9 +496,11 @@ void Job::Abort(bool kill_now) {
 
 void Job::ArmStopTimer() {
   start_timer_.cancel();
+  // The job ends (no restart is due, or it was called off): what the
+  // starter started may end with it.
+  if (starter_ && !state_.restart_pending()) starter_->Stopping();
   if (stop_timer_armed_) return;
   stop_timer_armed_ = true;
-  if (starter_) starter_->Stopping();
   // Agents SIGKILL their workers after the grace period; one that still has
   // not finished well after that is killed itself.
   stop_timer_.expires_after(Ms(options_.kill_grace_s + 5));

@@ -167,7 +167,8 @@ class AgentTest : public ::testing::Test {
 
   // Sends the JobSpec alone (the agent has authenticated).
   void StartJobSpecOnly(const std::string& script, std::vector<int> ranks,
-                        double kill_grace_s = 5) {
+                        double kill_grace_s = 5, int restart_count = 0,
+                        int max_restarts = 0) {
     wire::Envelope env;
     auto* job = env.mutable_job_spec();
     job->set_job_id("0123456789abcdef");
@@ -186,6 +187,8 @@ class AgentTest : public ::testing::Test {
     job->set_kill_grace_s(kill_grace_s);
     job->set_heartbeat_interval_s(0.2);
     job->set_heartbeat_timeout_s(30);
+    job->set_restart_count(restart_count);
+    job->set_max_restarts(max_restarts);
     ASSERT_TRUE(channel_->Send(env).ok());
   }
 
@@ -381,6 +384,73 @@ TEST_F(AgentTest, AbortSendsSigtermThenSigkillAfterTheGrace) {
   EXPECT_EQ(exits[0].signal(), SIGKILL);
   EXPECT_GE(after[0], 0.45);  // only when the grace ran out
   WaitForLine(0, "term");     // it did get SIGTERM first
+  Next(wire::Envelope::kAgentDone);
+  EXPECT_EQ(AgentExit(), 0);
+}
+
+TEST_F(AgentTest, AnAbortWithRestartKeepsTheAgentForTheNextGeneration) {
+  StartAgent();
+  // Each rank leaves a process behind that outlives it.
+  StartJob(
+      "echo gen $DSLAUNCH_RESTART_COUNT $TORCHELASTIC_RESTART_COUNT "
+      "$TORCHELASTIC_MAX_RESTARTS; setsid sleep 60 & echo stray $!; "
+      "echo $DSLAUNCH_PROGRESS; exec sleep 60",
+      {0, 1}, /*kill_grace_s=*/0.5);
+  WaitForLine(0, "gen 0 0 0");
+  WaitForLine(1, "gen 0 0 0");
+  std::vector<pid_t> left;
+  std::string socket0;
+  RunUntil(
+      [&] {
+        left.clear();
+        for (const auto& e : logs_) {
+          if (e.line().rfind("stray ", 0) == 0)
+            left.push_back(std::stoi(e.line().substr(6)));
+          if (e.rank() == 0 && e.line().rfind("/", 0) == 0)
+            socket0 = e.line();
+        }
+        return left.size() == 2 && !socket0.empty();
+      },
+      "both strays and rank 0's progress socket");
+  wire::Envelope env;
+  env.mutable_abort()->set_reason("rank 7 failed");
+  env.mutable_abort()->set_restart(true);
+  ASSERT_TRUE(channel_->Send(env).ok());
+  for (int i = 0; i < 2; ++i) Next(wire::Envelope::kWorkerExited);
+  const wire::GenerationEnded ended =
+      Next(wire::Envelope::kGenerationEnded).generation_ended();
+  EXPECT_EQ(ended.restart_count(), 0);
+  EXPECT_GT(ended.free_port(), 0);  // node 0: the next MASTER_PORT
+  // Nothing of the generation is left: no process, no socket.
+  RunUntil(
+      [&] {
+        for (pid_t pid : left) {
+          if (Alive(pid)) return false;  // killed, and reaped by the agent
+        }
+        return true;
+      },
+      "the strays' end");
+  EXPECT_NE(::access(socket0.c_str(), F_OK), 0) << socket0;
+  EXPECT_FALSE(agent_result_.wait_for(std::chrono::milliseconds(300)) ==
+               std::future_status::ready);  // it waits, connected
+  logs_.clear();
+  StartJobSpecOnly(
+      "echo gen $DSLAUNCH_RESTART_COUNT $TORCHELASTIC_RESTART_COUNT "
+      "$TORCHELASTIC_MAX_RESTARTS; test -S $DSLAUNCH_PROGRESS && echo sock",
+      {0, 1}, 0.5, /*restart_count=*/1, /*max_restarts=*/3);
+  WaitForLine(0, "gen 1 1 3");
+  WaitForLine(1, "sock");
+  for (int i = 0; i < 2; ++i) {
+    const auto e = Next(wire::Envelope::kWorkerExited).worker_exited();
+    EXPECT_EQ(e.exit_code(), 0);
+    EXPECT_EQ(e.signal(), 0);  // a new cgroup: nothing kills them at birth
+  }
+  // Ended again with a restart due, then told there will be none.
+  env.mutable_abort()->set_restart(true);
+  ASSERT_TRUE(channel_->Send(env).ok());
+  Next(wire::Envelope::kGenerationEnded);
+  env.mutable_abort()->set_restart(false);
+  ASSERT_TRUE(channel_->Send(env).ok());
   Next(wire::Envelope::kAgentDone);
   EXPECT_EQ(AgentExit(), 0);
 }

@@ -161,6 +161,33 @@ TEST(Flags, GivenIntegersOutsideTheirRangeAreUsageErrors) {
             std::string::npos);
 }
 
+TEST(Flags, RestartFlagsAreCheckedAndNeverIgnored) {
+  EXPECT_EQ(UsageError({"--max_restarts", "-1", "p"}),
+            "--max_restarts must be in 0..10000, got -1");
+  EXPECT_EQ(UsageError({"--max_restarts", "10001", "p"}),
+            "--max_restarts must be in 0..10000, got 10001");
+  EXPECT_EQ(UsageError({"--max_restarts", "2", "--restart_backoff", "-1", "p"}),
+            "--restart_backoff must be a number of seconds in [0, 3600], got "
+            "-1");
+  EXPECT_EQ(UsageError({"--restart_backoff", "2", "p"}),
+            "--restart_backoff needs --max_restarts N: without it the job "
+            "never restarts");
+  EXPECT_NE(UsageError({"--launcher", "openmpi", "--max_restarts", "1", "p"})
+                .find("--max_restarts is not supported with --launcher "
+                      "openmpi yet"),
+            std::string::npos);
+  int exit_now = -1;
+  auto o = Parse({"--max_restarts", "3", "--restart_backoff", "0.5", "p"},
+                 &exit_now);
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_EQ(o->max_restarts, 3);
+  EXPECT_EQ(o->restart_backoff_s, 0.5);
+  o = Parse({"p"}, &exit_now);
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->max_restarts, 0);  // torchrun's default
+  EXPECT_EQ(o->restart_backoff_s, 1);
+}
+
 TEST(Flags, GivenEmptyValueIsAnErrorNotTheDefault) {
   EXPECT_EQ(UsageError({"-i", "", "p"}),
             "--include: empty value (leave the flag out for its default)");

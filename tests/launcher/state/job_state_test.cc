@@ -23,8 +23,10 @@ TEST(JobState, TransitionTableHasOnlyTheDocumentedMoves) {
   for (Phase from : all) {
     for (Phase to : all) legal += IsLegalTransition(from, to);
   }
-  EXPECT_EQ(legal, 5);
+  EXPECT_EQ(legal, 6);
   EXPECT_TRUE(IsLegalTransition(Phase::kStarting, Phase::kEnded));
+  EXPECT_TRUE(IsLegalTransition(Phase::kStopping, Phase::kStarting));
+  EXPECT_FALSE(IsLegalTransition(Phase::kEnded, Phase::kStarting));
   EXPECT_FALSE(IsLegalTransition(Phase::kRunning, Phase::kEnded));
   EXPECT_FALSE(IsLegalTransition(Phase::kEnded, Phase::kRunning));
   EXPECT_FALSE(IsLegalTransition(Phase::kStopping, Phase::kRunning));
@@ -113,6 +115,150 @@ TEST(JobState, StartFailureGoesStraightToEnded) {
   EXPECT_EQ(s.phase(), Phase::kEnded);
   EXPECT_EQ(s.ExitStatus(), 69);
   EXPECT_EQ(s.Interrupted(SIGINT), JobState::Action::kNone);
+}
+
+// --max_restarts: generations.
+
+// One node, two ranks, both started; rank 1 fails with `code`.
+JobState RunningThenRank1Fails(int max_restarts, int code = 3) {
+  JobState s(OneNodeTwoRanks(), max_restarts);
+  EXPECT_TRUE(s.NodeAuthenticated(0).ok());
+  EXPECT_TRUE(s.RankStarted(0, 0, 100).ok());
+  EXPECT_TRUE(s.RankStarted(0, 1, 101).ok());
+  EXPECT_EQ(*s.RankExited(0, 1, code, 0, 1.0, ""),
+            JobState::Action::kAbortAll);
+  return s;
+}
+
+void StopGeneration(JobState& s) {
+  EXPECT_TRUE(s.RankExited(0, 0, 0, SIGTERM, 1.1, "", true).ok());
+  EXPECT_TRUE(s.NodeIdle(0).ok());
+}
+
+TEST(JobState, AFailedRankWithRestartsLeftStartsTheNextGenerationOnTheSameNodes) {
+  JobState s = RunningThenRank1Fails(2);
+  EXPECT_TRUE(s.restart_pending());
+  EXPECT_FALSE(s.ReadyToRestart());  // rank 0 still runs
+  StopGeneration(s);
+  ASSERT_TRUE(s.ReadyToRestart());
+  s.NextGeneration();
+  EXPECT_EQ(s.phase(), Phase::kStarting);
+  EXPECT_EQ(s.restarts(), 1);
+  EXPECT_EQ(s.outcome().cause, Outcome::Cause::kNone);
+  ASSERT_EQ(s.history().size(), 1u);
+  EXPECT_EQ(s.history()[0].restart_count, 0);
+  EXPECT_EQ(s.history()[0].outcome.cause, Outcome::Cause::kRankFailed);
+  EXPECT_EQ(s.history()[0].outcome.rank, 1);
+  EXPECT_EQ(s.history()[0].hosts, std::vector<std::string>{"127.0.0.1"});
+  EXPECT_LE(s.history()[0].stopped, s.history()[0].ended);
+  // Every rank is pending again: the same ranks start and finish anew.
+  for (const auto& [rank, r] : s.ranks()) {
+    EXPECT_FALSE(r.started) << rank;
+    EXPECT_FALSE(r.exited) << rank;
+  }
+  EXPECT_FALSE(s.node(0).idle);
+  EXPECT_TRUE(s.RankStarted(0, 0, 200).ok());
+  EXPECT_TRUE(s.RankStarted(0, 1, 201).ok());
+  EXPECT_EQ(s.phase(), Phase::kRunning);
+  EXPECT_TRUE(s.RankExited(0, 0, 0, 0, 2.0, "").ok());
+  EXPECT_EQ(*s.RankExited(0, 1, 0, 0, 2.0, ""),
+            JobState::Action::kShutdownAll);
+  EXPECT_EQ(s.ExitStatus(), 0);
+}
+
+TEST(JobState, TheRestartBudgetIsNeverExceeded) {
+  JobState s = RunningThenRank1Fails(1);
+  StopGeneration(s);
+  s.NextGeneration();
+  EXPECT_TRUE(s.RankStarted(0, 0, 200).ok());
+  EXPECT_TRUE(s.RankStarted(0, 1, 201).ok());
+  EXPECT_EQ(*s.RankExited(0, 1, 4, 0, 2.0, ""), JobState::Action::kAbortAll);
+  EXPECT_FALSE(s.restart_pending());  // 1 of 1 spent
+  StopGeneration(s);
+  EXPECT_FALSE(s.ReadyToRestart());
+  EXPECT_EQ(s.ExitStatus(), 4);  // the last generation's
+}
+
+TEST(JobState, OnlyRankFailuresAndHangsRestart) {
+  // A hang does.
+  JobState hung(OneNodeTwoRanks(), 3);
+  ASSERT_TRUE(hung.NodeAuthenticated(0).ok());
+  ASSERT_TRUE(hung.RankStarted(0, 0, 1).ok());
+  EXPECT_EQ(hung.Hung(0, "silent"), JobState::Action::kAbortAll);
+  EXPECT_TRUE(hung.restart_pending());
+  // A rank its agent could not start does not: it would fail every time.
+  JobState missing(OneNodeTwoRanks(), 3);
+  ASSERT_TRUE(missing.NodeAuthenticated(0).ok());
+  EXPECT_EQ(*missing.RankExited(0, 0, 127, 0, 1.0,
+                                "cannot execute 'x': No such file"),
+            JobState::Action::kAbortAll);
+  EXPECT_FALSE(missing.restart_pending());
+  // Nor a lost node, an interrupt, a stop from outside, or success.
+  JobState lost(OneNodeTwoRanks(), 3);
+  EXPECT_EQ(lost.NodeLost(0, "gone"), JobState::Action::kAbortAll);
+  EXPECT_FALSE(lost.restart_pending());
+  JobState interrupted(OneNodeTwoRanks(), 3);
+  EXPECT_EQ(interrupted.Interrupted(SIGINT), JobState::Action::kAbortAll);
+  EXPECT_FALSE(interrupted.restart_pending());
+  JobState preempted(OneNodeTwoRanks(), 3);
+  EXPECT_EQ(preempted.StoppedFromOutside(SIGTERM, "SLURM stopped the step"),
+            JobState::Action::kAbortAll);
+  EXPECT_FALSE(preempted.restart_pending());
+  JobState done(OneNodeTwoRanks(), 3);
+  ASSERT_TRUE(done.NodeAuthenticated(0).ok());
+  ASSERT_TRUE(done.RankExited(0, 0, 0, 0, 1, "").ok());
+  EXPECT_EQ(*done.RankExited(0, 1, 0, 0, 1, ""),
+            JobState::Action::kShutdownAll);
+  EXPECT_FALSE(done.restart_pending());
+}
+
+TEST(JobState, CtrlCWhileARestartIsDueEndsTheJobWith130) {
+  JobState s = RunningThenRank1Fails(3);
+  StopGeneration(s);
+  ASSERT_TRUE(s.ReadyToRestart());  // waiting out --restart_backoff
+  EXPECT_EQ(s.Interrupted(SIGINT), JobState::Action::kAbortAll);
+  EXPECT_FALSE(s.restart_pending());
+  EXPECT_FALSE(s.ReadyToRestart());
+  EXPECT_EQ(s.outcome().cause, Outcome::Cause::kInterrupted);
+  EXPECT_EQ(s.ExitStatus(), 130);
+  ASSERT_EQ(s.history().size(), 1u);  // the failure, told as its generation
+  EXPECT_EQ(s.history()[0].outcome.cause, Outcome::Cause::kRankFailed);
+  EXPECT_EQ(s.Interrupted(SIGINT), JobState::Action::kKillAll);  // again
+}
+
+TEST(JobState, ASigtermWhileARestartIsDueEndsTheJobWith143) {
+  JobState s = RunningThenRank1Fails(3);
+  EXPECT_EQ(s.StoppedFromOutside(SIGTERM, "SLURM cancelled step 7.0"),
+            JobState::Action::kAbortAll);
+  EXPECT_FALSE(s.restart_pending());
+  EXPECT_EQ(s.ExitStatus(), 143);
+  EXPECT_EQ(s.outcome().stopped_by, "SLURM cancelled step 7.0");
+}
+
+TEST(JobState, ANodeLostWhileARestartIsDueCallsItOff) {
+  JobState s = RunningThenRank1Fails(3);
+  StopGeneration(s);
+  EXPECT_EQ(s.NodeDisconnected(0, "connection reset"),
+            JobState::Action::kAbortAll);
+  EXPECT_FALSE(s.restart_pending());
+  EXPECT_FALSE(s.ReadyToRestart());
+  EXPECT_EQ(s.ExitStatus(), 3);  // the failure stays the outcome
+  EXPECT_EQ(s.outcome().no_restart,
+            "node 0 (127.0.0.1) was lost (connection reset)");
+  EXPECT_TRUE(s.AgentProcessExited(0, "exited") == JobState::Action::kNone);
+  EXPECT_TRUE(s.MaybeEnd());
+}
+
+TEST(JobState, AGenerationEndBeforeTheRanksExitsOrWhileRunningIsRefused) {
+  JobState s(OneNodeTwoRanks(), 3);
+  ASSERT_TRUE(s.NodeAuthenticated(0).ok());
+  ASSERT_TRUE(s.RankStarted(0, 0, 1).ok());
+  EXPECT_FALSE(s.NodeIdle(0).ok());  // running
+  ASSERT_TRUE(s.RankExited(0, 0, 9, 0, 1, "").ok());
+  EXPECT_FALSE(s.NodeIdle(1).ok());  // no such node
+  ASSERT_TRUE(s.RankStarted(0, 1, 2).ok());
+  EXPECT_FALSE(s.NodeIdle(0).ok());  // rank 1 has not exited
+  EXPECT_FALSE(s.node(0).idle);
 }
 
 }  // namespace

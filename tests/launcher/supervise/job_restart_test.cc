@@ -1,0 +1,210 @@
+// The Job's generations (--max_restarts) with a FakeStarter and fake agent
+// links: what the agents are told, when the next generation starts, and
+// what ends the job instead.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+
+#include "launcher/supervise/job.h"
+#include "tests/launcher/supervise/job_fixture.h"
+
+namespace dslaunch::launcher {
+namespace {
+
+class JobRestartTest : public job_testing::JobTest {
+ protected:
+  JobRestartTest() {
+    options_.max_restarts = 2;
+    options_.restart_backoff_s = 0;
+  }
+  // Runs the loop's ready handlers (the --restart_backoff timer).
+  void Spin() {
+    io_.restart();
+    io_.run_for(std::chrono::milliseconds(30));
+  }
+  void GenerationEnded(int node, int free_port = 0) {
+    wire::Envelope env;
+    env.mutable_generation_ended()->set_free_port(free_port);
+    job_->OnAgentMessage(node, std::move(env));
+  }
+  // Rank 3 exits `code`, the others are stopped, every agent ends the
+  // generation (node 0 with `free_port`).
+  void FailGeneration(int code, int free_port = 0) {
+    RankExited(1, 3, code, 0);
+    for (int r = 0; r < 3; ++r) RankExited(r / 2, r, 0, SIGTERM, 0, true);
+    GenerationEnded(0, free_port);
+    GenerationEnded(1);
+  }
+  int JobSpecs(int node) {
+    int n = 0;
+    for (const auto& m : links_.sent[node])
+      n += m.msg_case() == wire::Envelope::kJobSpec;
+    return n;
+  }
+};
+
+TEST_F(JobRestartTest, AFailedRankRestartsTheJobOnTheSameAgents) {
+  options_.master_port_given = false;
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  Authenticate(0, 41000);
+  Authenticate(1);
+  for (int r = 0; r < 4; ++r) RankStarted(r / 2, r);
+  EXPECT_EQ(links_.Last(0).job_spec().restart_count(), 0);
+  EXPECT_EQ(links_.Last(0).job_spec().max_restarts(), 2);
+  RankExited(1, 3, 7, 0);
+  // The agents stop the ranks and stay.
+  ASSERT_EQ(links_.Last(0).msg_case(), wire::Envelope::kAbort);
+  EXPECT_TRUE(links_.Last(0).abort().restart());
+  EXPECT_TRUE(links_.Last(1).abort().restart());
+  for (int r = 0; r < 3; ++r) RankExited(r / 2, r, 0, SIGTERM, 0, true);
+  GenerationEnded(0, 42000);
+  Spin();
+  EXPECT_EQ(JobSpecs(0), 1);  // node 1 has not ended its generation yet
+  GenerationEnded(1);
+  Spin();
+  ASSERT_EQ(JobSpecs(0), 2);
+  ASSERT_EQ(JobSpecs(1), 2);
+  for (int node : {0, 1}) {
+    const wire::JobSpec& spec = links_.Last(node).job_spec();
+    EXPECT_EQ(spec.restart_count(), 1);
+    EXPECT_EQ(spec.max_restarts(), 2);
+    EXPECT_EQ(spec.master_port(), 42000);  // node 0's fresh free port
+    EXPECT_EQ(spec.ranks_size(), 2);
+  }
+  EXPECT_EQ(phase(), Phase::kStarting);
+  EXPECT_EQ(job_->restarts(), 1);
+  EXPECT_EQ(console_->board().restarts(), 1);
+  EXPECT_FALSE(starter_.stopping);  // nothing of the start was ended
+  EXPECT_TRUE(starter_.killed.empty());
+  for (int r = 0; r < 4; ++r) RankStarted(r / 2, r);
+  EXPECT_EQ(phase(), Phase::kRunning);
+  for (int r = 0; r < 4; ++r) RankExited(r / 2, r, 0, 0);
+  EXPECT_EQ(links_.Last(0).msg_case(), wire::Envelope::kShutdown);
+  AgentGone(0);
+  AgentGone(1);
+  EXPECT_EQ(job_->Finish(), 0);
+  const std::string report = Report();
+  EXPECT_NE(report.find("rank 3 on 127.0.0.2 exited with code 7; stopping "
+                        "every rank, then restart 1 of 2"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("generation 0 on 2 nodes (127.0.0.1, 127.0.0.2): "
+                        "rank 3 on 127.0.0.2 exited with code 7"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("all 4 ranks on 2 nodes exited 0"), std::string::npos);
+  EXPECT_NE(report.find("after 1 restart)"), std::string::npos) << report;
+}
+
+TEST_F(JobRestartTest, TheLastGenerationsFailureIsTheExitStatus) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  RunAll();
+  FailGeneration(5);
+  Spin();
+  for (int r = 0; r < 4; ++r) RankStarted(r / 2, r);
+  FailGeneration(6);
+  Spin();
+  EXPECT_EQ(job_->restarts(), 2);
+  for (int r = 0; r < 4; ++r) RankStarted(r / 2, r);
+  RankExited(1, 3, 9, 0);
+  // The budget is spent: this stop ends the job.
+  ASSERT_EQ(links_.Last(0).msg_case(), wire::Envelope::kAbort);
+  EXPECT_FALSE(links_.Last(0).abort().restart());
+  for (int r = 0; r < 3; ++r) RankExited(r / 2, r, 0, SIGTERM, 0, true);
+  AgentGone(0);
+  AgentGone(1);
+  EXPECT_EQ(phase(), Phase::kEnded);
+  EXPECT_EQ(job_->Finish(), 9);
+  EXPECT_EQ(JobSpecs(0), 3);
+  const std::string report = Report();
+  EXPECT_NE(report.find("generation 1 on 2 nodes"), std::string::npos);
+  EXPECT_NE(report.find("FAILED: rank 3 on 127.0.0.2"), std::string::npos);
+}
+
+TEST_F(JobRestartTest, CtrlCDuringTheBackoffEndsTheJobWith130) {
+  options_.restart_backoff_s = 60;
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  RunAll();
+  FailGeneration(5);
+  Spin();
+  EXPECT_EQ(JobSpecs(0), 1);  // waiting out the backoff
+  job_->OnSignal(SIGINT);
+  ASSERT_EQ(links_.Last(0).msg_case(), wire::Envelope::kAbort);
+  EXPECT_FALSE(links_.Last(0).abort().restart());  // idle agents exit
+  EXPECT_FALSE(links_.Last(1).abort().restart());
+  AgentGone(0);
+  AgentGone(1);
+  EXPECT_EQ(phase(), Phase::kEnded);
+  EXPECT_EQ(job_->Finish(), 130);
+  EXPECT_EQ(JobSpecs(0), 1);
+  const std::string report = Report();
+  EXPECT_NE(report.find("stopped: interrupted by the user (SIGINT)"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("generation 0 on 2 nodes"), std::string::npos);
+  EXPECT_EQ(report.find("stopped in consequence"), std::string::npos);
+}
+
+TEST_F(JobRestartTest, AnAgentLostBeforeTheNextGenerationCallsTheRestartOff) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  RunAll();
+  RankExited(1, 3, 5, 0);
+  for (int r = 0; r < 3; ++r) RankExited(r / 2, r, 0, SIGTERM, 0, true);
+  GenerationEnded(0);
+  AgentGone(1);  // before it ended its generation
+  EXPECT_FALSE(links_.Last(0).abort().restart());
+  Spin();
+  EXPECT_EQ(JobSpecs(0), 1);
+  AgentGone(0);
+  EXPECT_EQ(phase(), Phase::kEnded);
+  EXPECT_EQ(job_->Finish(), 5);
+  const std::string report = Report();
+  EXPECT_NE(report.find("no restart (--max_restarts 2): node 1 (127.0.0.2) "
+                        "was lost"),
+            std::string::npos)
+      << report;
+  EXPECT_TRUE(starter_.stopping);
+}
+
+TEST_F(JobRestartTest, EachGenerationStartsWithAnEmptyStore) {
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  RunAll();
+  auto store = [&](wire::StoreRequest::Op op, const std::string& key) {
+    wire::Envelope env;
+    auto* r = env.mutable_store_request();
+    r->set_id(static_cast<uint64_t>(links_.sent[0].size()) + 1);
+    r->set_op(op);
+    r->add_keys(key);
+    r->set_value("v");
+    job_->OnAgentMessage(0, std::move(env));
+    return links_.Last(0);
+  };
+  EXPECT_TRUE(store(wire::StoreRequest::SET, "rdzv").store_response().ok());
+  EXPECT_TRUE(store(wire::StoreRequest::CHECK, "rdzv").store_response().ready());
+  FailGeneration(5);
+  Spin();
+  ASSERT_EQ(JobSpecs(0), 2);
+  EXPECT_FALSE(
+      store(wire::StoreRequest::CHECK, "rdzv").store_response().ready());
+}
+
+TEST_F(JobRestartTest, AGivenMasterPortIsKeptInEveryGeneration) {
+  options_.master_port_given = true;
+  plan_.master_port = 29511;
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  RunAll();
+  FailGeneration(5, /*free_port=*/43000);
+  Spin();
+  ASSERT_EQ(JobSpecs(0), 2);
+  EXPECT_EQ(links_.Last(0).job_spec().master_port(), 29511);
+}
+
+}  // namespace
+}  // namespace dslaunch::launcher
