@@ -296,9 +296,11 @@ class Checkpoints(WorkerTest):
 
     def test_sigterm_saves_a_checkpoint_that_a_restarted_run_resumes_from(self):
         # Preemption: SIGTERM to the launcher reaches every rank; they agree
-        # on the step to stop after, save it, and exit 143. A restarted
-        # generation (DSLAUNCH_RESTART_COUNT > 0) resumes from that
-        # checkpoint by itself, and its losses equal an uninterrupted run's.
+        # on the step to stop after, save it, and exit 143. The next run
+        # (checkpoint.resume "latest", as a requeued job has it) resumes from
+        # that checkpoint, and its losses equal an uninterrupted run's.
+        # (A restarted generation resumes without being told:
+        # test_restarts.py.)
         ck = os.path.join(self.dir, "ck")
         logs = os.path.join(self.dir, "logs-stopped")
         stderr = open(os.path.join(self.dir, "stderr"), "w+b")
@@ -332,9 +334,7 @@ class Checkpoints(WorkerTest):
 
         whole = self.losses(self.train(2, 4, 3, steps=stopped + 3))
         resumed = self.losses(self.train(
-            2, 4, 3, steps=stopped + 3, checkpoint={"dir": ck},
-            launcher_args=["--env", "DSLAUNCH_RESTART_COUNT=1"]))
-        self.assertIn("restart 1: checkpoint.resume is latest", self.stdout)
+            2, 4, 3, steps=stopped + 3, checkpoint={"dir": ck, "resume": "latest"}))
         self.assertIn("resumed from %s at step %d" % (saved, stopped), self.stdout)
         self.assertEqual(sorted(resumed), [stopped + 1, stopped + 2, stopped + 3])
         for step in sorted(resumed):

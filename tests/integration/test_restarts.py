@@ -1,0 +1,199 @@
+"""--max_restarts on one machine (--launcher local): a failed generation is
+followed by another on the same agents, with a fresh rendezvous and the
+restart count in every rank's environment; dsworker resumes from its newest
+complete checkpoint and ends with the loss of a run that never failed, bit
+for bit. What must not restart does not, and the budget holds."""
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import time
+
+from harness import DSLAUNCH, LaunchTest
+from test_prometheus import free_port
+import test_worker
+
+# One line per generation and rank: what the contract gave it.
+SCRIPT = r"""
+echo "gen $RANK $DSLAUNCH_RESTART_COUNT $TORCHELASTIC_RESTART_COUNT $TORCHELASTIC_MAX_RESTARTS $MASTER_PORT"
+if [ "$RANK" = 1 ] && [ "$DSLAUNCH_RESTART_COUNT" -lt "$FAIL_GENERATIONS" ]; then exit 3; fi
+exec sleep "${HOLD:-0.2}"
+"""
+
+
+class Generations(LaunchTest):
+    def script(self):
+        path = os.path.join(self.dir, "rank.sh")
+        with open(path, "w") as f:
+            f.write(SCRIPT)
+        return ["/bin/sh", path]
+
+    @staticmethod
+    def generations(out):
+        """[(rank, restart_count, torchelastic_count, max, master_port)]."""
+        return [tuple(int(x) for x in m) for m in
+                re.findall(r"gen (\d+) (\d+) (\d+) (\d+) (\d+)", out)]
+
+    def test_each_generation_gets_the_restart_count_and_a_fresh_master_port(self):
+        p = self.run_job(self.args(nodes=2, slots=2, extra=[
+            "--max_restarts", "3", "--restart_backoff", "0"]) + self.script(),
+            FAIL_GENERATIONS="2")
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 0, err[-3000:])
+        gens = self.generations(p.stdout.decode())
+        self.assertEqual(sorted({g[1] for g in gens}), [0, 1, 2])
+        for rank, count, elastic, most, _ in gens:
+            self.assertEqual(count, elastic)
+            self.assertEqual(most, 3)
+        ports = {count: {g[4] for g in gens if g[1] == count} for count in (0, 1, 2)}
+        for count, seen in ports.items():
+            self.assertEqual(len(seen), 1, ports)  # one rendezvous per generation
+        self.assertEqual(len({min(s) for s in ports.values()}), 3, ports)  # fresh each time
+        self.assertIn("restart 1 of 3", err)
+        self.assertIn("restart 2 of 3", err)
+        self.assertNotIn("restart 3 of 3", err)
+        self.assertIn("generation 0 on 2 nodes", err)
+        self.assertIn("generation 1 on 2 nodes", err)
+        self.assertIn("exited 0", err)
+        self.assertIn("after 2 restarts", err)
+        self.assert_no_leftovers()
+
+    def test_the_budget_holds_and_the_last_generations_status_is_the_exit(self):
+        p = self.run_job(self.args(nodes=2, slots=2, extra=[
+            "--max_restarts", "2", "--restart_backoff", "0"]) + self.script(),
+            FAIL_GENERATIONS="100")
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 3, err[-3000:])
+        gens = self.generations(p.stdout.decode())
+        self.assertEqual(sorted({g[1] for g in gens}), [0, 1, 2])  # 1 + 2 restarts
+        self.assertIn("FAILED: rank 1", err)
+        self.assert_no_leftovers()
+
+    def test_a_program_that_cannot_start_is_not_restarted(self):
+        p = self.run_job(self.args(nodes=1, slots=2, extra=[
+            "--max_restarts", "5", "--restart_backoff", "0"]) +
+            [os.path.join(self.dir, "no-such-program")])
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 127, err[-3000:])
+        self.assertNotIn("restart 1", err)
+        self.assertIn("no-such-program", err)
+
+    def test_ctrl_c_while_a_restart_waits_ends_the_job_with_130(self):
+        job = self.start_job(self.args(nodes=2, slots=1, extra=[
+            "--max_restarts", "3", "--restart_backoff", "30"]) + self.script(),
+            FAIL_GENERATIONS="1")
+        self.addCleanup(lambda: job.poll() is None and job.kill())
+        self.addCleanup(job.stdout.close)
+        self.addCleanup(job.stderr.close)
+        self.read_until(job, "stderr", r"then restart 1 of 3")
+        time.sleep(0.3)  # the stop is done: the backoff runs
+        job.send_signal(signal.SIGINT)
+        start = time.monotonic()
+        job.wait(timeout=20)
+        self.assertEqual(job.returncode, 130)
+        self.assertLess(time.monotonic() - start, 5)
+        out = (self.seen(job, "stderr") + job.stderr.read()).decode()
+        self.assertIn("stopped: interrupted by the user (SIGINT)", out)
+        self.assertNotIn("restart 1 of 3 (", out)  # no second generation began
+        self.assert_no_leftovers()
+
+    def test_prometheus_and_metrics_jsonl_count_the_restarts(self):
+        logs = os.path.join(self.dir, "logs")
+        port = free_port()
+        job = self.start_job(self.args(nodes=1, slots=2, extra=[
+            "--max_restarts", "1", "--restart_backoff", "0", "--log_dir", logs,
+            "--metrics_port", str(port), "--metrics_addr", "127.0.0.1"]) + self.script(),
+            FAIL_GENERATIONS="1", HOLD="30")
+        self.addCleanup(lambda: job.poll() is None and job.kill())
+        self.addCleanup(job.stdout.close)
+        self.addCleanup(job.stderr.close)
+        url = "http://127.0.0.1:%d/metrics" % port
+        self.read_until(job, "stderr", r"restart 1 of 1 \(")
+        import urllib.request
+        deadline = time.monotonic() + 10
+        while True:
+            body = urllib.request.urlopen(url, timeout=5).read().decode()
+            if re.search(r"^dslaunch_restarts_total 1$", body, re.M):
+                break
+            self.assertLess(time.monotonic(), deadline, body[-2000:])
+            time.sleep(0.2)
+        job.send_signal(signal.SIGINT)
+        job.wait(timeout=20)
+        with open(os.path.join(logs, "metrics.jsonl")) as f:
+            events = [json.loads(l) for l in f if '"event"' in l]
+        self.assertEqual(len(events), 1, events)
+        self.assertEqual(events[0]["event"], "restart")
+        self.assertEqual(events[0]["restart_count"], 1)
+        self.assertEqual(events[0]["world_size"], 2)
+        self.assertIn("rank 1 on", events[0]["reason"])
+
+
+class TrainingSurvives(test_worker.WorkerTest):
+    STEPS = 300
+    worker_pids = test_worker.PeerDeath.worker_pids
+
+    def metrics(self, logs):
+        with open(os.path.join(logs, "metrics.jsonl")) as f:
+            return [json.loads(l) for l in f]
+
+    def test_a_rank_killed_at_a_random_moment_costs_no_training(self):
+        seed = int(os.environ.get("DSLAUNCH_TEST_SEED", time.time_ns() % 100000))
+        rng = random.Random(seed)
+        print("test_a_rank_killed_at_a_random_moment_costs_no_training: seed %d" % seed)
+        whole = {r["step"]: r["loss"] for r in
+                 self.train(3, 4, 2, steps=self.STEPS) if r["rank"] == 0}
+
+        ck = os.path.join(self.dir, "ck")
+        logs = os.path.join(self.dir, "logs-faulty")
+        stderr = open(os.path.join(self.dir, "stderr"), "w+b")
+        self.addCleanup(stderr.close)
+        job = subprocess.Popen(self.args(nodes=3, slots=1) + [
+            "--max_restarts", "2", "--restart_backoff", "0", "--log_dir", logs,
+            test_worker.DSWORKER, "train", "--config",
+            self.config(4, 2, steps=self.STEPS, checkpoint={"dir": ck, "every": 10})],
+            stdout=subprocess.DEVNULL, stderr=stderr, env=self.env(OMP_NUM_THREADS="1"))
+        self.addCleanup(lambda: job.poll() is None and job.kill())
+        # metrics.jsonl is written about once a second (some 50 steps here):
+        # the kill lands at some step past this one.
+        kill_at = rng.randint(5, self.STEPS // 2)
+        victim = rng.randint(0, 2)
+        metrics = os.path.join(logs, "metrics.jsonl")
+        deadline = time.monotonic() + 60
+        while self.steps_seen(metrics) < kill_at:
+            self.assertIsNone(job.poll(), "the job ended before the kill")
+            self.assertLess(time.monotonic(), deadline, "training did not get there")
+            time.sleep(0.005)
+        pids = self.worker_pids()
+        os.kill(pids[victim], signal.SIGKILL)
+        job.wait(timeout=120)
+        stderr.seek(0)
+        err = stderr.read().decode()
+        self.assertEqual(job.returncode, 0, "seed %d: %s" % (seed, err[-3000:]))
+        self.assertIn("killed by SIGKILL; stopping every rank, then restart 1 of 2", err)
+        records = self.metrics(logs)
+        restarts = [r for r in records if r.get("event") == "restart"]
+        self.assertEqual(len(restarts), 1, restarts)
+        # The records after the restart: the second generation, resumed from
+        # the newest complete checkpoint at or before the kill.
+        after = records[records.index(restarts[0]) + 1:]
+        resumed = {r["step"]: r["loss"] for r in after if r.get("rank") == 0}
+        # From a complete checkpoint (every 10 steps; none yet: step 1), and
+        # every step from there to the last.
+        first = min(resumed)
+        self.assertEqual((first - 1) % 10, 0, sorted(resumed))
+        self.assertEqual(sorted(resumed), list(range(first, self.STEPS + 1)))
+        for step, loss in resumed.items():
+            self.assertEqual(loss, whole[step], "seed %d step %d" % (seed, step))  # every bit
+        self.assertEqual(self.worker_pids(), {})
+
+    @staticmethod
+    def steps_seen(metrics):
+        try:
+            with open(metrics) as f:
+                lines = f.read().split("\n")[:-1]
+        except FileNotFoundError:
+            return 0
+        steps = [json.loads(l).get("step", 0) for l in lines if l]
+        return max(steps, default=0)
