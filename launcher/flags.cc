@@ -53,6 +53,12 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
   app.add_option("--restart_backoff", o.restart_backoff_s,
                  "seconds between a failed generation and the next "
                  "(default 1)");
+  app.add_option("--rejoin_timeout", o.rejoin_timeout_s,
+                 "seconds the next generation waits for lost nodes to come "
+                 "back before the job ends with 69 (default 300)");
+  app.add_option("--node_cooldown", o.node_cooldown_s,
+                 "a node lost twice within this many seconds is left out for "
+                 "as long (default 600)");
   app.add_flag("--no_local_rank", o.no_local_rank,
                "do not pass --local_rank=N to the program");
   app.add_flag("--no_python", o.no_python,
@@ -218,6 +224,8 @@ Status CheckDurations(const LaunchOptions& o) {
       {"--hang_timeout", o.hang_timeout_s, 0, true, kMaxHangSeconds},
       {"--restart_backoff", o.restart_backoff_s, 0, true,
        kMaxRestartBackoffSeconds},
+      {"--rejoin_timeout", o.rejoin_timeout_s, 0, true, kMaxStartSeconds},
+      {"--node_cooldown", o.node_cooldown_s, 0, true, kMaxHangSeconds},
   };
   for (const SecondsFlag& f : flags) RETURN_IF_ERROR(CheckSeconds(f));
   if (!(o.straggler_k >= 0 && o.straggler_k <= 1000))
@@ -264,10 +272,13 @@ Status CheckIntegers(const CLI::App& app, const LaunchOptions& o) {
         " yet: its agents end with mpirun, and a generation would need a new "
         "mpirun; use --launcher slurm or ssh");
   }
-  if (app.count("--restart_backoff") && o.max_restarts == 0) {
-    return InvalidArgument(
-        "--restart_backoff needs --max_restarts N: without it the job never "
-        "restarts");
+  for (const char* flag :
+       {"--restart_backoff", "--rejoin_timeout", "--node_cooldown"}) {
+    if (app.count(flag) && o.max_restarts == 0) {
+      return InvalidArgument(std::string(flag) +
+                             " needs --max_restarts N: without it the job "
+                             "never restarts");
+    }
   }
   return CheckGivenInt(app, "--ssh_fanout", o.ssh_fanout, 1, kMaxSshFanout);
 }

@@ -42,6 +42,11 @@ struct LaunchOptions {
   // restart_backoff_s.
   int max_restarts = 0;
   double restart_backoff_s = 1;
+  // A lost node's agent is started again for the next generation, which
+  // waits rejoin_timeout_s for it; a node lost twice within
+  // node_cooldown_s is excluded for that long.
+  double rejoin_timeout_s = 300;
+  double node_cooldown_s = 600;
   bool no_local_rank = false;
   // DeepSpeed's launcher flags, with DeepSpeed's meaning: its job scripts
   // run unchanged.

@@ -6,8 +6,11 @@
 #include <sys/wait.h>   // WIFSIGNALED
 #include <unistd.h>     // getpid, usleep
 
+#include <boost/asio/post.hpp>
 #include <cerrno>
+#include <filesystem>
 #include <set>
+#include <vector>
 
 #include "launcher/plan/addresses.h"
 #include "proto/child_reaper.h"
@@ -46,24 +49,42 @@ Status LocalStarter::StartAll(const AgentBootstrap& boot) {
                              " is not this machine");
     }
   }
-  for (const auto& node : boot.plan->nodes) {
-    proto::ProcessSpec spec;
-    spec.argv = AgentArgv(boot, node.node_rank, "127.0.0.1");
-    spec.inherit_env = true;
-    spec.new_session = true;
-    spec.death_signal = SIGTERM;
-    spec.stdin_pipe = true;
-    // The agent's own log lines reach the console (never the terminal
-    // directly, where they would cut into the live table).
-    spec.capture_output = true;
-    spec.destroy_signal = 0;  // the closed lifeline tells it to go
-    ASSIGN_OR_RETURN(pid_t pid, processes_.Spawn(spec));
-    node_of_[pid] = node.node_rank;
-    host_of_[pid] = node.host;
-    cgroup_of_[pid] = proto::JobCgroupDir(boot.job_id, node.node_rank, pid);
-    // A pipe holds 64 KiB, so this never blocks; a dead agent gives EPIPE.
-    (void)proto::WriteAll(processes_.StdinOf(pid), boot.secret + "\n");
-  }
+  boot_ = boot;
+  for (const auto& node : boot.plan->nodes) RETURN_IF_ERROR(StartAgent(node));
+  return Status::Ok();
+}
+
+void LocalStarter::StartAgain(int node_rank) {
+  Status st = boot_.plan && node_rank >= 0 &&
+                      static_cast<size_t>(node_rank) < boot_.plan->nodes.size()
+                  ? StartAgent(boot_.plan->nodes[node_rank])
+                  : InvalidArgument("no node " + std::to_string(node_rank));
+  if (st.ok()) return;
+  boost::asio::post(io_, [this, node_rank, st, alive = alive_] {
+    if (*alive)
+      delegate_->OnAgentProcessExited(
+          node_rank, "could not be started again: " + st.message());
+  });
+}
+
+Status LocalStarter::StartAgent(const NodePlan& node) {
+  const AgentBootstrap& boot = boot_;
+  proto::ProcessSpec spec;
+  spec.argv = AgentArgv(boot, node.node_rank, "127.0.0.1");
+  spec.inherit_env = true;
+  spec.new_session = true;
+  spec.death_signal = SIGTERM;
+  spec.stdin_pipe = true;
+  // The agent's own log lines reach the console (never the terminal
+  // directly, where they would cut into the live table).
+  spec.capture_output = true;
+  spec.destroy_signal = 0;  // the closed lifeline tells it to go
+  ASSIGN_OR_RETURN(pid_t pid, processes_.Spawn(spec));
+  node_of_[pid] = node.node_rank;
+  host_of_[pid] = node.host;
+  cgroup_of_[pid] = proto::JobCgroupDir(boot.job_id, node.node_rank, pid);
+  // A pipe holds 64 KiB, so this never blocks; a dead agent gives EPIPE.
+  (void)proto::WriteAll(processes_.StdinOf(pid), boot.secret + "\n");
   return Status::Ok();
 }
 
@@ -100,8 +121,20 @@ void LocalStarter::OnProcessExited(pid_t pid, const proto::ExitInfo& info) {
 // its guard too; an agent that ended normally removed it itself.
 void LocalStarter::RemoveCgroup(const std::string& dir) {
   if (dir.empty()) return;
-  for (int i = 0; i < 100 && ::rmdir(dir.c_str()) != 0 && errno == EBUSY; ++i) {
-    ::usleep(5000);  // its last processes are still exiting
+  // A restarted job's agent makes one per generation: <dir>-g<N>.
+  std::vector<std::string> dirs = {dir};
+  const std::filesystem::path base(dir);
+  std::error_code ec;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(base.parent_path(), ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(base.filename().string() + "-g", 0) == 0)
+      dirs.push_back(entry.path().string());
+  }
+  for (const std::string& d : dirs) {
+    for (int i = 0; i < 100 && ::rmdir(d.c_str()) != 0 && errno == EBUSY; ++i) {
+      ::usleep(5000);  // its last processes are still exiting
+    }
   }
 }
 

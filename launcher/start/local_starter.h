@@ -28,9 +28,12 @@ class LocalStarter : public Starter, private proto::ProcessSet::Delegate {
 
   void Start(const AgentBootstrap& boot, StartDone done) override;
   void Kill(int node_rank) override;
+  bool CanStartAgain() const override { return true; }
+  void StartAgain(int node_rank) override;
 
  private:
   Status StartAll(const AgentBootstrap& boot);
+  Status StartAgent(const NodePlan& node);
   void OnProcessOutput(pid_t pid, bool is_stderr, std::string line,
                        bool partial) override;
   void OnProcessExited(pid_t pid, const proto::ExitInfo& info) override;
@@ -42,7 +45,8 @@ class LocalStarter : public Starter, private proto::ProcessSet::Delegate {
   proto::ProcessSet processes_;
   std::map<pid_t, std::string> host_of_;    // agent pid -> its node's host
   std::map<pid_t, int> node_of_;            // agents not yet reported
-  std::map<pid_t, std::string> cgroup_of_;  // the cgroup each agent makes
+  std::map<pid_t, std::string> cgroup_of_;
+  AgentBootstrap boot_;  // for StartAgain  // the cgroup each agent makes
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

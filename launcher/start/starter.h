@@ -93,6 +93,12 @@ class Starter {
   // (mpirun's daemons own the agents and report late), an agent that said
   // it is done and closed its connection counts as ended.
   virtual bool SeesAgentProcesses() const { return true; }
+  // Whether a lost node's agent can be started again (StartAgain) for a
+  // later generation of a restarting job.
+  virtual bool CanStartAgain() const { return false; }
+  // Starts node_rank's agent again, as Start did (its last one has ended):
+  // it connects, or OnAgentProcessExited says why not.
+  virtual void StartAgain(int node_rank) { (void)node_rank; }
 };
 
 // Runs `done` on the loop, with `started` when `st` is ok, else with `st`,

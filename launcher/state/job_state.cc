@@ -85,8 +85,11 @@ int ExitStatusFor(const Outcome& o) {
   return kExitSoftware;  // the job ended unaccounted: a bug
 }
 
-JobState::JobState(const Plan& plan, int max_restarts)
-    : nodes_(plan.nodes.size()), max_restarts_(max_restarts) {
+JobState::JobState(const Plan& plan, int max_restarts, double node_cooldown_s)
+    : nodes_(plan.nodes.size()),
+      max_restarts_(max_restarts),
+      node_cooldown_(std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(node_cooldown_s))) {
   Replan(plan);
 }
 
@@ -124,7 +127,8 @@ bool JobState::Decide(Outcome outcome) {
   const bool restartable =
       (outcome_.cause == Outcome::Cause::kRankFailed &&
        ranks_.at(outcome_.rank).error.empty()) ||
-      outcome_.cause == Outcome::Cause::kHung;
+      outcome_.cause == Outcome::Cause::kHung ||
+      outcome_.cause == Outcome::Cause::kNodeLost;
   restart_pending_ =
       restartable && restarts_ < max_restarts_ && interrupts_ == 0;
   SetPhase(Phase::kStopping);
@@ -167,7 +171,9 @@ Status JobState::NodeIdle(int node) {
 bool JobState::ReadyToRestart() const {
   if (phase_ != Phase::kStopping || !restart_pending_) return false;
   for (const auto& n : nodes_) {
-    if (!n.idle || n.disconnected || !n.lost_reason.empty()) return false;
+    if (!n.idle || !n.authenticated || n.disconnected ||
+        !n.lost_reason.empty())
+      return false;
   }
   return true;
 }
@@ -193,8 +199,46 @@ void JobState::NextGeneration() {
 Status JobState::NodeAuthenticated(int node) {
   if (node < 0 || node >= static_cast<int>(nodes_.size()))
     return ProtocolError("unknown node " + std::to_string(node));
-  nodes_[node].authenticated = true;
+  NodeRecord& n = nodes_[node];
+  if (!n.lost_reason.empty() && restart_pending_) {
+    // A lost node's new agent: it waits for the next generation.
+    n.lost_reason.clear();
+    n.disconnected = n.process_exited = false;
+    n.idle = true;
+    if (ReadyToRestart()) all_idle_at_ = Clock::now();
+  }
+  n.authenticated = true;
   return Status::Ok();
+}
+
+void JobState::NodeRestarting(int node) {
+  NodeRecord& n = nodes_.at(node);
+  n.authenticated = n.disconnected = n.process_exited = false;
+}
+
+std::vector<std::string> JobState::MissingNodes() const {
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    const NodeRecord& n = nodes_[i];
+    if (!n.lost_reason.empty())
+      missing.push_back(hosts_[i] + " (" + n.lost_reason + ")");
+  }
+  return missing;
+}
+
+bool JobState::OthersIdle() const {
+  for (const auto& n : nodes_) {
+    if (n.lost_reason.empty() && !n.idle) return false;
+  }
+  return true;
+}
+
+void JobState::GiveUpRejoin(const std::string& why) {
+  if (!restart_pending_) return;
+  Outcome o;
+  o.cause = Outcome::Cause::kNodeLost;
+  o.reason = why;
+  InterruptRestart(std::move(o));
 }
 
 StatusOr<JobState::Action> JobState::RankStarted(int node, int rank, int pid) {
@@ -264,13 +308,8 @@ bool JobState::NodeHasRunningRanks(int node) const {
 
 JobState::Action JobState::NodeDisconnected(int node, const std::string& why) {
   nodes_.at(node).disconnected = true;
-  if (restart_pending_) {
-    // The next generation needs every node's agent.
-    CallOffRestart("node " + std::to_string(node) + " (" + hosts_[node] +
-                   ") was lost (" + why + ")");
-    return Action::kAbortAll;
-  }
-  if (!NodeHasRunningRanks(node)) return Action::kNone;
+  // Between generations every node is needed: it is lost, and waited for.
+  if (!NodeHasRunningRanks(node) && !restart_pending_) return Action::kNone;
   return NodeLost(node, "its agent's connection ended (" + why + ")");
 }
 
@@ -297,11 +336,12 @@ JobState::Action JobState::NodeLost(int node, const std::string& why) {
   NodeRecord& n = nodes_.at(node);
   if (!n.lost_reason.empty()) return Action::kNone;
   n.lost_reason = why;
-  if (restart_pending_) {
-    CallOffRestart("node " + std::to_string(node) + " (" + hosts_[node] +
-                   ") was lost: " + why);
-    return Action::kAbortAll;
-  }
+  n.idle = false;
+  const Clock::time_point now = Clock::now();
+  if (n.losses > 0 && now - n.lost_at < node_cooldown_)
+    n.excluded_until = now + node_cooldown_;  // flapping
+  ++n.losses;
+  n.lost_at = now;
   Outcome o;
   o.cause = Outcome::Cause::kNodeLost;
   o.node = node;
@@ -380,7 +420,9 @@ void JobState::GiveUp() {
 }
 
 bool JobState::MaybeEnd() {
-  if (phase_ != Phase::kStopping || !AllNodesFinished()) return false;
+  // A restart that is due waits for its nodes (the Job gives up on them).
+  if (phase_ != Phase::kStopping || restart_pending_ || !AllNodesFinished())
+    return false;
   end_time_ = Clock::now();
   SetPhase(Phase::kEnded);
   return true;

@@ -86,6 +86,10 @@ struct RankRecord {
 struct NodeRecord {
   bool authenticated = false;
   bool idle = false;            // its ranks are gone; it waits for a restart
+  int losses = 0;               // times its agent was lost
+  Clock::time_point lost_at{};  // the last time
+  // Lost twice within --node_cooldown: not started again before this.
+  Clock::time_point excluded_until{};
   bool disconnected = false;    // its control connection ended
   bool process_exited = false;  // the starter saw its agent process end
   std::string lost_reason;      // set once when the node is lost
@@ -116,8 +120,11 @@ class JobState {
     kShutdownAll,  // every rank is done: tell the agents to exit
   };
 
-  // `max_restarts`: how many generations may follow the first.
-  explicit JobState(const Plan& plan, int max_restarts = 0);
+  // `max_restarts`: how many generations may follow the first; a node
+  // lost again within `node_cooldown_s` of its last loss is excluded for
+  // that long.
+  explicit JobState(const Plan& plan, int max_restarts = 0,
+                    double node_cooldown_s = 600);
 
   Phase phase() const { return phase_; }
   const Outcome& outcome() const { return outcome_; }
@@ -133,10 +140,21 @@ class JobState {
   int restarts() const { return restarts_; }
   int max_restarts() const { return max_restarts_; }
   const std::vector<Generation>& history() const { return history_; }
-  // The stop under way ends in a restart: its cause was a rank's failure or
-  // a hang (a node lost, an interrupt, success: never), restarts are left,
-  // and nothing called it off. What the Abort tells the agents.
+  // The stop under way ends in a restart: its cause was a rank's failure, a
+  // hang or a lost node (an interrupt, a stop from outside, success: never),
+  // restarts are left, and nothing called it off. What the Abort tells the
+  // agents. A node lost meanwhile is waited for (Job: started again).
   bool restart_pending() const { return restart_pending_; }
+  // node's agent is being started again (it was lost): not finished.
+  void NodeRestarting(int node);
+  // The nodes lost and not back: "host (why)" each.
+  std::vector<std::string> MissingNodes() const;
+  // Every node not lost has ended its ranks and waits.
+  bool OthersIdle() const;
+  // The lost nodes did not come back in time (--rejoin_timeout) or cannot
+  // (--node_cooldown): the job ends, 69, naming them (`why`). The failure
+  // that was to be restarted goes to history().
+  void GiveUpRejoin(const std::string& why);
   // The agent of `node` ended its ranks of this generation and waits.
   Status NodeIdle(int node);
   // Every agent is idle: the next generation can start.
@@ -182,7 +200,8 @@ class JobState {
   // --launcher join, once every node joined: the final plan (the agents'
   // hosts and slot counts). Only while starting, before any rank started.
   void Replan(const Plan& plan);
-  // Stopping -> Ended once every node finished; true when that happened now.
+  // Stopping -> Ended once every node finished and no restart is due; true
+  // when that happened now.
   bool MaybeEnd();
   // Stopping -> Ended although some agent never confirmed its end (it was
   // killed after the grace period and still did not answer).
@@ -213,6 +232,7 @@ class JobState {
   int interrupts_ = 0;
   bool gave_up_ = false;
   int max_restarts_ = 0;
+  Clock::duration node_cooldown_{};
   int restarts_ = 0;
   bool restart_pending_ = false;
   std::vector<Generation> history_;

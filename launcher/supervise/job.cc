@@ -21,6 +21,13 @@ static std::chrono::milliseconds Ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
+static std::string Join(const std::vector<std::string>& parts,
+                        const std::string& sep) {
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : sep) + p;
+  return out;
+}
+
 static std::string WorkingDirectory() {
   char cwd[PATH_MAX] = {0};
   return ::getcwd(cwd, sizeof(cwd)) ? cwd : "";
@@ -55,7 +62,7 @@ Job::Job(asio::io_context& io, const LaunchOptions& options, Plan plan,
                       std::move(command))),
       console_(console),
       gate_(std::move(secret), options.master_port_given),
-      state_(plan_, options.max_restarts),
+      state_(plan_, options.max_restarts, options.node_cooldown_s),
       store_(io),
       start_timer_(io),
       stop_timer_(io),
@@ -172,9 +179,20 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
                node_rank, proto::EscapeForLog(hello.facts().hostname(), 255),
                hello.facts().agent_pid(), hello.facts().cpu_cores(),
                hello.facts().gpus_size());
+  const bool back = !state_.node(node_rank).lost_reason.empty() &&
+                    state_.restart_pending();
   if (Status st = state_.NodeAuthenticated(node_rank); !st.ok()) {
     spdlog::warn("{}", st.message());
     return;
+  }
+  if (back) {
+    // A lost node's new agent: it waits for the next generation.
+    console_.Note("node " + std::to_string(node_rank) + " (" +
+                  plan_.nodes[node_rank].host + ") is back");
+    if (node_rank == 0 && hello.facts().free_port() > 0 &&
+        hello.facts().free_port() <= 65535)
+      next_master_port_ = hello.facts().free_port();
+    return TendRestart();
   }
   if (state_.phase() != Phase::kStarting && state_.phase() != Phase::kRunning) {
     wire::Envelope env;
@@ -346,14 +364,83 @@ void Job::HandleGenerationEnded(int node_rank, const wire::GenerationEnded& e) {
     return spdlog::warn("node {}: {}", node_rank, st.message());
   if (node_rank == 0 && e.free_port() > 0 && e.free_port() <= 65535)
     next_master_port_ = e.free_port();
-  if (!state_.ReadyToRestart()) return;
-  // Every rank of the generation is gone; the agents wait.
-  stop_timer_.cancel();
-  stop_timer_armed_ = false;
-  restart_timer_.expires_after(Ms(options_.restart_backoff_s));
+  TendRestart();
+}
+
+void Job::TendRestart() {
+  if (!state_.restart_pending()) return;
+  if (state_.ReadyToRestart()) {
+    // Every rank of the generation is gone; every agent waits.
+    stop_timer_.cancel();
+    stop_timer_armed_ = false;
+    rejoin_deadline_ = {};
+    restart_timer_.expires_after(Ms(options_.restart_backoff_s));
+    restart_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (!ec && state_.ReadyToRestart()) StartNextGeneration();
+    });
+    return;
+  }
+  const Clock::time_point now = Clock::now();
+  bool lost = false, may_return = false;
+  for (size_t i = 0; i < plan_.nodes.size(); ++i) {
+    const int n = static_cast<int>(i);
+    const NodeRecord& node = state_.node(n);
+    if (node.lost_reason.empty()) continue;
+    lost = true;
+    const std::string who =
+        "node " + std::to_string(n) + " (" + plan_.nodes[i].host + ")";
+    if (!starter_->CanStartAgain()) {
+      return GiveUpRestart(who + " was lost (" + node.lost_reason +
+                           "), and this start mode cannot start its agent "
+                           "again");
+    }
+    if (node.excluded_until > now + Ms(options_.rejoin_timeout_s)) continue;
+    may_return = true;
+    if (!node.process_exited) {
+      // Its link was cut but the agent may still run: it must end before
+      // another takes the node.
+      if (!node.disconnected) continue;
+      if (!started_again_.count(n)) starter_->Kill(n);
+      continue;
+    }
+    auto last = started_again_.find(n);
+    if (node.excluded_until > now ||
+        (last != started_again_.end() && now - last->second < Ms(5)))
+      continue;
+    started_again_[n] = now;
+    console_.Note("starting the agent of " + who + " again");
+    state_.NodeRestarting(n);
+    starter_->StartAgain(n);
+  }
+  if (lost && !may_return) {
+    return GiveUpRestart(
+        "not enough nodes: excluded for --node_cooldown " +
+        std::to_string(static_cast<int>(options_.node_cooldown_s)) +
+        " s (lost twice within it): " + Join(state_.MissingNodes(), ", "));
+  }
+  // The wait for them starts once the others have stopped.
+  if (!state_.OthersIdle()) return;
+  if (rejoin_deadline_ == Clock::time_point{})
+    rejoin_deadline_ = now + Ms(options_.rejoin_timeout_s);
+  if (now >= rejoin_deadline_) {
+    return GiveUpRestart(
+        "not enough nodes within --rejoin_timeout " +
+        std::to_string(static_cast<int>(options_.rejoin_timeout_s)) +
+        " s; missing: " + Join(state_.MissingNodes(), ", "));
+  }
+  restart_timer_.expires_after(std::chrono::seconds(1));
   restart_timer_.async_wait([this](const boost::system::error_code& ec) {
-    if (!ec && state_.ReadyToRestart()) StartNextGeneration();
+    if (!ec) TendRestart();
   });
+}
+
+void Job::GiveUpRestart(const std::string& why) {
+  restart_timer_.cancel();
+  console_.Note(why);
+  state_.GiveUpRejoin(why);
+  // The waiting agents exit; those started again that have not come back
+  // are killed (Abort).
+  Act(JobState::Action::kAbortAll);
 }
 
 // The same agents, a fresh rendezvous: a MASTER_PORT node 0 found free now
@@ -390,6 +477,7 @@ void Job::HandleStore(int node_rank, const wire::StoreRequest& request) {
 }
 
 void Job::OnAgentDisconnected(int node_rank, const Status& why) {
+  started_again_.erase(node_rank);
   // A joined agent that leaves while the job assembles frees its node.
   if (join_ && join_->Assembling(node_rank) &&
       state_.NodeLeftBeforeStart(node_rank))
@@ -402,11 +490,13 @@ void Job::OnAgentDisconnected(int node_rank, const Status& why) {
   if (starter_ && !starter_->SeesAgentProcesses() &&
       (join_ || done_nodes_.count(node_rank)))
     Act(state_.AgentProcessExited(node_rank, "ended"));
+  TendRestart();
   MaybeEnd();
 }
 
 void Job::OnAgentProcessExited(int node_rank, const std::string& how) {
   Act(state_.AgentProcessExited(node_rank, how));
+  TendRestart();
   MaybeEnd();
 }
 

@@ -96,6 +96,12 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   // --max_restarts: the node's agent ended its ranks and waits; once every
   // node's has, the next generation starts after --restart_backoff.
   void HandleGenerationEnded(int node_rank, const wire::GenerationEnded& e);
+  // A restart is due: lost nodes' agents are started again (where the
+  // start mode can, not while --node_cooldown excludes them, again every
+  // few seconds while they fail); --rejoin_timeout bounds the wait. Once
+  // every node waits, the next generation starts after --restart_backoff.
+  void TendRestart();
+  void GiveUpRestart(const std::string& why);
   void StartNextGeneration();
   void HandleProgress(int node_rank, const wire::ProgressBatch& batch);
   // Whether `rank` runs on node_rank (else its entry is dropped, logged).
@@ -123,7 +129,10 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   boost::asio::steady_timer start_timer_;
   boost::asio::steady_timer stop_timer_;
   bool stop_timer_armed_ = false;
-  boost::asio::steady_timer restart_timer_;  // --restart_backoff
+  // --restart_backoff, or a tick while lost nodes are waited for.
+  boost::asio::steady_timer restart_timer_;
+  Clock::time_point rejoin_deadline_{};  // while lost nodes are waited for
+  std::map<int, Clock::time_point> started_again_;  // node -> last attempt
   int next_master_port_ = 0;  // node 0's free port at the last generation end
   std::optional<JoinAssembly> join_;  // --launcher join only
   std::function<Status(const Plan&)> on_plan_final_;

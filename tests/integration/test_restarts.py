@@ -188,6 +188,97 @@ class TrainingSurvives(test_worker.WorkerTest):
             self.assertEqual(loss, whole[step], "seed %d step %d" % (seed, step))  # every bit
         self.assertEqual(self.worker_pids(), {})
 
+    def agent_pid(self, job, node):
+        """The pid of `job`'s dsagent for `node` (a child of the launcher)."""
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open("/proc/%s/stat" % pid) as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    argv = f.read().split(b"\0")
+            except (OSError, ValueError, IndexError):
+                continue
+            if (ppid == job.pid and os.path.basename(argv[0]) == b"dsagent" and
+                    b"--node_rank" in argv and
+                    argv[argv.index(b"--node_rank") + 1] == str(node).encode()):
+                return int(pid)
+        return None
+
+    def start_faulty(self, steps, extra=()):
+        ck = os.path.join(self.dir, "ck")
+        logs = os.path.join(self.dir, "logs-faulty")
+        stderr = open(os.path.join(self.dir, "stderr"), "w+b")
+        self.addCleanup(stderr.close)
+        job = subprocess.Popen(self.args(nodes=3, slots=1) + [
+            "--max_restarts", "2", "--restart_backoff", "0", "--log_dir", logs, *extra,
+            test_worker.DSWORKER, "train", "--config",
+            self.config(4, 2, steps=steps, checkpoint={"dir": ck, "every": 10})],
+            stdout=subprocess.DEVNULL, stderr=stderr, env=self.env(OMP_NUM_THREADS="1"))
+        self.addCleanup(lambda: job.poll() is None and job.kill())
+        job.logs, job.err = logs, stderr
+        return job
+
+    def wait_for_step(self, job, step):
+        metrics = os.path.join(job.logs, "metrics.jsonl")
+        deadline = time.monotonic() + 60
+        while self.steps_seen(metrics) < step:
+            self.assertIsNone(job.poll(), "the job ended before step %d" % step)
+            self.assertLess(time.monotonic(), deadline, "training did not get there")
+            time.sleep(0.005)
+
+    def test_an_agent_killed_at_a_random_moment_is_started_again(self):
+        seed = int(os.environ.get("DSLAUNCH_TEST_SEED", time.time_ns() % 100000))
+        rng = random.Random(seed)
+        print("test_an_agent_killed_at_a_random_moment_is_started_again: seed %d" % seed)
+        whole = {r["step"]: r["loss"] for r in
+                 self.train(3, 4, 2, steps=self.STEPS) if r["rank"] == 0}
+        job = self.start_faulty(self.STEPS)
+        self.wait_for_step(job, rng.randint(5, self.STEPS // 2))
+        node = rng.randint(0, 2)
+        os.kill(self.agent_pid(job, node), signal.SIGKILL)
+        job.wait(timeout=120)
+        job.err.seek(0)
+        err = job.err.read().decode()
+        self.assertEqual(job.returncode, 0, "seed %d: %s" % (seed, err[-3000:]))
+        self.assertIn("node %d (127.0.0.%d) was lost" % (node, node + 1), err)
+        self.assertIn("starting the agent of node %d (127.0.0.%d) again" % (node, node + 1),
+                      err)
+        self.assertIn("node %d (127.0.0.%d) is back" % (node, node + 1), err)
+        records = self.metrics(job.logs)
+        restarts = [r for r in records if r.get("event") == "restart"]
+        self.assertEqual(len(restarts), 1, restarts)
+        after = records[records.index(restarts[0]) + 1:]
+        resumed = {r["step"]: r["loss"] for r in after if r.get("rank") == 0}
+        first = min(resumed)
+        self.assertEqual((first - 1) % 10, 0, sorted(resumed))
+        self.assertEqual(sorted(resumed), list(range(first, self.STEPS + 1)))
+        for step, loss in resumed.items():
+            self.assertEqual(loss, whole[step], "seed %d step %d" % (seed, step))  # every bit
+        self.assertEqual(self.worker_pids(), {})
+
+    def test_a_node_lost_twice_within_the_cooldown_ends_the_job_with_69(self):
+        job = self.start_faulty(100000)
+        self.wait_for_step(job, 3)
+        os.kill(self.agent_pid(job, 1), signal.SIGKILL)
+        # Its new agent, once the next generation trains.
+        deadline = time.monotonic() + 60
+        while True:
+            restarted = [r for r in self.metrics(job.logs) if r.get("event") == "restart"]
+            pid = self.agent_pid(job, 1)
+            if restarted and pid:
+                break
+            self.assertIsNone(job.poll())
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)
+        job.wait(timeout=60)
+        job.err.seek(0)
+        err = job.err.read().decode()
+        self.assertEqual(job.returncode, 69, err[-3000:])
+        self.assertIn("not enough nodes: excluded for --node_cooldown 600 s (lost twice "
+                      "within it): 127.0.0.2", err)
+        self.assertEqual(self.worker_pids(), {})
+
     @staticmethod
     def steps_seen(metrics):
         try:

@@ -179,7 +179,7 @@ TEST(JobState, TheRestartBudgetIsNeverExceeded) {
   EXPECT_EQ(s.ExitStatus(), 4);  // the last generation's
 }
 
-TEST(JobState, OnlyRankFailuresAndHangsRestart) {
+TEST(JobState, RankFailuresHangsAndLostNodesRestart) {
   // A hang does.
   JobState hung(OneNodeTwoRanks(), 3);
   ASSERT_TRUE(hung.NodeAuthenticated(0).ok());
@@ -193,10 +193,11 @@ TEST(JobState, OnlyRankFailuresAndHangsRestart) {
                                 "cannot execute 'x': No such file"),
             JobState::Action::kAbortAll);
   EXPECT_FALSE(missing.restart_pending());
-  // Nor a lost node, an interrupt, a stop from outside, or success.
+  // A lost node does (its agent is started again).
   JobState lost(OneNodeTwoRanks(), 3);
   EXPECT_EQ(lost.NodeLost(0, "gone"), JobState::Action::kAbortAll);
-  EXPECT_FALSE(lost.restart_pending());
+  EXPECT_TRUE(lost.restart_pending());
+  // Not an interrupt, a stop from outside, or success.
   JobState interrupted(OneNodeTwoRanks(), 3);
   EXPECT_EQ(interrupted.Interrupted(SIGINT), JobState::Action::kAbortAll);
   EXPECT_FALSE(interrupted.restart_pending());
@@ -235,18 +236,66 @@ TEST(JobState, ASigtermWhileARestartIsDueEndsTheJobWith143) {
   EXPECT_EQ(s.outcome().stopped_by, "SLURM cancelled step 7.0");
 }
 
-TEST(JobState, ANodeLostWhileARestartIsDueCallsItOff) {
+TEST(JobState, ANodeLostWhileARestartIsDueIsWaitedFor) {
   JobState s = RunningThenRank1Fails(3);
   StopGeneration(s);
-  EXPECT_EQ(s.NodeDisconnected(0, "connection reset"),
-            JobState::Action::kAbortAll);
-  EXPECT_FALSE(s.restart_pending());
+  EXPECT_EQ(s.NodeDisconnected(0, "connection reset"), JobState::Action::kNone);
+  EXPECT_TRUE(s.restart_pending());
   EXPECT_FALSE(s.ReadyToRestart());
+  EXPECT_EQ(s.MissingNodes(),
+            std::vector<std::string>{
+                "127.0.0.1 (its agent's connection ended (connection reset))"});
+  EXPECT_EQ(s.AgentProcessExited(0, "was killed"), JobState::Action::kNone);
+  EXPECT_FALSE(s.MaybeEnd());  // a restart is due: the job waits
+  // Its agent is started again and comes back.
+  s.NodeRestarting(0);
+  EXPECT_FALSE(s.node(0).finished());
+  ASSERT_TRUE(s.NodeAuthenticated(0).ok());
+  EXPECT_TRUE(s.ReadyToRestart());
+  EXPECT_TRUE(s.MissingNodes().empty());
+  s.NextGeneration();
+  EXPECT_EQ(s.restarts(), 1);
+}
+
+TEST(JobState, ARestartCalledOffEndsTheJobWithTheFailure) {
+  JobState s = RunningThenRank1Fails(3);
+  StopGeneration(s);
+  EXPECT_EQ(s.NodeDisconnected(0, "connection reset"), JobState::Action::kNone);
+  s.CallOffRestart("--launcher pdsh cannot start node 0's agent again");
+  EXPECT_FALSE(s.restart_pending());
   EXPECT_EQ(s.ExitStatus(), 3);  // the failure stays the outcome
   EXPECT_EQ(s.outcome().no_restart,
-            "node 0 (127.0.0.1) was lost (connection reset)");
-  EXPECT_TRUE(s.AgentProcessExited(0, "exited") == JobState::Action::kNone);
+            "--launcher pdsh cannot start node 0's agent again");
+  EXPECT_EQ(s.AgentProcessExited(0, "exited"), JobState::Action::kNone);
   EXPECT_TRUE(s.MaybeEnd());
+}
+
+TEST(JobState, NodesThatDoNotComeBackEndTheJobWith69) {
+  JobState s = RunningThenRank1Fails(3);
+  StopGeneration(s);
+  EXPECT_EQ(s.NodeLost(0, "its agent was killed"), JobState::Action::kNone);
+  s.GiveUpRejoin("127.0.0.1 did not come back within --rejoin_timeout 5 s");
+  EXPECT_FALSE(s.restart_pending());
+  EXPECT_EQ(s.outcome().cause, Outcome::Cause::kNodeLost);
+  EXPECT_EQ(s.ExitStatus(), 69);
+  ASSERT_EQ(s.history().size(), 1u);
+  EXPECT_EQ(s.history()[0].outcome.cause, Outcome::Cause::kRankFailed);
+}
+
+TEST(JobState, ANodeLostTwiceWithinTheCooldownIsExcluded) {
+  JobState s(OneNodeTwoRanks(), 5, /*node_cooldown_s=*/600);
+  ASSERT_TRUE(s.NodeAuthenticated(0).ok());
+  EXPECT_EQ(s.NodeLost(0, "gone"), JobState::Action::kAbortAll);
+  EXPECT_TRUE(s.restart_pending());  // a lost node restarts the job
+  EXPECT_EQ(s.node(0).losses, 1);
+  EXPECT_EQ(s.node(0).excluded_until, Clock::time_point{});  // once: not
+  s.NodeRestarting(0);
+  ASSERT_TRUE(s.NodeAuthenticated(0).ok());
+  s.NextGeneration();
+  ASSERT_TRUE(s.NodeAuthenticated(0).ok());
+  EXPECT_EQ(s.NodeLost(0, "gone again"), JobState::Action::kAbortAll);
+  EXPECT_EQ(s.node(0).losses, 2);
+  EXPECT_GT(s.node(0).excluded_until, Clock::now() + std::chrono::seconds(590));
 }
 
 TEST(JobState, AGenerationEndBeforeTheRanksExitsOrWhileRunningIsRefused) {

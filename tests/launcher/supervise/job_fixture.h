@@ -25,11 +25,15 @@ class FakeStarter : public Starter {
   void Stopping() override { stopping = true; }
   bool SeesAgentProcesses() const override { return sees_processes; }
   bool AgentsMakeSecrets() const override { return makes_secrets; }
+  bool CanStartAgain() const override { return can_start_again; }
+  void StartAgain(int node_rank) override { started_again.push_back(node_rank); }
   void Finish(StatusOr<Started> result) { done_(std::move(result)); }
 
   bool sees_processes = true;
   bool makes_secrets = false;
   bool stopping = false;
+  bool can_start_again = false;
+  std::vector<int> started_again;
 
   AgentBootstrap boot_;
   StartDone done_;

@@ -149,7 +149,7 @@ TEST_F(JobRestartTest, CtrlCDuringTheBackoffEndsTheJobWith130) {
   EXPECT_EQ(report.find("stopped in consequence"), std::string::npos);
 }
 
-TEST_F(JobRestartTest, AnAgentLostBeforeTheNextGenerationCallsTheRestartOff) {
+TEST_F(JobRestartTest, ALostAgentThatCannotBeStartedAgainEndsTheJobWith69) {
   StartJob();
   starter_.Finish(Starter::Started{});
   RunAll();
@@ -162,13 +162,99 @@ TEST_F(JobRestartTest, AnAgentLostBeforeTheNextGenerationCallsTheRestartOff) {
   EXPECT_EQ(JobSpecs(0), 1);
   AgentGone(0);
   EXPECT_EQ(phase(), Phase::kEnded);
-  EXPECT_EQ(job_->Finish(), 5);
+  EXPECT_EQ(job_->Finish(), 69);
   const std::string report = Report();
-  EXPECT_NE(report.find("no restart (--max_restarts 2): node 1 (127.0.0.2) "
-                        "was lost"),
+  EXPECT_NE(report.find("node 1 (127.0.0.2) was lost (its agent's connection "
+                        "ended (closed)), and this start mode cannot start its "
+                        "agent again"),
             std::string::npos)
       << report;
+  EXPECT_NE(report.find("generation 0 on 2 nodes"), std::string::npos);
   EXPECT_TRUE(starter_.stopping);
+}
+
+TEST_F(JobRestartTest, ALostAgentIsStartedAgainAndTheJobGoesOnWithIt) {
+  options_.master_port_given = false;
+  starter_.can_start_again = true;
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  Authenticate(0, 41000);
+  Authenticate(1);
+  for (int r = 0; r < 4; ++r) RankStarted(r / 2, r);
+  job_->OnAgentDisconnected(0, Status::Ok());  // node 0's agent is lost
+  EXPECT_TRUE(links_.Last(1).abort().restart());
+  RankExited(1, 2, 0, SIGTERM, 0, true);
+  RankExited(1, 3, 0, SIGTERM, 0, true);
+  GenerationEnded(1);
+  EXPECT_TRUE(starter_.started_again.empty());  // its process still runs
+  job_->OnAgentProcessExited(0, "was killed by SIGKILL");
+  EXPECT_EQ(starter_.started_again, std::vector<int>{0});
+  EXPECT_NE(phase(), Phase::kEnded);
+  Spin();
+  EXPECT_EQ(JobSpecs(1), 1);  // waits for node 0
+  Authenticate(0, 43000);  // its new agent
+  Spin();
+  ASSERT_EQ(JobSpecs(1), 2);
+  ASSERT_TRUE(Got(0, wire::Envelope::kJobSpec));
+  EXPECT_EQ(links_.Last(0).job_spec().restart_count(), 1);
+  EXPECT_EQ(links_.Last(1).job_spec().master_port(), 43000);
+  for (int r = 0; r < 4; ++r) RankStarted(r / 2, r);
+  for (int r = 0; r < 4; ++r) RankExited(r / 2, r, 0, 0);
+  AgentGone(0);
+  AgentGone(1);
+  EXPECT_EQ(job_->Finish(), 0);
+  const std::string report = Report();
+  EXPECT_NE(report.find("starting the agent of node 0 (127.0.0.1) again"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("node 0 (127.0.0.1) is back"), std::string::npos);
+}
+
+TEST_F(JobRestartTest, NodesNotBackWithinTheRejoinTimeoutEndTheJobWith69) {
+  starter_.can_start_again = true;
+  options_.rejoin_timeout_s = 0;
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  RunAll();
+  AgentGone(1);
+  for (int r = 0; r < 2; ++r) RankExited(0, r, 0, SIGTERM, 0, true);
+  GenerationEnded(0);
+  Spin();
+  EXPECT_FALSE(links_.Last(0).abort().restart());  // node 0's agent exits
+  ASSERT_FALSE(starter_.killed.empty());
+  EXPECT_EQ(starter_.killed.back(), 1);  // the one started again
+  job_->OnAgentProcessExited(1, "was killed by SIGKILL");
+  AgentGone(0);
+  EXPECT_EQ(phase(), Phase::kEnded);
+  EXPECT_EQ(job_->Finish(), 69);
+  EXPECT_NE(Report().find("not enough nodes within --rejoin_timeout 0 s; "
+                          "missing: 127.0.0.2"),
+            std::string::npos);
+}
+
+TEST_F(JobRestartTest, ANodeLostTwiceWithinTheCooldownEndsTheJobAtOnce) {
+  starter_.can_start_again = true;
+  options_.node_cooldown_s = 600;
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  RunAll();
+  AgentGone(1);
+  for (int r = 0; r < 2; ++r) RankExited(0, r, 0, SIGTERM, 0, true);
+  GenerationEnded(0);
+  ASSERT_EQ(starter_.started_again, std::vector<int>{1});
+  Authenticate(1);
+  Spin();
+  for (int r = 0; r < 4; ++r) RankStarted(r / 2, r);
+  AgentGone(1);  // again, within the cooldown
+  for (int r = 0; r < 2; ++r) RankExited(0, r, 0, SIGTERM, 0, true);
+  GenerationEnded(0);
+  EXPECT_EQ(starter_.started_again, std::vector<int>{1});  // not again
+  AgentGone(0);
+  EXPECT_EQ(phase(), Phase::kEnded);
+  EXPECT_EQ(job_->Finish(), 69);
+  EXPECT_NE(Report().find("not enough nodes: excluded for --node_cooldown 600 "
+                          "s (lost twice within it): 127.0.0.2"),
+            std::string::npos);
 }
 
 TEST_F(JobRestartTest, EachGenerationStartsWithAnEmptyStore) {
