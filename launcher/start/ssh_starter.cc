@@ -174,6 +174,8 @@ void SshStarter::Start(const AgentBootstrap& boot, StartDone done) {
       command += (command.empty() ? "" : " ") + ShellQuote(w);
     return command;
   };
+  boot_ = boot;
+  command_for_ = command_for;
   Preflight(SshTargets(*boot.options, *boot.plan), command_for,
             ExpectedAgentVersion(),
             [this, secret = boot.secret,
@@ -203,6 +205,8 @@ void SshStarter::HandOverSecret(const std::string& secret) {
   // The agents were started by the preflight and wait for the secret on
   // stdin; handing it over is one write per node.
   for (auto& node : nodes_) node->started = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  monitoring_ = true;
   monitor_ = std::thread([this, secret] {
     for (auto& node : nodes_) {
       Status st = node->conn.WriteStdin(secret + "\n");
@@ -221,7 +225,44 @@ void SshStarter::HandOverSecret(const std::string& secret) {
   });
 }
 
+void SshStarter::StartAgain(int node_rank) {
+  if (!boot_.plan || node_rank < 0 ||
+      static_cast<size_t>(node_rank) >= boot_.plan->nodes.size())
+    return;
+  const SshTarget target =
+      SshTargets(*boot_.options, *boot_.plan)[static_cast<size_t>(node_rank)];
+  asio::post(pool_, [this, node_rank, target, alive = alive_] {
+    if (stop_) return;
+    auto node = std::make_unique<Node>();
+    node->node_rank = node_rank;
+    NodeCheck c = CheckNode(node->conn, target, command_for_, node_rank,
+                            ExpectedAgentVersion(), false);
+    Status st = c.ok ? node->conn.WriteStdin(boot_.secret + "\n")
+                     : Unavailable(DescribeCheckFailure(c));
+    if (!st.ok()) {
+      asio::post(io_, [this, node_rank, st, alive] {
+        if (*alive)
+          delegate_->OnAgentProcessExited(
+              node_rank, "could not be started again: " + st.message());
+      });
+      return;
+    }
+    node->started = node->running = true;
+    std::lock_guard<std::mutex> lock(mu_);
+    replacements_.push_back(std::move(node));
+    EnsureMonitor();
+  });
+}
+
+void SshStarter::EnsureMonitor() {
+  if (monitoring_ || stop_) return;
+  if (monitor_.joinable()) monitor_.join();  // it has returned
+  monitoring_ = true;
+  monitor_ = std::thread([this] { Monitor(); });
+}
+
 void SshStarter::Kill(int node_rank) {
+  std::lock_guard<std::mutex> lock(mu_);  // the monitor may swap the node
   if (node_rank < 0 || static_cast<size_t>(node_rank) >= nodes_.size()) return;
   Node& node = *nodes_[node_rank];
   if (node.started) {
@@ -238,12 +279,24 @@ void SshStarter::Kill(int node_rank) {
 
 void SshStarter::Monitor() {
   while (!stop_) {
+    {
+      // Agents started again take their node's place (its last agent ended).
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& fresh : replacements_)
+        nodes_[static_cast<size_t>(fresh->node_rank)] = std::move(fresh);
+      replacements_.clear();
+    }
     std::vector<pollfd> fds;
     for (auto& node : nodes_) {
       if (node->running)
         fds.push_back({ssh_get_fd(node->conn.session()), POLLIN, 0});
     }
-    if (fds.empty()) return;
+    if (fds.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!replacements_.empty()) continue;
+      monitoring_ = false;
+      return;
+    }
     ::poll(fds.data(), fds.size(), 100);
     for (auto& node : nodes_) {
       if (node->running) PumpNode(*node);

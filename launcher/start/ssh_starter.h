@@ -13,6 +13,7 @@
 #include <boost/asio/thread_pool.hpp>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,11 +58,17 @@ class SshStarter : public Starter {
   // agent once all nodes passed.
   void Start(const AgentBootstrap& boot, StartDone done) override;
   void Kill(int node_rank) override;
+  // A new SSH session to the node, checked as in the preflight; the agent
+  // gets the secret and the monitor thread takes its channel over.
+  bool CanStartAgain() const override { return true; }
+  void StartAgain(int node_rank) override;
   const NodeCheck& check(int node_rank) const { return checks_[node_rank]; }
 
  private:
   struct Node;
   void HandOverSecret(const std::string& secret);
+  // Starts the monitor thread unless it runs; mu_ held.
+  void EnsureMonitor();
   void Monitor();
   void PumpNode(Node& node);
 
@@ -72,6 +79,14 @@ class SshStarter : public Starter {
   std::vector<std::unique_ptr<Node>> nodes_;
   std::thread monitor_;
   std::atomic<bool> stop_{false};
+  // StartAgain: what the first start used, and the nodes started again that
+  // the monitor thread has yet to take over (in nodes_). mu_ guards
+  // replacements_, monitoring_ and the swap into nodes_.
+  AgentBootstrap boot_;
+  SshStarter::CommandFor command_for_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Node>> replacements_;
+  bool monitoring_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <boost/asio/ip/v6_only.hpp>
 
 #include "proto/auth.h"
@@ -400,9 +401,11 @@ void ControlServer::ArmHeartbeat() {
             (void)link.channel->Send(beat);
           }
         }
+        char timeout[32];
+        std::snprintf(timeout, sizeof(timeout), "%g",
+                      options_.heartbeat_timeout_s);
         for (auto& c : silent) {
-          c->Close(Unavailable("no heartbeat for " +
-                               std::to_string(options_.heartbeat_timeout_s) +
+          c->Close(Unavailable(std::string("no heartbeat for ") + timeout +
                                " s"));
         }
         ArmHeartbeat();

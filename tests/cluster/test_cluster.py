@@ -5,6 +5,7 @@ any node afterwards."""
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -131,6 +132,63 @@ class FailureAcrossNodes(ClusterTest):
             subprocess.run([CLUSTER_SH, "link", CLUSTER["dir"], "2", "up"], timeout=30)
         self.assertEqual(job.returncode, 69, err.decode())
         self.assertIn("node 1 (%s) was lost" % CLUSTER["nodes"][1], err.decode())
+
+
+class Restarts(ClusterTest):
+    """--max_restarts over SSH: a lost node's agent is started again in a new
+    SSH session, the others stay; a node that cannot come back ends the job
+    with 69 after --rejoin_timeout, naming it."""
+    # Generation 0 waits (its start file says it runs); later ones finish.
+    SCRIPT = ('echo "$(date +%s%N) $$" > "$OUT_DIR/start-$RANK-$DSLAUNCH_RESTART_COUNT"; '
+              'if [ "$DSLAUNCH_RESTART_COUNT" = 0 ]; then exec sleep 60; fi; '
+              'echo "generation $DSLAUNCH_RESTART_COUNT rank $RANK"')
+
+    def agent_on(self, i):
+        for pid in self.node_pids(i):
+            try:
+                with open("/proc/%d/cmdline" % pid, "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if os.path.basename(argv[0]) == b"dsagent" and b"--connect" in argv:
+                return pid
+        return None
+
+    def test_an_agent_killed_on_a_node_is_started_again_over_ssh(self):
+        job = self.start_job(self.ssh_args(extra=["--max_restarts", "1",
+                                                  "--restart_backoff", "0"]) +
+                             ["/bin/sh", "-c", self.SCRIPT])
+        self.addCleanup(lambda: job.poll() is None and job.kill())
+        self.wait_started(6)
+        os.kill(self.agent_on(3), signal.SIGKILL)
+        out, err = job.communicate(timeout=60)
+        out, err = out.decode(), err.decode()
+        self.assertEqual(job.returncode, 0, err[-3000:])
+        node = CLUSTER["nodes"][2]
+        self.assertIn("node 2 (%s) was lost" % node, err)
+        self.assertIn("starting the agent of node 2 (%s) again" % node, err)
+        self.assertIn("node 2 (%s) is back" % node, err)
+        for rank in range(6):
+            self.assertIn("generation 1 rank %d" % rank, out)
+        self.assert_no_leftovers(within=10)
+
+    def test_a_node_that_cannot_come_back_ends_the_job_with_69_naming_it(self):
+        hb = ["--heartbeat_interval", "0.3", "--heartbeat_timeout", "2", "--kill_grace", "1",
+              "--ssh_timeout", "2", "--max_restarts", "3", "--rejoin_timeout", "4"]
+        job = self.start_job(self.ssh_args(extra=hb) + ["/bin/sh", "-c", self.SCRIPT])
+        self.addCleanup(lambda: job.poll() is None and job.kill())
+        self.wait_started(6)
+        subprocess.run([CLUSTER_SH, "link", CLUSTER["dir"], "2", "down"], check=True, timeout=30)
+        try:
+            out, err = job.communicate(timeout=60)
+            self.assert_no_leftovers(within=15)
+        finally:
+            subprocess.run([CLUSTER_SH, "link", CLUSTER["dir"], "2", "up"], timeout=30)
+        err = err.decode()
+        self.assertEqual(job.returncode, 69, err[-3000:])
+        self.assertIn("not enough nodes within --rejoin_timeout 4 s; missing: %s"
+                      % CLUSTER["nodes"][1], err)
+        self.assertIn("generation 0 on 3 nodes", err)
 
 
 class Preflight(ClusterTest):

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Restart latency: dslaunch --max_restarts against torchrun's elastic agent
+# (--max_restarts, c10d rendezvous) restarting the same program on the same
+# nodes, for job shapes 3x2 and 8x2 (nodes x ranks per node), all on this
+# one machine (127.0.0.1 .. 127.0.0.N are the nodes: one dsagent, or one
+# torchrun agent, each).
+#
+# usage: bench/restart.sh [--runs N] [--quick] [--shapes "3x2 8x2"]
+#   --runs N    measured runs per launcher and shape (default 5)
+#   --quick     2 runs
+#   --shapes S  the shapes, blank-separated
+# env: DSLAUNCH_BUILD   build directory holding bin/dslaunch (default
+#                       <script dir>/../build)
+#      BENCH_PYTHON     a Python with torch (default /usr/bin/python3,
+#                       Debian's python3-torch)
+#      BENCH_RUN_TIMEOUT_S  a run that takes longer is killed and counted as
+#                       failed (120)
+#
+# The program is bench/restart_rank.py. In generation 0 the last rank exits
+# 1 once every rank started (its time: "fail"); the launcher stops the
+# others and starts generation 1, whose ranks write their start time first
+# thing, then join a Gloo process group at the MASTER_ADDR:MASTER_PORT the
+# launcher gave, pass a barrier and write the time (their first step after
+# the resume). Per run:
+#   running   = (latest start of a generation-1 rank) - fail
+#   progress  = (latest post-barrier time of a generation-1 rank) - fail
+# Both launchers run every rank with the same Python, so the import of
+# torch.distributed (about a second of CPU per rank here) is in both
+# progress numbers alike. dslaunch runs with --restart_backoff 0 (its
+# default, 1 s, waits on purpose); torchrun once with its default
+# --monitor_interval (5 s) and once with 0.1 s, the fastest it polls.
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=bench/lib.sh
+. "$SCRIPT_DIR/lib.sh"
+
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
+
+RUNS=5
+SHAPES=(3x2 8x2)
+while (($#)); do
+  case "$1" in
+    --runs) need_positive_int --runs "${2-}"; RUNS=$2; shift 2 ;;
+    --runs=*) RUNS=${1#--runs=}; need_positive_int --runs "$RUNS"; shift ;;
+    --quick) RUNS=2; shift ;;
+    --shapes) read -r -a SHAPES <<<"${2-}"; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
+  esac
+done
+for shape in "${SHAPES[@]}"; do
+  [[ $shape =~ ^[1-9][0-9]*x[1-9][0-9]*$ ]] || { echo "bad shape: $shape" >&2; exit 2; }
+done
+
+BUILD=${DSLAUNCH_BUILD:-$SCRIPT_DIR/../build}
+DSLAUNCH=$BUILD/bin/dslaunch
+need_build_bins "$BUILD"
+PY=${BENCH_PYTHON:-/usr/bin/python3}
+"$PY" -c "import torch.distributed" 2>/dev/null ||
+  { echo "$PY cannot import torch.distributed (apt-get install python3-torch)" >&2; exit 2; }
+RANK_PY=$SCRIPT_DIR/restart_rank.py
+RUN_TIMEOUT_S=${BENCH_RUN_TIMEOUT_S:-120}
+need_cc
+bench_init restart
+build_helper
+
+free_port() {
+  "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# run_dslaunch NODES PER DIR LOG -> exit status
+run_dslaunch() {
+  local nodes=$1 per=$2 dir=$3 log=$4 hf=$3/hostfile i
+  for ((i = 1; i <= nodes; i++)); do echo "127.0.0.$i slots=$per"; done >"$hf"
+  env "$TAG" BENCH_DIR="$dir" OMP_NUM_THREADS=1 timeout "$RUN_TIMEOUT_S" \
+    "$DSLAUNCH" --hostfile "$hf" --launcher local --no_local_rank \
+    --max_restarts 1 --restart_backoff 0 --console lines \
+    "$PY" -u "$RANK_PY" >"$log" 2>&1
+}
+
+# run_torchrun NODES PER DIR LOG MONITOR_S -> exit status (the first non-zero)
+run_torchrun() {
+  local nodes=$1 per=$2 dir=$3 log=$4 monitor=$5 port i rc=0
+  local pids=()
+  port=$(free_port)
+  for ((i = 0; i < nodes; i++)); do
+    env "$TAG" BENCH_DIR="$dir" OMP_NUM_THREADS=1 timeout "$RUN_TIMEOUT_S" \
+      "$PY" -m torch.distributed.run --nnodes "$nodes" --nproc_per_node "$per" \
+      --rdzv_backend c10d --rdzv_endpoint "127.0.0.1:$port" --rdzv_id "bench$RANDOM" \
+      --max_restarts 1 --monitor_interval "$monitor" --redirects 1 --tee 1 \
+      "$RANK_PY" >>"$log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i" || { [[ $rc -ne 0 ]] || rc=$?; }; done
+  return "$rc"
+}
+
+# measure DIR NRANKS -> "running_ns progress_ns", or fails
+measure() {
+  local dir=$1 n=$2 fail running progress
+  [[ -f $dir/fail ]] || return 1
+  (($(ls "$dir" | grep -c '^start\.1\.') == n)) || return 1
+  (($(ls "$dir" | grep -c '^progress\.') == n)) || return 1
+  fail=$(cat "$dir/fail")
+  running=$(cat "$dir"/start.1.* | sort -n | tail -1)
+  progress=$(cat "$dir"/progress.* | sort -n | tail -1)
+  echo "$((running - fail)) $((progress - fail))"
+}
+
+LAUNCHERS=("dslaunch" "torchrun (monitor 5 s)" "torchrun (monitor 0.1 s)")
+declare -A RUNNING PROGRESS
+echo "# $(machine_line)"
+echo "# $RUNS runs per launcher and shape; times from the failing rank's exit"
+for shape in "${SHAPES[@]}"; do
+  nodes=${shape%x*}
+  per=${shape#*x}
+  n=$((nodes * per))
+  for ((run = 0; run < RUNS; run++)); do
+    for launcher in "${LAUNCHERS[@]}"; do
+      dir=$WORK/$shape.$run.${launcher//[^a-z0-9.]/_}
+      log=$dir.log
+      mkdir -p "$dir"
+      status=0
+      case $launcher in
+        dslaunch) run_dslaunch "$nodes" "$per" "$dir" "$log" || status=$? ;;
+        "torchrun (monitor 5 s)") run_torchrun "$nodes" "$per" "$dir" "$log" 5 || status=$? ;;
+        *) run_torchrun "$nodes" "$per" "$dir" "$log" 0.1 || status=$? ;;
+      esac
+      "$HELPER" reap "$TAG" KILL >/dev/null 2>&1 || true
+      if [[ $status -ne 0 ]] || ! m=$(measure "$dir" "$n"); then
+        error "$launcher $shape run $run: exit $status; output:"
+        tail -n 12 "$log" | sed 's/^/    /' >&2
+        continue
+      fi
+      read -r r p <<<"$m"
+      RUNNING[$launcher.$shape]+="$r "
+      PROGRESS[$launcher.$shape]+="$p "
+    done
+  done
+done
+
+printf '\n%-26s %-6s %18s %14s %18s %14s\n' launcher shape "running (median)" range \
+  "progress (median)" range
+for shape in "${SHAPES[@]}"; do
+  for launcher in "${LAUNCHERS[@]}"; do
+    r=${RUNNING[$launcher.$shape]-}
+    p=${PROGRESS[$launcher.$shape]-}
+    printf '%-26s %-6s %15s ms %14s %15s ms %14s\n' "$launcher" "$shape" \
+      "$(tr ' ' '\n' <<<"$r" | grep . | median_ms)" "$(tr ' ' '\n' <<<"$r" | grep . | range_ms)" \
+      "$(tr ' ' '\n' <<<"$p" | grep . | median_ms)" "$(tr ' ' '\n' <<<"$p" | grep . | range_ms)"
+  done
+done
+exit_on_errors
