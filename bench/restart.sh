@@ -81,18 +81,23 @@ run_dslaunch() {
 
 # run_torchrun NODES PER DIR LOG MONITOR_S -> exit status (the first non-zero)
 run_torchrun() {
-  local nodes=$1 per=$2 dir=$3 log=$4 monitor=$5 port i rc=0
+  local nodes=$1 per=$2 dir=$3 log=$4 monitor=$5 port i rc=0 status id
   local pids=()
   port=$(free_port)
+  id=bench.$RANDOM.$RANDOM  # one rendezvous for every agent of the run
   for ((i = 0; i < nodes; i++)); do
     env "$TAG" BENCH_DIR="$dir" OMP_NUM_THREADS=1 timeout "$RUN_TIMEOUT_S" \
       "$PY" -m torch.distributed.run --nnodes "$nodes" --nproc_per_node "$per" \
-      --rdzv_backend c10d --rdzv_endpoint "127.0.0.1:$port" --rdzv_id "bench$RANDOM" \
+      --rdzv_backend c10d --rdzv_endpoint "127.0.0.1:$port" --rdzv_id "$id" \
       --max_restarts 1 --monitor_interval "$monitor" --redirects 1 --tee 1 \
       "$RANK_PY" >>"$log" 2>&1 &
     pids+=($!)
   done
-  for i in "${pids[@]}"; do wait "$i" || { [[ $rc -ne 0 ]] || rc=$?; }; done
+  for i in "${pids[@]}"; do
+    status=0
+    wait "$i" || status=$?
+    [[ $rc -ne 0 ]] || rc=$status
+  done
   return "$rc"
 }
 

@@ -64,10 +64,7 @@ Console::~Console() {
   DrainTerminal();
 }
 
-Status Console::Open(const Plan& plan, const LogLayout& layout) {
-  const std::string& log_dir = layout.dir;
-  ranks_on_terminal_ = layout.ranks_on_terminal;
-  board_.Reset(plan);
+void Console::NameRanks(const Plan& plan) {
   for (const auto& node : plan.nodes) {
     for (size_t i = 0; i < node.slots.size(); ++i) {
       const int rank = node.first_rank + static_cast<int>(i);
@@ -75,6 +72,13 @@ Status Console::Open(const Plan& plan, const LogLayout& layout) {
       host_[rank] = node.host;
     }
   }
+}
+
+Status Console::Open(const Plan& plan, const LogLayout& layout) {
+  const std::string& log_dir = layout.dir;
+  ranks_on_terminal_ = layout.ranks_on_terminal;
+  board_.Reset(plan);
+  NameRanks(plan);
   if (log_dir.empty()) return Status::Ok();
   // Opened once: every file below is made relative to this descriptor.
   ASSIGN_OR_RETURN(proto::SafeDir opened, OpenLogDir(log_dir, layout.flag));
@@ -96,6 +100,7 @@ void Console::NewGeneration(const Plan& plan, int restart_count,
                              const std::string& why) {
   board_.Reset(plan);
   board_.set_restarts(restart_count);
+  NameRanks(plan);  // a node may run elsewhere now
   const double now = proto::UnixSeconds();
   if (sink_) sink_->Restart(restart_count, now);
   if (!metrics_) return;

@@ -151,6 +151,8 @@ class Console {
     return view_.mode == Mode::kTable || view_.mode == Mode::kAll;
   }
   // Writes the held groups whose window passed (all when `all`).
+  // Each rank's line prefix and host, from `plan`.
+  void NameRanks(const Plan& plan);
   void FlushFolded(double now, bool all);
   void DrawTable(double now);
   // Notes the lines dropped since the last such note; false if none.

@@ -5,7 +5,9 @@
 // the plan once all --num_nodes have joined. Kill cannot reach a pod: it
 // reports the node's agent as ended, so that a job stopping with nodes that
 // never joined (or stopped answering) can end; a joined agent stops its
-// ranks itself when it hears the Abort or loses the launcher.
+// ranks itself when it hears the Abort or loses the launcher. A lost node's
+// agent is "started again" by the platform (the pod restarted, or a new pod
+// with the same index): StartAgain only waits for it to join as that node.
 // Owned by the Launcher; io_context thread.
 #pragma once
 
@@ -25,6 +27,8 @@ class JoinStarter : public Starter {
   void Start(const AgentBootstrap& boot, StartDone done) override;
   void Kill(int node_rank) override;
   bool SeesAgentProcesses() const override { return false; }
+  bool CanStartAgain() const override { return true; }
+  void StartAgain(int node_rank) override { killed_.erase(node_rank); }
 
  private:
   boost::asio::io_context& io_;

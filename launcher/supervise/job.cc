@@ -187,6 +187,14 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
   }
   if (back) {
     // A lost node's new agent: it waits for the next generation.
+    if (join_) {
+      // A restarted pod may run elsewhere: its name and address now.
+      const std::string& name = hello.facts().hostname();
+      plan_.nodes[node_rank].host =
+          proto::EscapeForLog(name.empty() ? agent_addr : name, 255);
+      if (node_rank == 0 && options_.plan.master_addr.empty())
+        plan_.master_addr = agent_addr;
+    }
     console_.Note("node " + std::to_string(node_rank) + " (" +
                   plan_.nodes[node_rank].host + ") is back");
     if (node_rank == 0 && hello.facts().free_port() > 0 &&
@@ -408,7 +416,8 @@ void Job::TendRestart() {
         (last != started_again_.end() && now - last->second < Ms(5)))
       continue;
     started_again_[n] = now;
-    console_.Note("starting the agent of " + who + " again");
+    console_.Note(join_ ? "waiting for " + who + " to join again"
+                        : "starting the agent of " + who + " again");
     state_.NodeRestarting(n);
     starter_->StartAgain(n);
   }

@@ -286,6 +286,22 @@ class Pdsh(ClusterTest):
         argv[argv.index("ssh")] = "pdsh"
         return argv
 
+    def test_pdsh_restarts_a_failed_job_on_the_same_agents(self):
+        # Generation 0: rank 5 fails; generation 1 runs on the agents pdsh
+        # started once (no second pdsh).
+        script = ('if [ "$DSLAUNCH_RESTART_COUNT" = 0 ]; then exec %s %s fail 5 exit9; fi; '
+                  'echo "generation $DSLAUNCH_RESTART_COUNT rank $RANK"' % (PY, RANK_PY))
+        p = self.run_job(self.pdsh_args(extra=["--max_restarts", "1", "--restart_backoff", "0",
+                                               "--log_level", "info"]) +
+                         ["/bin/sh", "-c", script], timeout=90)
+        out, err = p.stdout.decode(), p.stderr.decode()
+        self.assertEqual(p.returncode, 0, err[-3000:])
+        self.assertIn("rank 5 on %s exited with code 9; stopping every rank, then restart 1 "
+                      "of 1" % CLUSTER["nodes"][2], err)
+        for rank in range(6):
+            self.assertIn("generation 1 rank %d" % rank, out)
+        self.assertEqual(err.count("agents started on 3 nodes"), 1, err[-3000:])
+
     def test_pdsh_places_every_rank_and_authenticates_each_agent(self):
         keys = ["RANK", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE"]
         p = self.run_job(self.pdsh_args(ENV_KEYS=json.dumps(keys)) +

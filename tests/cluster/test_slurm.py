@@ -8,6 +8,7 @@ otherwise (fails under CI=1). Every test checks that nothing but slurmd is
 left on any node afterwards and that no job is left in the queue."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -235,6 +236,20 @@ class Failures(SlurmTest):
         self.assertEqual(p.returncode, 9, err)
         self.assertIn("FAILED: rank 5 on %s" % CLUSTER["names"][2], err)
         self.assertIn("all gone", err)
+
+    def test_a_failed_generation_restarts_in_the_same_srun_step(self):
+        script = ('if [ "$DSLAUNCH_RESTART_COUNT" = 0 ]; then exec %s %s fail 5 exit9; fi; '
+                  'echo "generation $DSLAUNCH_RESTART_COUNT rank $RANK step $SLURM_STEP_ID"'
+                  % (PY, RANK_PY))
+        p = self.run_job(self.salloc(DSLAUNCH, "--no_local_rank", "--max_restarts", "1",
+                                     "--restart_backoff", "0", "/bin/sh", "-c", script),
+                         timeout=90)
+        out, err = p.stdout.decode(), p.stderr.decode()
+        self.assertEqual(p.returncode, 0, err[-3000:])
+        self.assertIn("then restart 1 of 1", err)
+        steps = set(re.findall(r"generation 1 rank \d step (\S+)", out))
+        self.assertEqual(len(re.findall(r"generation 1 rank \d", out)), 6, out[-3000:])
+        self.assertEqual(len(steps), 1, steps)  # one srun step for both generations
 
     def test_scancel_stops_the_job_like_ctrl_c_and_says_slurm_did(self):
         job = self.start_job(self.salloc(DSLAUNCH, "--no_local_rank", PY, RANK_PY, "sleep"))

@@ -153,14 +153,21 @@ class Manifests(unittest.TestCase):
             self.assertTrue(doc.get("metadata", {}).get("name"), f"{path}#{i}")
 
     @per_flavour
-    def test_workers_are_an_indexed_job_that_never_retries(self, fl):
+    def test_workers_are_an_indexed_job_whose_failed_agents_rejoin(self, fl):
         spec = fl.indexed["spec"]
         self.assertEqual(spec["completionMode"], "Indexed")
         self.assertEqual(spec["completions"], spec["parallelism"])
         self.assertGreater(spec["completions"], 1)
-        for job in fl.jobs.values():  # a pod retried finds no job to join
-            self.assertEqual(job["spec"]["backoffLimit"], 0, job["metadata"]["name"])
-            self.assertEqual(pod_spec(job)["restartPolicy"], "Never")
+        # A failed agent restarts in its pod and joins the next generation,
+        # as often as the launcher restarts the job, and once more.
+        self.assertEqual(pod_spec(fl.indexed)["restartPolicy"], "OnFailure")
+        restarts = int(fl.flags["--max_restarts"])
+        self.assertGreater(restarts, 0)
+        self.assertEqual(spec["backoffLimit"], restarts + 1)
+        # The launcher itself is never retried: a second one would have no
+        # agents (they exit with the first).
+        self.assertEqual(fl.launcher["spec"]["backoffLimit"], 0)
+        self.assertEqual(pod_spec(fl.launcher)["restartPolicy"], "Never")
 
     @per_flavour
     def test_statefulset_alternative_starts_every_pod_at_once(self, fl):

@@ -9,6 +9,8 @@ below). Modes:
   sleep           sleep 60 s
   fail R CODE     rank R waits until every rank has started, then exits CODE;
                   the others sleep 60 s
+  later           generation 0 (DSLAUNCH_RESTART_COUNT) sleeps 60 s, later
+                  generations exit 0
 Standard library only: it runs under /usr/bin/python3 as any UID.
 """
 import errno
@@ -75,6 +77,10 @@ def main(mode, args):
             time.sleep(0.01)
         print("rank %d fails with exit %s" % (RANK, args[1]), flush=True)
         return int(args[1])
+    if mode == "later":
+        if os.environ.get("DSLAUNCH_RESTART_COUNT", "0") != "0":
+            return 0
+        mode = "sleep"
     if mode in ("sleep", "fail"):
         time.sleep(60)
         return 0

@@ -106,7 +106,11 @@ class PodTest(unittest.TestCase):
     @staticmethod
     def empty_dir(path):
         for name in os.listdir(path):
-            os.unlink(os.path.join(path, name))
+            entry = os.path.join(path, name)
+            if os.path.isdir(entry) and not os.path.islink(entry):
+                shutil.rmtree(entry)  # a SIGKILLed agent's run directory
+            else:
+                os.unlink(entry)
 
     # ------------------------------------------------------------ the pods
     def run_in_pod(self, pod, argv, *opts):
@@ -348,6 +352,28 @@ class Pods(PodTest):
         self.assert_pods_empty(within=5)
         self.assertLess(time.monotonic() - ended, 5)
         self.assertEqual([p for p in self.started_pids() if alive(p)], [])
+
+    def test_a_pod_the_platform_restarts_joins_the_next_generation(self):
+        job = self.launcher(3, "--max_restarts", "1", "--restart_backoff", "0",
+                            program=("later",))
+        agents = [self.agent(pod) for pod in range(3)]
+        self.wait_for("every rank's start", lambda: len(self.started_pids()) == 6)
+        lost = [pid for pid in self.pod_pids([1]).get(1, [])
+                if "dsagent" in self.cmdline(pid) and "--join" in self.cmdline(pid)]
+        self.assertEqual(len(lost), 1, self.pod_pids([1]))
+        os.kill(lost[0], signal.SIGKILL)
+        self.finish(agents[1], timeout=15)
+        self.read_until(job, r"waiting for node 1 \(train-worker-1\) to join again")
+        agents[1] = self.agent(1)  # the pod restarted, as restartPolicy OnFailure does
+        code, _, err = self.finish(job, timeout=60)
+        self.assertEqual(code, 0, err[-3000:])
+        self.assertIn("node 1 (train-worker-1) was lost", err)
+        self.assertIn("node 1 (train-worker-1) is back", err)
+        self.assertIn("after 1 restart", err)
+        for pod, a in enumerate(agents):
+            acode, _, aerr = self.finish(a, timeout=15)
+            self.assertEqual(acode, 0, "agent in pod %d: %s" % (pod, aerr[-2000:]))
+        self.assert_pods_empty(within=5)
 
     def test_a_missing_pod_is_named_and_the_launcher_exits_69(self):
         job = self.launcher(3, "--join_timeout", "3")
