@@ -67,7 +67,8 @@ void JobContainment::SetUp(const std::string& job_id, int node_rank) {
   set_up_ = true;
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   std::string dir = proto::JobCgroupDir(job_id, node_rank, ::getpid());
-  if (!dir.empty() && generation_ > 0) dir += "-g" + std::to_string(generation_);
+  if (!dir.empty() && generation_ > 0)
+    dir += "-g" + std::to_string(generation_);
   // Never join a cgroup that exists: another agent's would be killed with
   // ours. One left empty by a dead agent with our pid is removed first (a
   // cgroup with processes cannot be removed, and then mkdir fails).

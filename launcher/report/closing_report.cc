@@ -142,8 +142,7 @@ void Report::PrintGenerations() {
                   "): " + g.outcome.reason + ", " +
                   Fixed(Seconds(g.stopped - job_.start_time), 2) +
                   " s after launch; every rank of it was gone " +
-                  Fixed(Seconds(g.ended - g.stopped) * 1000, 0) +
-                  " ms later");
+                  Fixed(Seconds(g.ended - g.stopped) * 1000, 0) + " ms later");
   }
 }
 
@@ -170,14 +169,14 @@ int Report::Print() {
   }
   if (code == 0) {
     const int restarts = job_.state.restarts();
-    console_.Note("all " + Plural(job_.state.ranks().size(), "rank") + " on " +
-                  Plural(job_.plan.nodes.size(), "node") + " exited 0 (" +
-                  Fixed(Seconds(Clock::now() - job_.start_time), 2) + " s" +
-                  (restarts > 0 ? ", after " + Plural(static_cast<size_t>(
-                                                          restarts),
-                                                      "restart")
-                                : "") +
-                  ")");
+    console_.Note(
+        "all " + Plural(job_.state.ranks().size(), "rank") + " on " +
+        Plural(job_.plan.nodes.size(), "node") + " exited 0 (" +
+        Fixed(Seconds(Clock::now() - job_.start_time), 2) + " s" +
+        (restarts > 0
+             ? ", after " + Plural(static_cast<size_t>(restarts), "restart")
+             : "") +
+        ")");
     if (console_.sink_status().ok()) return code;
     // The job succeeded, its record did not: say so in the status.
     console_.Note(

@@ -97,7 +97,7 @@ Status Console::Open(const Plan& plan, const LogLayout& layout) {
 }
 
 void Console::NewGeneration(const Plan& plan, int restart_count,
-                             const std::string& why) {
+                            const std::string& why) {
   board_.Reset(plan);
   board_.set_restarts(restart_count);
   NameRanks(plan);  // a node may run elsewhere now
@@ -106,12 +106,9 @@ void Console::NewGeneration(const Plan& plan, int restart_count,
   if (!metrics_) return;
   nlohmann::ordered_json hosts = nlohmann::ordered_json::array();
   for (const auto& node : plan.nodes) hosts.push_back(node.host);
-  nlohmann::ordered_json event = {{"event", "restart"},
-                                  {"restart_count", restart_count},
-                                  {"reason", why},
-                                  {"nodes", hosts},
-                                  {"world_size", plan.world_size},
-                                  {"time", now}};
+  nlohmann::ordered_json event = {
+      {"event", "restart"}, {"restart_count", restart_count}, {"reason", why},
+      {"nodes", hosts},     {"world_size", plan.world_size},  {"time", now}};
   metrics_->Append(
       event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
       "\n");

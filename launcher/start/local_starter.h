@@ -43,8 +43,8 @@ class LocalStarter : public Starter, private proto::ProcessSet::Delegate {
   boost::asio::io_context& io_;
   Starter::Delegate* delegate_;
   proto::ProcessSet processes_;
-  std::map<pid_t, std::string> host_of_;    // agent pid -> its node's host
-  std::map<pid_t, int> node_of_;            // agents not yet reported
+  std::map<pid_t, std::string> host_of_;  // agent pid -> its node's host
+  std::map<pid_t, int> node_of_;          // agents not yet reported
   std::map<pid_t, std::string> cgroup_of_;
   AgentBootstrap boot_;  // for StartAgain  // the cgroup each agent makes
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

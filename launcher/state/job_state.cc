@@ -124,11 +124,10 @@ bool JobState::Decide(Outcome outcome) {
   stop_time_ = outcome_.when;
   // A rank its agent could not start (no such program) fails the same way
   // in every generation: no restart is spent on it.
-  const bool restartable =
-      (outcome_.cause == Outcome::Cause::kRankFailed &&
-       ranks_.at(outcome_.rank).error.empty()) ||
-      outcome_.cause == Outcome::Cause::kHung ||
-      outcome_.cause == Outcome::Cause::kNodeLost;
+  const bool restartable = (outcome_.cause == Outcome::Cause::kRankFailed &&
+                            ranks_.at(outcome_.rank).error.empty()) ||
+                           outcome_.cause == Outcome::Cause::kHung ||
+                           outcome_.cause == Outcome::Cause::kNodeLost;
   restart_pending_ =
       restartable && restarts_ < max_restarts_ && interrupts_ == 0;
   SetPhase(Phase::kStopping);
@@ -136,10 +135,12 @@ bool JobState::Decide(Outcome outcome) {
 }
 
 Generation JobState::CurrentGeneration() const {
-  return {restarts_,         outcome_,
-          hosts_,            generation_start_,
-          stop_time_,        all_idle_at_ == Clock::time_point{} ? Clock::now()
-                                                                 : all_idle_at_};
+  return {restarts_,
+          outcome_,
+          hosts_,
+          generation_start_,
+          stop_time_,
+          all_idle_at_ == Clock::time_point{} ? Clock::now() : all_idle_at_};
 }
 
 void JobState::InterruptRestart(Outcome interrupt) {
@@ -171,8 +172,7 @@ Status JobState::NodeIdle(int node) {
 bool JobState::ReadyToRestart() const {
   if (phase_ != Phase::kStopping || !restart_pending_) return false;
   for (const auto& n : nodes_) {
-    if (!n.idle || !n.authenticated || n.disconnected ||
-        !n.lost_reason.empty())
+    if (!n.idle || !n.authenticated || n.disconnected || !n.lost_reason.empty())
       return false;
   }
   return true;

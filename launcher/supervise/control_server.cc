@@ -3,8 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <boost/asio/ip/v6_only.hpp>
+#include <cstdio>
 
 #include "proto/auth.h"
 #include "proto/progress.h"  // EscapeForLog
@@ -387,29 +387,27 @@ Status ControlServer::Send(int node_rank, const wire::Envelope& msg) {
 
 void ControlServer::ArmHeartbeat() {
   heartbeat_timer_.expires_after(Ms(options_.heartbeat_interval_s));
-  heartbeat_timer_.async_wait(
-      [this, alive = alive_](const boost::system::error_code& ec) {
-        if (ec || !*alive) return;
-        const auto now = std::chrono::steady_clock::now();
-        wire::Envelope beat;
-        beat.mutable_heartbeat()->set_seq(++heartbeat_seq_);
-        std::vector<std::shared_ptr<proto::Channel>> silent;
-        for (auto& [node, link] : agents_) {
-          if (now - link.last_heard > Ms(options_.heartbeat_timeout_s)) {
-            silent.push_back(link.channel);
-          } else {
-            (void)link.channel->Send(beat);
-          }
-        }
-        char timeout[32];
-        std::snprintf(timeout, sizeof(timeout), "%g",
-                      options_.heartbeat_timeout_s);
-        for (auto& c : silent) {
-          c->Close(Unavailable(std::string("no heartbeat for ") + timeout +
-                               " s"));
-        }
-        ArmHeartbeat();
-      });
+  heartbeat_timer_.async_wait([this, alive = alive_](
+                                  const boost::system::error_code& ec) {
+    if (ec || !*alive) return;
+    const auto now = std::chrono::steady_clock::now();
+    wire::Envelope beat;
+    beat.mutable_heartbeat()->set_seq(++heartbeat_seq_);
+    std::vector<std::shared_ptr<proto::Channel>> silent;
+    for (auto& [node, link] : agents_) {
+      if (now - link.last_heard > Ms(options_.heartbeat_timeout_s)) {
+        silent.push_back(link.channel);
+      } else {
+        (void)link.channel->Send(beat);
+      }
+    }
+    char timeout[32];
+    std::snprintf(timeout, sizeof(timeout), "%g", options_.heartbeat_timeout_s);
+    for (auto& c : silent) {
+      c->Close(Unavailable(std::string("no heartbeat for ") + timeout + " s"));
+    }
+    ArmHeartbeat();
+  });
 }
 
 void ControlServer::Shutdown() {

@@ -179,8 +179,8 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
                node_rank, proto::EscapeForLog(hello.facts().hostname(), 255),
                hello.facts().agent_pid(), hello.facts().cpu_cores(),
                hello.facts().gpus_size());
-  const bool back = !state_.node(node_rank).lost_reason.empty() &&
-                    state_.restart_pending();
+  const bool back =
+      !state_.node(node_rank).lost_reason.empty() && state_.restart_pending();
   if (Status st = state_.NodeAuthenticated(node_rank); !st.ok()) {
     spdlog::warn("{}", st.message());
     return;

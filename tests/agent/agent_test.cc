@@ -406,8 +406,7 @@ TEST_F(AgentTest, AnAbortWithRestartKeepsTheAgentForTheNextGeneration) {
         for (const auto& e : logs_) {
           if (e.line().rfind("stray ", 0) == 0)
             left.push_back(std::stoi(e.line().substr(6)));
-          if (e.rank() == 0 && e.line().rfind("/", 0) == 0)
-            socket0 = e.line();
+          if (e.rank() == 0 && e.line().rfind("/", 0) == 0) socket0 = e.line();
         }
         return left.size() == 2 && !socket0.empty();
       },

@@ -125,8 +125,7 @@ JobState RunningThenRank1Fails(int max_restarts, int code = 3) {
   EXPECT_TRUE(s.NodeAuthenticated(0).ok());
   EXPECT_TRUE(s.RankStarted(0, 0, 100).ok());
   EXPECT_TRUE(s.RankStarted(0, 1, 101).ok());
-  EXPECT_EQ(*s.RankExited(0, 1, code, 0, 1.0, ""),
-            JobState::Action::kAbortAll);
+  EXPECT_EQ(*s.RankExited(0, 1, code, 0, 1.0, ""), JobState::Action::kAbortAll);
   return s;
 }
 
@@ -135,7 +134,8 @@ void StopGeneration(JobState& s) {
   EXPECT_TRUE(s.NodeIdle(0).ok());
 }
 
-TEST(JobState, AFailedRankWithRestartsLeftStartsTheNextGenerationOnTheSameNodes) {
+TEST(JobState,
+     AFailedRankWithRestartsLeftStartsTheNextGenerationOnTheSameNodes) {
   JobState s = RunningThenRank1Fails(2);
   EXPECT_TRUE(s.restart_pending());
   EXPECT_FALSE(s.ReadyToRestart());  // rank 0 still runs
@@ -161,8 +161,7 @@ TEST(JobState, AFailedRankWithRestartsLeftStartsTheNextGenerationOnTheSameNodes)
   EXPECT_TRUE(s.RankStarted(0, 1, 201).ok());
   EXPECT_EQ(s.phase(), Phase::kRunning);
   EXPECT_TRUE(s.RankExited(0, 0, 0, 0, 2.0, "").ok());
-  EXPECT_EQ(*s.RankExited(0, 1, 0, 0, 2.0, ""),
-            JobState::Action::kShutdownAll);
+  EXPECT_EQ(*s.RankExited(0, 1, 0, 0, 2.0, ""), JobState::Action::kShutdownAll);
   EXPECT_EQ(s.ExitStatus(), 0);
 }
 

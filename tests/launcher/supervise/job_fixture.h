@@ -26,7 +26,9 @@ class FakeStarter : public Starter {
   bool SeesAgentProcesses() const override { return sees_processes; }
   bool AgentsMakeSecrets() const override { return makes_secrets; }
   bool CanStartAgain() const override { return can_start_again; }
-  void StartAgain(int node_rank) override { started_again.push_back(node_rank); }
+  void StartAgain(int node_rank) override {
+    started_again.push_back(node_rank);
+  }
   void Finish(StatusOr<Started> result) { done_(std::move(result)); }
 
   bool sees_processes = true;

@@ -192,7 +192,7 @@ TEST_F(JobRestartTest, ALostAgentIsStartedAgainAndTheJobGoesOnWithIt) {
   EXPECT_NE(phase(), Phase::kEnded);
   Spin();
   EXPECT_EQ(JobSpecs(1), 1);  // waits for node 0
-  Authenticate(0, 43000);  // its new agent
+  Authenticate(0, 43000);     // its new agent
   Spin();
   ASSERT_EQ(JobSpecs(1), 2);
   ASSERT_TRUE(Got(0, wire::Envelope::kJobSpec));
@@ -272,7 +272,8 @@ TEST_F(JobRestartTest, EachGenerationStartsWithAnEmptyStore) {
     return links_.Last(0);
   };
   EXPECT_TRUE(store(wire::StoreRequest::SET, "rdzv").store_response().ok());
-  EXPECT_TRUE(store(wire::StoreRequest::CHECK, "rdzv").store_response().ready());
+  EXPECT_TRUE(
+      store(wire::StoreRequest::CHECK, "rdzv").store_response().ready());
   FailGeneration(5);
   Spin();
   ASSERT_EQ(JobSpecs(0), 2);
