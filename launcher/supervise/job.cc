@@ -427,8 +427,12 @@ void Job::TendRestart() {
         std::to_string(static_cast<int>(options_.node_cooldown_s)) +
         " s (lost twice within it): " + Join(state_.MissingNodes(), ", "));
   }
-  // The wait for them starts once the others have stopped.
+  // The wait for them starts once the others have stopped; from then on
+  // --rejoin_timeout bounds it, not the stop's timer (which would end the
+  // job while an agent started again is still on its way).
   if (!state_.OthersIdle()) return;
+  stop_timer_.cancel();
+  stop_timer_armed_ = false;
   if (rejoin_deadline_ == Clock::time_point{})
     rejoin_deadline_ = now + Ms(options_.rejoin_timeout_s);
   if (now >= rejoin_deadline_) {
