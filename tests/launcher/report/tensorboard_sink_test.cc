@@ -158,6 +158,29 @@ TEST_F(TensorBoardSinkTest, ExitedRanksAreNotWaitedFor) {
   EXPECT_EQ(job.at(2).at("loss"), 5.0f);
 }
 
+// A restart: the failed generation's incomplete step is written with the
+// ranks that reported it, the job run gets dslaunch/restarts at the last
+// step written, and the resumed ranks' repeated steps are not written twice.
+TEST_F(TensorBoardSinkTest,
+       ARestartIsMarkedAndRepeatedStepsAreNotWrittenTwice) {
+  Start(2);
+  sink_->Record(0, 1, {{"loss", 1.0}}, 1);
+  sink_->Record(1, 1, {{"loss", 3.0}}, 1);
+  sink_->Record(0, 2, {{"loss", 5.0}}, 2);  // rank 1 died before step 2
+  sink_->Restart(1, 3);
+  board_.Reset(PlanOf(2));  // the next generation, resumed from step 0
+  sink_->Record(0, 1, {{"loss", 1.0}}, 4);
+  sink_->Record(1, 1, {{"loss", 3.0}}, 4);
+  sink_->Record(0, 2, {{"loss", 5.0}}, 5);
+  sink_->Record(1, 2, {{"loss", 7.0}}, 5);
+  sink_->Flush();
+  const auto job = ReadRun(Run("job"));  // ReadRun fails on a tag twice
+  ASSERT_EQ(job.size(), 2u);
+  EXPECT_EQ(job.at(1).at("loss"), 2.0f);
+  EXPECT_EQ(job.at(2).at("loss"), 5.0f);  // as rank 0 alone had it
+  EXPECT_EQ(job.at(2).at("dslaunch/restarts"), 1.0f);
+}
+
 // A script reporting from rank 0 only: the ranks that never reported a step
 // stop holding the job run back once kReporterLag newer steps came.
 TEST_F(TensorBoardSinkTest, RanksThatNeverReportHoldStepsOnlyBriefly) {
