@@ -138,55 +138,53 @@ class TrainingSurvives(test_worker.WorkerTest):
         with open(os.path.join(logs, "metrics.jsonl")) as f:
             return [json.loads(l) for l in f]
 
-    def test_a_rank_killed_at_a_random_moment_costs_no_training(self):
+    def seeded(self, name):
         seed = int(os.environ.get("DSLAUNCH_TEST_SEED", time.time_ns() % 100000))
-        rng = random.Random(seed)
-        print("test_a_rank_killed_at_a_random_moment_costs_no_training: seed %d" % seed)
-        whole = {r["step"]: r["loss"] for r in
-                 self.train(3, 4, 2, steps=self.STEPS) if r["rank"] == 0}
+        print("%s: seed %d" % (name, seed))
+        return seed, random.Random(seed)
 
-        ck = os.path.join(self.dir, "ck")
-        logs = os.path.join(self.dir, "logs-faulty")
-        stderr = open(os.path.join(self.dir, "stderr"), "w+b")
-        self.addCleanup(stderr.close)
-        job = subprocess.Popen(self.args(nodes=3, slots=1) + [
-            "--max_restarts", "2", "--restart_backoff", "0", "--log_dir", logs,
-            test_worker.DSWORKER, "train", "--config",
-            self.config(4, 2, steps=self.STEPS, checkpoint={"dir": ck, "every": 10})],
-            stdout=subprocess.DEVNULL, stderr=stderr, env=self.env(OMP_NUM_THREADS="1"))
-        self.addCleanup(lambda: job.poll() is None and job.kill())
-        # metrics.jsonl is written about once a second (some 50 steps here):
-        # the kill lands at some step past this one.
-        kill_at = rng.randint(5, self.STEPS // 2)
-        victim = rng.randint(0, 2)
-        metrics = os.path.join(logs, "metrics.jsonl")
-        deadline = time.monotonic() + 60
-        while self.steps_seen(metrics) < kill_at:
-            self.assertIsNone(job.poll(), "the job ended before the kill")
-            self.assertLess(time.monotonic(), deadline, "training did not get there")
-            time.sleep(0.005)
-        pids = self.worker_pids()
-        os.kill(pids[victim], signal.SIGKILL)
+    def uninterrupted(self):
+        """rank 0's loss at each step of a run that never failed."""
+        return {r["step"]: r["loss"] for r in
+                self.train(3, 4, 2, steps=self.STEPS) if r["rank"] == 0}
+
+    def finish_faulty(self, job, seed):
+        """Waits for the job; its stderr. It must have ended 0."""
         job.wait(timeout=120)
-        stderr.seek(0)
-        err = stderr.read().decode()
+        job.err.seek(0)
+        err = job.err.read().decode()
         self.assertEqual(job.returncode, 0, "seed %d: %s" % (seed, err[-3000:]))
-        self.assertIn("killed by SIGKILL; stopping every rank, then restart 1 of 2", err)
-        records = self.metrics(logs)
+        return err
+
+    def assert_resumed_exactly(self, job, whole, seed):
+        """One restart; the generation after it resumed from a complete
+        checkpoint (every 10 steps; none yet: step 1), ran every step from
+        there to the last, each with the uninterrupted run's loss, bit for
+        bit; and no rank is left."""
+        records = self.metrics(job.logs)
         restarts = [r for r in records if r.get("event") == "restart"]
         self.assertEqual(len(restarts), 1, restarts)
-        # The records after the restart: the second generation, resumed from
-        # the newest complete checkpoint at or before the kill.
         after = records[records.index(restarts[0]) + 1:]
         resumed = {r["step"]: r["loss"] for r in after if r.get("rank") == 0}
-        # From a complete checkpoint (every 10 steps; none yet: step 1), and
-        # every step from there to the last.
         first = min(resumed)
         self.assertEqual((first - 1) % 10, 0, sorted(resumed))
         self.assertEqual(sorted(resumed), list(range(first, self.STEPS + 1)))
         for step, loss in resumed.items():
             self.assertEqual(loss, whole[step], "seed %d step %d" % (seed, step))  # every bit
         self.assertEqual(self.worker_pids(), {})
+
+    def test_a_rank_killed_at_a_random_moment_costs_no_training(self):
+        seed, rng = self.seeded("test_a_rank_killed_at_a_random_moment_costs_no_training")
+        whole = self.uninterrupted()
+        job = self.start_faulty(self.STEPS)
+        # metrics.jsonl is written about once a second (some 50 steps here):
+        # the kill lands at some step past this one.
+        self.wait_for_step(job, rng.randint(5, self.STEPS // 2))
+        victim = rng.randint(0, 2)
+        os.kill(self.worker_pids()[victim], signal.SIGKILL)
+        err = self.finish_faulty(job, seed)
+        self.assertIn("killed by SIGKILL; stopping every rank, then restart 1 of 2", err)
+        self.assert_resumed_exactly(job, whole, seed)
 
     def agent_pid(self, job, node):
         """The pid of `job`'s dsagent for `node` (a child of the launcher)."""
@@ -227,34 +225,18 @@ class TrainingSurvives(test_worker.WorkerTest):
             time.sleep(0.005)
 
     def test_an_agent_killed_at_a_random_moment_is_started_again(self):
-        seed = int(os.environ.get("DSLAUNCH_TEST_SEED", time.time_ns() % 100000))
-        rng = random.Random(seed)
-        print("test_an_agent_killed_at_a_random_moment_is_started_again: seed %d" % seed)
-        whole = {r["step"]: r["loss"] for r in
-                 self.train(3, 4, 2, steps=self.STEPS) if r["rank"] == 0}
+        seed, rng = self.seeded("test_an_agent_killed_at_a_random_moment_is_started_again")
+        whole = self.uninterrupted()
         job = self.start_faulty(self.STEPS)
         self.wait_for_step(job, rng.randint(5, self.STEPS // 2))
         node = rng.randint(0, 2)
         os.kill(self.agent_pid(job, node), signal.SIGKILL)
-        job.wait(timeout=120)
-        job.err.seek(0)
-        err = job.err.read().decode()
-        self.assertEqual(job.returncode, 0, "seed %d: %s" % (seed, err[-3000:]))
+        err = self.finish_faulty(job, seed)
         self.assertIn("node %d (127.0.0.%d) was lost" % (node, node + 1), err)
         self.assertIn("starting the agent of node %d (127.0.0.%d) again" % (node, node + 1),
                       err)
         self.assertIn("node %d (127.0.0.%d) is back" % (node, node + 1), err)
-        records = self.metrics(job.logs)
-        restarts = [r for r in records if r.get("event") == "restart"]
-        self.assertEqual(len(restarts), 1, restarts)
-        after = records[records.index(restarts[0]) + 1:]
-        resumed = {r["step"]: r["loss"] for r in after if r.get("rank") == 0}
-        first = min(resumed)
-        self.assertEqual((first - 1) % 10, 0, sorted(resumed))
-        self.assertEqual(sorted(resumed), list(range(first, self.STEPS + 1)))
-        for step, loss in resumed.items():
-            self.assertEqual(loss, whole[step], "seed %d step %d" % (seed, step))  # every bit
-        self.assertEqual(self.worker_pids(), {})
+        self.assert_resumed_exactly(job, whole, seed)
 
     def test_a_node_lost_twice_within_the_cooldown_ends_the_job_with_69(self):
         job = self.start_faulty(100000)

@@ -36,6 +36,12 @@ class JobRestartTest : public job_testing::JobTest {
     GenerationEnded(0, free_port);
     GenerationEnded(1);
   }
+  // Node 1's agent is lost; node 0 stops its ranks and waits.
+  void LoseNode1() {
+    AgentGone(1);
+    for (int r = 0; r < 2; ++r) RankExited(0, r, 0, SIGTERM, 0, true);
+    GenerationEnded(0);
+  }
   int JobSpecs(int node) {
     int n = 0;
     for (const auto& m : links_.sent[node])
@@ -216,9 +222,7 @@ TEST_F(JobRestartTest, NodesNotBackWithinTheRejoinTimeoutEndTheJobWith69) {
   StartJob();
   starter_.Finish(Starter::Started{});
   RunAll();
-  AgentGone(1);
-  for (int r = 0; r < 2; ++r) RankExited(0, r, 0, SIGTERM, 0, true);
-  GenerationEnded(0);
+  LoseNode1();
   Spin();
   EXPECT_FALSE(links_.Last(0).abort().restart());  // node 0's agent exits
   ASSERT_FALSE(starter_.killed.empty());
@@ -238,16 +242,12 @@ TEST_F(JobRestartTest, ANodeLostTwiceWithinTheCooldownEndsTheJobAtOnce) {
   StartJob();
   starter_.Finish(Starter::Started{});
   RunAll();
-  AgentGone(1);
-  for (int r = 0; r < 2; ++r) RankExited(0, r, 0, SIGTERM, 0, true);
-  GenerationEnded(0);
+  LoseNode1();
   ASSERT_EQ(starter_.started_again, std::vector<int>{1});
   Authenticate(1);
   Spin();
   for (int r = 0; r < 4; ++r) RankStarted(r / 2, r);
-  AgentGone(1);  // again, within the cooldown
-  for (int r = 0; r < 2; ++r) RankExited(0, r, 0, SIGTERM, 0, true);
-  GenerationEnded(0);
+  LoseNode1();  // again, within the cooldown
   EXPECT_EQ(starter_.started_again, std::vector<int>{1});  // not again
   AgentGone(0);
   EXPECT_EQ(phase(), Phase::kEnded);
