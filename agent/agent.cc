@@ -179,6 +179,15 @@ void Agent::HandleMessage(wire::Envelope&& msg) {
     // while this agent was still connecting.
     case wire::Envelope::kAbort:
       if (!auth_sent_) break;
+      if (state_ == State::kConnecting && msg.abort().restart() &&
+          !launcher_lost_) {
+        // No JobSpec for this agent now: it stands by (a spare, a lost
+        // node's new agent), idle, for a later generation.
+        spdlog::info("standing by: {}",
+                     proto::EscapeForLog(msg.abort().reason(), 1024));
+        restart_expected_ = true;
+        return Drain(false, "standing by");
+      }
       if (options_.join) {
         // The pod fails with the job (or with its refusal).
         exit_code_ =
@@ -255,10 +264,13 @@ void Agent::HandleJobSpec(const wire::JobSpec& job) {
   exit_code_ = 0;
   SetState(State::kSpawning);
   if (restarted) {
-    spdlog::info("generation {} of job {} (restart {} of at most {})",
-                 job_.restart_count(), job_.job_id(), job_.restart_count(),
-                 job_.max_restarts());
-    options_.node_rank = job_.node_rank();
+    spdlog::info("generation {} of job {} as node rank {} of {}",
+                 job_.restart_count(), job_.job_id(), job_.node_rank(),
+                 job_.num_nodes());
+    // A joined agent is the node rank the launcher gave it; another keeps
+    // the index it was started with (its cgroup's name, which its starter
+    // cleans up after it).
+    if (options_.join) options_.node_rank = job_.node_rank();
   } else if (options_.join) {
     spdlog::info("joined job {} as node rank {} of {} (claimed: {})",
                  job_.job_id(), job_.node_rank(), job_.num_nodes(),
@@ -335,7 +347,7 @@ std::string Agent::RankDirectory() const {
 }
 
 Status Agent::SpawnWorkers() {
-  workers_.Contain(job_.job_id(), job_.node_rank());
+  workers_.Contain(job_.job_id(), options_.node_rank);
   const std::string cwd = RankDirectory();
   std::vector<std::vector<int>> cores;
   if (job_.bind_cores_to_rank()) {
@@ -482,8 +494,9 @@ void Agent::EndGeneration() {
   wire::Envelope env;
   auto* ended = env.mutable_generation_ended();
   ended->set_restart_count(job_.restart_count());
-  // A fresh MASTER_PORT each generation: the last one's may linger.
-  if (job_.node_rank() == 0) ended->set_free_port(FindFreePort());
+  // A fresh MASTER_PORT each generation: the last one's may linger. Every
+  // node says one: which becomes node 0 is the launcher's choice.
+  ended->set_free_port(FindFreePort());
   Send(env);
 }
 

@@ -20,7 +20,10 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
                  "use only these hosts/slots: host[:slot,slot][@host...]");
   app.add_option("-e,--exclude", o.plan.exclude,
                  "leave out these hosts/slots: host[:slot,slot][@host...]");
-  app.add_option("--num_nodes", o.plan.num_nodes, "use the first N hosts");
+  app.add_option("--num_nodes", o.num_nodes_text,
+                 "use the first N hosts; MIN:MAX: a generation runs on MIN "
+                 "to MAX of them, the hosts beyond MAX are spares "
+                 "(needs --max_restarts)");
   app.add_option("--num_gpus,--num_accelerators", o.plan.num_gpus,
                  "use the first N slots per host (no hostfile: N ranks here)");
   app.add_option("--master_addr", o.plan.master_addr,
@@ -56,6 +59,10 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
   app.add_option("--rejoin_timeout", o.rejoin_timeout_s,
                  "seconds the next generation waits for lost nodes to come "
                  "back before the job ends with 69 (default 300)");
+  app.add_option("--join_settle", o.join_settle_s,
+                 "--num_nodes MIN:MAX: start a generation on fewer than MAX "
+                 "nodes once no further one came for this many seconds "
+                 "(default 10)");
   app.add_option("--node_cooldown", o.node_cooldown_s,
                  "a node lost twice within this many seconds is left out for "
                  "as long (default 600)");
@@ -226,6 +233,7 @@ Status CheckDurations(const LaunchOptions& o) {
        kMaxRestartBackoffSeconds},
       {"--rejoin_timeout", o.rejoin_timeout_s, 0, true, kMaxStartSeconds},
       {"--node_cooldown", o.node_cooldown_s, 0, true, kMaxHangSeconds},
+      {"--join_settle", o.join_settle_s, 0, true, kMaxStartSeconds},
   };
   for (const SecondsFlag& f : flags) RETURN_IF_ERROR(CheckSeconds(f));
   if (!(o.straggler_k >= 0 && o.straggler_k <= 1000))
@@ -253,8 +261,6 @@ Status CheckGivenInt(const CLI::App& app, const char* flag, int value, int min,
 
 Status CheckIntegers(const CLI::App& app, const LaunchOptions& o) {
   RETURN_IF_ERROR(
-      CheckGivenInt(app, "--num_nodes", o.plan.num_nodes, 1, kMaxHosts));
-  RETURN_IF_ERROR(
       CheckGivenInt(app, "--num_gpus", o.plan.num_gpus, 1, kMaxSlotsPerHost));
   RETURN_IF_ERROR(
       CheckGivenInt(app, "--master_port", o.plan.master_port, 1, 65535));
@@ -271,6 +277,17 @@ Status CheckIntegers(const CLI::App& app, const LaunchOptions& o) {
         "--max_restarts is not supported with --launcher " + o.launcher +
         " yet: its agents end with mpirun, and a generation would need a new "
         "mpirun; use --launcher slurm or ssh");
+  }
+  const bool elastic = o.plan.min_nodes != -1;
+  if (elastic && o.max_restarts == 0 && o.launcher != "join") {
+    return InvalidArgument(
+        "--num_nodes MIN:MAX needs --max_restarts N: the job runs on fewer "
+        "nodes, or on spares, only in a generation after a failure");
+  }
+  if (app.count("--join_settle") && !elastic) {
+    return InvalidArgument(
+        "--join_settle needs --num_nodes MIN:MAX: with a fixed number of "
+        "nodes a generation always waits for all of them");
   }
   for (const char* flag :
        {"--restart_backoff", "--rejoin_timeout", "--node_cooldown"}) {
@@ -473,6 +490,8 @@ StatusOr<LaunchOptions> ParseFlags(int argc, const char* const* argv,
   o.master_port_given = app.count("--master_port") > 0;
   RETURN_IF_ERROR(TakeProgram(app, argc, argv, o));
   RETURN_IF_ERROR(CheckRefusedFlags(app));
+  if (app.count("--num_nodes"))
+    RETURN_IF_ERROR(ParseNumNodes(o.num_nodes_text, kMaxHosts, o.plan));
   RETURN_IF_ERROR(CheckIntegers(app, o));
   RETURN_IF_ERROR(CheckWatchFlags(app, o));
   RETURN_IF_ERROR(Validate(o));

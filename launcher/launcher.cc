@@ -47,7 +47,8 @@ Launcher::Launcher(LaunchOptions options, Plan plan, EnvList job_env,
       console_(stdout, stderr),
       server_(
           io_,
-          ServerOptions(options_, job_id_, static_cast<int>(plan.nodes.size()),
+          ServerOptions(options_, job_id_,
+                        static_cast<int>(plan.nodes.size() + plan.spares.size()),
                         [this](int node) { return job_.NodeSecret(node); }),
           &job_),
       job_(io_, options_, std::move(plan), std::move(job_env),
@@ -198,8 +199,8 @@ static void RaiseFileLimit(size_t ranks, size_t nodes) {
 int Launcher::Run() {
   ::signal(SIGPIPE, SIG_IGN);
   size_t ranks = 0;
-  for (const auto& node : job_.plan().nodes) ranks += node.slots.size();
-  RaiseFileLimit(ranks, job_.plan().nodes.size());
+  for (const auto& node : job_.pool().nodes) ranks += node.slots.size();
+  RaiseFileLimit(ranks, job_.pool().nodes.size());
   std::string view_note;
   console_.SetView(ViewFor(options_, &view_note));
   if (!view_note.empty()) console_.Note(view_note);
@@ -219,7 +220,7 @@ int Launcher::Run() {
   PidFile pid_file;
   if (st.ok() && options_.save_pid) st = pid_file.Create();
   std::vector<std::string> hosts;
-  for (const auto& node : job_.plan().nodes) hosts.push_back(node.host);
+  for (const auto& node : job_.pool().nodes) hosts.push_back(node.host);
   // join: on --control_addr (default every address) at --control_port.
   const std::vector<std::string> listen_on =
       StartModeNamed(options_.launcher).agents_join
@@ -243,7 +244,7 @@ int Launcher::Run() {
   }
   if (port.ok()) {
     spdlog::info("job {}: control server on port {}", job_.job_id(), *port);
-    auto starter = MakeStarter({io_, &job_, options_, job_.plan()});
+    auto starter = MakeStarter({io_, &job_, options_, job_.pool()});
     if (starter.ok()) starter_ = std::move(starter).value();
     st = starter.status();
   } else {

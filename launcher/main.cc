@@ -82,7 +82,8 @@ int main(int argc, char** argv) {
     plan = dsl::MakePlan(hosts->hostfile, options->plan);
   }
   if (!plan.ok()) return ExitFor(plan.status());
-  if (options->doctor) return dsl::RunDoctor(*options, *plan);
+  // The doctor checks every host an agent would start on, spares too.
+  if (options->doctor) return dsl::RunDoctor(*options, dsl::AgentPool(*plan));
   if (options->dry_run) {
     if (!options->master_port_given) plan->master_port = 0;  // not known yet
     std::printf("%s", dsl::FormatPlanTable(*plan).c_str());

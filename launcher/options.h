@@ -28,6 +28,7 @@ struct LaunchOptions {
   bool hostfile_given = false;
   bool hosts_from_slurm = false;  // the nodes are a SLURM allocation's
   PlanOptions plan;
+  std::string num_nodes_text;  // --num_nodes as given: N or MIN:MAX
   std::string launcher =
       "auto";                    // auto, local, ssh, pdsh, slurm, openmpi, join
   std::string agent_path;        // empty = this binary's sibling dsagent
@@ -47,6 +48,9 @@ struct LaunchOptions {
   // node_cooldown_s is excluded for that long.
   double rejoin_timeout_s = 300;
   double node_cooldown_s = 600;
+  // --num_nodes MIN:MAX: a generation starts on MAX healthy nodes, or on at
+  // least MIN once no further node became ready for join_settle_s.
+  double join_settle_s = 10;
   bool no_local_rank = false;
   // DeepSpeed's launcher flags, with DeepSpeed's meaning: its job scripts
   // run unchanged.

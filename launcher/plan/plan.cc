@@ -204,7 +204,15 @@ StatusOr<std::vector<NodePlan>> MakeNodes(const Hostfile& hostfile,
         options.exclude.empty() ? "" : " after --exclude " + options.exclude;
     return InvalidArgument("no slots left to run on" + after);
   }
-  if (options.num_nodes != -1) {
+  if (options.min_nodes != -1) {
+    // MIN:MAX: up to MAX nodes, the rest spares (split off by MakePlan).
+    if (nodes.size() < static_cast<size_t>(options.min_nodes)) {
+      return InvalidArgument(
+          "--num_nodes " + std::to_string(options.min_nodes) + ":" +
+          std::to_string(options.num_nodes) + ": only " +
+          std::to_string(nodes.size()) + " hosts are selected");
+    }
+  } else if (options.num_nodes != -1) {
     if (nodes.size() < static_cast<size_t>(options.num_nodes)) {
       return InvalidArgument(
           "--num_nodes " + std::to_string(options.num_nodes) + ": only " +
@@ -258,15 +266,101 @@ StatusOr<Plan> MakePlan(const Hostfile& hostfile, const PlanOptions& options) {
   ASSIGN_OR_RETURN(Selection selection, SelectSlots(hostfile, options));
   Plan plan;
   ASSIGN_OR_RETURN(plan.nodes, MakeNodes(hostfile, selection, options));
+  if (options.min_nodes != -1 &&
+      plan.nodes.size() > static_cast<size_t>(options.num_nodes)) {
+    plan.spares.assign(plan.nodes.begin() + options.num_nodes,
+                       plan.nodes.end());
+    plan.nodes.resize(static_cast<size_t>(options.num_nodes));
+  }
   for (size_t i = 0; i < plan.nodes.size(); ++i) {
-    plan.nodes[i].node_rank = static_cast<int>(i);
+    plan.nodes[i].node_rank = plan.nodes[i].agent = static_cast<int>(i);
     plan.nodes[i].first_rank = plan.world_size;
     plan.world_size += static_cast<int>(plan.nodes[i].slots.size());
   }
+  for (size_t i = 0; i < plan.spares.size(); ++i) {
+    plan.spares[i].agent = static_cast<int>(plan.nodes.size() + i);
+    plan.spares[i].node_rank = plan.spares[i].first_rank = -1;
+  }
+  if (options.min_nodes != -1) plan.min_nodes = options.min_nodes;
   plan.master_addr =
       options.master_addr.empty() ? plan.nodes[0].host : options.master_addr;
   plan.master_port = options.master_port;
   return plan;
+}
+
+Plan AgentPool(const Plan& plan) {
+  Plan pool = plan;
+  pool.nodes.insert(pool.nodes.end(), plan.spares.begin(), plan.spares.end());
+  pool.spares.clear();
+  pool.min_nodes = 0;
+  pool.world_size = 0;
+  for (size_t i = 0; i < pool.nodes.size(); ++i) {
+    NodePlan& node = pool.nodes[i];
+    node.agent = node.node_rank = static_cast<int>(i);
+    node.first_rank = pool.world_size;
+    pool.world_size += static_cast<int>(node.slots.size());
+  }
+  return pool;
+}
+
+Plan GenerationPlan(const Plan& pool, const std::vector<int>& agents,
+                    const std::string& master_addr, int master_port) {
+  Plan plan;
+  for (int agent : agents) {
+    NodePlan node = pool.nodes.at(static_cast<size_t>(agent));
+    node.agent = agent;
+    node.node_rank = static_cast<int>(plan.nodes.size());
+    node.first_rank = plan.world_size;
+    plan.world_size += static_cast<int>(node.slots.size());
+    plan.nodes.push_back(std::move(node));
+  }
+  plan.master_addr = master_addr;
+  plan.master_port = master_port;
+  return plan;
+}
+
+Status ParseNumNodes(std::string_view text, int max_nodes,
+                     PlanOptions& options) {
+  auto number = [](std::string_view s, int& out) {
+    if (s.empty() || s.size() > 9) return false;
+    out = 0;
+    for (char c : s) {
+      if (c < '0' || c > '9') return false;
+      out = out * 10 + (c - '0');
+    }
+    return true;
+  };
+  const size_t colon = text.find(':');
+  if (colon == std::string_view::npos) {
+    // N: as every integer flag says it.
+    int n = 0;
+    const bool negative = !text.empty() && text[0] == '-';
+    if (number(negative ? text.substr(1) : text, n) &&
+        (negative || n < 1 || n > max_nodes)) {
+      return InvalidArgument("--num_nodes must be in 1.." +
+                             std::to_string(max_nodes) + ", got " +
+                             std::string(text));
+    }
+  }
+  int min = 0, max = 0;
+  const bool ok =
+      colon == std::string_view::npos
+          ? number(text, max)
+          : number(text.substr(0, colon), min) &&
+                number(text.substr(colon + 1), max);
+  if (!ok) {
+    return InvalidArgument("--num_nodes must be N or MIN:MAX (whole numbers), "
+                           "got " + Quote(text.substr(0, 40)));
+  }
+  if (colon == std::string_view::npos) min = max;
+  if (min < 1 || max > max_nodes || min > max) {
+    return InvalidArgument(
+        "--num_nodes " + std::string(text) + ": need 1 <= MIN <= MAX <= " +
+        std::to_string(max_nodes));
+  }
+  options.num_nodes = max;
+  options.min_nodes = colon == std::string_view::npos ? -1 : min;
+  return Status::Ok();
 }
 
 Plan JoinPlan(const std::vector<std::string>& hosts,
@@ -274,7 +368,7 @@ Plan JoinPlan(const std::vector<std::string>& hosts,
   Plan plan;
   for (size_t i = 0; i < hosts.size(); ++i) {
     NodePlan node;
-    node.node_rank = static_cast<int>(i);
+    node.node_rank = node.agent = static_cast<int>(i);
     node.host = hosts[i];
     for (int s = 0; s < slots.at(i); ++s) node.slots.push_back(s);
     node.first_rank = plan.world_size;
@@ -315,6 +409,18 @@ std::string FormatPlanTable(const Plan& plan) {
               ? proto::JoinHostPort(plan.master_addr, plan.master_port)
               : plan.master_addr + " (port: one free on node 0, at launch)") +
          "\n";
+  if (plan.min_nodes > 0) {
+    out += "a later generation runs on " + std::to_string(plan.min_nodes) +
+           " to " + Plural(plan.nodes.size(), "node") + " (--num_nodes " +
+           std::to_string(plan.min_nodes) + ":" +
+           std::to_string(plan.nodes.size()) + "), ranks renumbered\n";
+  }
+  if (!plan.spares.empty()) {
+    std::string hosts;
+    for (const NodePlan& node : plan.spares)
+      hosts += (hosts.empty() ? "" : ", ") + node.host;
+    out += "spares, standing by to take a lost node's place: " + hosts + "\n";
+  }
   return out;
 }
 

@@ -17,7 +17,11 @@ namespace dslaunch::launcher {
 struct PlanOptions {
   std::string include;      // -i SPEC: host[:slot,slot][@host[:slot,...]...]
   std::string exclude;      // -e SPEC, same grammar
-  int num_nodes = -1;       // -1 = all
+  int num_nodes = -1;       // -1 = all; --num_nodes MIN:MAX: MAX
+  // --num_nodes MIN:MAX: the fewest nodes a generation may run on; the
+  // selected hosts beyond MAX are spares. -1: a plain --num_nodes N (or
+  // none), whose hosts beyond N are not used.
+  int min_nodes = -1;
   int num_gpus = -1;        // -1 = all selected slots of each host
   std::string master_addr;  // empty = node 0's host
   int master_port = 29500;
@@ -31,13 +35,25 @@ struct NodePlan {
   int first_rank = 0;  // global rank of local rank 0
   std::optional<int> ssh_port;
   std::optional<std::string> ssh_user;
+  // The agent serving the node: the host's place among the job's hosts,
+  // spares last. The node rank of the first generation; a later one runs
+  // on the agents that are healthy then, renumbered (GenerationPlan).
+  int agent = -1;
 };
 
+// One generation's layout: its nodes by node rank. The first generation's
+// also names the job's spares and how few nodes a later one may run on.
 struct Plan {
   std::vector<NodePlan> nodes;
   int world_size = 0;
   std::string master_addr;
   int master_port = 29500;
+  // --num_nodes MIN:MAX: a generation runs on at least min_nodes nodes
+  // (0: on every node of `nodes`, the job's fixed size) ...
+  int min_nodes = 0;
+  // ... and the hosts beyond MAX stand by, agents started, to take a lost
+  // node's place: agent nodes.size() + i, node_rank -1 while they stand by.
+  std::vector<NodePlan> spares;
 };
 
 // One `host[:slot,slot]` part of an --include/--exclude spec.
@@ -65,6 +81,23 @@ StatusOr<Plan> MakePlan(const Hostfile& hostfile, const PlanOptions& options);
 // set when node 0 joins), master_port --master_port.
 Plan JoinPlan(const std::vector<std::string>& hosts,
               const std::vector<int>& slots, const PlanOptions& options);
+
+// Every agent of the job by its index, spares included: the nodes and
+// spares of the first generation's plan, with node_rank = agent (what the
+// starter starts and the launcher tracks). min_nodes and spares are cleared.
+Plan AgentPool(const Plan& plan);
+
+// A generation on `agents` (indices into `pool`, ascending): node ranks
+// 0.. in that order, global ranks in blocks node by node (torchrun's dense
+// renumbering), master_addr/master_port as given.
+Plan GenerationPlan(const Plan& pool, const std::vector<int>& agents,
+                    const std::string& master_addr, int master_port);
+
+// "--num_nodes" as given: "N" or "MIN:MAX" (torchrun's --nnodes). Sets
+// num_nodes (MAX) and min_nodes (-1 for "N"); InvalidArgument naming the
+// flag unless 1 <= MIN <= MAX <= max_nodes.
+Status ParseNumNodes(std::string_view text, int max_nodes,
+                     PlanOptions& options);
 
 // "1 rank", "3 ranks".
 std::string Plural(size_t n, const std::string& noun);

@@ -82,17 +82,28 @@ Status Console::Open(const Plan& plan, const LogLayout& layout) {
   if (log_dir.empty()) return Status::Ok();
   // Opened once: every file below is made relative to this descriptor.
   ASSIGN_OR_RETURN(proto::SafeDir opened, OpenLogDir(log_dir, layout.flag));
-  auto dir = std::make_shared<const proto::SafeDir>(std::move(opened));
+  log_files_ = std::make_shared<const proto::SafeDir>(std::move(opened));
   log_dir_ = log_dir;
+  rank_file_prefix_ = layout.rank_file_prefix;
+  RETURN_IF_ERROR(OpenRankLogs());
+  ASSIGN_OR_RETURN(metrics_,
+                   SinkFile::Create(*log_files_, "metrics.jsonl",
+                                    [this](const Status& st) { OnSinkError(st); }));
+  return Status::Ok();
+}
+
+// Every named rank's log that is not open yet (a generation may have more
+// ranks than the first).
+Status Console::OpenRankLogs() {
+  if (!log_files_) return Status::Ok();
   auto on_error = [this](const Status& st) { OnSinkError(st); };
   for (const auto& [rank, prefix] : prefix_) {
-    const std::string name =
-        layout.rank_file_prefix + std::to_string(rank) + ".log";
-    ASSIGN_OR_RETURN(auto file, SinkFile::Create(*dir, name, on_error));
-    logs_[rank] =
-        std::make_unique<RankLog>(std::move(file), dir, options_.line_memory);
+    if (logs_.count(rank)) continue;
+    const std::string name = rank_file_prefix_ + std::to_string(rank) + ".log";
+    ASSIGN_OR_RETURN(auto file, SinkFile::Create(*log_files_, name, on_error));
+    logs_[rank] = std::make_unique<RankLog>(std::move(file), log_files_,
+                                            options_.line_memory);
   }
-  ASSIGN_OR_RETURN(metrics_, SinkFile::Create(*dir, "metrics.jsonl", on_error));
   return Status::Ok();
 }
 
@@ -101,6 +112,7 @@ void Console::NewGeneration(const Plan& plan, int restart_count,
   board_.Reset(plan);
   board_.set_restarts(restart_count);
   NameRanks(plan);  // a node may run elsewhere now
+  if (Status st = OpenRankLogs(); !st.ok()) OnSinkError(st);
   const double now = proto::UnixSeconds();
   if (sink_) sink_->Restart(restart_count, now);
   if (!metrics_) return;

@@ -153,6 +153,7 @@ class Console {
   // Writes the held groups whose window passed (all when `all`).
   // Each rank's line prefix and host, from `plan`.
   void NameRanks(const Plan& plan);
+  Status OpenRankLogs();
   void FlushFolded(double now, bool all);
   void DrawTable(double now);
   // Notes the lines dropped since the last such note; false if none.
@@ -164,6 +165,8 @@ class Console {
   Options options_;
   TerminalWriter terminal_;
   std::string log_dir_;
+  std::shared_ptr<const proto::SafeDir> log_files_;  // log_dir_, opened
+  std::string rank_file_prefix_;
   bool ranks_on_terminal_ = true;
   std::map<int, std::string> prefix_;  // rank -> "[host:rank] "
   std::map<int, std::string> host_;

@@ -3,6 +3,8 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>  // sort
+
 #include "proto/exit_status.h"
 
 namespace dslaunch::launcher {
@@ -58,6 +60,8 @@ const char* CauseName(Outcome::Cause cause) {
       return "start failed";
     case Outcome::Cause::kHung:
       return "hung";
+    case Outcome::Cause::kGrow:
+      return "grow";
   }
   return "?";
 }
@@ -80,13 +84,14 @@ int ExitStatusFor(const Outcome& o) {
     case Outcome::Cause::kHung:
       return kExitHung;
     case Outcome::Cause::kNone:
+    case Outcome::Cause::kGrow:  // never the job's end
       break;
   }
   return kExitSoftware;  // the job ended unaccounted: a bug
 }
 
 JobState::JobState(const Plan& plan, int max_restarts, double node_cooldown_s)
-    : nodes_(plan.nodes.size()),
+    : nodes_(plan.nodes.size() + plan.spares.size()),
       max_restarts_(max_restarts),
       node_cooldown_(std::chrono::duration_cast<Clock::duration>(
           std::chrono::duration<double>(node_cooldown_s))) {
@@ -95,15 +100,30 @@ JobState::JobState(const Plan& plan, int max_restarts, double node_cooldown_s)
 
 void JobState::Replan(const Plan& plan) {
   DSL_CHECK(phase_ == Phase::kStarting && started_ == 0 &&
-            plan.nodes.size() == nodes_.size());
-  hosts_.clear();
+            plan.nodes.size() + plan.spares.size() == nodes_.size());
+  hosts_.assign(nodes_.size(), "");
+  for (const auto& node : plan.nodes) hosts_.at(node.agent) = node.host;
+  for (const auto& node : plan.spares) hosts_.at(node.agent) = node.host;
+  SetRanks(plan);
+}
+
+// The generation's ranks, on its members' agents; the others stand by.
+void JobState::SetRanks(const Plan& plan) {
   ranks_.clear();
+  for (auto& n : nodes_) n.member = false;
   for (const auto& node : plan.nodes) {
-    hosts_.push_back(node.host);
-    for (size_t i = 0; i < node.slots.size(); ++i) {
-      ranks_[node.first_rank + static_cast<int>(i)].node_rank = node.node_rank;
-    }
+    DSL_CHECK(node.agent >= 0 &&
+              node.agent < static_cast<int>(nodes_.size()));
+    nodes_[node.agent].member = true;
+    for (size_t i = 0; i < node.slots.size(); ++i)
+      ranks_[node.first_rank + static_cast<int>(i)].node_rank = node.agent;
   }
+}
+
+int JobState::members() const {
+  int n = 0;
+  for (const auto& node : nodes_) n += node.member ? 1 : 0;
+  return n;
 }
 
 void JobState::SetPhase(Phase next) {
@@ -128,16 +148,25 @@ bool JobState::Decide(Outcome outcome) {
                             ranks_.at(outcome_.rank).error.empty()) ||
                            outcome_.cause == Outcome::Cause::kHung ||
                            outcome_.cause == Outcome::Cause::kNodeLost;
-  restart_pending_ =
-      restartable && restarts_ < max_restarts_ && interrupts_ == 0;
+  restart_pending_ = interrupts_ == 0 &&
+                     (outcome_.cause == Outcome::Cause::kGrow ||
+                      (restartable && failure_restarts_ < max_restarts_));
   SetPhase(Phase::kStopping);
   return true;
 }
 
 Generation JobState::CurrentGeneration() const {
+  std::vector<std::string> hosts;
+  std::map<int, int> first_rank;  // agent -> its first rank: node rank order
+  for (const auto& [rank, r] : ranks_) first_rank.emplace(r.node_rank, rank);
+  std::vector<std::pair<int, int>> order;
+  for (const auto& [agent, rank] : first_rank) order.push_back({rank, agent});
+  std::sort(order.begin(), order.end());
+  for (const auto& [rank, agent] : order) hosts.push_back(hosts_[agent]);
   return {restarts_,
           outcome_,
-          hosts_,
+          std::move(hosts),
+          static_cast<int>(ranks_.size()),
           generation_start_,
           stop_time_,
           all_idle_at_ == Clock::time_point{} ? Clock::now() : all_idle_at_};
@@ -157,40 +186,72 @@ void JobState::CallOffRestart(const std::string& why) {
 }
 
 Status JobState::NodeIdle(int node) {
+  if (node >= 0 && node < static_cast<int>(nodes_.size()) &&
+      nodes_[node].authenticated && !nodes_[node].member) {
+    nodes_[node].idle = true;  // stands by (it ended an empty generation)
+    return Status::Ok();
+  }
   if (node < 0 || node >= static_cast<int>(nodes_.size()) ||
       !nodes_[node].authenticated || phase_ != Phase::kStopping)
     return ProtocolError("generation end of node " + std::to_string(node) +
                          " while the job is " + PhaseName(phase_));
-  if (NodeHasRunningRanks(node))
-    return ProtocolError("generation end of node " + std::to_string(node) +
-                         " before the exits of its ranks");
+  // Ranks it never started (the stop came before its JobSpec) are not
+  // waited for.
+  for (const auto& [rank, r] : ranks_) {
+    if (r.node_rank == node && r.started && !r.exited)
+      return ProtocolError("generation end of node " + std::to_string(node) +
+                           " before the exit of rank " + std::to_string(rank));
+  }
   nodes_[node].idle = true;
   if (ReadyToRestart()) all_idle_at_ = Clock::now();
   return Status::Ok();
 }
 
 bool JobState::ReadyToRestart() const {
-  if (phase_ != Phase::kStopping || !restart_pending_) return false;
-  for (const auto& n : nodes_) {
-    if (!n.idle || !n.authenticated || n.disconnected || !n.lost_reason.empty())
-      return false;
-  }
-  return true;
+  return phase_ == Phase::kStopping && restart_pending_ && OthersIdle();
 }
 
-void JobState::NextGeneration() {
+std::vector<int> JobState::ReadyAgents() const {
+  const Clock::time_point now = Clock::now();
+  std::vector<int> ready;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    const NodeRecord& n = nodes_[i];
+    if (n.idle && n.authenticated && !n.disconnected && n.lost_reason.empty() &&
+        n.excluded_until <= now)
+      ready.push_back(static_cast<int>(i));
+  }
+  return ready;
+}
+
+bool JobState::CanGrow(int max_nodes) const {
+  if (phase_ != Phase::kRunning || members() >= max_nodes) return false;
+  for (int agent : ReadyAgents()) {
+    if (!nodes_[agent].member) return true;
+  }
+  return false;
+}
+
+bool JobState::Grow(const std::string& why) {
+  if (phase_ != Phase::kRunning || interrupts_ > 0) return false;
+  Outcome o;
+  o.cause = Outcome::Cause::kGrow;
+  o.reason = why;
+  return Decide(o);
+}
+
+void JobState::NextGeneration(const Plan& plan) {
   DSL_CHECK(ReadyToRestart());
   history_.push_back(CurrentGeneration());
   ++restarts_;
+  if (outcome_.cause != Outcome::Cause::kGrow) ++failure_restarts_;
   restart_pending_ = false;
   outcome_ = Outcome();
-  for (auto& [rank, r] : ranks_) {
-    const int node = r.node_rank;
-    r = RankRecord();
-    r.node_rank = node;
-  }
+  for (const auto& node : plan.nodes)
+    DSL_CHECK(node.agent >= 0 && node.agent < static_cast<int>(nodes_.size()) &&
+              nodes_[node.agent].idle);
+  SetRanks(plan);
   started_ = exited_ = 0;
-  for (auto& n : nodes_) n.idle = false;
+  for (auto& n : nodes_) n.idle = !n.member && n.authenticated;
   stop_time_ = all_idle_at_ = {};
   generation_start_ = Clock::now();
   SetPhase(Phase::kStarting);
@@ -200,12 +261,14 @@ Status JobState::NodeAuthenticated(int node) {
   if (node < 0 || node >= static_cast<int>(nodes_.size()))
     return ProtocolError("unknown node " + std::to_string(node));
   NodeRecord& n = nodes_[node];
-  if (!n.lost_reason.empty() && restart_pending_) {
+  if (!n.lost_reason.empty() && (restart_pending_ || !n.member)) {
     // A lost node's new agent: it waits for the next generation.
     n.lost_reason.clear();
     n.disconnected = n.process_exited = false;
     n.idle = true;
     if (ReadyToRestart()) all_idle_at_ = Clock::now();
+  } else if (!n.member && !n.authenticated) {
+    n.idle = true;  // a spare: it stands by
   }
   n.authenticated = true;
   return Status::Ok();
@@ -307,9 +370,14 @@ bool JobState::NodeHasRunningRanks(int node) const {
 }
 
 JobState::Action JobState::NodeDisconnected(int node, const std::string& why) {
-  nodes_.at(node).disconnected = true;
-  // Between generations every node is needed: it is lost, and waited for.
-  if (!NodeHasRunningRanks(node) && !restart_pending_) return Action::kNone;
+  NodeRecord& n = nodes_.at(node);
+  n.disconnected = true;
+  // Between generations every node is needed: it is lost, and waited for;
+  // so is one that stands by while the job runs.
+  const bool standing_by = !n.member && (phase_ == Phase::kStarting ||
+                                          phase_ == Phase::kRunning);
+  if (!NodeHasRunningRanks(node) && !restart_pending_ && !standing_by)
+    return Action::kNone;
   return NodeLost(node, "its agent's connection ended (" + why + ")");
 }
 
@@ -318,7 +386,9 @@ bool JobState::NodeLeftBeforeStart(int node) {
       node >= static_cast<int>(nodes_.size()) ||
       !nodes_[node].lost_reason.empty())
     return false;
+  const bool member = nodes_[node].member;
   nodes_[node] = NodeRecord();
+  nodes_[node].member = member;
   return true;
 }
 
@@ -342,6 +412,11 @@ JobState::Action JobState::NodeLost(int node, const std::string& why) {
     n.excluded_until = now + node_cooldown_;  // flapping
   ++n.losses;
   n.lost_at = now;
+  if (!n.member) {
+    spdlog::warn("node {} ({}), standing by, was lost: {}", node, hosts_[node],
+                 why);
+    return Action::kNone;
+  }
   Outcome o;
   o.cause = Outcome::Cause::kNodeLost;
   o.node = node;

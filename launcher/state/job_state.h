@@ -15,6 +15,11 @@
 //                          was killed past the grace period
 //   Stopping -> Starting   the next generation: a restart was due and every
 //                          agent ended its ranks and waits (idle)
+//
+// "node" below is an agent: its index among the job's hosts (NodePlan::agent,
+// spares last), fixed for the job. A generation's members are the agents
+// that run its ranks, under node ranks of their own (GenerationPlan); the
+// others stand by, idle.
 #pragma once
 
 #include <chrono>
@@ -47,6 +52,10 @@ struct Outcome {
     kInterrupted,  // the user (or the batch system) sent `signal`
     kStartFailed,  // nothing started: `start_status` says why
     kHung,         // rank `rank` made no progress (--on_hang abort)
+    // --num_nodes MIN:MAX: a generation below MAX stops so that the next
+    // one runs on the nodes that came back (`reason` names them). Spends
+    // no restart of the --max_restarts budget; never the job's end.
+    kGrow,
   };
   Cause cause = Cause::kNone;
   int rank = -1;
@@ -84,8 +93,11 @@ struct RankRecord {
 };
 
 struct NodeRecord {
+  bool member = false;          // runs ranks in this generation
   bool authenticated = false;
-  bool idle = false;            // its ranks are gone; it waits for a restart
+  // It runs no rank and waits for a generation: a member whose ranks are
+  // gone, a spare, a lost node's new agent.
+  bool idle = false;
   int losses = 0;               // times its agent was lost
   Clock::time_point lost_at{};  // the last time
   // Lost twice within --node_cooldown: not started again before this.
@@ -105,6 +117,7 @@ struct Generation {
   int restart_count = 0;  // 0: the first
   Outcome outcome;
   std::vector<std::string> hosts;  // its nodes, by node rank
+  int world_size = 0;
   Clock::time_point started{};
   Clock::time_point stopped{};  // when the outcome was decided
   Clock::time_point ended{};    // every agent idle (or the restart called off)
@@ -120,9 +133,9 @@ class JobState {
     kShutdownAll,  // every rank is done: tell the agents to exit
   };
 
-  // `max_restarts`: how many generations may follow the first; a node
-  // lost again within `node_cooldown_s` of its last loss is excluded for
-  // that long.
+  // `plan`: the first generation's (its spares stand by). `max_restarts`:
+  // how many generations may follow a failed one; a node lost again within
+  // `node_cooldown_s` of its last loss is excluded for that long.
   explicit JobState(const Plan& plan, int max_restarts = 0,
                     double node_cooldown_s = 600);
 
@@ -135,10 +148,15 @@ class JobState {
   Clock::time_point end_time() const { return end_time_; }
   Clock::time_point generation_start() const { return generation_start_; }
 
-  // Generations: restarts so far (the current generation's number) and the
-  // ones that ended before it.
+  // Generations: restarts so far (the current generation's number: every
+  // generation after the first, whatever its cause) and the ones that ended
+  // before it. Those after a failure spend the --max_restarts budget; those
+  // that grew the job (kGrow) do not.
   int restarts() const { return restarts_; }
+  int failure_restarts() const { return failure_restarts_; }
   int max_restarts() const { return max_restarts_; }
+  // The agents of this generation's ranks.
+  int members() const;
   const std::vector<Generation>& history() const { return history_; }
   // The stop under way ends in a restart: its cause was a rank's failure, a
   // hang or a lost node (an interrupt, a stop from outside, success: never),
@@ -151,20 +169,32 @@ class JobState {
   std::vector<std::string> MissingNodes() const;
   // Every node not lost has ended its ranks and waits.
   bool OthersIdle() const;
+  // Agents that could run the next generation: connected, idle, not lost,
+  // not excluded by the cooldown. Ascending.
+  std::vector<int> ReadyAgents() const;
+  // A node that is not lost, not excluded, and stands by while the current
+  // generation runs on fewer nodes than `max_nodes`: it could grow the job.
+  bool CanGrow(int max_nodes) const;
   // The lost nodes did not come back in time (--rejoin_timeout) or cannot
   // (--node_cooldown): the job ends, 69, naming them (`why`). The failure
   // that was to be restarted goes to history().
   void GiveUpRejoin(const std::string& why);
   // The agent of `node` ended its ranks of this generation and waits.
   Status NodeIdle(int node);
-  // Every agent is idle: the next generation can start.
+  // A restart is due and every node not lost is idle: the next generation
+  // can start, on ReadyAgents() (the Job chooses how many).
   bool ReadyToRestart() const;
   // Calls a pending restart off (a node was lost meanwhile): the stop ends
   // the job. `why` goes to the outcome's no_restart.
   void CallOffRestart(const std::string& why);
-  // Stopping -> Starting: the current generation goes to history(), every
-  // rank is pending again on the same nodes. Only when ReadyToRestart().
-  void NextGeneration();
+  // Stopping -> Starting: the current generation goes to history(); `plan`
+  // is the next one's (its nodes' agents among ReadyAgents()), every rank
+  // of it pending. Only when ReadyToRestart().
+  void NextGeneration(const Plan& plan);
+  // Running -> Stopping with a restart that spends no budget (kGrow): nodes
+  // stand by that the generation could use (`why` names them). False when
+  // nothing changed (not running, an interrupt came first).
+  bool Grow(const std::string& why);
 
   // Events from agents. Invalid ones (unknown rank or node, a rank's start
   // or exit from another node, or repeated) return a non-OK Status and change
@@ -176,10 +206,13 @@ class JobState {
   StatusOr<Action> RankExited(int node, int rank, int exit_code, int signal,
                               double exit_time, std::string error,
                               bool stopped = false);
-  // The node's connection ended; a node with ranks still running is lost.
+  // The node's connection ended; a node with ranks still running is lost,
+  // and so is one that stands by while the job runs or restarts (it is
+  // started again, but stops nothing).
   Action NodeDisconnected(int node, const std::string& why);
   // The starter saw the agent process end; lost if it never connected.
   Action AgentProcessExited(int node, const std::string& how);
+  // A member's loss stops the generation; another node's is only noted.
   Action NodeLost(int node, const std::string& why);
   // SIGINT/SIGTERM/SIGHUP: the first stops gracefully, a second kills.
   Action Interrupted(int signal);
@@ -221,6 +254,7 @@ class JobState {
   void InterruptRestart(Outcome interrupt);
   Generation CurrentGeneration() const;
   bool NodeHasRunningRanks(int node) const;
+  void SetRanks(const Plan& plan);
 
   Phase phase_ = Phase::kStarting;
   Outcome outcome_;
@@ -234,6 +268,7 @@ class JobState {
   int max_restarts_ = 0;
   Clock::duration node_cooldown_{};
   int restarts_ = 0;
+  int failure_restarts_ = 0;
   bool restart_pending_ = false;
   std::vector<Generation> history_;
   Clock::time_point generation_start_ = Clock::now();

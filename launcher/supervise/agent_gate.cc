@@ -36,7 +36,7 @@ void AgentGate::Spend(int node_rank) {
 bool AgentGate::EveryAgentIn(const JobState& state) const {
   if (!agents_make_secrets_) return true;
   for (const NodeRecord& node : state.nodes()) {
-    if (!node.authenticated) return false;
+    if (node.member && !node.authenticated) return false;
   }
   return true;
 }

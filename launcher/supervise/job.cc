@@ -57,6 +57,7 @@ Job::Job(asio::io_context& io, const LaunchOptions& options, Plan plan,
     : io_(io),
       options_(options),
       mode_(StartModeNamed(options.launcher)),
+      pool_(AgentPool(plan)),
       plan_(std::move(plan)),
       spec_(SpecParts(options, mode_, std::move(job_id), std::move(job_env),
                       std::move(command))),
@@ -66,7 +67,6 @@ Job::Job(asio::io_context& io, const LaunchOptions& options, Plan plan,
       store_(io),
       start_timer_(io),
       stop_timer_(io),
-      restart_timer_(io),
       watch_(io, options, console,
              {[this](const std::vector<int>& ranks, const std::string& why) {
                 forensics_.CollectStacks(ranks, why);
@@ -80,7 +80,16 @@ Job::Job(asio::io_context& io, const LaunchOptions& options, Plan plan,
                   },
                   [this](int rank, const std::string& why) {
                     Act(state_.Hung(rank, why));
-                  }}) {
+                  }}),
+      restarts_(io, options, console, state_, pool_,
+                plan_.min_nodes > 0 ? plan_.min_nodes
+                                    : static_cast<int>(plan_.nodes.size()),
+                static_cast<int>(plan_.nodes.size()),
+                {[this](const std::string& why) { GiveUpRestart(why); },
+                 [this](const std::vector<int>& agents) {
+                   StartNextGeneration(agents);
+                 },
+                 [this](const std::string& why) { Grow(why); }}) {
   if (mode_.agents_join) {
     join_.emplace(io, options, console, state_,
                   static_cast<int>(plan_.nodes.size()),
@@ -99,12 +108,13 @@ std::optional<std::string> Job::NodeSecret(int node_rank) const {
 void Job::Start(Starter* starter, AgentLinks* links, int control_port) {
   starter_ = starter;
   links_ = links;
+  restarts_.SetStarter(starter);
   gate_.Started(starter->AgentsMakeSecrets());
   start_time_ = Clock::now();
   ArmStartTimer();
   watch_.Start();
   if (join_) join_->Start(control_port, start_time_);
-  AgentBootstrap boot{&plan_, &options_, spec_.job_id, gate_.job_secret(),
+  AgentBootstrap boot{&pool_, &options_, spec_.job_id, gate_.job_secret(),
                       control_port};
   starter_->Start(boot, [this](StatusOr<Starter::Started> started) {
     OnStarted(std::move(started));
@@ -131,7 +141,7 @@ void Job::OnStarted(StatusOr<Starter::Started> started) {
   if (state_.phase() != Phase::kStarting) return;  // interrupted meanwhile
   if (options_.plan.master_addr.empty() && !started->master_addr.empty())
     plan_.master_addr = started->master_addr;
-  spdlog::info("agents started on {} nodes", plan_.nodes.size());
+  spdlog::info("agents started on {} nodes", pool_.nodes.size());
 }
 
 void Job::ArmStartTimer() {
@@ -179,27 +189,35 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
                node_rank, proto::EscapeForLog(hello.facts().hostname(), 255),
                hello.facts().agent_pid(), hello.facts().cpu_cores(),
                hello.facts().gpus_size());
-  const bool back =
-      !state_.node(node_rank).lost_reason.empty() && state_.restart_pending();
+  const NodeRecord& record = state_.node(node_rank);
+  const bool live = state_.restart_pending() ||
+                    state_.phase() == Phase::kStarting ||
+                    state_.phase() == Phase::kRunning;
+  const bool back = !record.lost_reason.empty() &&
+                    (state_.restart_pending() || !record.member);
+  const bool standby = live && (back || !record.member);
   if (Status st = state_.NodeAuthenticated(node_rank); !st.ok()) {
     spdlog::warn("{}", st.message());
     return;
   }
-  if (back) {
-    // A lost node's new agent: it waits for the next generation.
-    if (join_) {
-      // A restarted pod may run elsewhere: its name and address now.
+  agent_addrs_[node_rank] = agent_addr;
+  restarts_.NoteFreePort(node_rank, hello.facts().free_port());
+  if (standby) {
+    // A lost node's new agent, or a spare: it waits for a generation.
+    if (back && join_) {
+      // A restarted pod may run elsewhere: its name now.
       const std::string& name = hello.facts().hostname();
-      plan_.nodes[node_rank].host =
+      pool_.nodes[node_rank].host =
           proto::EscapeForLog(name.empty() ? agent_addr : name, 255);
-      if (node_rank == 0 && options_.plan.master_addr.empty())
-        plan_.master_addr = agent_addr;
     }
-    console_.Note("node " + std::to_string(node_rank) + " (" +
-                  plan_.nodes[node_rank].host + ") is back");
-    if (node_rank == 0 && hello.facts().free_port() > 0 &&
-        hello.facts().free_port() <= 65535)
-      next_master_port_ = hello.facts().free_port();
+    if (back) {
+      console_.Note("node " + std::to_string(node_rank) + " (" +
+                    pool_.nodes[node_rank].host + ") is back");
+    } else {
+      spdlog::info("node {} ({}) stands by", node_rank,
+                   pool_.nodes[node_rank].host);
+    }
+    StandBy(node_rank);
     return TendRestart();
   }
   if (state_.phase() != Phase::kStarting && state_.phase() != Phase::kRunning) {
@@ -240,10 +258,22 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
   for (int n : gate_.Admit(node_rank, state_)) SendJobSpec(n);
 }
 
-void Job::SendJobSpec(int node_rank) {
+void Job::SendJobSpec(int agent) {
+  for (const NodePlan& node : plan_.nodes) {
+    if (node.agent != agent) continue;
+    wire::Envelope env;
+    *env.mutable_job_spec() = MakeJobSpec(plan_, spec_, node.node_rank);
+    (void)links_->Send(agent, env);
+    return;
+  }
+}
+
+void Job::StandBy(int agent) {
   wire::Envelope env;
-  *env.mutable_job_spec() = MakeJobSpec(plan_, spec_, node_rank);
-  (void)links_->Send(node_rank, env);
+  env.mutable_abort()->set_reason(
+      "no place in this generation; standing by for a later one");
+  env.mutable_abort()->set_restart(true);
+  (void)links_->Send(agent, env);
 }
 
 // --launcher join: the plan is the agents' now.
@@ -251,6 +281,7 @@ void Job::StartJoinedJob(StatusOr<JoinedPlan> joined) {
   if (!joined.ok()) return FailJoinedStart(joined.status());
   if (!joined->warning.empty()) console_.Note(joined->warning);
   plan_ = std::move(joined->plan);
+  pool_ = AgentPool(plan_);
   state_.Replan(plan_);
   if (on_plan_final_) {
     if (Status st = on_plan_final_(plan_); !st.ok()) return FailJoinedStart(st);
@@ -263,8 +294,7 @@ void Job::StartJoinedJob(StatusOr<JoinedPlan> joined) {
       plan_.master_addr + ":" + std::to_string(plan_.master_port) +
       " (node 0, " + plan_.nodes[0].host + ")");
   gate_.SetMasterPortKnown();
-  for (size_t n = 0; n < plan_.nodes.size(); ++n)
-    SendJobSpec(static_cast<int>(n));
+  for (const NodePlan& node : plan_.nodes) SendJobSpec(node.agent);
 }
 
 void Job::FailJoinedStart(const Status& why) {
@@ -351,6 +381,8 @@ void Job::HandleWorkerStarted(int node_rank, const wire::WorkerStarted& s) {
   // Stamped with this host's clock, as records are.
   console_.board().Started(s.rank(), s.pid(), proto::SteadySeconds());
   Act(*action);
+  // Running now: a node that came back meanwhile may grow it.
+  if (state_.phase() == Phase::kRunning) TendRestart();
 }
 
 void Job::HandleWorkerExited(int node_rank, const wire::WorkerExited& e) {
@@ -370,85 +402,22 @@ void Job::HandleWorkerExited(int node_rank, const wire::WorkerExited& e) {
 void Job::HandleGenerationEnded(int node_rank, const wire::GenerationEnded& e) {
   if (Status st = state_.NodeIdle(node_rank); !st.ok())
     return spdlog::warn("node {}: {}", node_rank, st.message());
-  if (node_rank == 0 && e.free_port() > 0 && e.free_port() <= 65535)
-    next_master_port_ = e.free_port();
+  restarts_.NoteFreePort(node_rank, e.free_port());
   TendRestart();
 }
 
 void Job::TendRestart() {
-  if (!state_.restart_pending()) return;
   if (state_.ReadyToRestart()) {
-    // Every rank of the generation is gone; every agent waits.
+    // Every rank of the generation is gone; from now on --rejoin_timeout
+    // bounds the wait for nodes, not the stop's timer (which would end the
+    // job while an agent started again is still on its way).
     stop_timer_.cancel();
     stop_timer_armed_ = false;
-    rejoin_deadline_ = {};
-    restart_timer_.expires_after(Ms(options_.restart_backoff_s));
-    restart_timer_.async_wait([this](const boost::system::error_code& ec) {
-      if (!ec && state_.ReadyToRestart()) StartNextGeneration();
-    });
-    return;
   }
-  const Clock::time_point now = Clock::now();
-  bool lost = false, may_return = false;
-  for (size_t i = 0; i < plan_.nodes.size(); ++i) {
-    const int n = static_cast<int>(i);
-    const NodeRecord& node = state_.node(n);
-    if (node.lost_reason.empty()) continue;
-    lost = true;
-    const std::string who =
-        "node " + std::to_string(n) + " (" + plan_.nodes[i].host + ")";
-    if (!starter_->CanStartAgain()) {
-      return GiveUpRestart(who + " was lost (" + node.lost_reason +
-                           "), and this start mode cannot start its agent "
-                           "again");
-    }
-    if (node.excluded_until > now + Ms(options_.rejoin_timeout_s)) continue;
-    may_return = true;
-    if (!node.process_exited) {
-      // Its link was cut but the agent may still run: it must end before
-      // another takes the node.
-      if (!node.disconnected) continue;
-      if (!started_again_.count(n)) starter_->Kill(n);
-      continue;
-    }
-    auto last = started_again_.find(n);
-    if (node.excluded_until > now ||
-        (last != started_again_.end() && now - last->second < Ms(5)))
-      continue;
-    started_again_[n] = now;
-    console_.Note(join_ ? "waiting for " + who + " to join again"
-                        : "starting the agent of " + who + " again");
-    state_.NodeRestarting(n);
-    starter_->StartAgain(n);
-  }
-  if (lost && !may_return) {
-    return GiveUpRestart(
-        "not enough nodes: excluded for --node_cooldown " +
-        std::to_string(static_cast<int>(options_.node_cooldown_s)) +
-        " s (lost twice within it): " + Join(state_.MissingNodes(), ", "));
-  }
-  // The wait for them starts once the others have stopped; from then on
-  // --rejoin_timeout bounds it, not the stop's timer (which would end the
-  // job while an agent started again is still on its way).
-  if (!state_.OthersIdle()) return;
-  stop_timer_.cancel();
-  stop_timer_armed_ = false;
-  if (rejoin_deadline_ == Clock::time_point{})
-    rejoin_deadline_ = now + Ms(options_.rejoin_timeout_s);
-  if (now >= rejoin_deadline_) {
-    return GiveUpRestart(
-        "not enough nodes within --rejoin_timeout " +
-        std::to_string(static_cast<int>(options_.rejoin_timeout_s)) +
-        " s; missing: " + Join(state_.MissingNodes(), ", "));
-  }
-  restart_timer_.expires_after(std::chrono::seconds(1));
-  restart_timer_.async_wait([this](const boost::system::error_code& ec) {
-    if (!ec) TendRestart();
-  });
+  restarts_.Tend();
 }
 
 void Job::GiveUpRestart(const std::string& why) {
-  restart_timer_.cancel();
   console_.Note(why);
   state_.GiveUpRejoin(why);
   // The waiting agents exit; those started again that have not come back
@@ -456,28 +425,50 @@ void Job::GiveUpRestart(const std::string& why) {
   Act(JobState::Action::kAbortAll);
 }
 
-// The same agents, a fresh rendezvous: a MASTER_PORT node 0 found free now
-// (unless --master_port), an empty store, the restart count in every
-// rank's environment.
-void Job::StartNextGeneration() {
-  const std::string why = state_.outcome().reason;
+void Job::Grow(const std::string& why) {
+  if (state_.Grow(why)) Act(JobState::Action::kAbortAll);
+}
+
+// A fresh rendezvous on the agents chosen: node ranks and ranks renumbered
+// densely in their order, MASTER_ADDR node 0's (unless --master_addr), a
+// MASTER_PORT node 0 found free now (unless --master_port), an empty store,
+// the restart count in every rank's environment.
+void Job::StartNextGeneration(const std::vector<int>& agents) {
+  const Outcome ended = state_.outcome();
   const double stopped_s =
       std::chrono::duration<double>(Clock::now() - state_.stop_time()).count();
+  const int node0 = agents.at(0);
+  std::string master_addr = plan_.master_addr;
+  if (options_.plan.master_addr.empty() &&
+      (plan_.nodes.empty() || plan_.nodes[0].agent != node0 || join_)) {
+    master_addr = join_ ? agent_addrs_[node0] : pool_.nodes[node0].host;
+  }
+  int master_port = plan_.master_port;
+  if (!options_.master_port_given && restarts_.FreePort(node0) > 0)
+    master_port = restarts_.FreePort(node0);
+  const size_t nodes_before = plan_.nodes.size();
+  const int world_before = plan_.world_size;
+  Plan next = GenerationPlan(pool_, agents, master_addr, master_port);
   store_.Clear("the generation ended");
-  state_.NextGeneration();
+  state_.NextGeneration(next);
+  plan_ = std::move(next);
   watch_.NewGeneration();
-  if (!options_.master_port_given && next_master_port_ > 0)
-    plan_.master_port = next_master_port_;
   spec_.restart_count = state_.restarts();
-  console_.NewGeneration(plan_, state_.restarts(), why);
+  console_.NewGeneration(plan_, state_.restarts(), ended.reason);
   char took[32];
   std::snprintf(took, sizeof(took), "%.2f", stopped_s);
-  console_.Note("restart " + std::to_string(state_.restarts()) + " of " +
-                std::to_string(state_.max_restarts()) + " (" + took +
-                " s after the stop began): " + why + "; MASTER_PORT " +
-                std::to_string(plan_.master_port));
-  for (size_t n = 0; n < plan_.nodes.size(); ++n)
-    SendJobSpec(static_cast<int>(n));
+  std::string size;
+  if (plan_.nodes.size() != nodes_before || plan_.world_size != world_before) {
+    std::vector<std::string> hosts;
+    for (const NodePlan& node : plan_.nodes) hosts.push_back(node.host);
+    size = "; " + Plural(plan_.nodes.size(), "node") + " (" +
+           Join(hosts, ", ") + "), " + Plural(plan_.world_size, "rank") +
+           " (was " + std::to_string(world_before) + ")";
+  }
+  console_.Note(RestartName(ended.cause == Outcome::Cause::kGrow, 0) + " (" +
+                took + " s after the stop began): " + ended.reason + size +
+                "; MASTER_PORT " + std::to_string(plan_.master_port));
+  for (const NodePlan& node : plan_.nodes) SendJobSpec(node.agent);
 }
 
 void Job::HandleStore(int node_rank, const wire::StoreRequest& request) {
@@ -490,7 +481,7 @@ void Job::HandleStore(int node_rank, const wire::StoreRequest& request) {
 }
 
 void Job::OnAgentDisconnected(int node_rank, const Status& why) {
-  started_again_.erase(node_rank);
+  restarts_.Disconnected(node_rank);
   // A joined agent that leaves while the job assembles frees its node.
   if (join_ && join_->Assembling(node_rank) &&
       state_.NodeLeftBeforeStart(node_rank))
@@ -538,7 +529,7 @@ void Job::StoppedFromOutside(int sig, const std::string& why) {
 // An agent signalled by someone else stops its ranks: they die of that, not
 // of a failure of their own. Under SLURM it is SLURM ending the step.
 void Job::HandleAgentSignalled(int node_rank, int sig) {
-  const std::string& host = plan_.nodes[node_rank].host;
+  const std::string& host = pool_.nodes[node_rank].host;
   StoppedFromOutside(sig, mode_.scheduler_signals_agents
                               ? "SLURM stopped the step (" + SignalName(sig) +
                                     " to the agent on " + host + ")"
@@ -571,6 +562,37 @@ void Job::ShutdownAll() {
   wire::Envelope env;
   env.mutable_shutdown();
   SendToAll(env);
+  KillUnconnected();
+}
+
+// "restart 2 of 3" (the --max_restarts budget), with the generation's
+// number where grows made them differ; a grow spends nothing. `ahead`: 1 for
+// the restart to come, 0 for the one just made.
+std::string Job::RestartName(bool grow, int ahead) const {
+  const int generation = state_.restarts() + ahead;
+  if (grow) {
+    return "restart " + std::to_string(generation) +
+           ", which grows the job (no restart of --max_restarts spent)";
+  }
+  const int spent = state_.failure_restarts() + ahead;
+  return "restart " + std::to_string(spent) + " of " +
+         std::to_string(state_.max_restarts()) +
+         (spent == generation
+              ? std::string()
+              : " (generation " + std::to_string(generation) + ")");
+}
+
+void Job::KillUnconnected() {
+  for (size_t n = 0; n < state_.nodes().size(); ++n) {
+    const int agent = static_cast<int>(n);
+    const NodeRecord& node = state_.node(agent);
+    if (node.authenticated || node.process_exited) continue;
+    // A restart is due: spares and agents started again stay.
+    if (state_.restart_pending() &&
+        (!node.member || restarts_.StartingAgain(agent)))
+      continue;
+    starter_->Kill(agent);
+  }
 }
 
 void Job::Abort(bool kill_now) {
@@ -582,18 +604,18 @@ void Job::Abort(bool kill_now) {
   env.mutable_abort()->set_exit_status(state_.ExitStatus());
   env.mutable_abort()->set_restart(state_.restart_pending());
   if (state_.restart_pending()) {
-    console_.Note(state_.outcome().reason +
-                  "; stopping every rank, then restart " +
-                  std::to_string(state_.restarts() + 1) + " of " +
-                  std::to_string(state_.max_restarts()));
+    console_.Note(state_.outcome().reason + "; stopping every rank, then " +
+                  RestartName(state_.outcome().cause == Outcome::Cause::kGrow,
+                              1));
   }
-  SendToAll(env);
+  // Agents standing by have no ranks to stop: an Abort that restarts
+  // leaves them be, one that ends the job ends them.
   for (size_t n = 0; n < state_.nodes().size(); ++n) {
     const NodeRecord& node = state_.node(static_cast<int>(n));
-    // No workers yet: nothing to stop gracefully.
-    if (!node.authenticated && !node.process_exited)
-      starter_->Kill(static_cast<int>(n));
+    if (node.authenticated && (node.member || !state_.restart_pending()))
+      (void)links_->Send(static_cast<int>(n), env);
   }
+  KillUnconnected();
   MaybeEnd();
 }
 
@@ -612,8 +634,9 @@ void Job::ArmStopTimer() {
     for (size_t n = 0; n < state_.nodes().size(); ++n) {
       const int node = static_cast<int>(n);
       if (state_.node(node).finished() || state_.node(node).idle) continue;
+      if (state_.restart_pending() && restarts_.StartingAgain(node)) continue;
       console_.Note("agent of node " + std::to_string(node) + " (" +
-                    plan_.nodes[node].host +
+                    pool_.nodes[node].host +
                     ") did not stop in time; killing it");
       starter_->Kill(node);
     }
@@ -640,6 +663,7 @@ int Job::Finish() {
 void Job::MaybeEnd() {
   if (!state_.MaybeEnd()) return;
   stop_timer_.cancel();
+  restarts_.Stop();
   if (join_) join_->Stop();
   watch_.Stop();
   store_.FailAll("job ended");

@@ -33,6 +33,7 @@
 #include "launcher/supervise/job_watch.h"
 #include "launcher/supervise/join_assembly.h"
 #include "launcher/supervise/kv_store.h"
+#include "launcher/supervise/restarts.h"
 
 namespace dslaunch::launcher {
 
@@ -64,7 +65,10 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   }
 
   const JobState& state() const { return state_; }
+  // The current generation's plan; every agent of the job (spares too),
+  // by index: what the starter starts.
   const Plan& plan() const { return plan_; }
+  const Plan& pool() const { return pool_; }
   int restarts() const { return state_.restarts(); }
   const std::string& job_id() const { return spec_.job_id; }
 
@@ -89,20 +93,25 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   // The joined agents hear why (an Abort with the exit status) before the
   // launcher ends: none waits for a job that will not come.
   void FailJoinedStart(const Status& why);
-  // Sends node_rank its JobSpec once the master port is known.
-  void SendJobSpec(int node_rank);
+  // Sends `agent` its JobSpec (its node of the generation's plan).
+  void SendJobSpec(int agent);
+  // An agent with no place in this generation waits, idle, for a later one.
+  void StandBy(int agent);
+  // Restarts::Tend, and the stop's timer is off once every rank is gone
+  // (the wait for nodes has bounds of its own).
+  void TendRestart();
   void HandleWorkerStarted(int node_rank, const wire::WorkerStarted& started);
   void HandleWorkerExited(int node_rank, const wire::WorkerExited& exited);
-  // --max_restarts: the node's agent ended its ranks and waits; once every
-  // node's has, the next generation starts after --restart_backoff.
+  // --max_restarts: the node's agent ended its ranks and waits.
   void HandleGenerationEnded(int node_rank, const wire::GenerationEnded& e);
-  // A restart is due: lost nodes' agents are started again (where the
-  // start mode can, not while --node_cooldown excludes them, again every
-  // few seconds while they fail); --rejoin_timeout bounds the wait. Once
-  // every node waits, the next generation starts after --restart_backoff.
-  void TendRestart();
   void GiveUpRestart(const std::string& why);
-  void StartNextGeneration();
+  // The next generation on `agents`: node ranks and ranks renumbered.
+  void StartNextGeneration(const std::vector<int>& agents);
+  void Grow(const std::string& why);
+  // Agents started but not connected are killed (nothing to stop
+  // gracefully), unless they are on their way to a later generation.
+  void KillUnconnected();
+  std::string RestartName(bool grow, int ahead) const;
   void HandleProgress(int node_rank, const wire::ProgressBatch& batch);
   // Whether `rank` runs on node_rank (else its entry is dropped, logged).
   bool RankOfNode(int rank, int node_rank) const;
@@ -118,6 +127,7 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   boost::asio::io_context& io_;
   const LaunchOptions& options_;
   const StartMode& mode_;
+  Plan pool_;
   Plan plan_;
   JobSpecParts spec_;  // what every node's JobSpec shares
   Console& console_;
@@ -129,11 +139,7 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   boost::asio::steady_timer start_timer_;
   boost::asio::steady_timer stop_timer_;
   bool stop_timer_armed_ = false;
-  // --restart_backoff, or a tick while lost nodes are waited for.
-  boost::asio::steady_timer restart_timer_;
-  Clock::time_point rejoin_deadline_{};  // while lost nodes are waited for
-  std::map<int, Clock::time_point> started_again_;  // node -> last attempt
-  int next_master_port_ = 0;  // node 0's free port at the last generation end
+  std::map<int, std::string> agent_addrs_;  // agent -> its peer address
   std::optional<JoinAssembly> join_;  // --launcher join only
   std::function<Status(const Plan&)> on_plan_final_;
   std::set<int> done_nodes_;  // agents that sent AgentDone
@@ -142,6 +148,7 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   Clock::time_point start_time_;
   JobWatch watch_;
   JobForensics forensics_;
+  Restarts restarts_;
 };
 
 }  // namespace dslaunch::launcher

@@ -141,7 +141,7 @@ TEST(JobState,
   EXPECT_FALSE(s.ReadyToRestart());  // rank 0 still runs
   StopGeneration(s);
   ASSERT_TRUE(s.ReadyToRestart());
-  s.NextGeneration();
+  s.NextGeneration(OneNodeTwoRanks());
   EXPECT_EQ(s.phase(), Phase::kStarting);
   EXPECT_EQ(s.restarts(), 1);
   EXPECT_EQ(s.outcome().cause, Outcome::Cause::kNone);
@@ -168,7 +168,7 @@ TEST(JobState,
 TEST(JobState, TheRestartBudgetIsNeverExceeded) {
   JobState s = RunningThenRank1Fails(1);
   StopGeneration(s);
-  s.NextGeneration();
+  s.NextGeneration(OneNodeTwoRanks());
   EXPECT_TRUE(s.RankStarted(0, 0, 200).ok());
   EXPECT_TRUE(s.RankStarted(0, 1, 201).ok());
   EXPECT_EQ(*s.RankExited(0, 1, 4, 0, 2.0, ""), JobState::Action::kAbortAll);
@@ -240,7 +240,9 @@ TEST(JobState, ANodeLostWhileARestartIsDueIsWaitedFor) {
   StopGeneration(s);
   EXPECT_EQ(s.NodeDisconnected(0, "connection reset"), JobState::Action::kNone);
   EXPECT_TRUE(s.restart_pending());
-  EXPECT_FALSE(s.ReadyToRestart());
+  // Every rank is gone, but no agent is ready: the Job waits for it.
+  EXPECT_TRUE(s.ReadyToRestart());
+  EXPECT_TRUE(s.ReadyAgents().empty());
   EXPECT_EQ(s.MissingNodes(),
             std::vector<std::string>{
                 "127.0.0.1 (its agent's connection ended (connection reset))"});
@@ -251,8 +253,9 @@ TEST(JobState, ANodeLostWhileARestartIsDueIsWaitedFor) {
   EXPECT_FALSE(s.node(0).finished());
   ASSERT_TRUE(s.NodeAuthenticated(0).ok());
   EXPECT_TRUE(s.ReadyToRestart());
+  EXPECT_EQ(s.ReadyAgents(), std::vector<int>{0});
   EXPECT_TRUE(s.MissingNodes().empty());
-  s.NextGeneration();
+  s.NextGeneration(OneNodeTwoRanks());
   EXPECT_EQ(s.restarts(), 1);
 }
 
@@ -290,7 +293,7 @@ TEST(JobState, ANodeLostTwiceWithinTheCooldownIsExcluded) {
   EXPECT_EQ(s.node(0).excluded_until, Clock::time_point{});  // once: not
   s.NodeRestarting(0);
   ASSERT_TRUE(s.NodeAuthenticated(0).ok());
-  s.NextGeneration();
+  s.NextGeneration(OneNodeTwoRanks());
   ASSERT_TRUE(s.NodeAuthenticated(0).ok());
   EXPECT_EQ(s.NodeLost(0, "gone again"), JobState::Action::kAbortAll);
   EXPECT_EQ(s.node(0).losses, 2);
