@@ -188,6 +188,39 @@ TEST(Flags, RestartFlagsAreCheckedAndNeverIgnored) {
   EXPECT_EQ(o->restart_backoff_s, 1);
 }
 
+TEST(Flags, NumNodesMinMaxIsCheckedAndNeedsRestarts) {
+  EXPECT_EQ(UsageError({"--num_nodes", "2:3", "p"}),
+            "--num_nodes MIN:MAX needs --max_restarts N: the job runs on fewer "
+            "nodes, or on spares, only in a generation after a failure");
+  EXPECT_EQ(UsageError({"--max_restarts", "1", "--num_nodes", "3:2", "p"}),
+            "--num_nodes 3:2: need 1 <= MIN <= MAX <= 65536");
+  EXPECT_EQ(UsageError({"--max_restarts", "1", "--num_nodes", "0:2", "p"}),
+            "--num_nodes 0:2: need 1 <= MIN <= MAX <= 65536");
+  EXPECT_EQ(UsageError({"--max_restarts", "1", "--num_nodes", "2:x", "p"}),
+            "--num_nodes must be N or MIN:MAX (whole numbers), got '2:x'");
+  EXPECT_EQ(UsageError({"--max_restarts", "1", "--num_nodes", ":3", "p"}),
+            "--num_nodes must be N or MIN:MAX (whole numbers), got ':3'");
+  EXPECT_EQ(UsageError({"--max_restarts", "1", "--join_settle", "5", "p"}),
+            "--join_settle needs --num_nodes MIN:MAX: with a fixed number of "
+            "nodes a generation always waits for all of them");
+  EXPECT_EQ(UsageError({"--max_restarts", "1", "--num_nodes", "1:2",
+                        "--join_settle", "-1", "p"}),
+            "--join_settle must be a number of seconds in [0, 86400], got -1");
+  int exit_now = -1;
+  auto o = Parse({"--max_restarts", "1", "--num_nodes", "2:4", "--join_settle",
+                  "3", "p"},
+                 &exit_now);
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_EQ(o->plan.min_nodes, 2);
+  EXPECT_EQ(o->plan.num_nodes, 4);
+  EXPECT_EQ(o->join_settle_s, 3);
+  o = Parse({"--num_nodes", "3", "p"}, &exit_now);
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->plan.min_nodes, -1);  // N: a fixed size, no spares
+  EXPECT_EQ(o->plan.num_nodes, 3);
+  EXPECT_EQ(o->join_settle_s, 10);
+}
+
 TEST(Flags, GivenEmptyValueIsAnErrorNotTheDefault) {
   EXPECT_EQ(UsageError({"-i", "", "p"}),
             "--include: empty value (leave the flag out for its default)");

@@ -262,6 +262,83 @@ TEST(Plan, RejectsNumNodesBelowOne) {
   EXPECT_EQ(PlanError(options), "--num_nodes must be at least 1, got -2");
 }
 
+TEST(Plan, NumNodesMinMaxMakesTheHostsBeyondMaxSpares) {
+  PlanOptions options;
+  ASSERT_TRUE(ParseNumNodes("1:2", 100, options).ok());
+  options.num_gpus = 2;
+  Plan plan = MustPlan(ThreeHosts(), options);
+  ASSERT_EQ(plan.nodes.size(), 2u);
+  EXPECT_EQ(plan.min_nodes, 1);
+  EXPECT_EQ(plan.world_size, 4);
+  EXPECT_EQ(plan.nodes[1].agent, 1);
+  ASSERT_EQ(plan.spares.size(), 1u);
+  EXPECT_EQ(plan.spares[0].host, "node3");
+  EXPECT_EQ(plan.spares[0].agent, 2);
+  EXPECT_EQ(plan.spares[0].node_rank, -1);
+  EXPECT_EQ(plan.spares[0].slots, (std::vector<int>{0, 1}));  // --num_gpus too
+  // The pool: every agent by index, what the starter starts.
+  Plan pool = AgentPool(plan);
+  ASSERT_EQ(pool.nodes.size(), 3u);
+  EXPECT_EQ(pool.nodes[2].node_rank, 2);
+  EXPECT_EQ(pool.nodes[2].host, "node3");
+  EXPECT_TRUE(pool.spares.empty());
+  // Fewer hosts than MAX are enough when MIN are there; fewer than MIN not.
+  ASSERT_TRUE(ParseNumNodes("2:8", 100, options).ok());
+  EXPECT_EQ(MustPlan(ThreeHosts(), options).nodes.size(), 3u);
+  ASSERT_TRUE(ParseNumNodes("4:8", 100, options).ok());
+  EXPECT_EQ(PlanError(options), "--num_nodes 4:8: only 3 hosts are selected");
+}
+
+TEST(Plan, AGenerationPlanRenumbersNodesAndRanksDensely) {
+  Plan pool = AgentPool(MustPlan(ThreeHosts(), PlanOptions()));
+  Plan plan = GenerationPlan(pool, {0, 2}, "node1", 1234);
+  ASSERT_EQ(plan.nodes.size(), 2u);
+  EXPECT_EQ(plan.world_size, 6);  // 4 + 2
+  EXPECT_EQ(plan.nodes[1].host, "node3");
+  EXPECT_EQ(plan.nodes[1].agent, 2);
+  EXPECT_EQ(plan.nodes[1].node_rank, 1);
+  EXPECT_EQ(plan.nodes[1].first_rank, 4);
+  EXPECT_EQ(plan.master_port, 1234);
+  plan = GenerationPlan(pool, {1, 2}, "node2", 1);
+  EXPECT_EQ(plan.nodes[0].ssh_port, 2222);  // the host's own settings
+  EXPECT_EQ(plan.nodes[0].first_rank, 0);
+  EXPECT_EQ(plan.nodes[1].first_rank, 4);
+}
+
+TEST(Plan, ParseNumNodesTakesNOrMinMax) {
+  PlanOptions o;
+  ASSERT_TRUE(ParseNumNodes("3", 10, o).ok());
+  EXPECT_EQ(o.num_nodes, 3);
+  EXPECT_EQ(o.min_nodes, -1);
+  ASSERT_TRUE(ParseNumNodes("2:2", 10, o).ok());
+  EXPECT_EQ(o.min_nodes, 2);
+  for (const char* bad : {"", ":", "1:", "a", "1:2:3", "1 :2", "+1:2",
+                          "99999999999:1"}) {
+    EXPECT_FALSE(ParseNumNodes(bad, 10, o).ok()) << bad;
+  }
+  EXPECT_EQ(ParseNumNodes("11", 10, o).message(),
+            "--num_nodes must be in 1..10, got 11");
+  EXPECT_EQ(ParseNumNodes("1:11", 10, o).message(),
+            "--num_nodes 1:11: need 1 <= MIN <= MAX <= 10");
+  EXPECT_EQ(ParseNumNodes(std::string(1000, '7'), 10, o).message(),
+            "--num_nodes must be N or MIN:MAX (whole numbers), got '" +
+                std::string(40, '7') + "'");
+}
+
+TEST(Plan, FormatTableNamesSparesAndTheSizeRange) {
+  PlanOptions options;
+  ASSERT_TRUE(ParseNumNodes("1:2", 100, options).ok());
+  const std::string table = FormatPlanTable(MustPlan(ThreeHosts(), options));
+  EXPECT_NE(table.find("a later generation runs on 1 to 2 nodes (--num_nodes "
+                       "1:2), ranks renumbered\n"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("spares, standing by to take a lost node's place: "
+                       "node3\n"),
+            std::string::npos)
+      << table;
+}
+
 TEST(Plan, NumGpusKeepsFirstSelectedSlotsOfEachHost) {
   PlanOptions options;
   options.num_gpus = 2;
