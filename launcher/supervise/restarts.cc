@@ -120,7 +120,8 @@ void Restarts::Tend() {
                          std::to_string(state_.members()) + " to " +
                          std::to_string(grown) + " nodes");
     }
-    if (may_return) TickIn(std::chrono::seconds(1));
+    // Again while lost nodes may come back (or their cooldown ends).
+    if (may_return || excluded) TickIn(std::chrono::seconds(1));
     return;
   }
   Decide(may_return, excluded);

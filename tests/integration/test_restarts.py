@@ -261,6 +261,88 @@ class TrainingSurvives(test_worker.WorkerTest):
                       "within it): 127.0.0.2", err)
         self.assertEqual(self.worker_pids(), {})
 
+    def generations_of(self, records):
+        """[(world_size, {step: rank 0's loss})] per generation, in order."""
+        gens = [[3, {}]]
+        for r in records:
+            if r.get("event") == "restart":
+                gens.append([r["world_size"], {}])
+            elif r.get("rank") == 0 and "loss" in r:
+                gens[-1][1][r["step"]] = r["loss"]
+        return gens
+
+    def resumed_at(self, ck, world, first, last, steps):
+        """rank 0's losses of a run at `world` nodes that resumes from the
+        checkpoint of step first - 1 and trains to `last`."""
+        start = os.path.join(ck, "step_%08d" % (first - 1))
+        self.assertTrue(os.path.exists(os.path.join(start, "COMPLETE")), start)
+        records = self.train(world, 2, 2, steps=last, accumulation=2, checkpoint={
+            "dir": os.path.join(self.dir, "ck-again-%d" % first), "every": 10 ** 6,
+            "resume": start})
+        return {r["step"]: r["loss"] for r in records
+                if r.get("rank") == 0 and "loss" in r}
+
+    def test_the_job_shrinks_to_two_nodes_and_grows_back_keeping_the_global_batch(self):
+        """--num_nodes 2:3: node 1 lost twice within --node_cooldown is left
+        out, the job goes on with 2 nodes (the global batch kept through the
+        accumulation steps) and grows back to 3 when the cooldown ends. Each
+        generation's losses equal those of a run started at its world size
+        from the checkpoint it resumed from, bit for bit."""
+        steps = 1500
+        ck = os.path.join(self.dir, "ck")
+        logs = os.path.join(self.dir, "logs-elastic")
+        stderr = open(os.path.join(self.dir, "stderr"), "w+b")
+        stdout = open(os.path.join(self.dir, "stdout"), "w+b")
+        self.addCleanup(stderr.close)
+        self.addCleanup(stdout.close)
+        job = subprocess.Popen(self.args(nodes=3, slots=1) + [
+            "--num_nodes", "2:3", "--max_restarts", "2", "--restart_backoff", "0",
+            "--join_settle", "3", "--rejoin_timeout", "2", "--node_cooldown", "6",
+            "--log_dir", logs, test_worker.DSWORKER, "train", "--config",
+            self.config(2, 2, steps=steps, accumulation=2,
+                        checkpoint={"dir": ck, "every": 10})],
+            stdout=stdout, stderr=stderr, env=self.env(OMP_NUM_THREADS="1"))
+        self.addCleanup(lambda: job.poll() is None and job.kill())
+        job.logs, job.err = logs, stderr
+        self.wait_for_step(job, 5)
+        os.kill(self.agent_pid(job, 1), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:  # its new agent, once the next generation trains
+            restarted = [r for r in self.metrics(logs) if r.get("event") == "restart"]
+            pid = self.agent_pid(job, 1)
+            if restarted and pid:
+                break
+            self.assertIsNone(job.poll())
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)
+        job.wait(timeout=180)
+        stderr.seek(0)
+        err = stderr.read().decode()
+        self.assertEqual(job.returncode, 0, err[-3000:])
+        self.assertIn("node 1 (127.0.0.2) is back", err)
+        self.assertIn("2 nodes (127.0.0.1, 127.0.0.3), 2 ranks (was 3)", err)
+        self.assertIn("node 1 (127.0.0.2) stands by: the job grows from 2 to 3 nodes",
+                      err)
+        self.assertIn("which grows the job (no restart of --max_restarts spent)", err)
+        gens = self.generations_of(self.metrics(logs))
+        self.assertEqual([g[0] for g in gens], [3, 3, 2, 3], err[-3000:])
+        stdout.seek(0)
+        out = stdout.read().decode()
+        self.assertIn("keeping the checkpoint's global batch 12 at world size 2: "
+                      "gradient_accumulation_steps 3 (was 2)", out)
+        # The generations at 2 and (again) at 3 nodes, each against a run
+        # started at its size from its own first checkpoint.
+        for world, losses in gens[2:]:
+            first, last = min(losses), max(losses)
+            self.assertEqual(sorted(losses), list(range(first, last + 1)))
+            again = self.resumed_at(ck, world, first, last, steps)
+            for step in range(first, last + 1):
+                self.assertEqual(losses[step], again[step],
+                                 "world %d step %d" % (world, step))  # every bit
+        self.assertEqual(max(gens[-1][1]), steps)
+        self.assertEqual(self.worker_pids(), {})
+
     @staticmethod
     def steps_seen(metrics):
         try:
