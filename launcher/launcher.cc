@@ -45,12 +45,12 @@ Launcher::Launcher(LaunchOptions options, Plan plan, EnvList job_env,
     : options_(std::move(options)),
       job_id_(proto::HexEncode(proto::RandomBytes(8))),
       console_(stdout, stderr),
-      server_(
-          io_,
-          ServerOptions(options_, job_id_,
-                        static_cast<int>(plan.nodes.size() + plan.spares.size()),
-                        [this](int node) { return job_.NodeSecret(node); }),
-          &job_),
+      server_(io_,
+              ServerOptions(
+                  options_, job_id_,
+                  static_cast<int>(plan.nodes.size() + plan.spares.size()),
+                  [this](int node) { return job_.NodeSecret(node); }),
+              &job_),
       job_(io_, options_, std::move(plan), std::move(job_env),
            std::move(command), console_, job_id_,
            secret.empty()

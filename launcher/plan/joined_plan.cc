@@ -17,7 +17,8 @@ bool Loopback(const std::string& addr) {
 
 StatusOr<JoinedPlan> PlanFromJoinedAgents(
     const std::map<int, JoinedAgent>& joined, const PlanOptions& options,
-    bool master_port_given) {
+    bool master_port_given, int num_nodes) {
+  if (joined.empty()) return InvalidArgument("no agent joined");
   std::vector<std::string> hosts;
   std::vector<int> slots;
   int64_t world = 0;
@@ -42,7 +43,20 @@ StatusOr<JoinedPlan> PlanFromJoinedAgents(
   }
   JoinedPlan out;
   out.plan = JoinPlan(hosts, slots, options);
-  const JoinedAgent& node0 = joined.at(0);
+  size_t i = 0;
+  for (const auto& [claim, j] : joined) out.plan.nodes[i++].agent = claim;
+  for (int claim = 0; claim < num_nodes; ++claim) {
+    if (joined.count(claim)) continue;
+    NodePlan spare;
+    spare.agent = claim;
+    spare.node_rank = spare.first_rank = -1;
+    spare.host = "join-" + std::to_string(claim);
+    const int n = options.num_gpus > 0 ? options.num_gpus : 1;
+    for (int s = 0; s < n; ++s) spare.slots.push_back(s);
+    out.plan.spares.push_back(std::move(spare));
+  }
+  if (options.min_nodes > 0) out.plan.min_nodes = options.min_nodes;
+  const JoinedAgent& node0 = joined.begin()->second;
   // Node 0's address as it reached us: the pods' network.
   if (out.plan.master_addr.empty()) {
     out.plan.master_addr = node0.addr;

@@ -25,7 +25,10 @@ struct JoinedPlan {
   std::string warning;  // one sentence for the operator, or ""
 };
 
-// Node n on `joined.at(n)` (nodes 0..size-1, each present): --num_gpus ranks
+// The agents that joined, by the node rank each claimed (0..num_nodes-1),
+// in that order and renumbered densely (with --num_nodes MIN:MAX a job may
+// start before every claim is taken); each claim nobody took is a spare of
+// the plan ("join-N"), for an agent that joins later. --num_gpus ranks
 // each, else its GPUs, else one. Hostnames are escaped and cut short (they
 // reach the terminal). MASTER_ADDR is --master_addr, else node 0's address
 // (a warning when that is loopback while other nodes are remote); the port
@@ -33,6 +36,6 @@ struct JoinedPlan {
 // a node reports more GPUs than a node may have, or the job is too large.
 StatusOr<JoinedPlan> PlanFromJoinedAgents(
     const std::map<int, JoinedAgent>& joined, const PlanOptions& options,
-    bool master_port_given);
+    bool master_port_given, int num_nodes);
 
 }  // namespace dslaunch::launcher

@@ -290,7 +290,11 @@ StatusOr<Plan> MakePlan(const Hostfile& hostfile, const PlanOptions& options) {
 
 Plan AgentPool(const Plan& plan) {
   Plan pool = plan;
-  pool.nodes.insert(pool.nodes.end(), plan.spares.begin(), plan.spares.end());
+  pool.nodes.assign(plan.nodes.size() + plan.spares.size(), NodePlan());
+  for (const auto* part : {&plan.nodes, &plan.spares}) {
+    for (const NodePlan& node : *part)
+      pool.nodes.at(static_cast<size_t>(node.agent)) = node;
+  }
   pool.spares.clear();
   pool.min_nodes = 0;
   pool.world_size = 0;
@@ -343,20 +347,21 @@ Status ParseNumNodes(std::string_view text, int max_nodes,
     }
   }
   int min = 0, max = 0;
-  const bool ok =
-      colon == std::string_view::npos
-          ? number(text, max)
-          : number(text.substr(0, colon), min) &&
-                number(text.substr(colon + 1), max);
+  const bool ok = colon == std::string_view::npos
+                      ? number(text, max)
+                      : number(text.substr(0, colon), min) &&
+                            number(text.substr(colon + 1), max);
   if (!ok) {
-    return InvalidArgument("--num_nodes must be N or MIN:MAX (whole numbers), "
-                           "got " + Quote(text.substr(0, 40)));
+    return InvalidArgument(
+        "--num_nodes must be N or MIN:MAX (whole numbers), "
+        "got " +
+        Quote(text.substr(0, 40)));
   }
   if (colon == std::string_view::npos) min = max;
   if (min < 1 || max > max_nodes || min > max) {
     return InvalidArgument(
-        "--num_nodes " + std::string(text) + ": need 1 <= MIN <= MAX <= " +
-        std::to_string(max_nodes));
+        "--num_nodes " + std::string(text) +
+        ": need 1 <= MIN <= MAX <= " + std::to_string(max_nodes));
   }
   options.num_nodes = max;
   options.min_nodes = colon == std::string_view::npos ? -1 : min;

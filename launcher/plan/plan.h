@@ -15,9 +15,9 @@
 namespace dslaunch::launcher {
 
 struct PlanOptions {
-  std::string include;      // -i SPEC: host[:slot,slot][@host[:slot,...]...]
-  std::string exclude;      // -e SPEC, same grammar
-  int num_nodes = -1;       // -1 = all; --num_nodes MIN:MAX: MAX
+  std::string include;  // -i SPEC: host[:slot,slot][@host[:slot,...]...]
+  std::string exclude;  // -e SPEC, same grammar
+  int num_nodes = -1;   // -1 = all; --num_nodes MIN:MAX: MAX
   // --num_nodes MIN:MAX: the fewest nodes a generation may run on; the
   // selected hosts beyond MAX are spares. -1: a plain --num_nodes N (or
   // none), whose hosts beyond N are not used.
@@ -83,8 +83,9 @@ Plan JoinPlan(const std::vector<std::string>& hosts,
               const std::vector<int>& slots, const PlanOptions& options);
 
 // Every agent of the job by its index, spares included: the nodes and
-// spares of the first generation's plan, with node_rank = agent (what the
-// starter starts and the launcher tracks). min_nodes and spares are cleared.
+// spares of the first generation's plan, each at its `agent` index, with
+// node_rank = agent (what the starter starts and the launcher tracks).
+// min_nodes and spares are cleared.
 Plan AgentPool(const Plan& plan);
 
 // A generation on `agents` (indices into `pool`, ascending): node ranks

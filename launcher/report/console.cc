@@ -86,9 +86,10 @@ Status Console::Open(const Plan& plan, const LogLayout& layout) {
   log_dir_ = log_dir;
   rank_file_prefix_ = layout.rank_file_prefix;
   RETURN_IF_ERROR(OpenRankLogs());
-  ASSIGN_OR_RETURN(metrics_,
-                   SinkFile::Create(*log_files_, "metrics.jsonl",
-                                    [this](const Status& st) { OnSinkError(st); }));
+  ASSIGN_OR_RETURN(metrics_, SinkFile::Create(*log_files_, "metrics.jsonl",
+                                              [this](const Status& st) {
+                                                OnSinkError(st);
+                                              }));
   return Status::Ok();
 }
 

@@ -112,8 +112,7 @@ void JobState::SetRanks(const Plan& plan) {
   ranks_.clear();
   for (auto& n : nodes_) n.member = false;
   for (const auto& node : plan.nodes) {
-    DSL_CHECK(node.agent >= 0 &&
-              node.agent < static_cast<int>(nodes_.size()));
+    DSL_CHECK(node.agent >= 0 && node.agent < static_cast<int>(nodes_.size()));
     nodes_[node.agent].member = true;
     for (size_t i = 0; i < node.slots.size(); ++i)
       ranks_[node.first_rank + static_cast<int>(i)].node_rank = node.agent;
@@ -148,9 +147,9 @@ bool JobState::Decide(Outcome outcome) {
                             ranks_.at(outcome_.rank).error.empty()) ||
                            outcome_.cause == Outcome::Cause::kHung ||
                            outcome_.cause == Outcome::Cause::kNodeLost;
-  restart_pending_ = interrupts_ == 0 &&
-                     (outcome_.cause == Outcome::Cause::kGrow ||
-                      (restartable && failure_restarts_ < max_restarts_));
+  restart_pending_ =
+      interrupts_ == 0 && (outcome_.cause == Outcome::Cause::kGrow ||
+                           (restartable && failure_restarts_ < max_restarts_));
   SetPhase(Phase::kStopping);
   return true;
 }
@@ -374,8 +373,8 @@ JobState::Action JobState::NodeDisconnected(int node, const std::string& why) {
   n.disconnected = true;
   // Between generations every node is needed: it is lost, and waited for;
   // so is one that stands by while the job runs.
-  const bool standing_by = !n.member && (phase_ == Phase::kStarting ||
-                                          phase_ == Phase::kRunning);
+  const bool standing_by =
+      !n.member && (phase_ == Phase::kStarting || phase_ == Phase::kRunning);
   if (!NodeHasRunningRanks(node) && !restart_pending_ && !standing_by)
     return Action::kNone;
   return NodeLost(node, "its agent's connection ended (" + why + ")");

@@ -93,7 +93,7 @@ struct RankRecord {
 };
 
 struct NodeRecord {
-  bool member = false;          // runs ranks in this generation
+  bool member = false;  // runs ranks in this generation
   bool authenticated = false;
   // It runs no rank and waits for a generation: a member whose ranks are
   // gone, a spare, a lost node's new agent.

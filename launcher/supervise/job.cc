@@ -283,11 +283,20 @@ void Job::StartJoinedJob(StatusOr<JoinedPlan> joined) {
   plan_ = std::move(joined->plan);
   pool_ = AgentPool(plan_);
   state_.Replan(plan_);
+  // Claims nobody took (--num_nodes MIN:MAX): lost, and waited for; an
+  // agent that joins as one later grows the job.
+  for (const NodePlan& spare : plan_.spares) {
+    Act(state_.NodeLost(spare.agent, "no agent joined as it"));
+    Act(state_.AgentProcessExited(spare.agent, "did not join"));
+  }
   if (on_plan_final_) {
     if (Status st = on_plan_final_(plan_); !st.ok()) return FailJoinedStart(st);
   }
   console_.Note(
-      (plan_.nodes.size() == 1
+      (!plan_.spares.empty()
+           ? std::to_string(plan_.nodes.size()) + " of " +
+                 std::to_string(pool_.nodes.size()) + " agents joined: "
+       : plan_.nodes.size() == 1
            ? std::string("the agent joined: ")
            : "all " + std::to_string(plan_.nodes.size()) + " agents joined: ") +
       Plural(static_cast<size_t>(plan_.world_size), "rank") + ", MASTER_ADDR " +
@@ -604,9 +613,9 @@ void Job::Abort(bool kill_now) {
   env.mutable_abort()->set_exit_status(state_.ExitStatus());
   env.mutable_abort()->set_restart(state_.restart_pending());
   if (state_.restart_pending()) {
-    console_.Note(state_.outcome().reason + "; stopping every rank, then " +
-                  RestartName(state_.outcome().cause == Outcome::Cause::kGrow,
-                              1));
+    console_.Note(
+        state_.outcome().reason + "; stopping every rank, then " +
+        RestartName(state_.outcome().cause == Outcome::Cause::kGrow, 1));
   }
   // Agents standing by have no ranks to stop: an Abort that restarts
   // leaves them be, one that ends the job ends them.

@@ -140,7 +140,7 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   boost::asio::steady_timer stop_timer_;
   bool stop_timer_armed_ = false;
   std::map<int, std::string> agent_addrs_;  // agent -> its peer address
-  std::optional<JoinAssembly> join_;  // --launcher join only
+  std::optional<JoinAssembly> join_;        // --launcher join only
   std::function<Status(const Plan&)> on_plan_final_;
   std::set<int> done_nodes_;  // agents that sent AgentDone
   // rank -> progress records dropped: malformed; by its agent (too fast).

@@ -16,7 +16,8 @@ JoinAssembly::JoinAssembly(boost::asio::io_context& io,
       state_(state),
       num_nodes_(static_cast<size_t>(num_nodes)),
       complete_(std::move(complete)),
-      timer_(io) {}
+      timer_(io),
+      settle_(io) {}
 
 void JoinAssembly::Start(int control_port, Clock::time_point start) {
   control_port_ = control_port;
@@ -24,7 +25,10 @@ void JoinAssembly::Start(int control_port, Clock::time_point start) {
   SayMissing();
 }
 
-void JoinAssembly::Stop() { timer_.cancel(); }
+void JoinAssembly::Stop() {
+  timer_.cancel();
+  settle_.cancel();
+}
 
 std::string JoinAssembly::MissingNodes() const {
   std::vector<int> missing;
@@ -47,9 +51,7 @@ void JoinAssembly::SayMissing() {
       std::to_string(std::max<int64_t>(left, 0)) + " s left)");
   timer_.expires_after(std::chrono::seconds(5));
   timer_.async_wait([this](const boost::system::error_code& ec) {
-    if (ec || state_.phase() != Phase::kStarting ||
-        joined_.size() == num_nodes_)
-      return;
+    if (ec || state_.phase() != Phase::kStarting || done_) return;
     SayMissing();
   });
 }
@@ -67,14 +69,37 @@ void JoinAssembly::OnJoined(int node_rank, const wire::Hello& hello,
   const wire::NodeFacts& f = hello.facts();
   joined_[node_rank] =
       JoinedAgent{f.hostname(), f.gpus_size(), f.free_port(), agent_addr};
-  if (joined_.size() < num_nodes_) return;
+  if (joined_.size() >= num_nodes_) return Finish();
+  const int min = options_.plan.min_nodes;
+  if (min <= 0 || joined_.size() < static_cast<size_t>(min)) return;
+  // At least MIN: the job starts unless another agent joins meanwhile.
+  settle_.expires_after(std::chrono::milliseconds(
+      static_cast<int64_t>(options_.join_settle_s * 1000)));
+  settle_.async_wait([this, min](const boost::system::error_code& ec) {
+    if (ec || done_ || state_.phase() != Phase::kStarting ||
+        joined_.size() < static_cast<size_t>(min))
+      return;
+    console_.Note("starting with " + std::to_string(joined_.size()) + " of " +
+                  std::to_string(num_nodes_) +
+                  " nodes: no other agent joined for " + "--join_settle " +
+                  std::to_string(static_cast<int64_t>(options_.join_settle_s)) +
+                  " s (missing " + MissingNodes() +
+                  "; each joins the job when it comes)");
+    Finish();
+  });
+}
+
+void JoinAssembly::Finish() {
+  done_ = true;
   timer_.cancel();
-  complete_(
-      PlanFromJoinedAgents(joined_, options_.plan, options_.master_port_given));
+  settle_.cancel();
+  complete_(PlanFromJoinedAgents(joined_, options_.plan,
+                                 options_.master_port_given,
+                                 static_cast<int>(num_nodes_)));
 }
 
 bool JoinAssembly::Assembling(int node_rank) const {
-  return joined_.count(node_rank) && joined_.size() < num_nodes_;
+  return !done_ && joined_.count(node_rank);
 }
 
 void JoinAssembly::Left(int node_rank, const Status& why) {

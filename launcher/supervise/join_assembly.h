@@ -2,7 +2,9 @@
 // Agents come to the launcher and claim node ranks; until every node has
 // one, a line every 5 s says which are missing, and a node whose agent left
 // is free again for the next agent that joins as it. Once every node has
-// joined it makes the plan from them (plan/joined_plan) and hands it on.
+// joined (--num_nodes MIN:MAX: MAX, or at least MIN and no other came for
+// --join_settle) it makes the plan from them (plan/joined_plan) and hands
+// it on.
 // Owned by the Job; io_context thread only.
 #pragma once
 
@@ -46,6 +48,7 @@ class JoinAssembly {
  private:
   // "1,3-5": the node ranks no agent has joined as yet.
   std::string MissingNodes() const;
+  void Finish();
   void SayMissing();
 
   const LaunchOptions& options_;
@@ -54,6 +57,8 @@ class JoinAssembly {
   const size_t num_nodes_;
   Complete complete_;
   boost::asio::steady_timer timer_;
+  boost::asio::steady_timer settle_;  // MIN joined: --join_settle runs
+  bool done_ = false;
   int control_port_ = 0;
   Clock::time_point start_{};
   std::map<int, JoinedAgent> joined_;

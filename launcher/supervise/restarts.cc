@@ -1,10 +1,10 @@
 #include "launcher/supervise/restarts.h"
 
-#include "launcher/start/start_mode.h"
-
 #include <spdlog/spdlog.h>
 
 #include <algorithm>  // min
+
+#include "launcher/start/start_mode.h"
 
 namespace dslaunch::launcher {
 
@@ -115,10 +115,10 @@ void Restarts::Tend() {
       }
       const size_t grown = std::min(
           max_nodes_, static_cast<size_t>(state_.members()) + back.size());
-      return hooks_.grow(Join(back) + (back.size() == 1 ? " stands" : " stand") +
-                         " by: the job grows from " +
-                         std::to_string(state_.members()) + " to " +
-                         std::to_string(grown) + " nodes");
+      return hooks_.grow(
+          Join(back) + (back.size() == 1 ? " stands" : " stand") +
+          " by: the job grows from " + std::to_string(state_.members()) +
+          " to " + std::to_string(grown) + " nodes");
     }
     // Again while lost nodes may come back (or their cooldown ends).
     if (may_return || excluded) TickIn(std::chrono::seconds(1));
@@ -151,21 +151,20 @@ void Restarts::Decide(bool may_return, bool excluded) {
     backoff_armed_ = true;
     tick_.cancel();
     backoff_.expires_after(Seconds(options_.restart_backoff_s));
-    backoff_.async_wait(
-        [this, ready](const boost::system::error_code& ec) {
-          backoff_armed_ = false;
-          if (ec || stopped_) return;
-          // Still every one of them ready (none lost meanwhile)?
-          const std::vector<int> now_ready = state_.ReadyAgents();
-          bool all = state_.ReadyToRestart();
-          for (int a : ready) {
-            all = all && std::find(now_ready.begin(), now_ready.end(), a) !=
-                             now_ready.end();
-          }
-          if (!all) return Tend();
-          wait_since_ = {};
-          hooks_.start_generation(ready);
-        });
+    backoff_.async_wait([this, ready](const boost::system::error_code& ec) {
+      backoff_armed_ = false;
+      if (ec || stopped_) return;
+      // Still every one of them ready (none lost meanwhile)?
+      const std::vector<int> now_ready = state_.ReadyAgents();
+      bool all = state_.ReadyToRestart();
+      for (int a : ready) {
+        all = all && std::find(now_ready.begin(), now_ready.end(), a) !=
+                         now_ready.end();
+      }
+      if (!all) return Tend();
+      wait_since_ = {};
+      hooks_.start_generation(ready);
+    });
     return;
   }
   const std::string short_of =
@@ -176,10 +175,10 @@ void Restarts::Decide(bool may_return, bool excluded) {
            : std::string());
   if (!may_return) {
     if (excluded) {
-      return hooks_.give_up(short_of + ": excluded for --node_cooldown " +
-                            WholeSeconds(options_.node_cooldown_s) +
-                            " (lost twice within it): " +
-                            Join(state_.MissingNodes()));
+      return hooks_.give_up(
+          short_of + ": excluded for --node_cooldown " +
+          WholeSeconds(options_.node_cooldown_s) +
+          " (lost twice within it): " + Join(state_.MissingNodes()));
     }
     for (size_t i = 0; i < state_.nodes().size(); ++i) {
       const NodeRecord& node = state_.node(static_cast<int>(i));
@@ -192,10 +191,9 @@ void Restarts::Decide(bool may_return, bool excluded) {
     return hooks_.give_up(short_of);
   }
   if (now >= deadline) {
-    return hooks_.give_up(
-        short_of + " within --rejoin_timeout " +
-        WholeSeconds(options_.rejoin_timeout_s) +
-        "; missing: " + Join(state_.MissingNodes()));
+    return hooks_.give_up(short_of + " within --rejoin_timeout " +
+                          WholeSeconds(options_.rejoin_timeout_s) +
+                          "; missing: " + Join(state_.MissingNodes()));
   }
   Clock::time_point next = std::min(now + std::chrono::seconds(1), deadline);
   if (enough) next = std::min(next, settled);

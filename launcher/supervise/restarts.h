@@ -83,8 +83,8 @@ class Restarts {
   boost::asio::steady_timer backoff_;  // --restart_backoff
   bool backoff_armed_ = false;
   bool stopped_ = false;
-  Clock::time_point wait_since_{};     // every other node idle: from then on
-  Clock::time_point settle_since_{};   // the last agent that became ready
+  Clock::time_point wait_since_{};    // every other node idle: from then on
+  Clock::time_point settle_since_{};  // the last agent that became ready
   size_t ready_seen_ = 0;
   std::map<int, Clock::time_point> started_again_;  // agent -> last attempt
   std::map<int, int> free_ports_;                   // agent -> port

@@ -207,9 +207,9 @@ TEST(Flags, NumNodesMinMaxIsCheckedAndNeedsRestarts) {
                         "--join_settle", "-1", "p"}),
             "--join_settle must be a number of seconds in [0, 86400], got -1");
   int exit_now = -1;
-  auto o = Parse({"--max_restarts", "1", "--num_nodes", "2:4", "--join_settle",
-                  "3", "p"},
-                 &exit_now);
+  auto o = Parse(
+      {"--max_restarts", "1", "--num_nodes", "2:4", "--join_settle", "3", "p"},
+      &exit_now);
   ASSERT_TRUE(o.ok()) << o.status().message();
   EXPECT_EQ(o->plan.min_nodes, 2);
   EXPECT_EQ(o->plan.num_nodes, 4);

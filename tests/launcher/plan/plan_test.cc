@@ -312,8 +312,8 @@ TEST(Plan, ParseNumNodesTakesNOrMinMax) {
   EXPECT_EQ(o.min_nodes, -1);
   ASSERT_TRUE(ParseNumNodes("2:2", 10, o).ok());
   EXPECT_EQ(o.min_nodes, 2);
-  for (const char* bad : {"", ":", "1:", "a", "1:2:3", "1 :2", "+1:2",
-                          "99999999999:1"}) {
+  for (const char* bad :
+       {"", ":", "1:", "a", "1:2:3", "1 :2", "+1:2", "99999999999:1"}) {
     EXPECT_FALSE(ParseNumNodes(bad, 10, o).ok()) << bad;
   }
   EXPECT_EQ(ParseNumNodes("11", 10, o).message(),

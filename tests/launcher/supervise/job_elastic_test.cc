@@ -77,7 +77,7 @@ class JobElasticTest : public job_testing::JobTest {
 };
 
 TEST_F(JobElasticTest, ASpareStandsByAndTakesALostNodesPlace) {
-  plan_ = Elastic(4, 3, 3);  // 3 nodes, host 4 a spare
+  plan_ = Elastic(4, 3, 3);          // 3 nodes, host 4 a spare
   starter_.can_start_again = false;  // node 1 cannot come back
   options_.master_port_given = false;
   StartJob();
@@ -114,7 +114,8 @@ TEST_F(JobElasticTest, ASpareStandsByAndTakesALostNodesPlace) {
   EXPECT_EQ(job_->state().members(), 3);
 }
 
-TEST_F(JobElasticTest, TheJobShrinksToTheHealthyNodesAndGrowsBackWhenOneReturns) {
+TEST_F(JobElasticTest,
+       TheJobShrinksToTheHealthyNodesAndGrowsBackWhenOneReturns) {
   plan_ = Elastic(3, 2, 3);
   options_.max_restarts = 1;  // growing spends none of it
   StartJob();

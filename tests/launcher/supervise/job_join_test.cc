@@ -1,6 +1,7 @@
 // The Job under --launcher join: the plan is made from the agents that
 // come, once all have; a node may leave and join again while it assembles.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include "tests/common/run_until.h"
 #include "tests/launcher/supervise/job_fixture.h"
@@ -133,6 +134,58 @@ TEST_F(JoinJobTest, AnAgentJoiningAnEndedJobIsToldItFailed) {
   ASSERT_TRUE(links_.sent.count(1));
   EXPECT_TRUE(links_.Last(1).has_abort());
   EXPECT_EQ(links_.Last(1).abort().exit_status(), 69);
+}
+
+// --num_nodes 2:3: MIN agents and no other for --join_settle start the job
+// on them, renumbered; the missing claim that joins later grows it.
+TEST_F(JoinJobTest, MinAgentsStartAfterTheSettleAndALateOneGrowsTheJob) {
+  options_.plan.num_nodes = 3;
+  options_.plan.min_nodes = 2;
+  options_.join_settle_s = 0.05;
+  options_.restart_backoff_s = 0;
+  plan_ = JoinPlan({"join-0", "join-1", "join-2"}, {1, 1, 1}, options_.plan);
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  Join(0, "pod-0", 0, "10.9.0.11", 41000);
+  Join(2, "pod-2", 0, "10.9.0.13");
+  EXPECT_FALSE(links_.sent.count(0)) << "the settle has not passed";
+  ASSERT_TRUE(dslaunch::testing::RunUntil(
+      io_, [&] { return links_.sent.count(2) > 0; }));
+  const wire::JobSpec two = links_.Last(2).job_spec();
+  EXPECT_EQ(two.node_rank(), 1);
+  EXPECT_EQ(two.num_nodes(), 2);
+  EXPECT_EQ(two.world_size(), 2);
+  EXPECT_EQ(two.master_addr(), "10.9.0.11");
+  EXPECT_EQ(two.master_port(), 41000);
+  RankStarted(0, 0);
+  RankStarted(2, 1);
+  EXPECT_EQ(phase(), Phase::kRunning);
+  // The third pod comes: it stands by, and the job grows to it.
+  Join(1, "pod-1", 0, "10.9.0.12", 42000);
+  EXPECT_TRUE(links_.Last(1).has_abort());
+  EXPECT_TRUE(links_.Last(1).abort().restart());
+  EXPECT_EQ(job_->state().outcome().cause, Outcome::Cause::kGrow);
+  for (int a : {0, 2}) {
+    EXPECT_TRUE(links_.Last(a).abort().restart());
+    wire::Envelope exited;
+    exited.mutable_worker_exited()->set_rank(a == 0 ? 0 : 1);
+    exited.mutable_worker_exited()->set_signal(SIGTERM);
+    exited.mutable_worker_exited()->set_stopped(true);
+    job_->OnAgentMessage(a, std::move(exited));
+    wire::Envelope ended;
+    ended.mutable_generation_ended()->set_free_port(43000 + a);
+    job_->OnAgentMessage(a, std::move(ended));
+  }
+  ASSERT_TRUE(dslaunch::testing::RunUntil(
+      io_, [&] { return links_.Last(1).has_job_spec(); }));
+  for (int a = 0; a < 3; ++a) {
+    const wire::JobSpec spec = links_.Last(a).job_spec();
+    EXPECT_EQ(spec.node_rank(), a);
+    EXPECT_EQ(spec.world_size(), 3);
+    EXPECT_EQ(spec.restart_count(), 1);
+    EXPECT_EQ(spec.master_port(), 43000);
+  }
+  EXPECT_EQ(links_.Last(1).job_spec().host(), "pod-1");
 }
 
 }  // namespace
