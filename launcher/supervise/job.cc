@@ -455,7 +455,8 @@ void Job::StartNextGeneration(const std::vector<int>& agents) {
   int master_port = plan_.master_port;
   if (!options_.master_port_given && restarts_.FreePort(node0) > 0)
     master_port = restarts_.FreePort(node0);
-  const size_t nodes_before = plan_.nodes.size();
+  std::vector<int> agents_before;
+  for (const NodePlan& node : plan_.nodes) agents_before.push_back(node.agent);
   const int world_before = plan_.world_size;
   Plan next = GenerationPlan(pool_, agents, master_addr, master_port);
   store_.Clear("the generation ended");
@@ -466,13 +467,15 @@ void Job::StartNextGeneration(const std::vector<int>& agents) {
   console_.NewGeneration(plan_, state_.restarts(), ended.reason);
   char took[32];
   std::snprintf(took, sizeof(took), "%.2f", stopped_s);
-  std::string size;
-  if (plan_.nodes.size() != nodes_before || plan_.world_size != world_before) {
+  std::string size;  // where it runs, when that changed
+  if (agents != agents_before) {
     std::vector<std::string> hosts;
     for (const NodePlan& node : plan_.nodes) hosts.push_back(node.host);
-    size = "; " + Plural(plan_.nodes.size(), "node") + " (" +
+    size = "; on " + Plural(plan_.nodes.size(), "node") + " (" +
            Join(hosts, ", ") + "), " + Plural(plan_.world_size, "rank") +
-           " (was " + std::to_string(world_before) + ")";
+           (plan_.world_size != world_before
+                ? " (was " + std::to_string(world_before) + ")"
+                : "");
   }
   console_.Note(RestartName(ended.cause == Outcome::Cause::kGrow, 0) + " (" +
                 took + " s after the stop began): " + ended.reason + size +

@@ -1,5 +1,6 @@
 """Cluster tests: 3 nodes (network namespaces with an sshd each, built by
-cluster.sh) x 2 ranks, started over SSH by dslaunch. Needs root; skips itself
+cluster.sh) x 2 ranks, started over SSH by dslaunch; a fourth node is the
+spare of the elastic tests and in no other test's hostfile. Needs root; skips itself
 with a message otherwise. Every test checks that nothing is left running on
 any node afterwards."""
 import json
@@ -22,8 +23,13 @@ CLUSTER = {}
 
 
 def setUpModule():
-    CLUSTER.update(cluster_env.up(3, "dsl-cluster-"))
+    CLUSTER.update(cluster_env.up(4, "dsl-cluster-"))
     CLUSTER["nodes"] = CLUSTER["CLUSTER_NODES"].split()
+    # Three nodes for every test; all four (the last a spare) where asked.
+    CLUSTER["hostfile4"] = CLUSTER["CLUSTER_HOSTFILE"]
+    CLUSTER["CLUSTER_HOSTFILE"] = os.path.join(CLUSTER["dir"], "hostfile3")
+    with open(CLUSTER["hostfile4"]) as f, open(CLUSTER["CLUSTER_HOSTFILE"], "w") as out:
+        out.writelines(f.readlines()[:3])
 
 
 def tearDownModule():
@@ -53,7 +59,7 @@ class ClusterTest(LaunchTest):
 
     def tearDown(self):
         deadline = time.monotonic() + 10
-        for i in range(1, 4):
+        for i in range(1, 5):
             while self.node_pids(i):
                 if time.monotonic() > deadline:
                     left = self.node_pids(i)
@@ -189,6 +195,37 @@ class Restarts(ClusterTest):
         self.assertIn("not enough nodes within --rejoin_timeout 4 s; missing: %s"
                       % CLUSTER["nodes"][1], err)
         self.assertIn("generation 0 on 3 nodes", err)
+
+
+    def test_a_spare_takes_the_place_of_a_node_whose_link_is_cut(self):
+        """--num_nodes 3:3 over four hosts: the fourth stands by; node 1's
+        link is cut and the next generation runs on nodes 0, 2 and the spare,
+        renumbered, at once (no waiting for node 1)."""
+        hb = ["--heartbeat_interval", "0.3", "--heartbeat_timeout", "2", "--kill_grace", "1",
+              "--ssh_timeout", "2", "--max_restarts", "1", "--restart_backoff", "0",
+              "--num_nodes", "3:3", "--rejoin_timeout", "60"]
+        job = self.start_job(self.ssh_args(hostfile=CLUSTER["hostfile4"], extra=hb) +
+                             ["/bin/sh", "-c", self.SCRIPT.replace(
+                                 'rank $RANK"', 'rank $RANK on $(hostname -I)"')])
+        self.addCleanup(lambda: job.poll() is None and job.kill())
+        self.wait_started(6)
+        self.assertIsNotNone(self.agent_on(4))  # the spare's agent stands by
+        subprocess.run([CLUSTER_SH, "link", CLUSTER["dir"], "2", "down"], check=True, timeout=30)
+        try:
+            out, err = job.communicate(timeout=60)
+        finally:
+            subprocess.run([CLUSTER_SH, "link", CLUSTER["dir"], "2", "up"], timeout=30)
+        out, err = out.decode(), err.decode()
+        self.assertEqual(job.returncode, 0, err[-3000:])
+        nodes = CLUSTER["nodes"]
+        self.assertIn("node 1 (%s) was lost" % nodes[1], err)
+        self.assertIn("on 3 nodes (%s, %s, %s), 6 ranks" % (nodes[0], nodes[2], nodes[3]),
+                      err)
+        # The spare is node rank 2 now: ranks 4 and 5 run there.
+        for rank in (4, 5):
+            self.assertRegex(out, r"generation 1 rank %d on .*\b%s\b" % (
+                rank, re.escape(nodes[3])))
+        self.assert_no_leftovers(within=15)
 
 
 class Preflight(ClusterTest):
