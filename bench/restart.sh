@@ -2,13 +2,20 @@
 # Restart latency: dslaunch --max_restarts against torchrun's elastic agent
 # (--max_restarts, c10d rendezvous) restarting the same program on the same
 # nodes, for job shapes 3x2 and 8x2 (nodes x ranks per node), all on this
-# one machine (127.0.0.1 .. 127.0.0.N are the nodes: one dsagent, or one
-# torchrun agent, each).
+# one machine: over "local" 127.0.0.1 .. 127.0.0.N are the nodes (one
+# dsagent, or one torchrun agent, each); over "ssh" a test cluster of
+# network namespaces with an sshd each (tests/cluster/cluster.sh, needs
+# root), dslaunch with --launcher ssh and one torchrun agent started in each
+# node's namespace (c10d store on node 0's agent: --rdzv_conf is_host=1;
+# GLOO_SOCKET_IFNAME=eth0, the node's interface, as torchrun needs there).
 #
 # usage: bench/restart.sh [--runs N] [--quick] [--shapes "3x2 8x2"]
+#                         [--over "local ssh"]
 #   --runs N    measured runs per launcher and shape (default 5)
 #   --quick     2 runs
 #   --shapes S  the shapes, blank-separated
+#   --over W    where the nodes are: local, ssh or both (default "local ssh";
+#               ssh is left out, with a note, when not root)
 # env: DSLAUNCH_BUILD   build directory holding bin/dslaunch (default
 #                       <script dir>/../build)
 #      BENCH_PYTHON     a Python with torch (default /usr/bin/python3,
@@ -35,16 +42,18 @@ SCRIPT_DIR=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=bench/lib.sh
 . "$SCRIPT_DIR/lib.sh"
 
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
 
 RUNS=5
 SHAPES=(3x2 8x2)
+OVER=(local ssh)
 while (($#)); do
   case "$1" in
     --runs) need_positive_int --runs "${2-}"; RUNS=$2; shift 2 ;;
     --runs=*) RUNS=${1#--runs=}; need_positive_int --runs "$RUNS"; shift ;;
     --quick) RUNS=2; shift ;;
     --shapes) read -r -a SHAPES <<<"${2-}"; shift 2 ;;
+    --over) read -r -a OVER <<<"${2-}"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -52,6 +61,13 @@ done
 for shape in "${SHAPES[@]}"; do
   [[ $shape =~ ^[1-9][0-9]*x[1-9][0-9]*$ ]] || { echo "bad shape: $shape" >&2; exit 2; }
 done
+for where in "${OVER[@]}"; do
+  [[ $where == local || $where == ssh ]] || { echo "bad --over: $where" >&2; exit 2; }
+done
+if [[ " ${OVER[*]} " == *" ssh "* && $(id -u) -ne 0 ]]; then
+  echo "note: --over ssh needs root (network namespaces); measuring local only" >&2
+  OVER=(local)
+fi
 
 BUILD=${DSLAUNCH_BUILD:-$SCRIPT_DIR/../build}
 DSLAUNCH=$BUILD/bin/dslaunch
@@ -61,34 +77,79 @@ PY=${BENCH_PYTHON:-/usr/bin/python3}
   { echo "$PY cannot import torch.distributed (apt-get install python3-torch)" >&2; exit 2; }
 RANK_PY=$SCRIPT_DIR/restart_rank.py
 RUN_TIMEOUT_S=${BENCH_RUN_TIMEOUT_S:-120}
+CLUSTER_SH=$SCRIPT_DIR/../tests/cluster/cluster.sh
 need_cc
+CLUSTER_DIR=""
+bench_cleanup_more() {   # after the tagged processes are reaped
+  cluster_down
+}
 bench_init restart
 build_helper
+
+cluster_down() {
+  if [[ -n "$CLUSTER_DIR" ]]; then
+    "$CLUSTER_SH" down "$CLUSTER_DIR" >/dev/null ||
+      echo "warning: cluster.sh down $CLUSTER_DIR failed" >&2
+    CLUSTER_DIR=""
+  fi
+}
+
+cluster_up() {  # N PER: a cluster of N nodes with PER slots each, its env
+  local n=$1 rc=0
+  cluster_down
+  CLUSTER_DIR=$WORK/c$n
+  SLOTS=$2 "$CLUSTER_SH" up "$n" "$CLUSTER_DIR" >"$WORK/up.log" 2>&1 || rc=$?
+  if ((rc != 0)); then
+    cat "$WORK/up.log" >&2
+    CLUSTER_DIR=""   # a failed up tears itself down
+    echo "cluster.sh up $n failed (exit $rc)" >&2
+    exit "$rc"
+  fi
+  set -a
+  # shellcheck disable=SC1091
+  . "$CLUSTER_DIR/env"
+  set +a
+  read -r -a NODES <<<"$CLUSTER_NODES"
+}
 
 free_port() {
   "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# run_dslaunch NODES PER DIR LOG -> exit status
+# run_dslaunch WHERE NODES PER DIR LOG -> exit status
 run_dslaunch() {
-  local nodes=$1 per=$2 dir=$3 log=$4 hf=$3/hostfile i
-  for ((i = 1; i <= nodes; i++)); do echo "127.0.0.$i slots=$per"; done >"$hf"
+  local where=$1 nodes=$2 per=$3 dir=$4 log=$5 hf=$4/hostfile i
+  local how=(--launcher local)
+  if [[ $where == ssh ]]; then
+    hf=$CLUSTER_HOSTFILE
+    how=(--launcher ssh --ssh_identity "$CLUSTER_KEY" --ssh_known_hosts
+         "$CLUSTER_KNOWN_HOSTS" --ssh_user root --env "BENCH_DIR=$dir"
+         --env "$TAG" --env OMP_NUM_THREADS=1)
+  else
+    for ((i = 1; i <= nodes; i++)); do echo "127.0.0.$i slots=$per"; done >"$hf"
+  fi
   env "$TAG" BENCH_DIR="$dir" OMP_NUM_THREADS=1 timeout "$RUN_TIMEOUT_S" \
-    "$DSLAUNCH" --hostfile "$hf" --launcher local --no_local_rank \
+    "$DSLAUNCH" --hostfile "$hf" "${how[@]}" --no_local_rank \
     --max_restarts 1 --restart_backoff 0 --console lines \
     "$PY" -u "$RANK_PY" >"$log" 2>&1
 }
 
-# run_torchrun NODES PER DIR LOG MONITOR_S -> exit status (the first non-zero)
+# run_torchrun WHERE NODES PER DIR LOG MONITOR_S -> exit status (the first
+# non-zero)
 run_torchrun() {
-  local nodes=$1 per=$2 dir=$3 log=$4 monitor=$5 port i rc=0 status id
-  local pids=()
+  local where=$1 nodes=$2 per=$3 dir=$4 log=$5 monitor=$6 port i rc=0 status id
+  local pids=() host=127.0.0.1 in=() conf=()
   port=$(free_port)
+  [[ $where == ssh ]] && host=${NODES[0]}
   id=bench.$RANDOM.$RANDOM  # one rendezvous for every agent of the run
   for ((i = 0; i < nodes; i++)); do
+    if [[ $where == ssh ]]; then
+      in=("$CLUSTER_SH" exec "$CLUSTER_DIR" "$((i + 1))" env GLOO_SOCKET_IFNAME=eth0)
+      conf=(--rdzv_conf "is_host=$((i == 0 ? 1 : 0))")
+    fi
     env "$TAG" BENCH_DIR="$dir" OMP_NUM_THREADS=1 timeout "$RUN_TIMEOUT_S" \
-      "$PY" -m torch.distributed.run --nnodes "$nodes" --nproc_per_node "$per" \
-      --rdzv_backend c10d --rdzv_endpoint "127.0.0.1:$port" --rdzv_id "$id" \
+      "${in[@]}" "$PY" -m torch.distributed.run --nnodes "$nodes" --nproc_per_node "$per" \
+      --rdzv_backend c10d --rdzv_endpoint "$host:$port" --rdzv_id "$id" "${conf[@]}" \
       --max_restarts 1 --monitor_interval "$monitor" --redirects 1 --tee 1 \
       "$RANK_PY" >>"$log" 2>&1 &
     pids+=($!)
@@ -116,44 +177,52 @@ measure() {
 LAUNCHERS=("dslaunch" "torchrun (monitor 5 s)" "torchrun (monitor 0.1 s)")
 declare -A RUNNING PROGRESS
 echo "# $(machine_line)"
-echo "# $RUNS runs per launcher and shape; times from the failing rank's exit"
-for shape in "${SHAPES[@]}"; do
-  nodes=${shape%x*}
-  per=${shape#*x}
-  n=$((nodes * per))
-  for ((run = 0; run < RUNS; run++)); do
-    for launcher in "${LAUNCHERS[@]}"; do
-      dir=$WORK/$shape.$run.${launcher//[^a-z0-9.]/_}
-      log=$dir.log
-      mkdir -p "$dir"
-      status=0
-      case $launcher in
-        dslaunch) run_dslaunch "$nodes" "$per" "$dir" "$log" || status=$? ;;
-        "torchrun (monitor 5 s)") run_torchrun "$nodes" "$per" "$dir" "$log" 5 || status=$? ;;
-        *) run_torchrun "$nodes" "$per" "$dir" "$log" 0.1 || status=$? ;;
-      esac
-      "$HELPER" reap "$TAG" KILL >/dev/null 2>&1 || true
-      if [[ $status -ne 0 ]] || ! m=$(measure "$dir" "$n"); then
-        error "$launcher $shape run $run: exit $status; output:"
-        tail -n 12 "$log" | sed 's/^/    /' >&2
-        continue
-      fi
-      read -r r p <<<"$m"
-      RUNNING[$launcher.$shape]+="$r "
-      PROGRESS[$launcher.$shape]+="$p "
+echo "# $RUNS runs per launcher, shape and placement; times from the failing rank's exit"
+for where in "${OVER[@]}"; do
+  for shape in "${SHAPES[@]}"; do
+    nodes=${shape%x*}
+    per=${shape#*x}
+    n=$((nodes * per))
+    [[ $where == ssh ]] && cluster_up "$nodes" "$per"
+    for ((run = 0; run < RUNS; run++)); do
+      for launcher in "${LAUNCHERS[@]}"; do
+        key=$where.$shape.$launcher
+        dir=$WORK/$where.$shape.$run.${launcher//[^a-z0-9.]/_}
+        log=$dir.log
+        mkdir -p "$dir"
+        status=0
+        case $launcher in
+          dslaunch) run_dslaunch "$where" "$nodes" "$per" "$dir" "$log" || status=$? ;;
+          "torchrun (monitor 5 s)")
+            run_torchrun "$where" "$nodes" "$per" "$dir" "$log" 5 || status=$? ;;
+          *) run_torchrun "$where" "$nodes" "$per" "$dir" "$log" 0.1 || status=$? ;;
+        esac
+        "$HELPER" reap "$TAG" KILL >/dev/null 2>&1 || true
+        if [[ $status -ne 0 ]] || ! m=$(measure "$dir" "$n"); then
+          error "$launcher $where $shape run $run: exit $status; output:"
+          tail -n 12 "$log" | sed 's/^/    /' >&2
+          continue
+        fi
+        read -r r p <<<"$m"
+        RUNNING[$key]+="$r "
+        PROGRESS[$key]+="$p "
+      done
     done
+    [[ $where == ssh ]] && cluster_down
   done
 done
 
-printf '\n%-26s %-6s %18s %14s %18s %14s\n' launcher shape "running (median)" range \
-  "progress (median)" range
-for shape in "${SHAPES[@]}"; do
-  for launcher in "${LAUNCHERS[@]}"; do
-    r=${RUNNING[$launcher.$shape]-}
-    p=${PROGRESS[$launcher.$shape]-}
-    printf '%-26s %-6s %15s ms %14s %15s ms %14s\n' "$launcher" "$shape" \
-      "$(tr ' ' '\n' <<<"$r" | grep . | median_ms)" "$(tr ' ' '\n' <<<"$r" | grep . | range_ms)" \
-      "$(tr ' ' '\n' <<<"$p" | grep . | median_ms)" "$(tr ' ' '\n' <<<"$p" | grep . | range_ms)"
+printf '\n%-26s %-6s %-6s %18s %14s %18s %14s\n' launcher over shape "running (median)" \
+  range "progress (median)" range
+for where in "${OVER[@]}"; do
+  for shape in "${SHAPES[@]}"; do
+    for launcher in "${LAUNCHERS[@]}"; do
+      r=${RUNNING[$where.$shape.$launcher]-}
+      p=${PROGRESS[$where.$shape.$launcher]-}
+      printf '%-26s %-6s %-6s %15s ms %14s %15s ms %14s\n' "$launcher" "$where" "$shape" \
+        "$(tr ' ' '\n' <<<"$r" | grep . | median_ms)" "$(tr ' ' '\n' <<<"$r" | grep . | range_ms)" \
+        "$(tr ' ' '\n' <<<"$p" | grep . | median_ms)" "$(tr ' ' '\n' <<<"$p" | grep . | range_ms)"
+    done
   done
 done
 exit_on_errors

@@ -288,7 +288,7 @@ class Preflight(ClusterTest):
         self.assertEqual(p.returncode, 0, p.stderr.decode())
         with open(known) as f:
             learned = f.read()
-        for n in CLUSTER["nodes"]:
+        for n in CLUSTER["nodes"][:3]:  # the hostfile's
             self.assertIn(n, learned)
         p = self.run_job(argv + ["true"], timeout=60)  # strict now passes
         self.assertEqual(p.returncode, 0, p.stderr.decode())
@@ -303,7 +303,7 @@ class Preflight(ClusterTest):
         p = self.run_job([DSLAUNCH, "doctor"] + argv[1:])
         self.assertEqual(p.returncode, 0, p.stdout.decode() + p.stderr.decode())
         out = p.stdout.decode()
-        for n in CLUSTER["nodes"]:
+        for n in CLUSTER["nodes"][:3]:  # the hostfile's
             self.assertRegex(out, n + r"\s+" + n + r"\s+ok\s+ok\s+ok\s+ok\s+ok")
         self.assertIn("3 of 3 nodes ready", out)
         # The nodes share this machine's hostname and /etc/hosts: where that
