@@ -7,7 +7,11 @@
 # network namespaces with an sshd each (tests/cluster/cluster.sh, needs
 # root), dslaunch with --launcher ssh and one torchrun agent started in each
 # node's namespace (c10d store on node 0's agent: --rdzv_conf is_host=1;
-# GLOO_SOCKET_IFNAME=eth0, the node's interface, as torchrun needs there).
+# GLOO_SOCKET_IFNAME=eth0, the node's interface; and, in a UTS namespace of
+# its own, the node's address as its hostname: torch 1.13's agent gives its
+# ranks MASTER_ADDR = rank 0's getfqdn(), and the nodes share this machine's
+# /etc/hosts, where the hostname is loopback. A real cluster resolves its
+# hostnames; dslaunch needs neither, as its ranks get node 0's address.)
 #
 # usage: bench/restart.sh [--runs N] [--quick] [--shapes "3x2 8x2"]
 #                         [--over "local ssh"]
@@ -144,7 +148,8 @@ run_torchrun() {
   id=bench.$RANDOM.$RANDOM  # one rendezvous for every agent of the run
   for ((i = 0; i < nodes; i++)); do
     if [[ $where == ssh ]]; then
-      in=("$CLUSTER_SH" exec "$CLUSTER_DIR" "$((i + 1))" env GLOO_SOCKET_IFNAME=eth0)
+      in=("$CLUSTER_SH" exec "$CLUSTER_DIR" "$((i + 1))" unshare --uts
+          sh -c 'hostname "$0" && exec "$@"' "${NODES[i]}" env GLOO_SOCKET_IFNAME=eth0)
       conf=(--rdzv_conf "is_host=$((i == 0 ? 1 : 0))")
     fi
     env "$TAG" BENCH_DIR="$dir" OMP_NUM_THREADS=1 timeout "$RUN_TIMEOUT_S" \

@@ -23,6 +23,7 @@ class Report {
 
  private:
   void PrintOutcome();
+  const NodePlan& NodeOf(const RankRecord& r) const;
   void PrintRankFailure(int rank);
   void PrintConsequences();
   // Under a rank's FAILED line: how the kernel or Python ended it.
@@ -46,11 +47,21 @@ std::string Fixed(double v, int digits) {
   return buf;
 }
 
+// The node of the current generation that runs `r` (its record names the
+// agent; node ranks may differ from agents after a restart).
+const NodePlan& Report::NodeOf(const RankRecord& r) const {
+  for (const NodePlan& node : job_.plan.nodes) {
+    if (node.agent == r.node_rank) return node;
+  }
+  static const NodePlan kUnknown{-1, "?", {}, 0, {}, {}, -1};
+  return kUnknown;
+}
+
 void Report::PrintRankFailure(int rank) {
   const RankRecord& r = job_.state.ranks().at(rank);
-  const NodePlan& node = job_.plan.nodes[r.node_rank];
+  const NodePlan& node = NodeOf(r);
   console_.Note("FAILED: rank " + std::to_string(rank) + " on " + node.host +
-                " (node " + std::to_string(r.node_rank) + ", local rank " +
+                " (node " + std::to_string(node.node_rank) + ", local rank " +
                 std::to_string(rank - node.first_rank) + ", pid " +
                 std::to_string(r.pid) + ") " +
                 (job_.oom.count(rank)
@@ -79,7 +90,7 @@ void Report::PrintConsequences() {
   for (const auto& [rank, r] : job_.state.ranks()) {
     if (o.cause == Outcome::Cause::kRankFailed && rank == o.rank) continue;
     const std::string who = "rank " + std::to_string(rank) + " (" +
-                            job_.plan.nodes[r.node_rank].host + ", pid " +
+                            NodeOf(r).host + ", pid " +
                             std::to_string(r.pid) + ")";
     if (!r.started) {
       still.push_back(who + " was never started");

@@ -23,7 +23,9 @@ std::vector<std::string> SrunArgv(const SrunSettings& s,
                                    "--ntasks=" + n,
                                    "--ntasks-per-node=1",
                                    "--nodelist=" + Join(hosts),
-                                   "--kill-on-bad-exit=1",
+                                   s.agents_outlive_a_peer
+                                       ? "--kill-on-bad-exit=0"
+                                       : "--kill-on-bad-exit=1",
                                    "--overlap",
                                    "--input=none",
                                    "--export=ALL",
@@ -117,6 +119,7 @@ std::unique_ptr<Starter> NewSlurmStarter(const StarterContext& context) {
   for (const auto& node : context.plan.nodes) hosts.push_back(node.host);
   SrunSettings settings;
   settings.extra_args = context.options.launcher_words;
+  settings.agents_outlive_a_peer = context.options.max_restarts > 0;
   return std::make_unique<SlurmStarter>(context.io, context.delegate,
                                         std::move(settings), std::move(hosts));
 }

@@ -34,6 +34,9 @@ namespace dslaunch::launcher {
 struct SrunSettings {
   std::string srun = "srun";
   std::vector<std::string> extra_args;  // --launcher_args, before the agent
+  // --max_restarts: one agent's end must not end the step's other agents
+  // (--kill-on-bad-exit=0); the launcher stops every rank itself.
+  bool agents_outlive_a_peer = false;
 };
 
 // The srun command line that starts `agent_argv` on `hosts`, one per node.

@@ -251,6 +251,41 @@ class Failures(SlurmTest):
         self.assertEqual(len(re.findall(r"generation 1 rank \d", out)), 6, out[-3000:])
         self.assertEqual(len(steps), 1, steps)  # one srun step for both generations
 
+    def test_a_node_whose_step_daemon_is_killed_is_left_out(self):
+        """--num_nodes 2:3: node 3's slurmstepd is SIGKILLed (its agent goes
+        with it, and srun cannot start one there again in this step): the
+        next generation runs on the two nodes left, renumbered, and ends 0."""
+        script = ('if [ "$DSLAUNCH_RESTART_COUNT" = 0 ]; then exec %s %s sleep; fi; '
+                  'echo "generation $DSLAUNCH_RESTART_COUNT rank $RANK of $WORLD_SIZE '
+                  'on $(hostname)"' % (PY, RANK_PY))
+        job = self.start_job(self.salloc(
+            DSLAUNCH, "--no_local_rank", "--max_restarts", "1", "--restart_backoff", "0",
+            "--num_nodes", "2:3", "--heartbeat_interval", "0.3", "--heartbeat_timeout", "2",
+            "/bin/sh", "-c", script))
+        self.addCleanup(lambda: job.poll() is None and job.kill())
+        self.wait_started(6)
+        stepd = []
+        for pid in self.node_pids(3):
+            try:
+                with open("/proc/%d/comm" % pid) as f:
+                    if f.read().strip() == "slurmstepd":
+                        stepd.append(pid)
+            except OSError:
+                pass
+        self.assertTrue(stepd, "no slurmstepd on node 3")
+        for pid in stepd:
+            os.kill(pid, signal.SIGKILL)
+        out, err = job.communicate(timeout=90)
+        out, err = out.decode(), err.decode()
+        self.assertEqual(job.returncode, 0, err[-3000:])
+        self.assertIn("node 2 (%s) was lost" % CLUSTER["names"][2], err)
+        self.assertIn("on 2 nodes (%s, %s), 4 ranks (was 6)" % tuple(CLUSTER["names"][:2]),
+                      err)
+        for rank in range(4):
+            self.assertRegex(out, r"generation 1 rank %d of 4 on %s" % (
+                rank, CLUSTER["names"][rank // 2]))
+        self.assert_no_leftovers(within=15)
+
     def test_scancel_stops_the_job_like_ctrl_c_and_says_slurm_did(self):
         job = self.start_job(self.salloc(DSLAUNCH, "--no_local_rank", PY, RANK_PY, "sleep"))
         self.wait_started(6)

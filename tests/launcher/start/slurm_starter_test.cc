@@ -1,6 +1,8 @@
 #include "launcher/start/slurm_starter.h"
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <signal.h>
 
 #include <string>
@@ -40,6 +42,18 @@ TEST(SrunArgv, OneAgentPerNodeAsOneStepEachPrintingItsSecret) {
                          "--node_host_env",
                          "SLURMD_NODENAME",
                          "--secret_stdout"}));
+}
+
+// A job that restarts keeps the step's other agents when one ends: the
+// launcher stops every rank itself, and then starts the next generation.
+TEST(SrunArgv, ARestartingJobsStepOutlivesOneAgent) {
+  SrunSettings s;
+  s.agents_outlive_a_peer = true;
+  const Words argv = SrunArgv(s, {"n1"}, {"/opt/dsagent"});
+  EXPECT_NE(std::find(argv.begin(), argv.end(), "--kill-on-bad-exit=0"),
+            argv.end());
+  EXPECT_EQ(std::find(argv.begin(), argv.end(), "--kill-on-bad-exit=1"),
+            argv.end());
 }
 
 // srun's environment lasts the whole job, where a rank of the same user

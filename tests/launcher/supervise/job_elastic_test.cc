@@ -80,6 +80,7 @@ TEST_F(JobElasticTest, ASpareStandsByAndTakesALostNodesPlace) {
   plan_ = Elastic(4, 3, 3);          // 3 nodes, host 4 a spare
   starter_.can_start_again = false;  // node 1 cannot come back
   options_.master_port_given = false;
+  options_.max_restarts = 1;
   StartJob();
   starter_.Finish(Starter::Started{});
   for (int a = 0; a < 4; ++a) Authenticate(a, 42000 + a);
@@ -112,6 +113,14 @@ TEST_F(JobElasticTest, ASpareStandsByAndTakesALostNodesPlace) {
   StartRanks({0, 2, 3});
   EXPECT_EQ(phase(), Phase::kRunning);
   EXPECT_EQ(job_->state().members(), 3);
+  // A failure on the spare, now node rank 2, is reported as such.
+  RankExited(3, 4, 9, 0);  // the one restart is spent: the job ends
+  EXPECT_FALSE(job_->state().restart_pending());
+  for (int a : {0, 2, 3}) AgentGone(a);
+  EXPECT_EQ(job_->Finish(), 9);
+  EXPECT_NE(Report().find("FAILED: rank 4 on 10.0.0.4 (node 2, local rank 0"),
+            std::string::npos)
+      << Report();
 }
 
 TEST_F(JobElasticTest,
