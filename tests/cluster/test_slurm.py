@@ -251,10 +251,12 @@ class Failures(SlurmTest):
         self.assertEqual(len(re.findall(r"generation 1 rank \d", out)), 6, out[-3000:])
         self.assertEqual(len(steps), 1, steps)  # one srun step for both generations
 
-    def test_a_node_whose_step_daemon_is_killed_is_left_out(self):
-        """--num_nodes 2:3: node 3's slurmstepd is SIGKILLed (its agent goes
-        with it, and srun cannot start one there again in this step): the
-        next generation runs on the two nodes left, renumbered, and ends 0."""
+    def test_a_node_whose_step_daemons_are_killed_is_left_out(self):
+        """--num_nodes 2:3: node 3's slurmstepd and our agent under it are
+        SIGKILLed, as a node failure ends them (killing slurmstepd alone ends
+        nothing of the job: the agent goes on). srun cannot start an agent
+        there again in this step: the next generation runs on the two nodes
+        left, renumbered, and ends 0."""
         script = ('if [ "$DSLAUNCH_RESTART_COUNT" = 0 ]; then exec %s %s sleep; fi; '
                   'echo "generation $DSLAUNCH_RESTART_COUNT rank $RANK of $WORLD_SIZE '
                   'on $(hostname)"' % (PY, RANK_PY))
@@ -264,15 +266,26 @@ class Failures(SlurmTest):
             "/bin/sh", "-c", script))
         self.addCleanup(lambda: job.poll() is None and job.kill())
         self.wait_started(6)
-        stepd = []
+        stepd, agent = [], []
+        procs = {}
         for pid in self.node_pids(3):
             try:
-                with open("/proc/%d/comm" % pid) as f:
-                    if f.read().strip() == "slurmstepd":
-                        stepd.append(pid)
+                with open("/proc/%d/stat" % pid) as f:
+                    procs[pid] = f.read()
             except OSError:
                 pass
-        self.assertTrue(stepd, "no slurmstepd on node 3")
+        for pid, stat in procs.items():
+            comm, ppid = stat[stat.index("(") + 1:stat.rindex(")")], int(
+                stat[stat.rindex(")") + 2:].split()[1])
+            if comm == "slurmstepd":
+                stepd.append(pid)
+        for pid, stat in procs.items():  # the agent srun started (not its guard)
+            comm, ppid = stat[stat.index("(") + 1:stat.rindex(")")], int(
+                stat[stat.rindex(")") + 2:].split()[1])
+            if comm == "dsagent" and ppid in stepd:
+                agent.append(pid)
+        self.assertEqual((len(stepd), len(agent)), (1, 1), procs)
+        stepd += agent
         for pid in stepd:
             os.kill(pid, signal.SIGKILL)
         out, err = job.communicate(timeout=90)
