@@ -90,8 +90,8 @@ void Report::PrintConsequences() {
   for (const auto& [rank, r] : job_.state.ranks()) {
     if (o.cause == Outcome::Cause::kRankFailed && rank == o.rank) continue;
     const std::string who = "rank " + std::to_string(rank) + " (" +
-                            NodeOf(r).host + ", pid " +
-                            std::to_string(r.pid) + ")";
+                            NodeOf(r).host + ", pid " + std::to_string(r.pid) +
+                            ")";
     if (!r.started) {
       still.push_back(who + " was never started");
     } else if (!r.exited) {

@@ -18,18 +18,17 @@ std::vector<std::string> SrunArgv(const SrunSettings& s,
                                   const std::vector<std::string>& hosts,
                                   std::vector<std::string> agent_argv) {
   const std::string n = std::to_string(hosts.size());
-  std::vector<std::string> argv = {s.srun,
-                                   "--nodes=" + n,
-                                   "--ntasks=" + n,
-                                   "--ntasks-per-node=1",
-                                   "--nodelist=" + Join(hosts),
-                                   s.agents_outlive_a_peer
-                                       ? "--kill-on-bad-exit=0"
-                                       : "--kill-on-bad-exit=1",
-                                   "--overlap",
-                                   "--input=none",
-                                   "--export=ALL",
-                                   "--job-name=dsagent"};
+  std::vector<std::string> argv = {
+      s.srun,
+      "--nodes=" + n,
+      "--ntasks=" + n,
+      "--ntasks-per-node=1",
+      "--nodelist=" + Join(hosts),
+      s.agents_outlive_a_peer ? "--kill-on-bad-exit=0" : "--kill-on-bad-exit=1",
+      "--overlap",
+      "--input=none",
+      "--export=ALL",
+      "--job-name=dsagent"};
   argv.insert(argv.end(), s.extra_args.begin(), s.extra_args.end());
   // The step runs one command everywhere: each agent finds its node itself.
   for (size_t i = 0; i + 1 < agent_argv.size(); ++i) {

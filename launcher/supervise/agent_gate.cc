@@ -35,14 +35,21 @@ void AgentGate::Spend(int node_rank) {
 
 bool AgentGate::EveryAgentIn(const JobState& state) const {
   if (!agents_make_secrets_) return true;
+  // Spares too (their secrets are in the same pipe), unless one was given
+  // up on (lost before it came in: its secret never will).
   for (const NodeRecord& node : state.nodes()) {
-    if (node.member && !node.authenticated) return false;
+    if (!node.authenticated && (node.member || node.lost_reason.empty()))
+      return false;
   }
   return true;
 }
 
 std::vector<int> AgentGate::Admit(int node_rank, const JobState& state) {
   held_.push_back(node_rank);
+  return Release(state);
+}
+
+std::vector<int> AgentGate::Release(const JobState& state) {
   if (!master_port_known_ || !EveryAgentIn(state)) return {};
   std::vector<int> admitted;
   admitted.swap(held_);

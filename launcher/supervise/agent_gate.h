@@ -48,6 +48,9 @@ class AgentGate {
   // node_rank is in: the nodes that may get their JobSpec now (it and the
   // ones held before), or none while the port or another agent is missing.
   std::vector<int> Admit(int node_rank, const JobState& state);
+  // The nodes held that may get their JobSpec now (a spare that never came
+  // was given up on), or none.
+  std::vector<int> Release(const JobState& state);
 
  private:
   bool EveryAgentIn(const JobState& state) const;

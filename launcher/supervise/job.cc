@@ -157,6 +157,10 @@ void Job::ArmStartTimer() {
       if (!state_.node(static_cast<int>(n)).authenticated)
         Act(state_.NodeLost(static_cast<int>(n), why));
     }
+    // Only spares were missing: the others wait no longer.
+    if (state_.phase() == Phase::kStarting) {
+      for (int n : gate_.Release(state_)) SendJobSpec(n);
+    }
   });
 }
 

@@ -1,10 +1,9 @@
 #include "launcher/start/slurm_starter.h"
 
 #include <gtest/gtest.h>
-
-#include <algorithm>
 #include <signal.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "launcher/plan/hostfile.h"
+
 namespace dslaunch::launcher {
 namespace {
 
@@ -58,6 +60,28 @@ TEST(AgentGate, WhereAgentsMakeSecretsNoNodeIsAdmittedBeforeEveryAgentIsIn) {
   }
   ASSERT_TRUE(state.NodeAuthenticated(1).ok());
   EXPECT_EQ(gate.Admit(1, state), (std::vector<int>{2, 0, 1}));
+}
+
+// A spare's secret is in the same pipe: the nodes wait for it too, unless
+// the spare was given up on (it never came, so neither will its secret).
+TEST(AgentGate, WhereAgentsMakeSecretsSparesAreWaitedForUntilGivenUpOn) {
+  auto hostfile = ParseHostfile("a slots=1\nb slots=1\nc slots=1\n", "h");
+  ASSERT_TRUE(hostfile.ok());
+  PlanOptions options;
+  options.num_nodes = 2;
+  options.min_nodes = 2;  // c is a spare
+  auto plan = MakePlan(*hostfile, options);
+  ASSERT_TRUE(plan.ok());
+  AgentGate gate("s", true);
+  gate.Started(true);
+  JobState state(*plan, 1);
+  for (int n : {0, 1}) {
+    ASSERT_TRUE(state.NodeAuthenticated(n).ok());
+    EXPECT_TRUE(gate.Admit(n, state).empty()) << n;
+  }
+  EXPECT_TRUE(gate.Release(state).empty());
+  EXPECT_EQ(state.NodeLost(2, "did not connect"), JobState::Action::kNone);
+  EXPECT_EQ(gate.Release(state), (std::vector<int>{0, 1}));
 }
 
 }  // namespace
