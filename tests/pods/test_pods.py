@@ -375,6 +375,31 @@ class Pods(PodTest):
             self.assertEqual(acode, 0, "agent in pod %d: %s" % (pod, aerr[-2000:]))
         self.assert_pods_empty(within=5)
 
+    def test_min_pods_start_the_job_and_a_late_pod_grows_it(self):
+        """--num_nodes 2:3: pods 0 and 2 join, none other for --join_settle,
+        and the job starts on them (node ranks 0 and 1, 4 ranks); pod 1
+        comes later, stands by, and the job grows to 3 nodes."""
+        job = self.launcher("2:3", "--join_settle", "1", "--max_restarts", "1",
+                            "--restart_backoff", "0", program=("later",))
+        agents = {pod: self.agent(pod) for pod in (0, 2)}
+        self.read_until(job, r"starting with 2 of 3 nodes: no other agent joined for "
+                             r"--join_settle 1 s \(missing 1;")
+        self.wait_for("the 4 ranks' start", lambda: len(self.started_pids()) == 4)
+        agents[1] = self.agent(1)
+        code, _, err = self.finish(job, timeout=60)
+        self.assertEqual(code, 0, err[-3000:])
+        self.assertIn("2 of 3 agents joined: 4 ranks", err)
+        self.assertIn("node 1 (train-worker-1) is back", err)
+        self.assertIn("node 1 (train-worker-1) stands by: the job grows from 2 to 3 nodes",
+                      err)
+        self.assertIn("on 3 nodes (train-worker-0, train-worker-1, train-worker-2), 6 ranks "
+                      "(was 4)", err)
+        self.assertEqual(len(self.started_pids()), 6)  # every rank of both
+        for pod, a in agents.items():
+            acode, _, aerr = self.finish(a, timeout=15)
+            self.assertEqual(acode, 0, "agent in pod %d: %s" % (pod, aerr[-2000:]))
+        self.assert_pods_empty(within=5)
+
     def test_a_missing_pod_is_named_and_the_launcher_exits_69(self):
         job = self.launcher(3, "--join_timeout", "3")
         agents = [self.agent(pod) for pod in (0, 2)]
