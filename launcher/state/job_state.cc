@@ -330,6 +330,7 @@ StatusOr<JobState::Action> JobState::RankExited(int node, int rank,
   r.exit_time = exit_time;
   r.error = std::move(error);
   r.exited_at = Clock::now();
+  r.stopped = stopped;
   ++exited_;
   if (r.failed()) {
     Outcome o;
@@ -357,6 +358,17 @@ StatusOr<JobState::Action> JobState::RankExited(int node, int rank,
     o.cause = Outcome::Cause::kSucceeded;
     o.reason = "every rank finished";
     if (Decide(o)) return Action::kShutdownAll;
+    // A grow's stop that found every rank finished on its own: the job is
+    // done, not to be run again.
+    bool all_done = outcome_.cause == Outcome::Cause::kGrow;
+    for (const auto& [n, rec] : ranks_)
+      all_done = all_done && !rec.stopped && !rec.failed();
+    if (all_done) {
+      restart_pending_ = false;
+      o.when = outcome_.when;
+      outcome_ = std::move(o);
+      return Action::kShutdownAll;
+    }
   }
   return Action::kNone;
 }

@@ -88,6 +88,7 @@ struct RankRecord {
   int signal = 0;
   std::string error;     // the agent could not start it
   double exit_time = 0;  // the agent's wall clock
+  bool stopped = false;  // it ended of our stop (the agent had signalled it)
   Clock::time_point exited_at{};
   bool failed() const { return exited && (signal != 0 || exit_code != 0); }
 };

@@ -284,6 +284,40 @@ TEST(JobState, NodesThatDoNotComeBackEndTheJobWith69) {
   EXPECT_EQ(s.history()[0].outcome.cause, Outcome::Cause::kRankFailed);
 }
 
+TEST(JobState, AGrowRestartsWithoutSpendingTheBudget) {
+  JobState s(OneNodeTwoRanks(), 0);  // no budget at all
+  ASSERT_TRUE(s.NodeAuthenticated(0).ok());
+  EXPECT_TRUE(s.RankStarted(0, 0, 100).ok());
+  EXPECT_TRUE(s.RankStarted(0, 1, 101).ok());
+  ASSERT_TRUE(s.Grow("node 1 stands by"));
+  EXPECT_TRUE(s.restart_pending());
+  EXPECT_FALSE(s.Grow("again"));  // already stopping
+  // Our stop ends the ranks (dsworker: 143 after its checkpoint).
+  EXPECT_TRUE(s.RankExited(0, 0, 143, 0, 1.0, "", true).ok());
+  EXPECT_TRUE(s.RankExited(0, 1, 143, 0, 1.0, "", true).ok());
+  EXPECT_TRUE(s.restart_pending());
+  EXPECT_TRUE(s.NodeIdle(0).ok());
+  s.NextGeneration(OneNodeTwoRanks());
+  EXPECT_EQ(s.restarts(), 1);
+  EXPECT_EQ(s.failure_restarts(), 0);
+  EXPECT_EQ(s.history()[0].outcome.cause, Outcome::Cause::kGrow);
+}
+
+TEST(JobState, RanksThatFinishedOnTheirOwnDuringAGrowEndTheJob) {
+  JobState s(OneNodeTwoRanks(), 3);
+  ASSERT_TRUE(s.NodeAuthenticated(0).ok());
+  EXPECT_TRUE(s.RankStarted(0, 0, 100).ok());
+  EXPECT_TRUE(s.RankStarted(0, 1, 101).ok());
+  ASSERT_TRUE(s.Grow("node 1 stands by"));
+  // Both had exited 0 before the stop reached them: done, not run again.
+  EXPECT_EQ(*s.RankExited(0, 0, 0, 0, 1.0, "", false), JobState::Action::kNone);
+  EXPECT_EQ(*s.RankExited(0, 1, 0, 0, 1.0, "", false),
+            JobState::Action::kShutdownAll);
+  EXPECT_FALSE(s.restart_pending());
+  EXPECT_EQ(s.outcome().cause, Outcome::Cause::kSucceeded);
+  EXPECT_EQ(s.ExitStatus(), 0);
+}
+
 TEST(JobState, ANodeLostTwiceWithinTheCooldownIsExcluded) {
   JobState s(OneNodeTwoRanks(), 5, /*node_cooldown_s=*/600);
   ASSERT_TRUE(s.NodeAuthenticated(0).ok());
