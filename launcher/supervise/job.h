@@ -3,8 +3,10 @@
 // keeps the JobState, answers the store, routes output to the Console and
 // keeps the rule the product exists for: the first failure (a rank's exit,
 // a lost node, an interrupt) stops every rank everywhere. Join assembly
-// (JoinAssembly), forensics (JobForensics), the periodic watch (JobWatch) and
-// the closing report (report/closing_report) are its parts. Owned by the
+// (JoinAssembly), forensics (JobForensics), the periodic watch (JobWatch),
+// restart tending (Restarts) and the closing report (report/closing_report)
+// are its parts. Agents are known by their fixed index (spares last); each
+// generation's plan maps its node ranks to them. Owned by the
 // Launcher (or a test, with fake agents and a FakeStarter); io_context
 // thread only.
 #pragma once
