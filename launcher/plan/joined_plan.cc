@@ -55,7 +55,6 @@ StatusOr<JoinedPlan> PlanFromJoinedAgents(
     for (int s = 0; s < n; ++s) spare.slots.push_back(s);
     out.plan.spares.push_back(std::move(spare));
   }
-  if (options.min_nodes > 0) out.plan.min_nodes = options.min_nodes;
   const JoinedAgent& node0 = joined.begin()->second;
   // Node 0's address as it reached us: the pods' network.
   if (out.plan.master_addr.empty()) {

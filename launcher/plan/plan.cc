@@ -382,6 +382,7 @@ Plan JoinPlan(const std::vector<std::string>& hosts,
   }
   plan.master_addr = options.master_addr;
   plan.master_port = options.master_port;
+  if (options.min_nodes > 0) plan.min_nodes = options.min_nodes;
   return plan;
 }
 

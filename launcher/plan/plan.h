@@ -78,7 +78,8 @@ StatusOr<Plan> MakePlan(const Hostfile& hostfile, const PlanOptions& options);
 // ranks in blocks in node order. Made twice: before the agents join
 // ("join-0", ... with --num_gpus or 1 slot each) and once they all have
 // (their hostnames and slot counts). master_addr is --master_addr (else
-// set when node 0 joins), master_port --master_port.
+// set when node 0 joins), master_port --master_port, min_nodes --num_nodes
+// MIN (MIN:MAX; else 0).
 Plan JoinPlan(const std::vector<std::string>& hosts,
               const std::vector<int>& slots, const PlanOptions& options);
 

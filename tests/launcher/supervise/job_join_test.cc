@@ -188,5 +188,43 @@ TEST_F(JoinJobTest, MinAgentsStartAfterTheSettleAndALateOneGrowsTheJob) {
   EXPECT_EQ(links_.Last(1).job_spec().host(), "pod-1");
 }
 
+// --num_nodes 2:3: a pod lost for good after the start leaves a job that
+// goes on with the two left (after --join_settle), renumbered.
+TEST_F(JoinJobTest, ALostPodLeavesAJobOfMinPodsThatGoesOn) {
+  options_.plan.num_nodes = 3;
+  options_.plan.min_nodes = 2;
+  options_.join_settle_s = 0;
+  options_.restart_backoff_s = 0;
+  options_.max_restarts = 1;
+  starter_.can_start_again = true;  // as JoinStarter: the pod may come back
+  starter_.sees_processes = false;
+  plan_ = JoinPlan({"join-0", "join-1", "join-2"}, {1, 1, 1}, options_.plan);
+  EXPECT_EQ(plan_.min_nodes, 2);
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  for (int p = 0; p < 3; ++p)
+    Join(p, "pod-" + std::to_string(p), 0, "10.9.0.1" + std::to_string(p));
+  for (int r = 0; r < 3; ++r) RankStarted(r, r);
+  EXPECT_EQ(phase(), Phase::kRunning);
+  job_->OnAgentDisconnected(1, Unavailable("connection reset"));
+  for (int a : {0, 2}) {
+    wire::Envelope exited;
+    exited.mutable_worker_exited()->set_rank(a);
+    exited.mutable_worker_exited()->set_signal(SIGTERM);
+    exited.mutable_worker_exited()->set_stopped(true);
+    job_->OnAgentMessage(a, std::move(exited));
+    wire::Envelope ended;
+    ended.mutable_generation_ended();
+    job_->OnAgentMessage(a, std::move(ended));
+  }
+  ASSERT_TRUE(dslaunch::testing::RunUntil(io_, [&] {
+    return links_.Last(2).has_job_spec() &&
+           links_.Last(2).job_spec().restart_count() == 1;
+  }));
+  EXPECT_EQ(links_.Last(2).job_spec().node_rank(), 1);
+  EXPECT_EQ(links_.Last(2).job_spec().world_size(), 2);
+  EXPECT_EQ(links_.Last(0).job_spec().world_size(), 2);
+}
+
 }  // namespace
 }  // namespace dslaunch::launcher
