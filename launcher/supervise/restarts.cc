@@ -91,9 +91,15 @@ void Restarts::ReviveLost(bool* may_return, bool* excluded) {
         (last != started_again_.end() && now - last->second < Seconds(5)))
       continue;
     started_again_[n] = now;
-    console_.Note(StartModeNamed(options_.launcher).agents_join
-                      ? "waiting for " + Who(n) + " to join again"
-                      : "starting the agent of " + Who(n) + " again");
+    const std::string what = StartModeNamed(options_.launcher).agents_join
+                                 ? "waiting for " + Who(n) + " to join again"
+                                 : "starting the agent of " + Who(n) + " again";
+    // Said once per loss; the retries every 5 s go to the log.
+    if (last == started_again_.end()) {
+      console_.Note(what);
+    } else {
+      spdlog::info("{} (its host did not answer)", what);
+    }
     state_.NodeRestarting(n);
     starter_->StartAgain(n);
   }
