@@ -165,7 +165,6 @@ Generation JobState::CurrentGeneration() const {
   return {restarts_,
           outcome_,
           std::move(hosts),
-          static_cast<int>(ranks_.size()),
           generation_start_,
           stop_time_,
           all_idle_at_ == Clock::time_point{} ? Clock::now() : all_idle_at_};

@@ -118,7 +118,6 @@ struct Generation {
   int restart_count = 0;  // 0: the first
   Outcome outcome;
   std::vector<std::string> hosts;  // its nodes, by node rank
-  int world_size = 0;
   Clock::time_point started{};
   Clock::time_point stopped{};  // when the outcome was decided
   Clock::time_point ended{};    // every agent idle (or the restart called off)
