@@ -80,7 +80,7 @@ const char* CauseName(Outcome::Cause cause);
 int ExitStatusFor(const Outcome& outcome);
 
 struct RankRecord {
-  int node_rank = 0;
+  int node_rank = 0;  // its agent (NodePlan::agent), not the node rank
   int pid = 0;
   bool started = false;
   bool exited = false;
