@@ -145,7 +145,10 @@ class Restarts(ClusterTest):
     SSH session, the others stay; a node that cannot come back ends the job
     with 69 after --rejoin_timeout, naming it."""
     # Generation 0 waits (its start file says it runs); later ones finish.
-    SCRIPT = ('echo "$(date +%s%N) $$" > "$OUT_DIR/start-$RANK-$DSLAUNCH_RESTART_COUNT"; '
+    # The start file appears whole (written aside, then renamed): the
+    # harness reads every start- file it finds.
+    SCRIPT = ('echo "$(date +%s%N) $$" > "$OUT_DIR/.s-$RANK"; '
+              'mv "$OUT_DIR/.s-$RANK" "$OUT_DIR/start-$RANK-$DSLAUNCH_RESTART_COUNT"; '
               'if [ "$DSLAUNCH_RESTART_COUNT" = 0 ]; then exec sleep 60; fi; '
               'echo "generation $DSLAUNCH_RESTART_COUNT rank $RANK"')
 
