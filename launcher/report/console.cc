@@ -109,7 +109,7 @@ Status Console::OpenRankLogs() {
 }
 
 void Console::NewGeneration(const Plan& plan, int restart_count,
-                            const std::string& why) {
+                            const std::string& why, const std::string& cause) {
   board_.Reset(plan);
   board_.set_restarts(restart_count);
   NameRanks(plan);  // a node may run elsewhere now
@@ -120,8 +120,10 @@ void Console::NewGeneration(const Plan& plan, int restart_count,
   nlohmann::ordered_json hosts = nlohmann::ordered_json::array();
   for (const auto& node : plan.nodes) hosts.push_back(node.host);
   nlohmann::ordered_json event = {
-      {"event", "restart"}, {"restart_count", restart_count}, {"reason", why},
-      {"nodes", hosts},     {"world_size", plan.world_size},  {"time", now}};
+      {"event", "restart"}, {"restart_count", restart_count},
+      {"cause", cause},     {"reason", why},
+      {"nodes", hosts},     {"world_size", plan.world_size},
+      {"time", now}};
   metrics_->Append(
       event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
       "\n");

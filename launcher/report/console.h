@@ -109,10 +109,11 @@ class Console {
   // The launcher's own message, to stderr, prefixed "dslaunch: ".
   void Note(std::string_view message);
   // The job restarted: generation `restart_count` runs `plan` because of
-  // `why`. The board starts over (every rank pending), metrics.jsonl gets a
+  // `why` (`cause`: CauseName, e.g. "rank failed", "grow"). The board
+  // starts over (every rank pending), metrics.jsonl gets a
   // {"event": "restart", ...} line, the progress sink its restart count.
   void NewGeneration(const Plan& plan, int restart_count,
-                     const std::string& why);
+                     const std::string& why, const std::string& cause);
   // From now on notes are also kept (at most kMaxCaptured), for the
   // failure bundle's report; TakeCaptured returns and forgets them.
   static constexpr size_t kMaxCaptured = 2000;

@@ -468,7 +468,8 @@ void Job::StartNextGeneration(const std::vector<int>& agents) {
   plan_ = std::move(next);
   watch_.NewGeneration();
   spec_.restart_count = state_.restarts();
-  console_.NewGeneration(plan_, state_.restarts(), ended.reason);
+  console_.NewGeneration(plan_, state_.restarts(), ended.reason,
+                         CauseName(ended.cause));
   char took[32];
   std::snprintf(took, sizeof(took), "%.2f", stopped_s);
   std::string size;  // where it runs, when that changed

@@ -126,6 +126,7 @@ class Generations(LaunchTest):
         self.assertEqual(len(events), 1, events)
         self.assertEqual(events[0]["event"], "restart")
         self.assertEqual(events[0]["restart_count"], 1)
+        self.assertEqual(events[0]["cause"], "rank failed")
         self.assertEqual(events[0]["world_size"], 2)
         self.assertIn("rank 1 on", events[0]["reason"])
 
