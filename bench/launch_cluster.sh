@@ -85,7 +85,6 @@ PDSH_CAP_MS=$(( PDSH_CAP_S * 1000 ))
 NODE_GRACE_S=${BENCH_NODE_GRACE_S:-3}
 
 REPO=$(cd "$SCRIPT_DIR/.." && pwd)
-CLUSTER_SH=$REPO/tests/cluster/cluster.sh
 BUILD=${DSLAUNCH_BUILD:-$REPO/build}
 need_build_bins "$BUILD"
 [[ $(id -u) -eq 0 ]] || { echo "needs root (tests/cluster/cluster.sh builds network namespaces)" >&2; exit 77; }
@@ -93,12 +92,6 @@ PDSH=$(command -v pdsh || true)
 [[ -n "$PDSH" ]] || { echo "pdsh not found (apt-get install pdsh)" >&2; exit 2; }
 need_cc
 
-CLUSTER_DIR=""
-bench_cleanup_more() {   # after the tagged processes are reaped
-  if [[ -n "$CLUSTER_DIR" ]]; then
-    "$CLUSTER_SH" down "$CLUSTER_DIR" >/dev/null || echo "warning: cluster.sh down $CLUSTER_DIR failed" >&2
-  fi
-}
 bench_init launch_cluster
 
 # The binaries are copied first: a rebuild while the bench runs must not mix
@@ -109,30 +102,6 @@ DSLAUNCH=$WORK/bin/dslaunch
 BIN_TIME=$(date -u -r "$BUILD/bin/dslaunch" '+%Y-%m-%d %H:%M UTC')
 
 build_helper
-
-# --------------------------------------------------------------- cluster ---
-cluster_up() {  # N: builds the cluster, loads its env
-  local n=$1
-  CLUSTER_DIR=$WORK/c$n
-  local rc=0
-  "$CLUSTER_SH" up "$n" "$CLUSTER_DIR" >"$WORK/up.log" 2>&1 || rc=$?
-  if ((rc != 0)); then
-    cat "$WORK/up.log" >&2
-    CLUSTER_DIR=""   # a failed up tears itself down
-    echo "cluster.sh up $n failed (exit $rc)" >&2
-    exit "$rc"
-  fi
-  set -a
-  # shellcheck disable=SC1091
-  . "$CLUSTER_DIR/env"
-  set +a
-  read -r -a NODES <<<"$CLUSTER_NODES"
-}
-
-cluster_down() {
-  "$CLUSTER_SH" down "$CLUSTER_DIR" >/dev/null
-  CLUSTER_DIR=""
-}
 
 alive() {  # exists and is not a zombie
   local st
@@ -288,7 +257,7 @@ echo
 declare -A LAUNCH TEARDOWN LRANGE TRANGE NOTE LINGER
 for nodes in "${NODE_COUNTS[@]}"; do
   printf '%s: cluster.sh up %d ...' "$nodes" "$nodes" >&2
-  cluster_up "$nodes"
+  bench_cluster_up "$nodes"
   printf '\r%*s\r' 40 '' >&2
   for f in ds.launch ds.teardown ds.linger pdsh.launch pdsh.teardown pdsh.atcap pdsh.afterkill; do
     : >"$WORK/$f"
@@ -320,7 +289,7 @@ for nodes in "${NODE_COUNTS[@]}"; do
     done
   done
   printf '\r%*s\r' 30 '' >&2
-  cluster_down
+  bench_cluster_down
   for p in ds pdsh; do
     LAUNCH[$p.$nodes]=$(median_ms <"$WORK/$p.launch")
     LRANGE[$p.$nodes]=$(range_ms <"$WORK/$p.launch")

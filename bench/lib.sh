@@ -55,6 +55,38 @@ bench_init() {
 
 bench_cleanup_more() { :; }
 
+# The test cluster of a bench over SSH (tests/cluster/cluster.sh; needs
+# root). bench_cluster_up N: a cluster of N nodes in WORK (SLOTS, from the
+# environment, slots per node), its env loaded and its node addresses in
+# NODES; exits with cluster.sh's status when it cannot be built (a failed up
+# tears itself down). bench_cluster_down: tears it down (also on exit).
+CLUSTER_SH=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/cluster/cluster.sh
+CLUSTER_DIR=""
+bench_cluster_up() {
+  local n=$1 rc=0
+  bench_cluster_down
+  CLUSTER_DIR=$WORK/c$n
+  SLOTS=${SLOTS:-2} "$CLUSTER_SH" up "$n" "$CLUSTER_DIR" >"$WORK/up.log" 2>&1 || rc=$?
+  if ((rc != 0)); then
+    cat "$WORK/up.log" >&2
+    CLUSTER_DIR=""
+    echo "cluster.sh up $n failed (exit $rc)" >&2
+    exit "$rc"
+  fi
+  set -a
+  # shellcheck disable=SC1091
+  . "$CLUSTER_DIR/env"
+  set +a
+  read -r -a NODES <<<"$CLUSTER_NODES"
+}
+bench_cluster_down() {
+  if [[ -n "$CLUSTER_DIR" ]]; then
+    "$CLUSTER_SH" down "$CLUSTER_DIR" >/dev/null ||
+      echo "warning: cluster.sh down $CLUSTER_DIR failed" >&2
+    CLUSTER_DIR=""
+  fi
+}
+
 bench_cleanup() {
   local rc=$?
   trap - EXIT INT TERM HUP
@@ -67,6 +99,7 @@ bench_cleanup() {
     sleep 0.2
     "$HELPER" reap "$TAG" KILL >/dev/null 2>&1 || true
   fi
+  bench_cluster_down
   bench_cleanup_more
   rm -rf "$WORK"
   exit "$rc"

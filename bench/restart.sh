@@ -81,40 +81,9 @@ PY=${BENCH_PYTHON:-/usr/bin/python3}
   { echo "$PY cannot import torch.distributed (apt-get install python3-torch)" >&2; exit 2; }
 RANK_PY=$SCRIPT_DIR/restart_rank.py
 RUN_TIMEOUT_S=${BENCH_RUN_TIMEOUT_S:-120}
-CLUSTER_SH=$SCRIPT_DIR/../tests/cluster/cluster.sh
 need_cc
-CLUSTER_DIR=""
-bench_cleanup_more() {   # after the tagged processes are reaped
-  cluster_down
-}
 bench_init restart
 build_helper
-
-cluster_down() {
-  if [[ -n "$CLUSTER_DIR" ]]; then
-    "$CLUSTER_SH" down "$CLUSTER_DIR" >/dev/null ||
-      echo "warning: cluster.sh down $CLUSTER_DIR failed" >&2
-    CLUSTER_DIR=""
-  fi
-}
-
-cluster_up() {  # N PER: a cluster of N nodes with PER slots each, its env
-  local n=$1 rc=0
-  cluster_down
-  CLUSTER_DIR=$WORK/c$n
-  SLOTS=$2 "$CLUSTER_SH" up "$n" "$CLUSTER_DIR" >"$WORK/up.log" 2>&1 || rc=$?
-  if ((rc != 0)); then
-    cat "$WORK/up.log" >&2
-    CLUSTER_DIR=""   # a failed up tears itself down
-    echo "cluster.sh up $n failed (exit $rc)" >&2
-    exit "$rc"
-  fi
-  set -a
-  # shellcheck disable=SC1091
-  . "$CLUSTER_DIR/env"
-  set +a
-  read -r -a NODES <<<"$CLUSTER_NODES"
-}
 
 free_port() {
   "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -188,7 +157,7 @@ for where in "${OVER[@]}"; do
     nodes=${shape%x*}
     per=${shape#*x}
     n=$((nodes * per))
-    [[ $where == ssh ]] && cluster_up "$nodes" "$per"
+    [[ $where == ssh ]] && SLOTS=$per bench_cluster_up "$nodes"
     for ((run = 0; run < RUNS; run++)); do
       for launcher in "${LAUNCHERS[@]}"; do
         key=$where.$shape.$launcher
@@ -213,7 +182,7 @@ for where in "${OVER[@]}"; do
         PROGRESS[$key]+="$p "
       done
     done
-    [[ $where == ssh ]] && cluster_down
+    [[ $where == ssh ]] && bench_cluster_down
   done
 done
 

@@ -203,19 +203,40 @@ class TrainingSurvives(test_worker.WorkerTest):
                 return int(pid)
         return None
 
-    def start_faulty(self, steps, extra=()):
-        ck = os.path.join(self.dir, "ck")
+    def start_faulty(self, steps, extra=(), micro=4, accumulation=1):
+        """dsworker on 3 local nodes, checkpoints every 10 steps in
+        job.ck; its metrics in job.logs, its stdout and stderr in the files
+        job.out and job.err."""
+        job_ck = os.path.join(self.dir, "ck")
         logs = os.path.join(self.dir, "logs-faulty")
+        stdout = open(os.path.join(self.dir, "stdout"), "w+b")
         stderr = open(os.path.join(self.dir, "stderr"), "w+b")
+        self.addCleanup(stdout.close)
         self.addCleanup(stderr.close)
         job = subprocess.Popen(self.args(nodes=3, slots=1) + [
             "--max_restarts", "2", "--restart_backoff", "0", "--log_dir", logs, *extra,
             test_worker.DSWORKER, "train", "--config",
-            self.config(4, 2, steps=steps, checkpoint={"dir": ck, "every": 10})],
-            stdout=subprocess.DEVNULL, stderr=stderr, env=self.env(OMP_NUM_THREADS="1"))
+            self.config(micro, 2, steps=steps, accumulation=accumulation,
+                        checkpoint={"dir": job_ck, "every": 10})],
+            stdout=stdout, stderr=stderr, env=self.env(OMP_NUM_THREADS="1"))
         self.addCleanup(lambda: job.poll() is None and job.kill())
-        job.logs, job.err = logs, stderr
+        job.logs, job.out, job.err, job.ck = logs, stdout, stderr, job_ck
         return job
+
+    def kill_node1_twice(self, job):
+        """Kills node 1's agent, waits for the next generation to train with
+        its new agent, and kills that one too."""
+        os.kill(self.agent_pid(job, 1), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:
+            restarted = [r for r in self.metrics(job.logs) if r.get("event") == "restart"]
+            pid = self.agent_pid(job, 1)
+            if restarted and pid:
+                break
+            self.assertIsNone(job.poll())
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)
 
     def wait_for_step(self, job, step):
         metrics = os.path.join(job.logs, "metrics.jsonl")
@@ -242,18 +263,7 @@ class TrainingSurvives(test_worker.WorkerTest):
     def test_a_node_lost_twice_within_the_cooldown_ends_the_job_with_69(self):
         job = self.start_faulty(100000)
         self.wait_for_step(job, 3)
-        os.kill(self.agent_pid(job, 1), signal.SIGKILL)
-        # Its new agent, once the next generation trains.
-        deadline = time.monotonic() + 60
-        while True:
-            restarted = [r for r in self.metrics(job.logs) if r.get("event") == "restart"]
-            pid = self.agent_pid(job, 1)
-            if restarted and pid:
-                break
-            self.assertIsNone(job.poll())
-            self.assertLess(time.monotonic(), deadline)
-            time.sleep(0.05)
-        os.kill(pid, signal.SIGKILL)
+        self.kill_node1_twice(job)
         job.wait(timeout=60)
         job.err.seek(0)
         err = job.err.read().decode()
@@ -272,7 +282,7 @@ class TrainingSurvives(test_worker.WorkerTest):
                 gens[-1][1][r["step"]] = r["loss"]
         return gens
 
-    def resumed_at(self, ck, world, first, last, steps):
+    def resumed_at(self, ck, world, first, last):
         """rank 0's losses of a run at `world` nodes that resumes from the
         checkpoint of step first - 1 and trains to `last`."""
         start = os.path.join(ck, "step_%08d" % (first - 1))
@@ -290,46 +300,24 @@ class TrainingSurvives(test_worker.WorkerTest):
         generation's losses equal those of a run started at its world size
         from the checkpoint it resumed from, bit for bit."""
         steps = 1500
-        ck = os.path.join(self.dir, "ck")
-        logs = os.path.join(self.dir, "logs-elastic")
-        stderr = open(os.path.join(self.dir, "stderr"), "w+b")
-        stdout = open(os.path.join(self.dir, "stdout"), "w+b")
-        self.addCleanup(stderr.close)
-        self.addCleanup(stdout.close)
-        job = subprocess.Popen(self.args(nodes=3, slots=1) + [
-            "--num_nodes", "2:3", "--max_restarts", "2", "--restart_backoff", "0",
-            "--join_settle", "3", "--rejoin_timeout", "2", "--node_cooldown", "6",
-            "--log_dir", logs, test_worker.DSWORKER, "train", "--config",
-            self.config(2, 2, steps=steps, accumulation=2,
-                        checkpoint={"dir": ck, "every": 10})],
-            stdout=stdout, stderr=stderr, env=self.env(OMP_NUM_THREADS="1"))
-        self.addCleanup(lambda: job.poll() is None and job.kill())
-        job.logs, job.err = logs, stderr
+        job = self.start_faulty(steps, micro=2, accumulation=2, extra=[
+            "--num_nodes", "2:3", "--join_settle", "3", "--rejoin_timeout", "2",
+            "--node_cooldown", "6"])
         self.wait_for_step(job, 5)
-        os.kill(self.agent_pid(job, 1), signal.SIGKILL)
-        deadline = time.monotonic() + 60
-        while True:  # its new agent, once the next generation trains
-            restarted = [r for r in self.metrics(logs) if r.get("event") == "restart"]
-            pid = self.agent_pid(job, 1)
-            if restarted and pid:
-                break
-            self.assertIsNone(job.poll())
-            self.assertLess(time.monotonic(), deadline)
-            time.sleep(0.05)
-        os.kill(pid, signal.SIGKILL)
+        self.kill_node1_twice(job)
         job.wait(timeout=180)
-        stderr.seek(0)
-        err = stderr.read().decode()
+        job.err.seek(0)
+        err = job.err.read().decode()
         self.assertEqual(job.returncode, 0, err[-3000:])
         self.assertIn("node 1 (127.0.0.2) is back", err)
         self.assertIn("2 nodes (127.0.0.1, 127.0.0.3), 2 ranks (was 3)", err)
         self.assertIn("node 1 (127.0.0.2) stands by: the job grows from 2 to 3 nodes",
                       err)
         self.assertIn("which grows the job (no restart of --max_restarts spent)", err)
-        gens = self.generations_of(self.metrics(logs))
+        gens = self.generations_of(self.metrics(job.logs))
         self.assertEqual([g[0] for g in gens], [3, 3, 2, 3], err[-3000:])
-        stdout.seek(0)
-        out = stdout.read().decode()
+        job.out.seek(0)
+        out = job.out.read().decode()
         self.assertIn("keeping the checkpoint's global batch 12 at world size 2: "
                       "gradient_accumulation_steps 3 (was 2)", out)
         # The generations at 2 and (again) at 3 nodes, each against a run
@@ -337,7 +325,7 @@ class TrainingSurvives(test_worker.WorkerTest):
         for world, losses in gens[2:]:
             first, last = min(losses), max(losses)
             self.assertEqual(sorted(losses), list(range(first, last + 1)))
-            again = self.resumed_at(ck, world, first, last, steps)
+            again = self.resumed_at(job.ck, world, first, last)
             for step in range(first, last + 1):
                 self.assertEqual(losses[step], again[step],
                                  "world %d step %d" % (world, step))  # every bit
