@@ -64,6 +64,13 @@ class JobElasticTest : public job_testing::JobTest {
       for (const auto& r : spec.ranks()) RankStarted(a, r.rank());
     }
   }
+  // Three nodes' agents in, every rank of the first generation running.
+  void RunOnThree() {
+    StartJob();
+    starter_.Finish(Starter::Started{});
+    for (int a = 0; a < 3; ++a) Authenticate(a);
+    StartRanks({0, 1, 2});
+  }
   // `lost` is lost; the others stop their ranks and end the generation.
   void Lose(int lost, const std::vector<int>& others) {
     AgentGone(lost);
@@ -127,10 +134,7 @@ TEST_F(JobElasticTest,
        TheJobShrinksToTheHealthyNodesAndGrowsBackWhenOneReturns) {
   plan_ = Elastic(3, 2, 3);
   options_.max_restarts = 1;  // growing spends none of it
-  StartJob();
-  starter_.Finish(Starter::Started{});
-  for (int a = 0; a < 3; ++a) Authenticate(a);
-  StartRanks({0, 1, 2});
+  RunOnThree();
   Lose(1, {0, 2});
   EXPECT_EQ(starter_.started_again, std::vector<int>{1});
   Spin();  // --join_settle 0: no waiting for node 1 with 2 of MIN 2 ready
@@ -184,10 +188,7 @@ TEST_F(JobElasticTest,
 TEST_F(JobElasticTest, ANodeThatReturnsWithinTheSettleKeepsTheJobWhole) {
   plan_ = Elastic(3, 2, 3);
   options_.join_settle_s = 60;
-  StartJob();
-  starter_.Finish(Starter::Started{});
-  for (int a = 0; a < 3; ++a) Authenticate(a);
-  StartRanks({0, 1, 2});
+  RunOnThree();
   Lose(1, {0, 2});
   Spin();
   EXPECT_EQ(Specs(0).size(), 1u);  // 2 of 3 ready: waiting for the third
@@ -202,10 +203,7 @@ TEST_F(JobElasticTest, ANodeThatReturnsWithinTheSettleKeepsTheJobWhole) {
 TEST_F(JobElasticTest, FewerThanMinNodesEndTheJobWith69NamingTheMissing) {
   plan_ = Elastic(3, 2, 3);
   options_.rejoin_timeout_s = 0;
-  StartJob();
-  starter_.Finish(Starter::Started{});
-  for (int a = 0; a < 3; ++a) Authenticate(a);
-  StartRanks({0, 1, 2});
+  RunOnThree();
   AgentGone(2);
   Lose(1, {0});
   Spin();
