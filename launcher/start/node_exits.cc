@@ -6,24 +6,49 @@
 
 namespace dslaunch::launcher {
 
-NodeExits::NodeExits(Starter::Delegate* delegate, std::string tool,
-                     size_t nodes)
-    : delegate_(delegate), tool_(std::move(tool)), ended_(nodes, false) {}
+NodeExits::NodeExits(Starter::Delegate* delegate, std::string tool)
+    : delegate_(delegate), tool_(std::move(tool)) {}
 
-void NodeExits::Ended(int node, const std::string& how) {
-  if (node < 0 || static_cast<size_t>(node) >= ended_.size() || ended_[node])
-    return;
-  ended_[node] = true;
+void NodeExits::Started(pid_t pid, const std::vector<int>& nodes) {
+  runs_[pid] = Run{nodes, std::set<int>(nodes.begin(), nodes.end())};
+}
+
+void NodeExits::StartedAll(pid_t pid, size_t count) {
+  std::vector<int> nodes(count);
+  for (size_t i = 0; i < count; ++i) nodes[i] = static_cast<int>(i);
+  Started(pid, nodes);
+}
+
+void NodeExits::Ended(pid_t pid, int node, const std::string& how) {
+  auto run = runs_.find(pid);
+  if (run == runs_.end() || !run->second.running.erase(node)) return;
   delegate_->OnAgentProcessExited(node, how);
 }
 
-void NodeExits::ToolEnded(const proto::ExitInfo& info) {
+void NodeExits::ToolEnded(pid_t pid, const proto::ExitInfo& info) {
   if (!info.error.empty())
     spdlog::error("cannot start {}: {}", tool_, info.error);
   const std::string how =
       "ended with " + tool_ + ", which " +
       (info.error.empty() ? DescribeWaitStatus(info.wait_status) : info.error);
-  for (size_t n = 0; n < ended_.size(); ++n) Ended(static_cast<int>(n), how);
+  auto run = runs_.find(pid);
+  if (run == runs_.end()) return;
+  const std::set<int> left = std::move(run->second.running);
+  runs_.erase(run);
+  for (int node : left) delegate_->OnAgentProcessExited(node, how);
+}
+
+pid_t NodeExits::RunOf(int node) const {
+  for (const auto& [pid, run] : runs_) {
+    if (run.running.count(node)) return pid;
+  }
+  return -1;
+}
+
+int NodeExits::NodeOf(pid_t pid) const {
+  auto it = runs_.find(pid);
+  return it != runs_.end() && it->second.nodes.size() == 1 ? it->second.nodes[0]
+                                                           : -1;
 }
 
 }  // namespace dslaunch::launcher

@@ -1,10 +1,17 @@
-// NodeExits: for start modes whose one tool process starts every node's
-// agent (pdsh, srun). It reports each node's agent's end to the Starter's
-// delegate exactly once: as the tool's output names it, or, when the tool
-// itself ends, every node not reported yet as ended with it. io_context
-// thread only.
+// NodeExits: for start modes whose tool process starts several nodes'
+// agents at once (pdsh, srun, mpirun). Each run of the tool (a pid) starts
+// the agents of some nodes: the first one every node's, a later one (a lost
+// node's agent started again) one node's. It reports each agent's end to the
+// Starter's delegate exactly once: as the run's output names it, or, when
+// the run itself ends, every node of it not reported yet as ended with it.
+// A node's agent is started again only after its last one ended, so a node
+// belongs to one running run at a time. io_context thread only.
 #pragma once
 
+#include <sys/types.h>
+
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -15,17 +22,32 @@ namespace dslaunch::launcher {
 
 class NodeExits {
  public:
-  NodeExits(Starter::Delegate* delegate, std::string tool, size_t nodes);
-  // Node `node`'s agent ended (`how`, in the tool's words); once per node,
-  // a node out of range is ignored.
-  void Ended(int node, const std::string& how);
-  // The tool ended: "ended with <tool>, which ..." for every node left.
-  void ToolEnded(const proto::ExitInfo& info);
+  NodeExits(Starter::Delegate* delegate, std::string tool);
+  // The run `pid` starts the agents of `nodes`.
+  void Started(pid_t pid, const std::vector<int>& nodes);
+  // ... of nodes 0..count-1.
+  void StartedAll(pid_t pid, size_t count);
+  // The run `pid` says node `node`'s agent ended (`how`, in the tool's
+  // words): reported once; a node the run does not hold is ignored.
+  void Ended(pid_t pid, int node, const std::string& how);
+  // The run `pid` ended: "ended with <tool>, which ..." for each of its
+  // nodes left.
+  void ToolEnded(pid_t pid, const proto::ExitInfo& info);
+  // The run that holds node's running agent, or -1.
+  pid_t RunOf(int node) const;
+  // Whether the run `pid` started one node's agent only; which node that is
+  // (-1: it started several, or it is not running).
+  bool Alone(pid_t pid) const { return NodeOf(pid) >= 0; }
+  int NodeOf(pid_t pid) const;
 
  private:
+  struct Run {
+    std::vector<int> nodes;  // started
+    std::set<int> running;   // not reported ended
+  };
   Starter::Delegate* delegate_;
   std::string tool_;
-  std::vector<bool> ended_;
+  std::map<pid_t, Run> runs_;
 };
 
 }  // namespace dslaunch::launcher

@@ -128,7 +128,7 @@ OpenMpiStarter::OpenMpiStarter(asio::io_context& io,
       settings_(std::move(settings)),
       hosts_(std::move(hosts)),
       slots_(std::move(slots)),
-      exits_(delegate, "mpirun", hosts_.size()),
+      exits_(delegate, "mpirun"),
       processes_(io, this) {}
 
 // processes_ sends mpirun SIGTERM (ProcessSpec::destroy_signal): it ends
@@ -185,10 +185,11 @@ Status OpenMpiStarter::StartMpirun(const AgentBootstrap& boot) {
   if (!pid.ok())
     return Unavailable("cannot start mpirun: " + pid.status().message());
   pid_ = *pid;
+  exits_.StartedAll(pid_, hosts_.size());
   return Status::Ok();
 }
 
-void OpenMpiStarter::OnProcessOutput(pid_t, bool, std::string line, bool) {
+void OpenMpiStarter::OnProcessOutput(pid_t pid, bool, std::string line, bool) {
   if (RelaySecretLine(delegate_, "mpirun", line, hosts_.size())) return;
   const MpirunEvent e = ParseMpirunLine(line, slots_);
   if (stopping_) {
@@ -196,12 +197,12 @@ void OpenMpiStarter::OnProcessOutput(pid_t, bool, std::string line, bool) {
   } else {
     delegate_->OnStarterOutput("mpirun", line);
   }
-  exits_.Ended(e.node, e.how);
+  exits_.Ended(pid, e.node, e.how);
 }
 
-void OpenMpiStarter::OnProcessExited(pid_t, const proto::ExitInfo& info) {
+void OpenMpiStarter::OnProcessExited(pid_t pid, const proto::ExitInfo& info) {
   pid_ = -1;
-  exits_.ToolEnded(info);
+  exits_.ToolEnded(pid, info);
 }
 
 void OpenMpiStarter::Kill(int) {

@@ -1,12 +1,15 @@
 #include "launcher/start/pdsh_starter.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netdb.h>
 #include <signal.h>  // SIGKILL, SIGTERM
 #include <unistd.h>
 
+#include <boost/asio/post.hpp>
 #include <chrono>
 #include <cstdio>  // fwrite
+#include <fstream>
 
 #include "launcher/start/secret_relay.h"
 #include "proto/exit_status.h"
@@ -105,7 +108,7 @@ PdshStarter::PdshStarter(asio::io_context& io, Starter::Delegate* delegate,
       delegate_(delegate),
       settings_(std::move(settings)),
       hosts_(std::move(hosts)),
-      exits_(delegate, "pdsh", hosts_.size()),
+      exits_(delegate, "pdsh"),
       processes_(io, this) {}
 
 // processes_ sends pdsh's group SIGTERM (ProcessSpec::destroy_signal).
@@ -244,13 +247,21 @@ void PdshStarter::Start(const AgentBootstrap& boot, StartDone done) {
     if (!failures.empty())
       st = Unavailable("the preflight failed; nothing was started:" + failures);
   }
-  if (st.ok()) st = Launch(AgentArgv(boot, 0, checks.at(0).local_address));
+  if (st.ok()) {
+    agent_argv_ = AgentArgv(boot, 0, checks.at(0).local_address);
+    std::vector<int> every(hosts_.size());
+    for (size_t i = 0; i < every.size(); ++i) every[i] = static_cast<int>(i);
+    st = Launch(every);
+  }
   Started started;
   if (st.ok()) started.master_addr = checks.at(0).peer_address;
   PostStartDone(io_, alive_, st, started, std::move(done));
 }
 
-Status PdshStarter::Launch(std::vector<std::string> argv) {
+// pdsh runs node 0's agent command, made node-independent, on `nodes`:
+// each agent finds its node rank in --hosts from pdsh's %h.
+Status PdshStarter::Launch(const std::vector<int>& nodes) {
+  std::vector<std::string> argv = agent_argv_, on;
   for (size_t i = 0; i + 1 < argv.size(); ++i) {
     if (argv[i] == "--node_rank")
       argv.erase(argv.begin() + i, argv.begin() + i + 2);
@@ -260,17 +271,35 @@ Status PdshStarter::Launch(std::vector<std::string> argv) {
   std::string command;
   for (const auto& w : argv)
     command += (command.empty() ? "" : " ") + ShellQuote(w);
-  ASSIGN_OR_RETURN(pid_,
-                   processes_.Spawn(PdshSpec(settings_, hosts_, command)));
+  for (int n : nodes) on.push_back(hosts_.at(static_cast<size_t>(n)));
+  ASSIGN_OR_RETURN(pid_t pid,
+                   processes_.Spawn(PdshSpec(settings_, on, command)));
+  exits_.Started(pid, nodes);
   return Status::Ok();
 }
 
-void PdshStarter::OnProcessOutput(pid_t, bool is_stderr, std::string line,
-                                  bool) {
-  HandleLine(is_stderr, line);
+// A pdsh of its own for the node (no preflight: what its ssh says when the
+// host does not answer is the agent's end, and the Restarts try again).
+void PdshStarter::StartAgain(int node_rank) {
+  if (agent_argv_.empty() || node_rank < 0 ||
+      static_cast<size_t>(node_rank) >= hosts_.size())
+    return;
+  if (Status st = Launch({node_rank}); !st.ok()) {
+    const std::string why =
+        "could not be started again: cannot start pdsh: " + st.message();
+    asio::post(io_, [this, node_rank, why, alive = alive_] {
+      if (*alive) delegate_->OnAgentProcessExited(node_rank, why);
+    });
+  }
 }
 
-void PdshStarter::HandleLine(bool is_stderr, const std::string& raw) {
+void PdshStarter::OnProcessOutput(pid_t pid, bool is_stderr, std::string line,
+                                  bool) {
+  HandleLine(pid, is_stderr, line);
+}
+
+void PdshStarter::HandleLine(pid_t pid, bool is_stderr,
+                             const std::string& raw) {
   std::string line = raw;
   if (line.rfind("pdsh@", 0) == 0) line = line.substr(line.find(": ") + 2);
   const size_t colon = line.find(": ");
@@ -284,19 +313,47 @@ void PdshStarter::HandleLine(bool is_stderr, const std::string& raw) {
     return;
   delegate_->OnStarterOutput(node >= 0 ? hosts_[node] : "pdsh", said);
   if (said.find("exited with exit code") != std::string::npos)
-    exits_.Ended(node, said);
+    exits_.Ended(pid, node, said);
 }
 
 // Reported after pdsh's last line, so nodes it named are reported as it
 // said; the others end with pdsh.
-void PdshStarter::OnProcessExited(pid_t, const proto::ExitInfo& info) {
-  pid_ = -1;
-  exits_.ToolEnded(info);
+void PdshStarter::OnProcessExited(pid_t pid, const proto::ExitInfo& info) {
+  exits_.ToolEnded(pid, info);
 }
 
-void PdshStarter::Kill(int) {
-  // pdsh cannot reach one node alone
-  if (pid_ > 0) processes_.Signal(pid_, SIGKILL);
+// The ssh process pdsh runs for `host` (pdsh forks one per node from its
+// threads), or -1.
+static pid_t SshChildOf(pid_t pdsh, const std::string& host) {
+  const std::string task_dir = "/proc/" + std::to_string(pdsh) + "/task";
+  DIR* dir = ::opendir(task_dir.c_str());
+  if (!dir) return -1;
+  pid_t found = -1;
+  while (dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] == '.' || found > 0) continue;
+    std::ifstream children(task_dir + "/" + e->d_name + "/children");
+    for (pid_t child; found < 0 && children >> child;) {
+      std::ifstream cmdline("/proc/" + std::to_string(child) + "/cmdline");
+      for (std::string word; std::getline(cmdline, word, '\0');) {
+        if (word == host) found = child;
+      }
+    }
+  }
+  ::closedir(dir);
+  return found;
+}
+
+void PdshStarter::Kill(int node_rank) {
+  const pid_t pid = exits_.RunOf(node_rank);
+  if (pid < 0) return;
+  if (exits_.Alone(pid)) return processes_.Signal(pid, SIGKILL);
+  // pdsh cannot end one node's command: its ssh ends, which ends the
+  // agent's output to us (an agent cut off from us ends itself when the
+  // heartbeats stop).
+  const pid_t ssh = SshChildOf(pid, hosts_.at(static_cast<size_t>(node_rank)));
+  if (ssh > 0) ::kill(ssh, SIGKILL);
+  exits_.Ended(pid, node_rank,
+               ssh > 0 ? "ended: its ssh was killed" : "ended (no ssh ran)");
 }
 
 }  // namespace dslaunch::launcher

@@ -42,15 +42,20 @@ class PdshStarter : public Starter, private proto::ProcessSet::Delegate {
   // The preflight (blocking), then pdsh running node 0's agent command made
   // node-independent on every node.
   void Start(const AgentBootstrap& boot, StartDone done) override;
+  // A node of its own pdsh: that pdsh ends; of the first one: pdsh's ssh
+  // for the node ends.
   void Kill(int node_rank) override;
   bool AgentsMakeSecrets() const override { return true; }
+  // In a pdsh of its own (pdsh -w HOST).
+  bool CanStartAgain() const override { return true; }
+  void StartAgain(int node_rank) override;
 
  private:
-  Status Launch(std::vector<std::string> argv);
+  Status Launch(const std::vector<int>& nodes);
   void OnProcessOutput(pid_t pid, bool is_stderr, std::string line,
                        bool partial) override;
   void OnProcessExited(pid_t pid, const proto::ExitInfo& info) override;
-  void HandleLine(bool is_stderr, const std::string& line);
+  void HandleLine(pid_t pid, bool is_stderr, const std::string& line);
   int NodeOf(const std::string& host) const;
   static void AddRoutes(std::vector<NodeCheck>* checks);
 
@@ -58,9 +63,9 @@ class PdshStarter : public Starter, private proto::ProcessSet::Delegate {
   Starter::Delegate* delegate_;
   PdshSettings settings_;
   std::vector<std::string> hosts_;
-  NodeExits exits_;
-  pid_t pid_ = -1;
-  proto::ProcessSet processes_;  // pdsh, its output and its exit
+  NodeExits exits_;  // the first pdsh, every node's; then one per node
+  std::vector<std::string> agent_argv_;  // node 0's agent command
+  proto::ProcessSet processes_;          // pdsh, its output and its exit
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

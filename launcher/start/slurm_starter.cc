@@ -2,6 +2,9 @@
 
 #include <signal.h>  // SIGKILL, SIGTERM
 
+#include <boost/asio/post.hpp>
+#include <optional>
+
 #include "launcher/start/secret_relay.h"
 
 namespace dslaunch::launcher {
@@ -16,14 +19,15 @@ static std::string Join(const std::vector<std::string>& v) {
 
 std::vector<std::string> SrunArgv(const SrunSettings& s,
                                   const std::vector<std::string>& hosts,
+                                  const std::vector<std::string>& on,
                                   std::vector<std::string> agent_argv) {
-  const std::string n = std::to_string(hosts.size());
+  const std::string n = std::to_string(on.size());
   std::vector<std::string> argv = {
       s.srun,
       "--nodes=" + n,
       "--ntasks=" + n,
       "--ntasks-per-node=1",
-      "--nodelist=" + Join(hosts),
+      "--nodelist=" + Join(on),
       s.agents_outlive_a_peer ? "--kill-on-bad-exit=0" : "--kill-on-bad-exit=1",
       "--overlap",
       "--input=none",
@@ -44,9 +48,10 @@ std::vector<std::string> SrunArgv(const SrunSettings& s,
 
 proto::ProcessSpec SrunSpec(const SrunSettings& settings,
                             const std::vector<std::string>& hosts,
+                            const std::vector<std::string>& on,
                             std::vector<std::string> agent_argv) {
   proto::ProcessSpec spec;
-  spec.argv = SrunArgv(settings, hosts, std::move(agent_argv));
+  spec.argv = SrunArgv(settings, hosts, on, std::move(agent_argv));
   spec.inherit_env = true;  // srun reads the allocation from it
   spec.new_session = true;
   spec.death_signal = SIGTERM;
@@ -106,7 +111,7 @@ SlurmStarter::SlurmStarter(asio::io_context& io, Starter::Delegate* delegate,
       delegate_(delegate),
       settings_(std::move(settings)),
       hosts_(std::move(hosts)),
-      exits_(delegate, "srun", hosts_.size()),
+      exits_(delegate, "srun"),
       processes_(io, this) {}
 
 // processes_ sends srun SIGTERM (ProcessSpec::destroy_signal): srun passes
@@ -153,29 +158,64 @@ Status SlurmStarter::StartSrun(const AgentBootstrap& boot) {
   // an allocation share a network); node 0's end of it is MASTER_ADDR.
   ASSIGN_OR_RETURN(proto::Route route, RouteToNode0(hosts_.at(0)));
   started_.master_addr = route.peer;
-  StatusOr<pid_t> pid = processes_.Spawn(
-      SrunSpec(settings_, hosts_, AgentArgv(boot, 0, route.local)));
+  agent_argv_ = AgentArgv(boot, 0, route.local);
+  StatusOr<pid_t> pid =
+      processes_.Spawn(SrunSpec(settings_, hosts_, hosts_, agent_argv_));
   if (!pid.ok())
     return Unavailable("cannot start srun: " + pid.status().message());
-  pid_ = *pid;
+  exits_.StartedAll(*pid, hosts_.size());
   return Status::Ok();
 }
 
-void SlurmStarter::OnProcessOutput(pid_t, bool, std::string line, bool) {
-  if (RelaySecretLine(delegate_, "srun", line, hosts_.size())) return;
+// A step of its own for the node: srun refuses it while SLURM holds the
+// node down or failed (srun's error says so and ends it; the Restarts try
+// again), and starts the agent once SLURM has the node back.
+void SlurmStarter::StartAgain(int node_rank) {
+  if (agent_argv_.empty() || node_rank < 0 ||
+      static_cast<size_t>(node_rank) >= hosts_.size())
+    return;
+  const std::string& host = hosts_[static_cast<size_t>(node_rank)];
+  StatusOr<pid_t> pid =
+      processes_.Spawn(SrunSpec(settings_, hosts_, {host}, agent_argv_));
+  if (!pid.ok()) {
+    const std::string why = "could not be started again: cannot start srun: " +
+                            pid.status().message();
+    asio::post(io_, [this, node_rank, why, alive = alive_] {
+      if (*alive) delegate_->OnAgentProcessExited(node_rank, why);
+    });
+    return;
+  }
+  exits_.Started(*pid, {node_rank});
+}
+
+void SlurmStarter::OnProcessOutput(pid_t pid, bool, std::string line, bool) {
+  // A step for one node relays that node's secret only.
+  std::optional<int> from;
+  if (exits_.Alone(pid)) from = exits_.NodeOf(pid);
+  if (RelaySecretLine(delegate_, "srun", line, hosts_.size(), from)) return;
   const SrunEvent e = ParseSrunLine(line, hosts_);
   delegate_->OnStarterOutput("srun", line);
   if (!e.cancelled.empty()) delegate_->OnStoppedByScheduler(e.cancelled);
-  exits_.Ended(e.node, e.how);
+  exits_.Ended(pid, e.node, e.how);
 }
 
-void SlurmStarter::OnProcessExited(pid_t, const proto::ExitInfo& info) {
-  pid_ = -1;
-  exits_.ToolEnded(info);
+void SlurmStarter::OnProcessExited(pid_t pid, const proto::ExitInfo& info) {
+  exits_.ToolEnded(pid, info);
 }
 
-void SlurmStarter::Kill(int) {
-  if (pid_ > 0) processes_.Signal(pid_, SIGKILL);
+// srun cannot end one task of a step: a step of the node's own ends. The
+// first step ends whole unless the job restarts, where the others' agents
+// must stay: the node's agent counts as ended then, and ends itself (its
+// heartbeats or its connect timeout run out, as they have for us); its
+// secret is void from now on, and srun's word of its end is not awaited.
+void SlurmStarter::Kill(int node_rank) {
+  const pid_t pid = exits_.RunOf(node_rank);
+  if (pid < 0) return;
+  if (exits_.Alone(pid) || !settings_.agents_outlive_a_peer)
+    return processes_.Signal(pid, SIGKILL);
+  exits_.Ended(pid, node_rank,
+               "given up on (srun cannot end one task of the step; the agent "
+               "ends itself)");
 }
 
 }  // namespace dslaunch::launcher

@@ -14,7 +14,9 @@
 // own messages say which agent ended ("srun: error: n2: task 1: Exited with
 // exit code 3") and whether SLURM cancelled the step or the job (scancel,
 // the time limit): that is reported as a stop by SLURM, as Ctrl-C would
-// stop the job. No SLURM library is linked. Owned by the Launcher;
+// stop the job. A restarting job's lost node gets its agent again in a step
+// of its own (--nodes=1 --nodelist=HOST), which SLURM refuses while it holds
+// the node down. No SLURM library is linked. Owned by the Launcher;
 // io_context thread.
 #pragma once
 
@@ -39,15 +41,18 @@ struct SrunSettings {
   bool agents_outlive_a_peer = false;
 };
 
-// The srun command line that starts `agent_argv` on `hosts`, one per node.
+// The srun command line that starts `agent_argv` on the nodes `on` of the
+// job's `hosts`, one per node (each finds its node rank in `hosts`).
 std::vector<std::string> SrunArgv(const SrunSettings& settings,
                                   const std::vector<std::string>& hosts,
+                                  const std::vector<std::string>& on,
                                   std::vector<std::string> agent_argv);
 
 // How srun runs it: our environment and nothing added (no secret), in its
 // own session, SIGTERM when we go.
 proto::ProcessSpec SrunSpec(const SrunSettings& settings,
                             const std::vector<std::string>& hosts,
+                            const std::vector<std::string>& on,
                             std::vector<std::string> agent_argv);
 
 // --launcher_args srun cannot take from us: --export, --output (see above).
@@ -70,9 +75,14 @@ class SlurmStarter : public Starter, private proto::ProcessSet::Delegate {
   ~SlurmStarter() override;  // srun gets SIGTERM if it still runs
 
   void Start(const AgentBootstrap& boot, StartDone done) override;
-  // srun cannot end one node's task alone: ends the step.
+  // srun cannot end one task of a step: ends the node's own step, or the
+  // first one; under --max_restarts the others' agents stay in it, and the
+  // node's agent counts as ended (it ends itself once cut off from us).
   void Kill(int node_rank) override;
   bool AgentsMakeSecrets() const override { return true; }
+  // In a step of its own (srun --nodes=1 --nodelist=HOST --overlap).
+  bool CanStartAgain() const override { return true; }
+  void StartAgain(int node_rank) override;
 
  private:
   Status StartSrun(const AgentBootstrap& boot);
@@ -84,8 +94,8 @@ class SlurmStarter : public Starter, private proto::ProcessSet::Delegate {
   Starter::Delegate* delegate_;
   SrunSettings settings_;
   std::vector<std::string> hosts_;
-  NodeExits exits_;
-  pid_t pid_ = -1;
+  NodeExits exits_;  // the first step, every node's; then one per node
+  std::vector<std::string> agent_argv_;  // what each step runs
   Started started_;
   proto::ProcessSet processes_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

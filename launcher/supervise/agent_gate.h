@@ -40,8 +40,11 @@ class AgentGate {
   // `in` (authenticated) or not: kept, ignored (after the agent was in), or
   // the node's second (both refused: the node must be failed).
   Line OnSecretLine(int node_rank, std::string secret, bool in);
-  // node_rank's agent is in: its secret is spent.
+  // node_rank's agent is in, or ended: its secret is spent.
   void Spend(int node_rank);
+  // node_rank's agent is started again (its last one ended): it makes a new
+  // secret, kept from its first line on as at the start.
+  void StartingAgain(int node_rank) { node_secrets_.erase(node_rank); }
 
   bool master_port_known() const { return master_port_known_; }
   void SetMasterPortKnown() { master_port_known_ = true; }

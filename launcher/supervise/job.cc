@@ -89,7 +89,8 @@ Job::Job(asio::io_context& io, const LaunchOptions& options, Plan plan,
                  [this](const std::vector<int>& agents) {
                    StartNextGeneration(agents);
                  },
-                 [this](const std::string& why) { Grow(why); }}) {
+                 [this](const std::string& why) { Grow(why); },
+                 [this](int agent) { gate_.StartingAgain(agent); }}) {
   if (mode_.agents_join) {
     join_.emplace(io, options, console, state_,
                   static_cast<int>(plan_.nodes.size()),
@@ -222,6 +223,11 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
                    pool_.nodes[node_rank].host);
     }
     StandBy(node_rank);
+    // A spare in last: the first generation's JobSpecs waited for its
+    // secret to be spent.
+    if (state_.phase() == Phase::kStarting && !state_.restart_pending()) {
+      for (int n : gate_.Release(state_)) SendJobSpec(n);
+    }
     return TendRestart();
   }
   if (state_.phase() != Phase::kStarting && state_.phase() != Phase::kRunning) {
@@ -516,6 +522,7 @@ void Job::OnAgentDisconnected(int node_rank, const Status& why) {
 }
 
 void Job::OnAgentProcessExited(int node_rank, const std::string& how) {
+  gate_.Spend(node_rank);  // its agent is gone: its secret proves nothing
   Act(state_.AgentProcessExited(node_rank, how));
   TendRestart();
   MaybeEnd();

@@ -90,6 +90,7 @@ void Restarts::ReviveLost(bool* may_return, bool* excluded) {
     if (node.excluded_until > now ||
         (last != started_again_.end() && now - last->second < Seconds(5)))
       continue;
+    if (starter_->AgentsMakeSecrets() && !SecretMayGoOut()) continue;
     started_again_[n] = now;
     const std::string what = StartModeNamed(options_.launcher).agents_join
                                  ? "waiting for " + Who(n) + " to join again"
@@ -101,8 +102,28 @@ void Restarts::ReviveLost(bool* may_return, bool* excluded) {
       spdlog::info("{} (its host did not answer)", what);
     }
     state_.NodeRestarting(n);
+    if (hooks_.starting_again) hooks_.starting_again(n);
     starter_->StartAgain(n);
   }
+}
+
+// A secret an agent makes passes through the start tool's pipes, where a
+// rank of the same user can read it (/proc): such an agent starts only while
+// no rank runs, while the next generation can still use it (not once it is
+// due to start without it), and that generation waits until its secret is
+// spent or its agent has ended (SecretsOut).
+bool Restarts::SecretMayGoOut() const {
+  return state_.ReadyToRestart() && !going_ &&
+         state_.ReadyAgents().size() < max_nodes_;
+}
+
+bool Restarts::SecretsOut() const {
+  if (!starter_->AgentsMakeSecrets()) return false;
+  for (const auto& [agent, since] : started_again_) {
+    const NodeRecord& node = state_.node(agent);
+    if (!node.authenticated && !node.process_exited) return true;
+  }
+  return false;
 }
 
 void Restarts::Tend() {
@@ -151,6 +172,14 @@ void Restarts::Decide(bool may_return, bool excluded) {
       wait_since_ + Seconds(options_.rejoin_timeout_s);
   const bool go = ready.size() >= max_nodes_ || (enough && !may_return) ||
                   (enough && now >= std::min(settled, deadline));
+  if (!go) going_ = false;
+  if (go && SecretsOut()) {
+    // Agents started again have their secrets on the way: none of them may
+    // be left unspent while ranks run. Each connects or ends soon (its
+    // tool's own timeout); no further one is started meanwhile.
+    going_ = true;
+    return TickIn(std::chrono::seconds(1));
+  }
   if (go) {
     if (ready.size() > max_nodes_) ready.resize(max_nodes_);
     if (backoff_armed_) return;
@@ -167,8 +196,9 @@ void Restarts::Decide(bool may_return, bool excluded) {
         all = all && std::find(now_ready.begin(), now_ready.end(), a) !=
                          now_ready.end();
       }
-      if (!all) return Tend();
+      if (!all || SecretsOut()) return Tend();
       wait_since_ = {};
+      going_ = false;
       hooks_.start_generation(ready);
     });
     return;

@@ -10,7 +10,10 @@
 //     or when no lost node can come back;
 //   - fewer than MIN for --rejoin_timeout, or when none can come back: the
 //     job ends 69 naming the missing nodes;
-// then waits --restart_backoff and hands them to the Job. Owned by the Job;
+// then waits --restart_backoff and hands them to the Job. Where agents make
+// their own secrets (pdsh, srun) a lost node's agent is started again only
+// while no rank runs, and the next generation waits until its secret is
+// spent. Owned by the Job;
 // io_context thread only.
 #pragma once
 
@@ -39,6 +42,8 @@ class Restarts {
     // A node stands by that a generation below MAX could use: stop every
     // rank for a restart that grows the job (`why`).
     std::function<void(const std::string& why)> grow;
+    // The agent is about to be started again.
+    std::function<void(int agent)> starting_again;
   };
 
   // `pool`: every agent of the job by index (hosts for messages);
@@ -68,6 +73,10 @@ class Restarts {
   void ReviveLost(bool* may_return, bool* excluded);
   // A restart is due: the next generation's agents, a wait, or the end.
   void Decide(bool may_return, bool excluded);
+  // Agents that make their own secrets (pdsh, srun): whether one may be
+  // started again now; whether one started again has its secret unspent.
+  bool SecretMayGoOut() const;
+  bool SecretsOut() const;
   void TickIn(Clock::duration d);
   std::string Who(int agent) const;
 
@@ -82,6 +91,7 @@ class Restarts {
   boost::asio::steady_timer tick_;     // while nodes are lost or waited for
   boost::asio::steady_timer backoff_;  // --restart_backoff
   bool backoff_armed_ = false;
+  bool going_ = false;  // the next generation is due: no more agents started
   bool stopped_ = false;
   Clock::time_point wait_since_{};    // every other node idle: from then on
   Clock::time_point settle_since_{};  // the last agent that became ready

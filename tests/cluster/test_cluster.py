@@ -46,6 +46,11 @@ class ClusterTest(LaunchTest):
                 "--ssh_known_hosts", CLUSTER["CLUSTER_KNOWN_HOSTS"], "--ssh_user", "root",
                 "--no_local_rank", *env_flags, *extra]
 
+    def pdsh_args(self, hostfile=None, extra=(), **env):
+        argv = self.ssh_args(hostfile=hostfile, extra=extra, **env)
+        argv[argv.index("ssh")] = "pdsh"
+        return argv
+
     def node_pids(self, i):
         """Live pids in node i's namespace, other than its sshd."""
         with open(os.path.join(CLUSTER["dir"], "node%d" % i, "sshd.pid")) as f:
@@ -164,8 +169,17 @@ class Restarts(ClusterTest):
         return None
 
     def test_an_agent_killed_on_a_node_is_started_again_over_ssh(self):
-        job = self.start_job(self.ssh_args(extra=["--max_restarts", "1",
-                                                  "--restart_backoff", "0"]) +
+        self.check_a_killed_agent_is_started_again(self.ssh_args)
+
+    def test_an_agent_killed_on_a_node_is_started_again_through_pdsh(self):
+        """A pdsh of its own for the node, once no rank runs (its agent's
+        secret comes through pdsh's pipes)."""
+        err = self.check_a_killed_agent_is_started_again(self.pdsh_args)
+        self.assertEqual(err.count("agents started on 3 nodes"), 1, err[-3000:])
+
+    def check_a_killed_agent_is_started_again(self, args):
+        job = self.start_job(args(extra=["--max_restarts", "1", "--restart_backoff", "0",
+                                         "--log_level", "info"]) +
                              ["/bin/sh", "-c", self.SCRIPT])
         self.addCleanup(lambda: job.poll() is None and job.kill())
         self.wait_started(6)
@@ -180,6 +194,7 @@ class Restarts(ClusterTest):
         for rank in range(6):
             self.assertIn("generation 1 rank %d" % rank, out)
         self.assert_no_leftovers(within=10)
+        return err
 
     def test_a_node_that_cannot_come_back_ends_the_job_with_69_naming_it(self):
         hb = ["--heartbeat_interval", "0.3", "--heartbeat_timeout", "2", "--kill_grace", "1",
@@ -204,10 +219,18 @@ class Restarts(ClusterTest):
         """--num_nodes 3:3 over four hosts: the fourth stands by; node 1's
         link is cut and the next generation runs on nodes 0, 2 and the spare,
         renumbered, at once (no waiting for node 1)."""
+        self.check_a_spare_takes_a_cut_nodes_place(self.ssh_args)
+
+    def test_through_pdsh_a_spare_takes_the_place_of_a_node_whose_link_is_cut(self):
+        """pdsh cannot end one node's agent: the node's ssh under pdsh ends,
+        and the other nodes' agents, started by the same pdsh, go on."""
+        self.check_a_spare_takes_a_cut_nodes_place(self.pdsh_args)
+
+    def check_a_spare_takes_a_cut_nodes_place(self, args):
         hb = ["--heartbeat_interval", "0.3", "--heartbeat_timeout", "2", "--kill_grace", "1",
               "--ssh_timeout", "2", "--max_restarts", "1", "--restart_backoff", "0",
               "--num_nodes", "3:3", "--rejoin_timeout", "60"]
-        job = self.start_job(self.ssh_args(hostfile=CLUSTER["hostfile4"], extra=hb) +
+        job = self.start_job(args(hostfile=CLUSTER["hostfile4"], extra=hb) +
                              ["/bin/sh", "-c", self.SCRIPT.replace(
                                  'rank $RANK"', 'rank $RANK on $(hostname -I)"')])
         self.addCleanup(lambda: job.poll() is None and job.kill())
@@ -321,11 +344,6 @@ class Preflight(ClusterTest):
 
 
 class Pdsh(ClusterTest):
-    def pdsh_args(self, extra=(), **env):
-        argv = self.ssh_args(extra=extra, **env)
-        argv[argv.index("ssh")] = "pdsh"
-        return argv
-
     def test_pdsh_restarts_a_failed_job_on_the_same_agents(self):
         # Generation 0: rank 5 fails; generation 1 runs on the agents pdsh
         # started once (no second pdsh).

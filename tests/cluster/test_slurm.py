@@ -251,18 +251,18 @@ class Failures(SlurmTest):
         self.assertEqual(len(re.findall(r"generation 1 rank \d", out)), 6, out[-3000:])
         self.assertEqual(len(steps), 1, steps)  # one srun step for both generations
 
-    def test_a_node_whose_step_daemons_are_killed_is_left_out(self):
-        """--num_nodes 2:3: node 3's slurmstepd and our agent under it are
-        SIGKILLed, as a node failure ends them (killing slurmstepd alone ends
-        nothing of the job: the agent goes on). srun cannot start an agent
-        there again in this step: the next generation runs on the two nodes
-        left, renumbered, and ends 0."""
+    def test_a_node_whose_step_daemons_are_killed_gets_its_agent_in_a_new_step(self):
+        """Node 3's slurmstepd and our agent under it are SIGKILLed, as a
+        node failure ends them (killing slurmstepd alone ends nothing of the
+        job: the agent goes on). The other agents stay in the first step; once
+        no rank runs, node 3's agent is started again in a step of its own,
+        and the next generation runs on all three nodes."""
         script = ('if [ "$DSLAUNCH_RESTART_COUNT" = 0 ]; then exec %s %s sleep; fi; '
                   'echo "generation $DSLAUNCH_RESTART_COUNT rank $RANK of $WORLD_SIZE '
-                  'on $(hostname)"' % (PY, RANK_PY))
+                  'on $(hostname) step $SLURM_STEP_ID"' % (PY, RANK_PY))
         job = self.start_job(self.salloc(
             DSLAUNCH, "--no_local_rank", "--max_restarts", "1", "--restart_backoff", "0",
-            "--num_nodes", "2:3", "--heartbeat_interval", "0.3", "--heartbeat_timeout", "2",
+            "--heartbeat_interval", "0.3", "--heartbeat_timeout", "2",
             "/bin/sh", "-c", script))
         self.addCleanup(lambda: job.poll() is None and job.kill())
         self.wait_started(6)
@@ -291,12 +291,19 @@ class Failures(SlurmTest):
         out, err = job.communicate(timeout=90)
         out, err = out.decode(), err.decode()
         self.assertEqual(job.returncode, 0, err[-3000:])
-        self.assertIn("node 2 (%s) was lost" % CLUSTER["names"][2], err)
-        self.assertIn("on 2 nodes (%s, %s), 4 ranks (was 6)" % tuple(CLUSTER["names"][:2]),
-                      err)
-        for rank in range(4):
-            self.assertRegex(out, r"generation 1 rank %d of 4 on %s" % (
-                rank, CLUSTER["names"][rank // 2]))
+        name = CLUSTER["names"][2]
+        self.assertIn("node 2 (%s) was lost" % name, err)
+        self.assertIn("starting the agent of node 2 (%s) again" % name, err)
+        self.assertIn("node 2 (%s) is back" % name, err)
+        steps = {}
+        for rank in range(6):
+            m = re.search(r"generation 1 rank %d of 6 on %s step (\S+)" % (
+                rank, CLUSTER["names"][rank // 2]), out)
+            self.assertIsNotNone(m, out[-3000:])
+            steps[rank] = m.group(1)
+        self.assertEqual(len({steps[r] for r in range(4)}), 1, steps)  # the first step
+        self.assertNotEqual(steps[4], steps[0], steps)  # node 3's own step
+        self.assertEqual(steps[4], steps[5], steps)
         self.assert_no_leftovers(within=15)
 
     def test_scancel_stops_the_job_like_ctrl_c_and_says_slurm_did(self):

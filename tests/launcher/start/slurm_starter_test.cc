@@ -2,10 +2,19 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <stdlib.h>  // mkdtemp
 
 #include <algorithm>
+#include <boost/asio/io_context.hpp>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
+
+#include "launcher/plan/hostfile.h"
+#include "tests/common/run_until.h"
 
 namespace dslaunch::launcher {
 namespace {
@@ -15,7 +24,7 @@ using Words = std::vector<std::string>;
 TEST(SrunArgv, OneAgentPerNodeAsOneStepEachPrintingItsSecret) {
   SrunSettings s;
   s.extra_args = {"--cpu-bind=none", "-A", "proj"};
-  const Words argv = SrunArgv(s, {"n1", "n2"},
+  const Words argv = SrunArgv(s, {"n1", "n2"}, {"n1", "n2"},
                               {"/opt/dsagent", "--connect", "10.0.0.9:4242",
                                "--node_rank", "0", "--job_id", "j"});
   EXPECT_EQ(argv, (Words{"srun",
@@ -48,18 +57,36 @@ TEST(SrunArgv, OneAgentPerNodeAsOneStepEachPrintingItsSecret) {
 TEST(SrunArgv, ARestartingJobsStepOutlivesOneAgent) {
   SrunSettings s;
   s.agents_outlive_a_peer = true;
-  const Words argv = SrunArgv(s, {"n1"}, {"/opt/dsagent"});
+  const Words argv = SrunArgv(s, {"n1"}, {"n1"}, {"/opt/dsagent"});
   EXPECT_NE(std::find(argv.begin(), argv.end(), "--kill-on-bad-exit=0"),
             argv.end());
   EXPECT_EQ(std::find(argv.begin(), argv.end(), "--kill-on-bad-exit=1"),
             argv.end());
 }
 
+// A lost node's agent started again: a step on that node alone, whose agent
+// still finds its node rank among every host of the job.
+TEST(SrunArgv, ALostNodesAgentRunsInAStepOnThatNodeAlone) {
+  SrunSettings s;
+  s.agents_outlive_a_peer = true;
+  const Words argv = SrunArgv(s, {"n1", "n2", "n3"}, {"n3"},
+                              {"/opt/dsagent", "--node_rank", "0"});
+  auto has = [&](const std::string& w) {
+    return std::find(argv.begin(), argv.end(), w) != argv.end();
+  };
+  EXPECT_TRUE(has("--nodes=1"));
+  EXPECT_TRUE(has("--ntasks=1"));
+  EXPECT_TRUE(has("--nodelist=n3"));
+  EXPECT_TRUE(has("--overlap"));  // beside the first step, which goes on
+  EXPECT_TRUE(has("n1,n2,n3"));   // --hosts
+  EXPECT_FALSE(has("--node_rank"));
+}
+
 // srun's environment lasts the whole job, where a rank of the same user
 // reads it: nothing is added to ours.
 TEST(SrunSpec, AddsNothingToTheEnvironment) {
-  const proto::ProcessSpec spec =
-      SrunSpec(SrunSettings(), {"n1"}, {"/opt/dsagent", "--job_id", "j"});
+  const proto::ProcessSpec spec = SrunSpec(SrunSettings(), {"n1"}, {"n1"},
+                                           {"/opt/dsagent", "--job_id", "j"});
   EXPECT_TRUE(spec.inherit_env);
   EXPECT_TRUE(spec.env.empty());
   EXPECT_EQ(spec.argv.back(), "--secret_stdout");
@@ -110,6 +137,95 @@ TEST(ParseSrunLine, SaysWhenSlurmCancelledTheStepOrTheJob) {
                 .cancelled,
             "SLURM cancelled job 12 (time limit)");
   EXPECT_TRUE(ParseSrunLine("*** nothing", hosts).cancelled.empty());
+}
+
+// A SlurmStarter over a fake srun (a shell script): each run writes its
+// --nodelist to a file named after its pid and waits until told to end.
+class SlurmStarterTest : public ::testing::Test, public Starter::Delegate {
+ protected:
+  SlurmStarterTest() {
+    char tmpl[] = "/tmp/dsl-slurm-starter-XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+    const std::string srun = dir_ + "/srun";
+    std::ofstream(srun) << "#!/bin/sh\n"
+                        << "for a; do case $a in --nodelist=*) "
+                        << "echo ${a#--nodelist=} >> " << dir_ << "/steps;; "
+                        << "esac; done\n"
+                        << "exec sleep 30\n";
+    std::filesystem::permissions(srun, std::filesystem::perms::owner_all);
+    settings_.srun = srun;
+    auto hostfile = ParseHostfile("127.0.0.1\n127.0.0.2\n", "hosts");
+    EXPECT_TRUE(hostfile.ok());
+    plan_ = *MakePlan(*hostfile, PlanOptions());
+  }
+  ~SlurmStarterTest() override {
+    starter_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  void OnAgentProcessExited(int node, const std::string& how) override {
+    exits[node].push_back(how);
+  }
+  void OnStarterOutput(const std::string&, std::string) override {}
+  void Start() {
+    starter_ = std::make_unique<SlurmStarter>(
+        io_, this, settings_,
+        std::vector<std::string>{"127.0.0.1", "127.0.0.2"});
+    bool started = false;
+    starter_->Start({&plan_, &options_, "job", "", 1},
+                    [&](StatusOr<Starter::Started> r) {
+                      EXPECT_TRUE(r.ok()) << r.status().message();
+                      started = true;
+                    });
+    ASSERT_TRUE(testing::RunUntil(io_, [&] { return started; }));
+    ASSERT_TRUE(testing::RunUntil(io_, [&] { return Steps().size() == 1; }));
+  }
+  std::vector<std::string> Steps() {
+    std::ifstream in(dir_ + "/steps");
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    return lines;
+  }
+
+  boost::asio::io_context io_;
+  std::string dir_;
+  SrunSettings settings_;
+  LaunchOptions options_;
+  Plan plan_;
+  std::unique_ptr<SlurmStarter> starter_;
+  std::map<int, std::vector<std::string>> exits;
+};
+
+// Under --max_restarts one node's agent given up on leaves the first step
+// (the other node's agent) running; the node's agent comes back in a step of
+// its own, which Kill ends alone.
+TEST_F(SlurmStarterTest, ALostNodesAgentRunsInAStepOfItsOwnBesideTheFirst) {
+  settings_.agents_outlive_a_peer = true;
+  Start();
+  EXPECT_EQ(Steps(), (std::vector<std::string>{"127.0.0.1,127.0.0.2"}));
+  starter_->Kill(1);
+  ASSERT_EQ(exits[1].size(), 1u);
+  EXPECT_NE(exits[1][0].find("given up on"), std::string::npos) << exits[1][0];
+  EXPECT_TRUE(exits[0].empty()) << "the first step goes on";
+  EXPECT_TRUE(starter_->CanStartAgain());
+  starter_->StartAgain(1);
+  ASSERT_TRUE(testing::RunUntil(io_, [&] { return Steps().size() == 2; }));
+  EXPECT_EQ(Steps()[1], "127.0.0.2");
+  starter_->Kill(1);  // its own step: srun is killed
+  ASSERT_TRUE(testing::RunUntil(io_, [&] { return exits[1].size() == 2; }));
+  EXPECT_NE(exits[1][1].find("ended with srun"), std::string::npos)
+      << exits[1][1];
+  EXPECT_TRUE(exits[0].empty());
+  starter_->Kill(0);  // the first step, node 0's agent in it
+  ASSERT_TRUE(testing::RunUntil(io_, [&] { return exits[0].size() == 1; }));
+}
+
+// Without restarts the job ends with any agent: the step ends whole.
+TEST_F(SlurmStarterTest, WithoutRestartsKillEndsTheWholeStep) {
+  Start();
+  starter_->Kill(1);
+  ASSERT_TRUE(testing::RunUntil(
+      io_, [&] { return exits[0].size() == 1 && exits[1].size() == 1; }));
+  EXPECT_NE(exits[0][0].find("ended with srun"), std::string::npos);
 }
 
 }  // namespace

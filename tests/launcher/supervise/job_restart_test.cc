@@ -216,6 +216,42 @@ TEST_F(JobRestartTest, ALostAgentIsStartedAgainAndTheJobGoesOnWithIt) {
   EXPECT_NE(report.find("node 0 (127.0.0.1) is back"), std::string::npos);
 }
 
+// pdsh and srun: an agent makes its node's secret and the tool relays it,
+// through pipes a rank of the same user can read. A lost node's agent is
+// started again only once no rank runs, its new secret is taken (not a
+// "second claim"), and the next generation waits until it is spent.
+TEST_F(JobRestartTest, AnAgentThatMakesItsSecretStartsAgainOnlyOnceNoRankRuns) {
+  starter_.can_start_again = true;
+  starter_.makes_secrets = true;
+  StartJob();
+  starter_.Finish(Starter::Started{});
+  job_->OnAgentSecret(0, "first0");
+  job_->OnAgentSecret(1, "first1");
+  RunAll();
+  AgentGone(0);  // node 1's ranks still run
+  EXPECT_TRUE(starter_.started_again.empty());
+  EXPECT_EQ(job_->NodeSecret(0), "") << "its agent is gone: proves nothing";
+  RankExited(1, 2, 0, SIGTERM, 0, true);
+  EXPECT_TRUE(starter_.started_again.empty());
+  RankExited(1, 3, 0, SIGTERM, 0, true);
+  GenerationEnded(1);
+  EXPECT_EQ(starter_.started_again, std::vector<int>{0});
+  job_->OnAgentSecret(0, "second0");  // the new agent's, as relayed
+  EXPECT_EQ(job_->NodeSecret(0), "second0");
+  EXPECT_NE(phase(), Phase::kEnded) << "not taken for a second claim";
+  Spin();
+  EXPECT_EQ(JobSpecs(1), 1);  // waits for node 0
+  Authenticate(0);
+  EXPECT_EQ(job_->NodeSecret(0), "") << "spent";
+  Spin();
+  EXPECT_EQ(JobSpecs(0), 2);
+  EXPECT_EQ(JobSpecs(1), 2);
+  // A second line for it now is not its agent's: ignored.
+  job_->OnAgentSecret(0, "third0");
+  EXPECT_EQ(job_->NodeSecret(0), "");
+  EXPECT_NE(phase(), Phase::kEnded);
+}
+
 TEST_F(JobRestartTest, NodesNotBackWithinTheRejoinTimeoutEndTheJobWith69) {
   starter_.can_start_again = true;
   options_.rejoin_timeout_s = 0;
