@@ -6,6 +6,8 @@
 #include <signal.h>  // SIGKILL, SIGTERM
 #include <unistd.h>
 
+#include <spdlog/spdlog.h>
+
 #include <boost/asio/post.hpp>
 #include <chrono>
 #include <cstdio>  // fwrite
@@ -248,6 +250,7 @@ void PdshStarter::Start(const AgentBootstrap& boot, StartDone done) {
       st = Unavailable("the preflight failed; nothing was started:" + failures);
   }
   if (st.ok()) {
+    job_id_ = boot.job_id;
     agent_argv_ = AgentArgv(boot, 0, checks.at(0).local_address);
     std::vector<int> every(hosts_.size());
     for (size_t i = 0; i < every.size(); ++i) every[i] = static_cast<int>(i);
@@ -295,6 +298,7 @@ void PdshStarter::StartAgain(int node_rank) {
 
 void PdshStarter::OnProcessOutput(pid_t pid, bool is_stderr, std::string line,
                                   bool) {
+  if (killers_.count(pid)) return spdlog::info("pdsh (kill): {}", line);
   HandleLine(pid, is_stderr, line);
 }
 
@@ -319,7 +323,12 @@ void PdshStarter::HandleLine(pid_t pid, bool is_stderr,
 // Reported after pdsh's last line, so nodes it named are reported as it
 // said; the others end with pdsh.
 void PdshStarter::OnProcessExited(pid_t pid, const proto::ExitInfo& info) {
+  if (killers_.erase(pid)) return;
   exits_.ToolEnded(pid, info);
+}
+
+void PdshStarter::AgentIn(int node_rank, int64_t pid) {
+  if (pid > 1) agent_pids_[node_rank] = pid;
 }
 
 // The ssh process pdsh runs for `host` (pdsh forks one per node from its
@@ -344,6 +353,15 @@ static pid_t SshChildOf(pid_t pdsh, const std::string& host) {
 }
 
 void PdshStarter::Kill(int node_rank) {
+  // An agent that authenticated: by pid, as over ssh (a frozen one ends with
+  // neither its pdsh nor its ssh).
+  if (auto it = agent_pids_.find(node_rank); it != agent_pids_.end()) {
+    StatusOr<pid_t> killer = processes_.Spawn(
+        PdshSpec(settings_, {hosts_.at(static_cast<size_t>(node_rank))},
+                 KillAgentCommand(it->second, job_id_)));
+    if (killer.ok()) killers_.insert(*killer);
+    agent_pids_.erase(it);
+  }
   const pid_t pid = exits_.RunOf(node_rank);
   if (pid < 0) return;
   if (exits_.Alone(pid)) return processes_.Signal(pid, SIGKILL);

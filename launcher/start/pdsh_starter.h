@@ -10,6 +10,8 @@
 #include <sys/types.h>
 
 #include <boost/asio/io_context.hpp>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -43,8 +45,10 @@ class PdshStarter : public Starter, private proto::ProcessSet::Delegate {
   // node-independent on every node.
   void Start(const AgentBootstrap& boot, StartDone done) override;
   // A node of its own pdsh: that pdsh ends; of the first one: pdsh's ssh
-  // for the node ends.
+  // for the node ends. An agent that authenticated is also killed by pid
+  // through a pdsh of its own (KillAgentCommand).
   void Kill(int node_rank) override;
+  void AgentIn(int node_rank, int64_t pid) override;
   bool AgentsMakeSecrets() const override { return true; }
   // In a pdsh of its own (pdsh -w HOST).
   bool CanStartAgain() const override { return true; }
@@ -65,6 +69,9 @@ class PdshStarter : public Starter, private proto::ProcessSet::Delegate {
   std::vector<std::string> hosts_;
   NodeExits exits_;  // the first pdsh, every node's; then one per node
   std::vector<std::string> agent_argv_;  // node 0's agent command
+  std::string job_id_;
+  std::map<int, int64_t> agent_pids_;  // node -> its agent's pid
+  std::set<pid_t> killers_;            // pdsh runs that kill an agent
   proto::ProcessSet processes_;          // pdsh, its output and its exit
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

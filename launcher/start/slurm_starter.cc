@@ -2,10 +2,13 @@
 
 #include <signal.h>  // SIGKILL, SIGTERM
 
+#include <spdlog/spdlog.h>
+
 #include <boost/asio/post.hpp>
 #include <optional>
 
 #include "launcher/start/secret_relay.h"
+#include "launcher/start/ssh_starter.h"  // KillAgentCommand
 
 namespace dslaunch::launcher {
 
@@ -17,12 +20,12 @@ static std::string Join(const std::vector<std::string>& v) {
   return out;
 }
 
-std::vector<std::string> SrunArgv(const SrunSettings& s,
-                                  const std::vector<std::string>& hosts,
-                                  const std::vector<std::string>& on,
-                                  std::vector<std::string> agent_argv) {
+// srun's own words: a step of one task per node on `on`, running `argv`.
+static std::vector<std::string> StepArgv(const SrunSettings& s,
+                                         const std::vector<std::string>& on,
+                                         const std::vector<std::string>& argv) {
   const std::string n = std::to_string(on.size());
-  std::vector<std::string> argv = {
+  std::vector<std::string> out = {
       s.srun,
       "--nodes=" + n,
       "--ntasks=" + n,
@@ -33,7 +36,15 @@ std::vector<std::string> SrunArgv(const SrunSettings& s,
       "--input=none",
       "--export=ALL",
       "--job-name=dsagent"};
-  argv.insert(argv.end(), s.extra_args.begin(), s.extra_args.end());
+  out.insert(out.end(), s.extra_args.begin(), s.extra_args.end());
+  out.insert(out.end(), argv.begin(), argv.end());
+  return out;
+}
+
+std::vector<std::string> SrunArgv(const SrunSettings& s,
+                                  const std::vector<std::string>& hosts,
+                                  const std::vector<std::string>& on,
+                                  std::vector<std::string> agent_argv) {
   // The step runs one command everywhere: each agent finds its node itself.
   for (size_t i = 0; i + 1 < agent_argv.size(); ++i) {
     if (agent_argv[i] == "--node_rank")
@@ -42,21 +53,26 @@ std::vector<std::string> SrunArgv(const SrunSettings& s,
   agent_argv.insert(agent_argv.end(),
                     {"--hosts", Join(hosts), "--node_host_env",
                      "SLURMD_NODENAME", "--secret_stdout"});
-  argv.insert(argv.end(), agent_argv.begin(), agent_argv.end());
-  return argv;
+  return StepArgv(s, on, agent_argv);
+}
+
+// How srun runs: our environment (srun reads the allocation from it), in
+// its own session, SIGTERM when we go.
+static proto::ProcessSpec StepSpec(std::vector<std::string> argv) {
+  proto::ProcessSpec spec;
+  spec.argv = std::move(argv);
+  spec.inherit_env = true;
+  spec.new_session = true;
+  spec.death_signal = SIGTERM;
+  spec.destroy_signal = SIGTERM;
+  return spec;
 }
 
 proto::ProcessSpec SrunSpec(const SrunSettings& settings,
                             const std::vector<std::string>& hosts,
                             const std::vector<std::string>& on,
                             std::vector<std::string> agent_argv) {
-  proto::ProcessSpec spec;
-  spec.argv = SrunArgv(settings, hosts, on, std::move(agent_argv));
-  spec.inherit_env = true;  // srun reads the allocation from it
-  spec.new_session = true;
-  spec.death_signal = SIGTERM;
-  spec.destroy_signal = SIGTERM;
-  return spec;
+  return StepSpec(SrunArgv(settings, hosts, on, std::move(agent_argv)));
 }
 
 SrunEvent ParseSrunLine(const std::string& line,
@@ -158,6 +174,7 @@ Status SlurmStarter::StartSrun(const AgentBootstrap& boot) {
   // an allocation share a network); node 0's end of it is MASTER_ADDR.
   ASSIGN_OR_RETURN(proto::Route route, RouteToNode0(hosts_.at(0)));
   started_.master_addr = route.peer;
+  job_id_ = boot.job_id;
   agent_argv_ = AgentArgv(boot, 0, route.local);
   StatusOr<pid_t> pid =
       processes_.Spawn(SrunSpec(settings_, hosts_, hosts_, agent_argv_));
@@ -189,6 +206,7 @@ void SlurmStarter::StartAgain(int node_rank) {
 }
 
 void SlurmStarter::OnProcessOutput(pid_t pid, bool, std::string line, bool) {
+  if (killers_.count(pid)) return spdlog::info("srun (kill): {}", line);
   // A step for one node relays that node's secret only.
   std::optional<int> from;
   if (exits_.Alone(pid)) from = exits_.NodeOf(pid);
@@ -200,7 +218,12 @@ void SlurmStarter::OnProcessOutput(pid_t pid, bool, std::string line, bool) {
 }
 
 void SlurmStarter::OnProcessExited(pid_t pid, const proto::ExitInfo& info) {
+  if (killers_.erase(pid)) return;
   exits_.ToolEnded(pid, info);
+}
+
+void SlurmStarter::AgentIn(int node_rank, int64_t pid) {
+  if (pid > 1) agent_pids_[node_rank] = pid;
 }
 
 // srun cannot end one task of a step: a step of the node's own ends. The
@@ -209,6 +232,15 @@ void SlurmStarter::OnProcessExited(pid_t pid, const proto::ExitInfo& info) {
 // heartbeats or its connect timeout run out, as they have for us); its
 // secret is void from now on, and srun's word of its end is not awaited.
 void SlurmStarter::Kill(int node_rank) {
+  // An agent that authenticated: by pid, in a step of its own on the node
+  // (a frozen one ignores its step's end until SLURM's own kill).
+  if (auto it = agent_pids_.find(node_rank); it != agent_pids_.end()) {
+    StatusOr<pid_t> killer = processes_.Spawn(StepSpec(
+        StepArgv(settings_, {hosts_.at(static_cast<size_t>(node_rank))},
+                 {"/bin/sh", "-c", KillAgentCommand(it->second, job_id_)})));
+    if (killer.ok()) killers_.insert(*killer);
+    agent_pids_.erase(it);
+  }
   const pid_t pid = exits_.RunOf(node_rank);
   if (pid < 0) return;
   if (exits_.Alone(pid) || !settings_.agents_outlive_a_peer)

@@ -23,7 +23,9 @@
 #include <sys/types.h>
 
 #include <boost/asio/io_context.hpp>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -78,7 +80,10 @@ class SlurmStarter : public Starter, private proto::ProcessSet::Delegate {
   // srun cannot end one task of a step: ends the node's own step, or the
   // first one; under --max_restarts the others' agents stay in it, and the
   // node's agent counts as ended (it ends itself once cut off from us).
+  // An agent that authenticated is also killed by pid, in a step of its own
+  // on the node (KillAgentCommand).
   void Kill(int node_rank) override;
+  void AgentIn(int node_rank, int64_t pid) override;
   bool AgentsMakeSecrets() const override { return true; }
   // In a step of its own (srun --nodes=1 --nodelist=HOST --overlap).
   bool CanStartAgain() const override { return true; }
@@ -96,6 +101,9 @@ class SlurmStarter : public Starter, private proto::ProcessSet::Delegate {
   std::vector<std::string> hosts_;
   NodeExits exits_;  // the first step, every node's; then one per node
   std::vector<std::string> agent_argv_;  // what each step runs
+  std::string job_id_;
+  std::map<int, int64_t> agent_pids_;  // node -> its agent's pid
+  std::set<pid_t> killers_;            // steps that kill an agent
   Started started_;
   proto::ProcessSet processes_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

@@ -261,7 +261,17 @@ void SshStarter::EnsureMonitor() {
   monitor_ = std::thread([this] { Monitor(); });
 }
 
+void SshStarter::AgentIn(int node_rank, int64_t pid) {
+  if (pid > 1) agent_pids_[node_rank] = pid;
+}
+
 void SshStarter::Kill(int node_rank) {
+  if (auto it = agent_pids_.find(node_rank); it != agent_pids_.end()) {
+    asio::post(pool_, [this, node_rank, pid = it->second] {
+      if (!stop_) KillByPid(node_rank, pid);
+    });
+    agent_pids_.erase(it);  // once per agent
+  }
   std::lock_guard<std::mutex> lock(mu_);  // the monitor may swap the node
   if (node_rank < 0 || static_cast<size_t>(node_rank) >= nodes_.size()) return;
   Node& node = *nodes_[node_rank];
@@ -275,6 +285,28 @@ void SshStarter::Kill(int node_rank) {
   asio::post(io_, [this, node_rank, alive = alive_] {
     if (*alive) delegate_->OnAgentProcessExited(node_rank, "was never started");
   });
+}
+
+// Only a process whose command line holds this job's id as a word is
+// killed: the pid may have ended and been taken by another meanwhile.
+std::string KillAgentCommand(int64_t pid, const std::string& job_id) {
+  const std::string p = std::to_string(pid);
+  return "grep -qzx -- " + ShellQuote(job_id) + " /proc/" + p +
+         "/cmdline 2>/dev/null && kill -KILL " + p;
+}
+
+void SshStarter::KillByPid(int node_rank, int64_t pid) {
+  if (!boot_.plan || static_cast<size_t>(node_rank) >= boot_.plan->nodes.size())
+    return;
+  const SshTarget target =
+      SshTargets(*boot_.options, *boot_.plan)[static_cast<size_t>(node_rank)];
+  SshConnection conn;
+  SshFailure failure;
+  if (conn.Open(target, &failure)) {
+    (void)conn.StartAndReadLine(KillAgentCommand(pid, boot_.job_id),
+                                target.timeout_s, &failure, true);
+  }
+  // Nothing to report: the agent's channel ending says that it ended.
 }
 
 void SshStarter::Monitor() {

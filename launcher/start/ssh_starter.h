@@ -12,6 +12,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -57,7 +58,13 @@ class SshStarter : public Starter {
   // The preflight with the job's agent command, then the secret to every
   // agent once all nodes passed.
   void Start(const AgentBootstrap& boot, StartDone done) override;
+  // The KILL signal over the agent's channel, then its end of input. sshd
+  // refuses the signal for root sessions ("requires privilege separation")
+  // and a frozen agent never reads its input's end, so an agent that
+  // authenticated is also killed by pid over a second SSH connection (where
+  // that pid still runs this job's agent).
   void Kill(int node_rank) override;
+  void AgentIn(int node_rank, int64_t pid) override;
   // A new SSH session to the node, checked as in the preflight; the agent
   // gets the secret and the monitor thread takes its channel over.
   bool CanStartAgain() const override { return true; }
@@ -71,6 +78,8 @@ class SshStarter : public Starter {
   void EnsureMonitor();
   void Monitor();
   void PumpNode(Node& node);
+  // Kills node_rank's agent `pid` over a new SSH connection (pool thread).
+  void KillByPid(int node_rank, int64_t pid);
 
   boost::asio::io_context& io_;
   Delegate* delegate_;
@@ -87,9 +96,12 @@ class SshStarter : public Starter {
   std::mutex mu_;
   std::vector<std::unique_ptr<Node>> replacements_;
   bool monitoring_ = false;
+  std::map<int, int64_t> agent_pids_;  // io thread: node -> its agent's pid
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
+// The remote command that kills `pid` if it is job_id's agent.
+std::string KillAgentCommand(int64_t pid, const std::string& job_id);
 // "dsagent 0.1.0 (protocol 1)": what a matching agent prints for --version.
 std::string ExpectedAgentVersion();
 // "node 2 (host): connect failed: ... -- hint".

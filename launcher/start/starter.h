@@ -79,6 +79,12 @@ class Starter {
   // Last resort for an agent that does not respond or has not connected:
   // ends it (and, with it, its workers). OnAgentProcessExited follows.
   virtual void Kill(int node_rank) = 0;
+  // node_rank's agent authenticated, as process `pid` on its node (its
+  // Hello): what Kill may aim at where the tool cannot end it.
+  virtual void AgentIn(int node_rank, int64_t pid) {
+    (void)node_rank;
+    (void)pid;
+  }
   // The job is stopping (a failure, a signal, its end): what the start tool
   // says from now on is about the teardown.
   virtual void Stopping() {}

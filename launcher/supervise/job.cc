@@ -206,6 +206,7 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
     return;
   }
   agent_addrs_[node_rank] = agent_addr;
+  starter_->AgentIn(node_rank, hello.facts().agent_pid());
   restarts_.NoteFreePort(node_rank, hello.facts().free_port());
   if (standby) {
     // A lost node's new agent, or a spare: it waits for a generation.

@@ -1,17 +1,38 @@
-"""Soak of --max_restarts: N runs of dsworker on 3 local nodes, each with
-random faults at random moments, every run checked against one
-uninterrupted run.
+"""Soak of --max_restarts: N runs of dsworker on 3 nodes, each with random
+faults at random moments, every run checked against one uninterrupted run
+on the same nodes.
 
-usage: DSL_BIN=build/bin python3 tests/integration/soak_restarts.py [--runs 20] [--seed S]
+usage: DSL_BIN=build/bin python3 tests/integration/soak_restarts.py
+           [--over local|ssh|pdsh|slurm] [--runs 20] [--seed S]
 
-A fault is one of: a rank SIGKILLed, a rank SIGTERMed alone, an agent
-SIGKILLed, an agent frozen (SIGSTOP: its heartbeats stop, the launcher
-counts the node lost, kills the agent and starts it again). Each run has
-one or two faults. Each run must end 0 with every loss after the last
-restart equal, bit for bit, to the uninterrupted run's at that step, and
-nothing of it may be left: no dsworker, no dsagent. The seed is printed
-first; a failing run says its seed and faults. Exit 0 when every run
-passed, 1 otherwise.
+Where the nodes are (--over):
+  local  3 local nodes (127.0.0.1-3), --launcher local;
+  ssh    a tests/cluster/cluster.sh namespace cluster of 4 nodes with an sshd
+         each, --launcher ssh, --num_nodes 3:3: the fourth is a spare;
+  pdsh   the same cluster through pdsh;
+  slurm  a cluster.sh SLURM cluster of 3 nodes, inside salloc -N3
+         (--launcher slurm: the agents are an srun step).
+The ssh, pdsh and slurm ones need root; the soak builds the cluster and tears
+it down.
+
+A fault is one of (each site has those it can suffer):
+  rank SIGKILL, rank SIGTERM  a random rank alone;
+  agent SIGKILL               a random node's agent;
+  agent SIGSTOP               frozen: its heartbeats stop, the launcher counts
+                              the node lost, kills the agent (by pid over a
+                              second ssh, pdsh or srun where the tool cannot end
+                              it) and starts it again;
+  link down                   a random node's network cable pulled for 1-4 s
+                              (ssh, pdsh: the spare takes its place at once);
+  node daemons                a SLURM node's slurmstepd and our agent under it
+                              SIGKILLed, as a failing node ends them (slurm).
+Each run has one or two faults. Each run must end 0 with every loss after the
+last restart equal, bit for bit, to the uninterrupted run's at that step
+(every generation runs at world size 3), and nothing of it may be left on any
+node: no dsworker, no dsagent. The seed is printed first; a failing run says
+its seed and faults. Exit 0 when every run passed, 1 otherwise.
+
+The cluster tests (tests/cluster) run single faults through one_run().
 """
 import argparse
 import json
@@ -24,45 +45,44 @@ import sys
 import tempfile
 import time
 
-BIN = os.environ.get("DSL_BIN", os.path.join(os.path.dirname(__file__), "../../build/bin"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+BIN = os.path.abspath(os.environ.get("DSL_BIN", os.path.join(HERE, "../../build/bin")))
 DSLAUNCH = os.path.join(BIN, "dslaunch")
 DSWORKER = os.path.join(BIN, "dsworker")
+CLUSTER_DIR = os.path.join(HERE, "../cluster")
 STEPS = 300
 CORPUS = ("In the beginning God created the heaven and the earth. And the earth was "
           "without form, and void; and darkness was upon the face of the deep. ") * 300
-FAULTS = ("rank SIGKILL", "rank SIGTERM", "agent SIGKILL", "agent SIGSTOP")
+# Fast loss detection, so that a run takes seconds.
+FAULT_FLAGS = ["--max_restarts", "4", "--restart_backoff", "0",
+               "--heartbeat_interval", "0.2", "--heartbeat_timeout", "1", "--kill_grace", "2"]
 
 
-def config(work, ck):
+# ------------------------------------------------------------- the training
+def config(work, ck, steps=STEPS):
     cfg = {
         "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}},
         "gradient_clipping": 1.0, "steps_per_print": 1, "zero_optimization": {"stage": 2},
         "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "seq_len": 16, "vocab_size": 300},
         "data": {"train": os.path.join(work, "data", "train_000.bin"), "shuffle": False},
-        "train": {"steps": STEPS, "seed": 7},
+        "train": {"steps": steps, "seed": 7},
     }
     if ck:
         cfg["checkpoint"] = {"dir": ck, "every": 10}
-    path = os.path.join(work, "ds-%s.json" % ("ck" if ck else "whole"))
+    path = os.path.join(work, "ds-%s.json" % (os.path.basename(ck) if ck else "whole"))
     with open(path, "w") as f:
         json.dump(cfg, f)
     return path
 
 
-def hostfile(work):
-    path = os.path.join(work, "hosts")
-    with open(path, "w") as f:
-        f.write("".join("127.0.0.%d slots=1\n" % i for i in (1, 2, 3)))
-    return path
-
-
-def launch(work, logs, cfg, extra=()):
-    env = dict(os.environ, OMP_NUM_THREADS="1", DSL_SOAK=work)
-    return subprocess.Popen(
-        [DSLAUNCH, "--hostfile", hostfile(work), "--launcher", "local", "--no_local_rank",
-         "--log_dir", logs, *extra, DSWORKER, "train", "--config", cfg],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+def prepare(work):
+    """The corpus, tokenised under work/data."""
+    with open(os.path.join(work, "corpus.txt"), "w") as f:
+        f.write(CORPUS)
+    subprocess.run([DSWORKER, "prepare", "--input", os.path.join(work, "corpus.txt"),
+                    "--out", os.path.join(work, "data"), "--vocab", "300"],
+                   check=True, capture_output=True, timeout=120)
 
 
 def records(logs):
@@ -74,84 +94,255 @@ def records(logs):
     return [json.loads(line) for line in lines if line]
 
 
-def descendants(root):
-    """{pid: (parent pid, argv)} of every live descendant of `root`."""
-    children = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open("/proc/%s/stat" % pid) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open("/proc/%s/cmdline" % pid, "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append((int(pid), argv))
-    found, todo = {}, [root]
-    while todo:
-        parent = todo.pop()
-        for pid, argv in children.get(parent, []):
-            found[pid] = (parent, argv)
-            todo.append(pid)
-    return found
+def last_step(logs):
+    return max((r.get("step", 0) for r in records(logs)), default=0)
 
 
-def marked(work):
-    """Live pids whose environment holds DSL_SOAK=work: everything a run
-    started (launcher, agents, ranks, whatever they left), wherever it was
-    reparented."""
-    marker = ("DSL_SOAK=%s" % work).encode()
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open("/proc/%s/environ" % pid, "rb") as f:
-                if marker not in f.read().split(b"\0"):
-                    continue
-            with open("/proc/%s/stat" % pid) as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-        except OSError:
-            continue
-        found.append(int(pid))
-    return found
+def uninterrupted(site, work):
+    """rank 0's loss at each step of a run on `site` that never failed."""
+    logs = os.path.join(work, "logs-whole")
+    job = site.launch(work, logs, config(work, None), ())
+    err = job.communicate(timeout=300)[1].decode()
+    if job.returncode != 0:
+        raise RuntimeError("the uninterrupted run failed:\n" + err[-3000:])
+    return {r["step"]: r["loss"] for r in records(logs) if r.get("rank") == 0}
 
 
-def pick(job, kind, rng):
-    """The pid of a random rank (dsworker) or agent of `job`: a dsagent whose
-    parent is the launcher (its containment guard is a fork of it, with the
+def resumed_exactly(logs, whole, steps=STEPS):
+    """None when every loss after the last restart equals the uninterrupted
+    run's at that step, bit for bit, up to the last step; else what differs.
+    With it, the number of restarts."""
+    got = records(logs)
+    restarts = [i for i, r in enumerate(got) if r.get("event") == "restart"]
+    after = got[restarts[-1] + 1:] if restarts else got
+    losses = {r["step"]: r["loss"] for r in after if r.get("rank") == 0}
+    if steps not in losses:
+        return "no record of the last step", len(restarts)
+    for step, loss in sorted(losses.items()):
+        if loss != whole[step]:
+            return "step %d: loss %r, uninterrupted %r" % (step, loss, whole[step]), \
+                len(restarts)
+    return None, len(restarts)
+
+
+# ------------------------------------------------------------- processes
+def proc_stat(pid):
+    """(state, parent pid, argv) of a live pid, or None."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            argv = f.read().split(b"\0")
+    except (OSError, ValueError):
+        return None
+    return fields[0], int(fields[1]), argv
+
+
+def is_agent(pid, stat):
+    """The agent itself, not its containment guard (a fork of it with the
     same command line, one level down)."""
-    if kind == "rank":
-        pids = [pid for pid, (_, argv) in descendants(job.pid).items()
-                if os.path.basename(argv[0]) == b"dsworker"]
-    else:
-        pids = [pid for pid, (parent, argv) in descendants(job.pid).items()
-                if os.path.basename(argv[0]) == b"dsagent" and parent == job.pid]
-    return rng.choice(pids) if pids else None
+    parent = proc_stat(stat[1])
+    return (os.path.basename(stat[2][0]) == b"dsagent" and
+            not (parent and os.path.basename(parent[2][0]) == b"dsagent"))
 
 
-def one_run(work, whole, run, rng):
+def kind_of(pid):
+    stat = proc_stat(pid)
+    if not stat or stat[0] in ("Z", "X"):
+        return None
+    if os.path.basename(stat[2][0]) == b"dsworker":
+        return "rank"
+    return "agent" if is_agent(pid, stat) else "other"
+
+
+def kill(pid, sig):
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+# ------------------------------------------------------------- the sites
+class LocalSite:
+    """3 local nodes; what a run started carries DSL_SOAK=<work> in its
+    environment, wherever it was reparented."""
+    name = "local"
+    faults = ("rank SIGKILL", "rank SIGTERM", "agent SIGKILL", "agent SIGSTOP")
+
+    def __init__(self, work):
+        self.work = work
+        self.hostfile = os.path.join(work, "hosts")
+        with open(self.hostfile, "w") as f:
+            f.write("".join("127.0.0.%d slots=1\n" % i for i in (1, 2, 3)))
+
+    def launch(self, work, logs, cfg, extra):
+        env = dict(os.environ, OMP_NUM_THREADS="1", DSL_SOAK=work)
+        return subprocess.Popen(
+            [DSLAUNCH, "--hostfile", self.hostfile, "--launcher", "local", "--no_local_rank",
+             "--log_dir", logs, *extra, DSWORKER, "train", "--config", cfg],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+
+    def pids(self):
+        marker = ("DSL_SOAK=%s" % self.work).encode()
+        found = []
+        for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+            try:
+                with open("/proc/%d/environ" % pid, "rb") as f:
+                    if marker not in f.read().split(b"\0"):
+                        continue
+            except OSError:
+                continue
+            found.append(pid)
+        return found
+
+    def victims(self, kind):
+        return [pid for pid in self.pids() if kind_of(pid) == kind]
+
+    def inflict(self, fault, rng):
+        kind, sig = fault.split()
+        pids = self.victims(kind)
+        if not pids:
+            return None
+        pid = rng.choice(pids)
+        return fault if kill(pid, getattr(signal, sig)) else None
+
+    def leftovers(self):
+        return [pid for pid in self.pids() if kind_of(pid)]
+
+    def close(self):
+        for pid in self.pids():  # only what this soak started
+            kill(pid, signal.SIGKILL)
+
+
+class ClusterSite:
+    """A cluster.sh cluster (its dict from cluster_env.up): nodes 1-3, the
+    fourth a spare (--num_nodes 3:3) where it has one; started over ssh or
+    pdsh. Everything of a run is in the nodes' namespaces."""
+    faults = ("rank SIGKILL", "rank SIGTERM", "agent SIGKILL", "agent SIGSTOP", "link down")
+
+    def __init__(self, cluster, launcher="ssh"):
+        self.cluster = cluster
+        self.launcher = launcher
+        self.name = launcher
+        self.sh = os.path.join(CLUSTER_DIR, "cluster.sh")
+        self.count = len(cluster["CLUSTER_NODES"].split())
+        self.hostfile = cluster.get("hostfile4", cluster["CLUSTER_HOSTFILE"])
+
+    def launch(self, work, logs, cfg, extra):
+        # The fourth node is a spare of a restarting job; without restarts
+        # (the uninterrupted run) it is not used.
+        spare = ["--num_nodes", "3:3" if "--max_restarts" in extra else "3"]
+        return subprocess.Popen(
+            [DSLAUNCH, "--hostfile", self.hostfile, "--launcher", self.launcher,
+             "--ssh_identity", self.cluster["CLUSTER_KEY"],
+             "--ssh_known_hosts", self.cluster["CLUSTER_KNOWN_HOSTS"], "--ssh_user", "root",
+             "--ssh_timeout", "2", "--no_local_rank", "--env", "OMP_NUM_THREADS=1",
+             "--log_dir", logs, *spare, *extra, DSWORKER, "train", "--config", cfg],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def keep(self, i):
+        """Pids of node i the soak must not count: its sshd."""
+        with open(os.path.join(self.cluster["dir"], "node%d" % i, "sshd.pid")) as f:
+            return {int(f.read())}
+
+    def node_pids(self, i):
+        p = subprocess.run([self.sh, "pids", self.cluster["dir"], str(i)],
+                           capture_output=True, timeout=30)
+        if p.returncode != 0:
+            raise RuntimeError("cluster.sh pids %d: %s" % (i, p.stderr.decode()))
+        keep = self.keep(i)
+        return [pid for pid in map(int, p.stdout.split()) if pid not in keep]
+
+    def victims(self, kind):
+        return [pid for i in range(1, self.count + 1) for pid in self.node_pids(i)
+                if kind_of(pid) == kind]
+
+    def inflict(self, fault, rng):
+        if fault == "link down":
+            i = rng.randint(1, 3)
+            subprocess.run([self.sh, "link", self.cluster["dir"], str(i), "down"],
+                           check=True, timeout=30)
+            try:
+                time.sleep(rng.uniform(1, 4))
+            finally:
+                subprocess.run([self.sh, "link", self.cluster["dir"], str(i), "up"],
+                               check=True, timeout=30)
+            return "node %d's link down" % i
+        return LocalSite.inflict(self, fault, rng)
+
+    def leftovers(self):
+        return [pid for i in range(1, self.count + 1) for pid in self.node_pids(i)
+                if kind_of(pid)]
+
+    def close(self):
+        for i in range(1, self.count + 1):
+            subprocess.run([self.sh, "link", self.cluster["dir"], str(i), "up"], timeout=30)
+
+
+class SlurmSite(ClusterSite):
+    """A cluster.sh SLURM cluster of 3 nodes; each run inside salloc -N3."""
+    name = "slurm"
+    faults = ("rank SIGKILL", "rank SIGTERM", "agent SIGKILL", "agent SIGSTOP",
+              "node daemons")
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.sh = os.path.join(CLUSTER_DIR, "cluster.sh")
+        self.count = 3
+
+    def launch(self, work, logs, cfg, extra):
+        return subprocess.Popen(
+            [self.sh, "login", self.cluster["dir"], "salloc", "-N3", "--ntasks-per-node=1",
+             DSLAUNCH, "--no_local_rank", "--env", "OMP_NUM_THREADS=1", "--log_dir", logs,
+             *extra, DSWORKER, "train", "--config", cfg],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def keep(self, i):
+        with open(os.path.join(self.cluster["dir"], "node%d.init" % i)) as f:
+            return {int(f.read())}  # slurmd
+
+    def inflict(self, fault, rng):
+        if fault != "node daemons":
+            return LocalSite.inflict(self, fault, rng)
+        i = rng.randint(1, 3)
+        pids = self.node_pids(i)
+        stepds = [p for p in pids if (proc_stat(p) or ("", 0, [b""]))[2][0].startswith(
+            b"slurmstepd")]
+        agents = [p for p in pids if kind_of(p) == "agent" and
+                  (proc_stat(p) or ("", 0))[1] in stepds]
+        for pid in stepds + agents:
+            kill(pid, signal.SIGKILL)
+        return "node %d's slurmstepd and agent SIGKILLed" % i if agents else None
+
+    def leftovers(self):
+        # A finished step's slurmstepd takes a moment to go: it counts too.
+        return [pid for i in range(1, 4) for pid in self.node_pids(i)]
+
+    def close(self):
+        pass
+
+
+# ------------------------------------------------------------- one run
+def one_run(site, work, whole, run, rng, faults=None):
+    """One faulty run on `site`: (passed, the faults that landed, what)."""
     ck = os.path.join(work, "ck-%d" % run)
     logs = os.path.join(work, "logs-%d" % run)
-    job = launch(work, logs, config(work, ck),
-                 ["--max_restarts", "4", "--restart_backoff", "0",
-                  "--heartbeat_interval", "0.2", "--heartbeat_timeout", "1",
-                  "--kill_grace", "2"])
-    faults = [rng.choice(FAULTS) for _ in range(rng.randint(1, 2))]
+    job = site.launch(work, logs, config(work, ck), FAULT_FLAGS)
+    if faults is None:
+        faults = [rng.choice(site.faults) for _ in range(rng.randint(1, 2))]
     done = []
     try:
         for fault in faults:
             at = rng.randint(5, STEPS // 2)
             deadline = time.monotonic() + 60
-            while max((r.get("step", 0) for r in records(logs)), default=0) < at:
+            while last_step(logs) < at:
                 if job.poll() is not None or time.monotonic() > deadline:
                     break
                 time.sleep(0.01)
-            kind, sig = fault.split()
-            pid = pick(job, kind, rng)
-            if pid is None:
-                continue
-            os.kill(pid, getattr(signal, sig))
-            done.append("%s at step >= %d" % (fault, at))
+            landed = site.inflict(fault, rng)
+            if landed:
+                done.append("%s at step >= %d" % (landed, at))
             time.sleep(rng.uniform(0, 0.5))
         err = job.communicate(timeout=180)[1].decode()
     except subprocess.TimeoutExpired:
@@ -160,59 +351,65 @@ def one_run(work, whole, run, rng):
         return False, done, "did not end within 180 s\n" + err[-3000:]
     if job.returncode != 0:
         return False, done, "exit %d\n%s" % (job.returncode, err[-3000:])
-    got = records(logs)
-    restarts = [i for i, r in enumerate(got) if r.get("event") == "restart"]
-    after = got[restarts[-1] + 1:] if restarts else got
-    losses = {r["step"]: r["loss"] for r in after if r.get("rank") == 0}
-    if STEPS not in losses:
-        return False, done, "no record of the last step"
-    for step, loss in losses.items():
-        if loss != whole[step]:
-            return False, done, "step %d: loss %r, uninterrupted %r" % (step, loss, whole[step])
-    deadline = time.monotonic() + 5
-    while marked(work):
+    differs, restarts = resumed_exactly(logs, whole)
+    if differs:
+        return False, done, differs
+    deadline = time.monotonic() + 15
+    while site.leftovers():
         if time.monotonic() > deadline:
-            return False, done, "left running: pids %s" % marked(work)
+            return False, done, "left running: %s" % [
+                (pid, (proc_stat(pid) or ("", 0, [b"?"]))[2][0].decode(errors="replace"))
+                for pid in site.leftovers()]
         time.sleep(0.05)
-    return True, done, "%d restart(s)" % len(restarts)
+    return True, done, "%d restart(s)" % restarts
+
+
+def open_site(over, work, stack):
+    """The site `over` names; `stack` collects its tear-down."""
+    if over == "local":
+        return LocalSite(work)
+    sys.path.insert(0, CLUSTER_DIR)
+    import cluster_env
+    if over == "slurm":
+        cluster = cluster_env.up(3, "dsl-soak-slurm-", CLUSTER_SLURM="1", CLUSTER_SSHD="0")
+        stack.append(lambda: cluster_env.down(cluster))
+        return SlurmSite(cluster)
+    cluster = cluster_env.up(4, "dsl-soak-")
+    stack.append(lambda: cluster_env.down(cluster))
+    return ClusterSite(cluster, over)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--over", choices=("local", "ssh", "pdsh", "slurm"), default="local")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--seed", type=int, default=time.time_ns() % 1000000)
     args = ap.parse_args()
-    print("soak_restarts: seed %d, %d runs" % (args.seed, args.runs), flush=True)
+    print("soak_restarts: seed %d, %d runs over %s" % (args.seed, args.runs, args.over),
+          flush=True)
     rng = random.Random(args.seed)
     work = tempfile.mkdtemp(prefix="dsl-soak-")
+    os.chmod(work, 0o755)
+    stack = []
+    site = None
     try:
-        with open(os.path.join(work, "corpus.txt"), "w") as f:
-            f.write(CORPUS)
-        subprocess.run([DSWORKER, "prepare", "--input", os.path.join(work, "corpus.txt"),
-                        "--out", os.path.join(work, "data"), "--vocab", "300"],
-                       check=True, capture_output=True, timeout=120)
-        job = launch(work, os.path.join(work, "logs-whole"), config(work, None))
-        err = job.communicate(timeout=300)[1].decode()
-        if job.returncode != 0:
-            print("the uninterrupted run failed:\n" + err[-3000:])
-            return 1
-        whole = {r["step"]: r["loss"] for r in records(os.path.join(work, "logs-whole"))
-                 if r.get("rank") == 0}
+        site = open_site(args.over, work, stack)
+        prepare(work)
+        whole = uninterrupted(site, work)
         failed = 0
         for run in range(args.runs):
-            ok, faults, what = one_run(work, whole, run, rng)
+            ok, faults, what = one_run(site, work, whole, run, rng)
             print("run %2d %s: %s; %s" % (run, "ok  " if ok else "FAIL", ", ".join(faults) or
                                          "no fault landed", what), flush=True)
             failed += not ok
-        print("soak_restarts: %d of %d runs passed (seed %d)" %
-              (args.runs - failed, args.runs, args.seed))
+        print("soak_restarts: %d of %d runs passed over %s (seed %d)" %
+              (args.runs - failed, args.runs, args.over, args.seed))
         return 1 if failed else 0
     finally:
-        for pid in marked(work):  # only what this soak started
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        if site:
+            site.close()
+        for down in reversed(stack):
+            down()
         shutil.rmtree(work, ignore_errors=True)
 
 
