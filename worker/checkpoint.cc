@@ -111,6 +111,23 @@ std::vector<std::string> CompleteCheckpoints(const std::string& root) {
   return dirs;
 }
 
+// Creates `dir` (and its parents). Ranks of one job may run as different
+// users of one group (OpenShift's arbitrary UIDs with GID 0, one per pod):
+// a directory made here is made group-writable too, whatever the umask, so
+// that every rank can write its file in it and rank 0 can prune it later.
+// A directory that was there already keeps its mode.
+Status MakeSharedDirectory(const std::string& dir) {
+  std::error_code ec;
+  const bool existed = fs::exists(dir, ec);
+  fs::create_directories(dir, ec);
+  if (ec)
+    return DataError("cannot create checkpoint directory " + dir + ": " +
+                     ec.message());
+  if (!existed)
+    fs::permissions(dir, fs::perms::group_all, fs::perm_options::add, ec);
+  return Status::Ok();
+}
+
 void Prune(const std::string& root, const std::string& newest, int keep) {
   auto complete = CompleteCheckpoints(root);
   if (keep > 0 && static_cast<int>(complete.size()) > keep) {
@@ -136,11 +153,13 @@ StatusOr<std::string> SaveCheckpoint(const std::string& root,
                                      const RankShard& shard, int keep,
                                      Comm& comm) {
   const std::string dir = StepDir(root, state.step);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec)
-    return DataError("cannot create checkpoint directory " + dir + ": " +
-                     ec.message());
+  Status made = Status::Ok();
+  if (comm.rank() == 0) {
+    made = MakeSharedDirectory(root);
+    if (made.ok()) made = MakeSharedDirectory(dir);
+  }
+  RETURN_IF_ERROR(comm.Barrier());  // it is there, writable by every rank
+  RETURN_IF_ERROR(made);
   const size_t count = shard.params.size();
   ShardHeader h{kCheckpointMagic, kCheckpointVersion, comm.rank(),
                 comm.size(),      shard.begin,        count};

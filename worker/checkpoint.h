@@ -37,7 +37,9 @@ struct RankShard {
   std::span<const float> params, m, v;
 };
 
-// Writes step_<step>/ under root; then, on rank 0, removes complete
+// Writes step_<step>/ under root (rank 0 makes it, group-writable where it
+// makes it: ranks may run as different users of one group); then, on rank
+// 0, removes complete
 // checkpoints beyond the newest `keep` (0 = keep all) and stale incomplete
 // ones. Returns the directory written.
 StatusOr<std::string> SaveCheckpoint(const std::string& root,

@@ -4,9 +4,8 @@
 #include <dirent.h>
 #include <netdb.h>
 #include <signal.h>  // SIGKILL, SIGTERM
-#include <unistd.h>
-
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <boost/asio/post.hpp>
 #include <chrono>

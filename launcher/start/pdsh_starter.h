@@ -72,7 +72,7 @@ class PdshStarter : public Starter, private proto::ProcessSet::Delegate {
   std::string job_id_;
   std::map<int, int64_t> agent_pids_;  // node -> its agent's pid
   std::set<pid_t> killers_;            // pdsh runs that kill an agent
-  proto::ProcessSet processes_;          // pdsh, its output and its exit
+  proto::ProcessSet processes_;        // pdsh, its output and its exit
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

@@ -1,7 +1,6 @@
 #include "launcher/start/slurm_starter.h"
 
 #include <signal.h>  // SIGKILL, SIGTERM
-
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/post.hpp>

@@ -8,11 +8,13 @@ otherwise (fails under CI=1). Every test checks that nothing but slurmd is
 left on any node afterwards and that no job is left in the queue."""
 import json
 import os
+import random
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
@@ -21,6 +23,7 @@ from harness import DSLAUNCH, MPI_RANK_PY, PY, RANK_PY, SYSTEM_PY, LaunchTest, n
 
 import cluster_env  # noqa: E402
 import secret_hunt  # noqa: E402
+import soak_restarts  # noqa: E402
 import deepspeed_env  # noqa: E402
 from cluster_env import CLUSTER_SH  # noqa: E402
 CLUSTER = {}
@@ -332,6 +335,40 @@ class Failures(SlurmTest):
         # (salloc's own exit status then is SLURM's business.)
         job.communicate(timeout=60)
         self.assert_no_leftovers(within=15)
+
+
+class TrainingSurvivesFaults(SlurmTest):
+    """dsworker with a checkpoint every 10 steps inside salloc -N3, one fault
+    at a random moment: the job ends 0, every loss after the restart equals
+    the uninterrupted run's bit for bit, nothing is left on any node. The
+    seed is printed; DSLAUNCH_TEST_SEED repeats a run."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.work = tempfile.mkdtemp(prefix="dsl-train-")
+        soak_restarts.prepare(cls.work)
+        cls.whole = soak_restarts.uninterrupted(soak_restarts.SlurmSite(CLUSTER), cls.work)
+        cls.runs = 0
+
+    @classmethod
+    def tearDownClass(cls):
+        subprocess.run(["rm", "-rf", cls.work], timeout=60)
+
+    def check(self, fault):
+        seed = int(os.environ.get("DSLAUNCH_TEST_SEED", time.time_ns() % 100000))
+        print("%s: seed %d" % (fault, seed))
+        TrainingSurvivesFaults.runs += 1
+        ok, done, what = soak_restarts.one_run(
+            soak_restarts.SlurmSite(CLUSTER), self.work, self.whole, self.runs,
+            random.Random(seed), faults=[fault])
+        self.assertEqual(len(done), 1, "seed %d: the fault did not land: %s" % (seed, what))
+        self.assertTrue(ok, "seed %d, %s: %s" % (seed, done[0], what))
+
+    def test_a_nodes_step_daemons_killed(self):
+        self.check("node daemons")
+
+    def test_a_frozen_agent(self):
+        self.check("agent SIGSTOP")
 
 
 class Hostlists(SlurmTest):

@@ -3,7 +3,7 @@ faults at random moments, every run checked against one uninterrupted run
 on the same nodes.
 
 usage: DSL_BIN=build/bin python3 tests/integration/soak_restarts.py
-           [--over local|ssh|pdsh|slurm] [--runs 20] [--seed S]
+           [--over local|ssh|pdsh|slurm|pods] [--runs 20] [--seed S]
 
 Where the nodes are (--over):
   local  3 local nodes (127.0.0.1-3), --launcher local;
@@ -11,9 +11,11 @@ Where the nodes are (--over):
          each, --launcher ssh, --num_nodes 3:3: the fourth is a spare;
   pdsh   the same cluster through pdsh;
   slurm  a cluster.sh SLURM cluster of 3 nodes, inside salloc -N3
-         (--launcher slurm: the agents are an srun step).
-The ssh, pdsh and slurm ones need root; the soak builds the cluster and tears
-it down.
+         (--launcher slurm: the agents are an srun step);
+  pods   tests/pods/pods.sh pods, --launcher join; the soak restarts a failed
+         agent in its pod, as the platform does.
+All but local need root; the soak builds the cluster or pods and tears them
+down.
 
 A fault is one of (each site has those it can suffer):
   rank SIGKILL, rank SIGTERM  a random rank alone;
@@ -21,11 +23,13 @@ A fault is one of (each site has those it can suffer):
   agent SIGSTOP               frozen: its heartbeats stop, the launcher counts
                               the node lost, kills the agent (by pid over a
                               second ssh, pdsh or srun where the tool cannot end
-                              it) and starts it again;
+                              it) and starts it again (not pods: see PodsSite);
   link down                   a random node's network cable pulled for 1-4 s
                               (ssh, pdsh: the spare takes its place at once);
   node daemons                a SLURM node's slurmstepd and our agent under it
-                              SIGKILLed, as a failing node ends them (slurm).
+                              SIGKILLed, as a failing node ends them (slurm);
+  pod deleted                 every process of a worker pod SIGKILLed, then its
+                              agent started anew (pods).
 Each run has one or two faults. Each run must end 0 with every loss after the
 last restart equal, bit for bit, to the uninterrupted run's at that step
 (every generation runs at world size 3), and nothing of it may be left on any
@@ -43,6 +47,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -53,8 +58,9 @@ CLUSTER_DIR = os.path.join(HERE, "../cluster")
 STEPS = 300
 CORPUS = ("In the beginning God created the heaven and the earth. And the earth was "
           "without form, and void; and darkness was upon the face of the deep. ") * 300
-# Fast loss detection, so that a run takes seconds.
-FAULT_FLAGS = ["--max_restarts", "4", "--restart_backoff", "0",
+# Fast loss detection, so that a run takes seconds; no --node_cooldown: a
+# node hit twice comes back (a flapping node's exclusion is tested apart).
+FAULT_FLAGS = ["--max_restarts", "4", "--restart_backoff", "0", "--node_cooldown", "0",
                "--heartbeat_interval", "0.2", "--heartbeat_timeout", "1", "--kill_grace", "2"]
 
 
@@ -255,8 +261,13 @@ class ClusterSite:
         return [pid for pid in map(int, p.stdout.split()) if pid not in keep]
 
     def victims(self, kind):
-        return [pid for i in range(1, self.count + 1) for pid in self.node_pids(i)
-                if kind_of(pid) == kind]
+        """Ranks, or the agents of nodes that run ranks (not a spare)."""
+        found = []
+        for i in range(1, self.count + 1):
+            kinds = {pid: kind_of(pid) for pid in self.node_pids(i)}
+            if "rank" in kinds.values():
+                found += [pid for pid, k in kinds.items() if k == kind]
+        return found
 
     def inflict(self, fault, rng):
         if fault == "link down":
@@ -323,6 +334,122 @@ class SlurmSite(ClusterSite):
         pass
 
 
+class PodsSite:
+    """--launcher join across tests/pods/pods.sh pods (its up's KEY=value
+    lines as a dict): the launcher in its pod, an agent in each of worker
+    pods 0-2 (a pod beyond --num_nodes is no spare under join: its claim is
+    refused). The soak plays the platform: an agent that ends with a failure
+    while the job runs is started again in its pod (restartPolicy
+    OnFailure), also after its pod was deleted and made anew. The training's
+    files are in the pods' shared volume (every pod's UID writes there)."""
+    name = "pods"
+    # No frozen agent: the launcher cannot reach into a pod to end it (the
+    # job waits --rejoin_timeout for the node, then ends 69); that is a
+    # liveness probe's work, which the deploy manifests do not define.
+    faults = ("rank SIGKILL", "rank SIGTERM", "agent SIGKILL", "pod deleted")
+    POD_ARGS = ["--num_gpus", "1", "--no_local_rank", "--env", "OMP_NUM_THREADS=1"]
+
+    def __init__(self, pods):
+        self.pods = pods
+        self.sh = os.path.join(HERE, "../pods/pods.sh")
+        self.agents = {}
+        self.lock = threading.Lock()
+
+    def run_in_pod(self, pod, argv, log=None):
+        return subprocess.Popen([self.sh, "run", self.pods["PODS_DIR"], str(pod), "--", *argv],
+                                stdin=subprocess.DEVNULL, stdout=log or subprocess.DEVNULL,
+                                stderr=log or subprocess.PIPE)
+
+    def start_agent(self, pod):
+        """Its log (the container's): <log_dir>-agent-POD-N.log."""
+        self.started += 1
+        with open("%s-agent-%d-%d.log" % (self.log_prefix, pod, self.started), "w") as log:
+            self.agents[pod] = self.run_in_pod(pod, [
+                os.path.join(self.pods["PODS_BIN"], "dsagent"),
+                "--join", "%s:29400" % self.pods["PODS_LAUNCHER"],
+                "--secret_file", self.pods["PODS_SECRET"]], log)
+
+    def launch(self, work, logs, cfg, extra):
+        job = self.run_in_pod("launcher", [
+            os.path.join(self.pods["PODS_BIN"], "dslaunch"), "--launcher", "join",
+            "--num_nodes", "3", "--secret_file", self.pods["PODS_SECRET"], "--log_dir", logs,
+            *self.POD_ARGS, *extra,
+            os.path.join(self.pods["PODS_BIN"], "dsworker"), "train", "--config", cfg])
+        with self.lock:
+            # The agents' logs beside the launcher's --log_dir (which is the
+            # launcher's UID's alone).
+            self.log_prefix, self.restarts, self.agents, self.started = logs, [], {}, 0
+            self.job = job
+            for pod in range(3):
+                self.start_agent(pod)
+        threading.Thread(target=self.platform, args=(job,), daemon=True).start()
+        return job
+
+    def platform(self, job):
+        """While the launcher runs: agents that failed are started again."""
+        while True:
+            with self.lock:
+                if job.poll() is not None:
+                    return
+                for pod, agent in list(self.agents.items()):
+                    # Not one that the job's end ended (the launcher goes
+                    # after its agents).
+                    if agent.poll() not in (None, 0) and not self.ending(job):
+                        self.restarts.append("pod %d's agent (exit %d)" % (
+                            pod, agent.returncode))
+                        self.start_agent(pod)
+            time.sleep(0.1)
+
+    @staticmethod
+    def ending(job):
+        try:
+            job.wait(timeout=0.5)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+    def pod_pids(self, pod):
+        p = subprocess.run([self.sh, "pids", self.pods["PODS_DIR"], str(pod)],
+                           capture_output=True, timeout=30)
+        if p.returncode != 0:
+            raise RuntimeError("pods.sh pids %s: %s" % (pod, p.stderr.decode()))
+        return [int(x) for x in p.stdout.split()]
+
+    def victims(self, kind):
+        """Ranks, or the agents of pods that run ranks (not a spare)."""
+        found = []
+        for pod in range(3):
+            kinds = {pid: kind_of(pid) for pid in self.pod_pids(pod)}
+            if "rank" in kinds.values():
+                found += [pid for pid, k in kinds.items() if k == kind]
+        return found
+
+    def inflict(self, fault, rng):
+        if fault != "pod deleted":
+            return LocalSite.inflict(self, fault, rng)
+        pod = rng.randint(0, 2)
+        with self.lock:  # the platform deletes it whole, then makes it anew
+            for pid in self.pod_pids(pod):
+                kill(pid, signal.SIGKILL)
+            # Its container too, should it be still on its way into the pod.
+            self.agents[pod].kill()
+            self.agents[pod].wait()
+            if self.job.poll() is None:
+                self.start_agent(pod)
+        return "pod %d deleted and made anew" % pod
+
+    def leftovers(self):
+        return [pid for pod in ["launcher", 0, 1, 2] for pid in self.pod_pids(pod)
+                if kind_of(pid)]
+
+    def close(self):
+        with self.lock:
+            for agent in self.agents.values():
+                if agent.poll() is None:
+                    agent.kill()
+                agent.wait()
+
+
 # ------------------------------------------------------------- one run
 def one_run(site, work, whole, run, rng, faults=None):
     """One faulty run on `site`: (passed, the faults that landed, what)."""
@@ -357,9 +484,9 @@ def one_run(site, work, whole, run, rng, faults=None):
     deadline = time.monotonic() + 15
     while site.leftovers():
         if time.monotonic() > deadline:
-            return False, done, "left running: %s" % [
-                (pid, (proc_stat(pid) or ("", 0, [b"?"]))[2][0].decode(errors="replace"))
-                for pid in site.leftovers()]
+            return False, done, "left running: %s%s" % ([
+                (pid, (proc_stat(pid) or ("", 0, [b"?"]))[1:]) for pid in site.leftovers()],
+                "; the platform restarted: %s" % getattr(site, "restarts", None))
         time.sleep(0.05)
     return True, done, "%d restart(s)" % restarts
 
@@ -368,6 +495,20 @@ def open_site(over, work, stack):
     """The site `over` names; `stack` collects its tear-down."""
     if over == "local":
         return LocalSite(work)
+    if over == "pods":
+        parent = tempfile.mkdtemp(prefix="dsl-soak-pods-")
+        os.chmod(parent, 0o755)
+        stack.append(lambda: shutil.rmtree(parent, ignore_errors=True))
+        d = os.path.join(parent, "p")
+        p = subprocess.run([os.path.join(HERE, "../pods/pods.sh"), "up", "4", d],
+                           capture_output=True, timeout=120, env=dict(os.environ, PODS_BIN=BIN))
+        if p.returncode != 0:
+            raise RuntimeError("pods.sh up failed:\n" + p.stderr.decode())
+        pods = dict(line.partition("=")[::2] for line in p.stdout.decode().splitlines())
+        pods = {k: v.strip('"') for k, v in pods.items()}
+        stack.append(lambda: subprocess.run(
+            [os.path.join(HERE, "../pods/pods.sh"), "down", pods["PODS_DIR"]], timeout=120))
+        return PodsSite(pods)
     sys.path.insert(0, CLUSTER_DIR)
     import cluster_env
     if over == "slurm":
@@ -381,7 +522,8 @@ def open_site(over, work, stack):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--over", choices=("local", "ssh", "pdsh", "slurm"), default="local")
+    ap.add_argument("--over", choices=("local", "ssh", "pdsh", "slurm", "pods"),
+                    default="local")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--seed", type=int, default=time.time_ns() % 1000000)
     args = ap.parse_args()
@@ -394,6 +536,10 @@ def main():
     site = None
     try:
         site = open_site(args.over, work, stack)
+        if args.over == "pods":  # where every pod's UID writes
+            os.rmdir(work)
+            work = tempfile.mkdtemp(prefix="soak-", dir=site.pods["PODS_VOLUME"])
+            os.chmod(work, 0o777)
         prepare(work)
         whole = uninterrupted(site, work)
         failed = 0
@@ -404,6 +550,11 @@ def main():
             failed += not ok
         print("soak_restarts: %d of %d runs passed over %s (seed %d)" %
               (args.runs - failed, args.runs, args.over, args.seed))
+        if failed:
+            keep = tempfile.mkdtemp(prefix="dsl-soak-kept-")
+            shutil.copytree(work, keep, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("ck-*", "data"))
+            print("soak_restarts: the runs' logs are kept in " + keep)
         return 1 if failed else 0
     finally:
         if site:

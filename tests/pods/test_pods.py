@@ -7,14 +7,19 @@ Needs root; skips itself with a message otherwise (fails under CI=1). Every
 test checks that nothing of the job is left in any pod afterwards."""
 import json
 import os
+import random
 import re
 import select
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../integration"))
+import soak_restarts  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PODS_SH = os.path.join(HERE, "pods.sh")
@@ -498,3 +503,33 @@ class Pods(PodTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TrainingSurvivesFaults(PodTest):
+    """dsworker with a checkpoint every 10 steps in pods 0-2 under --launcher
+    join, the platform (soak_restarts.PodsSite) starting a failed agent
+    again in its pod; one fault at a random moment: the job ends 0, every
+    loss after the restart equals the uninterrupted run's bit for bit, and
+    nothing is left in any pod. The seed is printed; DSLAUNCH_TEST_SEED
+    repeats a run."""
+
+    def check(self, fault):
+        seed = int(os.environ.get("DSLAUNCH_TEST_SEED", time.time_ns() % 100000))
+        print("%s: seed %d" % (fault, seed))
+        site = soak_restarts.PodsSite(PODS)
+        self.addCleanup(site.close)
+        work = tempfile.mkdtemp(prefix="train-", dir=self.volume)
+        os.chmod(work, 0o777)  # every pod's UID writes there
+        soak_restarts.prepare(work)
+        whole = soak_restarts.uninterrupted(site, work)
+        ok, done, what = soak_restarts.one_run(site, work, whole, 0, random.Random(seed),
+                                               faults=[fault])
+        self.assertEqual(len(done), 1, "seed %d: the fault did not land: %s" % (seed, what))
+        self.assertTrue(ok, "seed %d, %s: %s" % (seed, done[0], what))
+        self.assertRegex(what, r"^[1-9]\d* restart")
+
+    def test_a_pod_deleted_and_made_anew(self):
+        self.check("pod deleted")
+
+    def test_an_agent_killed_and_restarted_by_the_platform(self):
+        self.check("agent SIGKILL")

@@ -5,8 +5,9 @@
 #include "worker/trainer.h"
 
 #include <gtest/gtest.h>
-#include <omp.h>     // omp_set_num_threads
-#include <stdlib.h>  // mkdtemp
+#include <omp.h>       // omp_set_num_threads
+#include <stdlib.h>    // mkdtemp
+#include <sys/stat.h>  // umask
 
 #include <chrono>
 #include <cmath>
@@ -229,6 +230,28 @@ TEST_F(TrainerTest, ResumingACheckpointGivesTheUninterruptedRunsBits) {
     for (int r = 0; r < 2; ++r)
       EXPECT_EQ(Differences(got[r].params, want[r].params), 0u) << stage;
   }
+}
+
+// Ranks may run as different users of one group (OpenShift: one arbitrary
+// UID per pod, GID 0), all writing into one checkpoint directory: the ones
+// dsworker makes are group-writable whatever the umask; one that was there
+// keeps its mode.
+TEST_F(TrainerTest, CheckpointDirectoriesItMakesAreGroupWritable) {
+  const mode_t old_umask = ::umask(022);
+  const std::string root = dir_ + "/shared/ckpt";
+  LocalWorld w(2);
+  RunAll(w,
+         Config(2, 1, 2, 1, 500000000, 0,
+                R"(, "checkpoint": {"dir": ")" + root + R"(", "every": 2})"));
+  ::umask(old_umask);
+  auto mode = [](const std::string& p) {
+    return std::filesystem::status(p).permissions();
+  };
+  using std::filesystem::perms;
+  EXPECT_EQ(mode(root) & perms::group_all, perms::group_all);
+  EXPECT_EQ(mode(root + "/step_00000002") & perms::group_all, perms::group_all);
+  EXPECT_EQ(mode(dir_) & perms::group_write, perms::none)
+      << "not ours to change";
 }
 
 TEST_F(TrainerTest, ALostPeerIsAStatusFromStepOnEveryRank) {
