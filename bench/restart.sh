@@ -11,15 +11,23 @@
 # its own, the node's address as its hostname: torch 1.13's agent gives its
 # ranks MASTER_ADDR = rank 0's getfqdn(), and the nodes share this machine's
 # /etc/hosts, where the hostname is loopback. A real cluster resolves its
-# hostnames; dslaunch needs neither, as its ranks get node 0's address.)
+# hostnames; dslaunch needs neither, as its ranks get node 0's address.);
+# over "pods" tests/pods/pods.sh pods (needs root): dslaunch in the
+# launcher pod with --launcher join and a dsagent in each worker pod, one
+# torchrun agent in each worker pod (c10d store on pod 0's agent,
+# GLOO_SOCKET_IFNAME=eth0; every pod's /etc/hosts names every worker pod,
+# standing in for the cluster DNS of a headless Service, which torch's
+# agent needs for MASTER_ADDR = rank 0's host name). No pod is restarted:
+# both restart the ranks on the agents they have.
 #
 # usage: bench/restart.sh [--runs N] [--quick] [--shapes "3x2 8x2"]
 #                         [--over "local ssh"]
 #   --runs N    measured runs per launcher and shape (default 5)
 #   --quick     2 runs
 #   --shapes S  the shapes, blank-separated
-#   --over W    where the nodes are: local, ssh or both (default "local ssh";
-#               ssh is left out, with a note, when not root)
+#   --over W    where the nodes are: local, ssh, pods, blank-separated
+#               (default "local ssh pods"; ssh and pods are left out, with a
+#               note, when not root)
 # env: DSLAUNCH_BUILD   build directory holding bin/dslaunch (default
 #                       <script dir>/../build)
 #      BENCH_PYTHON     a Python with torch (default /usr/bin/python3,
@@ -50,7 +58,7 @@ usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
 
 RUNS=5
 SHAPES=(3x2 8x2)
-OVER=(local ssh)
+OVER=(local ssh pods)
 while (($#)); do
   case "$1" in
     --runs) need_positive_int --runs "${2-}"; RUNS=$2; shift 2 ;;
@@ -66,10 +74,11 @@ for shape in "${SHAPES[@]}"; do
   [[ $shape =~ ^[1-9][0-9]*x[1-9][0-9]*$ ]] || { echo "bad shape: $shape" >&2; exit 2; }
 done
 for where in "${OVER[@]}"; do
-  [[ $where == local || $where == ssh ]] || { echo "bad --over: $where" >&2; exit 2; }
+  [[ $where == local || $where == ssh || $where == pods ]] ||
+    { echo "bad --over: $where" >&2; exit 2; }
 done
-if [[ " ${OVER[*]} " == *" ssh "* && $(id -u) -ne 0 ]]; then
-  echo "note: --over ssh needs root (network namespaces); measuring local only" >&2
+if [[ " ${OVER[*]} " != " local " && $(id -u) -ne 0 ]]; then
+  echo "note: --over ssh and pods need root (network namespaces); measuring local only" >&2
   OVER=(local)
 fi
 
@@ -85,14 +94,68 @@ need_cc
 bench_init restart
 build_helper
 
+PODS_SH=$SCRIPT_DIR/../tests/pods/pods.sh
+PODS_DIR=""
+bench_cleanup_more() {   # after the tagged processes are reaped
+  pods_down
+}
+pods_down() {
+  if [[ -n "$PODS_DIR" ]]; then
+    "$PODS_SH" down "$PODS_DIR" >/dev/null || echo "warning: pods.sh down $PODS_DIR failed" >&2
+    PODS_DIR=""
+  fi
+}
+# pods_up N: N worker pods, each pod's /etc/hosts naming them all
+pods_up() {
+  local n=$1 rc=0 i j net
+  pods_down
+  PODS_DIR=$WORK/p$n
+  chmod 0755 "$WORK"  # the pods' UIDs reach the secret and binaries in it
+  mkdir -p "$WORK/bin"
+  cp "$BUILD/bin/dslaunch" "$BUILD/bin/dsagent" "$WORK/bin/"
+  PODS_BIN=$WORK/bin "$PODS_SH" up "$n" "$PODS_DIR" >"$WORK/up.log" 2>&1 || rc=$?
+  if ((rc != 0)); then
+    cat "$WORK/up.log" >&2
+    PODS_DIR=""
+    echo "pods.sh up $n failed (exit $rc)" >&2
+    exit "$rc"
+  fi
+  set -a
+  # shellcheck disable=SC1091
+  . "$PODS_DIR/env"
+  set +a
+  net=${PODS_LAUNCHER_ADDR%.*}
+  for ((i = 0; i < n; i++)); do
+    for ((j = 0; j < n; j++)); do
+      ((i == j)) || echo "$net.$((j + 1)) train-worker-$j"
+    done >>"$PODS_DIR/pod-$i/hosts"  # the bind-mounted file: same inode
+  done
+  # The pods' UIDs read the program and write the stamps.
+  cp "$RANK_PY" "$PODS_VOLUME/restart_rank.py"
+}
+
 free_port() {
   "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
 # run_dslaunch WHERE NODES PER DIR LOG -> exit status
 run_dslaunch() {
-  local where=$1 nodes=$2 per=$3 dir=$4 log=$5 hf=$4/hostfile i
+  local where=$1 nodes=$2 per=$3 dir=$4 log=$5 hf=$4/hostfile i rc=0 pids=()
   local how=(--launcher local)
+  if [[ $where == pods ]]; then
+    for ((i = 0; i < nodes; i++)); do
+      "$PODS_SH" run "$PODS_DIR" "$i" -e "$TAG" -- "$PODS_BIN/dsagent" \
+        --join "$PODS_LAUNCHER:29400" --secret_file "$PODS_SECRET" </dev/null >>"$log" 2>&1 &
+      pids+=($!)
+    done
+    timeout "$RUN_TIMEOUT_S" "$PODS_SH" run "$PODS_DIR" launcher -e "$TAG" -- \
+      "$PODS_BIN/dslaunch" --launcher join --num_nodes "$nodes" --num_gpus "$per" \
+      --secret_file "$PODS_SECRET" --no_local_rank --env "BENCH_DIR=$dir" \
+      --env OMP_NUM_THREADS=1 --max_restarts 1 --restart_backoff 0 --console lines \
+      "$PY" -u "$PODS_VOLUME/restart_rank.py" </dev/null >>"$log" 2>&1 || rc=$?
+    for i in "${pids[@]}"; do wait "$i" || true; done
+    return "$rc"
+  fi
   if [[ $where == ssh ]]; then
     hf=$CLUSTER_HOSTFILE
     how=(--launcher ssh --ssh_identity "$CLUSTER_KEY" --ssh_known_hosts
@@ -111,12 +174,18 @@ run_dslaunch() {
 # non-zero)
 run_torchrun() {
   local where=$1 nodes=$2 per=$3 dir=$4 log=$5 monitor=$6 port i rc=0 status id
-  local pids=() host=127.0.0.1 in=() conf=()
+  local pids=() host=127.0.0.1 in=() conf=() prog=""
+  [[ $where == pods ]] && prog=$PODS_VOLUME/restart_rank.py
   port=$(free_port)
   [[ $where == ssh ]] && host=${NODES[0]}
+  [[ $where == pods ]] && host=${PODS_LAUNCHER_ADDR%.*}.1 && port=29500
   id=bench.$RANDOM.$RANDOM  # one rendezvous for every agent of the run
   for ((i = 0; i < nodes; i++)); do
-    if [[ $where == ssh ]]; then
+    if [[ $where == pods ]]; then
+      in=("$PODS_SH" run "$PODS_DIR" "$i" -e "$TAG" -e "BENCH_DIR=$dir" -e OMP_NUM_THREADS=1
+          -e GLOO_SOCKET_IFNAME=eth0 --)
+      conf=(--rdzv_conf "is_host=$((i == 0 ? 1 : 0))")
+    elif [[ $where == ssh ]]; then
       in=("$CLUSTER_SH" exec "$CLUSTER_DIR" "$((i + 1))" unshare --uts
           sh -c 'hostname "$0" && exec "$@"' "${NODES[i]}" env GLOO_SOCKET_IFNAME=eth0)
       conf=(--rdzv_conf "is_host=$((i == 0 ? 1 : 0))")
@@ -125,7 +194,7 @@ run_torchrun() {
       "${in[@]}" "$PY" -m torch.distributed.run --nnodes "$nodes" --nproc_per_node "$per" \
       --rdzv_backend c10d --rdzv_endpoint "$host:$port" --rdzv_id "$id" "${conf[@]}" \
       --max_restarts 1 --monitor_interval "$monitor" --redirects 1 --tee 1 \
-      "$RANK_PY" >>"$log" 2>&1 &
+      "${prog:-$RANK_PY}" </dev/null >>"$log" 2>&1 &
     pids+=($!)
   done
   for i in "${pids[@]}"; do
@@ -158,12 +227,15 @@ for where in "${OVER[@]}"; do
     per=${shape#*x}
     n=$((nodes * per))
     [[ $where == ssh ]] && SLOTS=$per bench_cluster_up "$nodes"
+    [[ $where == pods ]] && pods_up "$nodes"
     for ((run = 0; run < RUNS; run++)); do
       for launcher in "${LAUNCHERS[@]}"; do
         key=$where.$shape.$launcher
         dir=$WORK/$where.$shape.$run.${launcher//[^a-z0-9.]/_}
-        log=$dir.log
+        [[ $where == pods ]] && dir=$PODS_VOLUME/$shape.$run.${launcher//[^a-z0-9.]/_}
+        log=$WORK/$where.$shape.$run.${launcher//[^a-z0-9.]/_}.log
         mkdir -p "$dir"
+        [[ $where != pods ]] || chmod 0777 "$dir"  # the pods' UIDs write there
         status=0
         case $launcher in
           dslaunch) run_dslaunch "$where" "$nodes" "$per" "$dir" "$log" || status=$? ;;
@@ -183,6 +255,7 @@ for where in "${OVER[@]}"; do
       done
     done
     [[ $where == ssh ]] && bench_cluster_down
+    [[ $where == pods ]] && pods_down
   done
 done
 
