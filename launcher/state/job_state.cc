@@ -274,7 +274,7 @@ Status JobState::NodeAuthenticated(int node) {
 
 void JobState::NodeRestarting(int node) {
   NodeRecord& n = nodes_.at(node);
-  n.authenticated = n.disconnected = n.process_exited = false;
+  n.authenticated = n.disconnected = n.process_exited = n.done = false;
 }
 
 std::vector<std::string> JobState::MissingNodes() const {

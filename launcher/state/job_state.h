@@ -105,7 +105,9 @@ struct NodeRecord {
   Clock::time_point excluded_until{};
   bool disconnected = false;    // its control connection ended
   bool process_exited = false;  // the starter saw its agent process end
-  std::string lost_reason;      // set once when the node is lost
+  bool done = false;  // its agent said AgentDone (every rank's end reported)
+  std::string lost_reason;  // set once when the node is lost
+  std::string address;      // its agent's control connection's peer
   // Finished: nothing of it runs any more, as far as the launcher can tell.
   bool finished() const {
     return process_exited && (disconnected || !authenticated);
@@ -147,6 +149,9 @@ class JobState {
   Clock::time_point stop_time() const { return stop_time_; }
   Clock::time_point end_time() const { return end_time_; }
   Clock::time_point generation_start() const { return generation_start_; }
+  // When the agents were first started (Launched).
+  Clock::time_point launch_time() const { return launch_time_; }
+  void Launched() { launch_time_ = generation_start_ = Clock::now(); }
 
   // Generations: restarts so far (the current generation's number: every
   // generation after the first, whatever its cause) and the ones that ended
@@ -165,6 +170,11 @@ class JobState {
   bool restart_pending() const { return restart_pending_; }
   // node's agent is being started again (it was lost): not finished.
   void NodeRestarting(int node);
+  // node's agent said AgentDone; its connection's peer address.
+  void NodeDone(int node) { nodes_.at(node).done = true; }
+  void NodeAddress(int node, std::string address) {
+    nodes_.at(node).address = std::move(address);
+  }
   // The nodes lost and not back: "host (why)" each.
   std::vector<std::string> MissingNodes() const;
   // Every node not lost has ended its ranks and waits.
@@ -272,6 +282,7 @@ class JobState {
   bool restart_pending_ = false;
   std::vector<Generation> history_;
   Clock::time_point generation_start_ = Clock::now();
+  Clock::time_point launch_time_ = generation_start_;
   Clock::time_point all_idle_at_{};  // every agent idle: its ranks gone
   Clock::time_point stop_time_{};
   Clock::time_point end_time_{};

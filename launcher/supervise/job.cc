@@ -81,6 +81,7 @@ Job::Job(asio::io_context& io, const LaunchOptions& options, Plan plan,
                   [this](int rank, const std::string& why) {
                     Act(state_.Hung(rank, why));
                   }}),
+      traffic_(state_, console, forensics_),
       restarts_(io, options, console, state_, pool_,
                 plan_.min_nodes > 0 ? plan_.min_nodes
                                     : static_cast<int>(plan_.nodes.size()),
@@ -111,10 +112,10 @@ void Job::Start(Starter* starter, AgentLinks* links, int control_port) {
   links_ = links;
   restarts_.SetStarter(starter);
   gate_.Started(starter->AgentsMakeSecrets());
-  start_time_ = Clock::now();
+  state_.Launched();
   ArmStartTimer();
   watch_.Start();
-  if (join_) join_->Start(control_port, start_time_);
+  if (join_) join_->Start(control_port, state_.launch_time());
   AgentBootstrap boot{&pool_, &options_, spec_.job_id, gate_.job_secret(),
                       control_port};
   starter_->Start(boot, [this](StatusOr<Starter::Started> started) {
@@ -205,7 +206,7 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
     spdlog::warn("{}", st.message());
     return;
   }
-  agent_addrs_[node_rank] = agent_addr;
+  state_.NodeAddress(node_rank, agent_addr);
   starter_->AgentIn(node_rank, hello.facts().agent_pid());
   restarts_.NoteFreePort(node_rank, hello.facts().free_port());
   if (standby) {
@@ -332,16 +333,8 @@ void Job::FailJoinedStart(const Status& why) {
 }
 
 void Job::OnAgentMessage(int node_rank, wire::Envelope&& msg) {
+  if (traffic_.Route(node_rank, msg)) return;
   switch (msg.msg_case()) {
-    case wire::Envelope::kLogBatch:
-      for (const auto& e : msg.log_batch().entries()) {
-        if (!RankOfNode(e.rank(), node_rank)) continue;
-        console_.Line(e.rank(), e.stream() == wire::LogBatch::STDERR, e.line(),
-                      e.partial());
-      }
-      return console_.Flush();
-    case wire::Envelope::kProgressBatch:
-      return HandleProgress(node_rank, msg.progress_batch());
     case wire::Envelope::kWorkerStarted:
       return HandleWorkerStarted(node_rank, msg.worker_started());
     case wire::Envelope::kWorkerExited:
@@ -350,47 +343,15 @@ void Job::OnAgentMessage(int node_rank, wire::Envelope&& msg) {
       return HandleAgentSignalled(node_rank, msg.agent_signalled().signal());
     case wire::Envelope::kStoreRequest:
       return HandleStore(node_rank, msg.store_request());
-    case wire::Envelope::kRankStats:
-      for (const auto& e : msg.rank_stats().entries()) {
-        if (RankOfNode(e.rank(), node_rank))
-          console_.board().Stats(e.rank(), e.rss_bytes());
-      }
-      return;
-    case wire::Envelope::kStacks:
-      if (RankOfNode(msg.stacks().rank(), node_rank))
-        forensics_.OnStacks(msg.stacks());
-      return;
     case wire::Envelope::kGenerationEnded:
       return HandleGenerationEnded(node_rank, msg.generation_ended());
     case wire::Envelope::kAgentDone:
       spdlog::info("node {} done", node_rank);
-      done_nodes_.insert(node_rank);
+      state_.NodeDone(node_rank);
       return;
     default:
       spdlog::warn("node {}: unexpected {}", node_rank,
                    proto::MessageName(msg));
-  }
-}
-
-bool Job::RankOfNode(int rank, int node_rank) const {
-  auto it = state_.ranks().find(rank);
-  if (it != state_.ranks().end() && it->second.node_rank == node_rank)
-    return true;
-  spdlog::warn("node {}: output or progress of rank {}, not one of its own",
-               node_rank, rank);
-  return false;
-}
-
-void Job::HandleProgress(int node_rank, const wire::ProgressBatch& batch) {
-  for (const auto& r : batch.records()) {
-    if (RankOfNode(r.rank(), node_rank))
-      console_.Progress(r.rank(), r.json(), r.time());
-  }
-  for (const auto& [rank, count] : batch.malformed()) {
-    if (RankOfNode(rank, node_rank)) malformed_progress_[rank] += count;
-  }
-  for (const auto& [rank, count] : batch.dropped()) {
-    if (RankOfNode(rank, node_rank)) dropped_progress_[rank] += count;
   }
 }
 
@@ -461,7 +422,7 @@ void Job::StartNextGeneration(const std::vector<int>& agents) {
   std::string master_addr = plan_.master_addr;
   if (options_.plan.master_addr.empty() &&
       (plan_.nodes.empty() || plan_.nodes[0].agent != node0 || join_)) {
-    master_addr = join_ ? agent_addrs_[node0] : pool_.nodes[node0].host;
+    master_addr = join_ ? state_.node(node0).address : pool_.nodes[node0].host;
   }
   int master_port = plan_.master_port;
   if (!options_.master_port_given && restarts_.FreePort(node0) > 0)
@@ -516,7 +477,7 @@ void Job::OnAgentDisconnected(int node_rank, const Status& why) {
   // that said it is done and closed has ended as far as we can tell.
   // A joined agent is not ours to wait for: its connection is all of it.
   if (starter_ && !starter_->SeesAgentProcesses() &&
-      (join_ || done_nodes_.count(node_rank)))
+      (join_ || state_.node(node_rank).done))
     Act(state_.AgentProcessExited(node_rank, "ended"));
   TendRestart();
   MaybeEnd();
@@ -678,10 +639,10 @@ void Job::ArmStopTimer() {
 
 int Job::Finish() {
   return PrintClosingReport(
-      {state_, plan_, start_time_, malformed_progress_, dropped_progress_,
-       watch_.hangs(), forensics_.stacks(), forensics_.oom(),
-       forensics_.error_files(), spec_.env, gate_.job_secret(),
-       options_.log_dir},
+      {state_, plan_, state_.launch_time(), traffic_.malformed(),
+       traffic_.dropped(), watch_.hangs(), forensics_.stacks(),
+       forensics_.oom(), forensics_.error_files(), spec_.env,
+       gate_.job_secret(), options_.log_dir},
       console_);
 }
 

@@ -4,11 +4,11 @@
 // keeps the rule the product exists for: the first failure (a rank's exit,
 // a lost node, an interrupt) stops every rank everywhere. Join assembly
 // (JoinAssembly), forensics (JobForensics), the periodic watch (JobWatch),
-// restart tending (Restarts) and the closing report (report/closing_report)
-// are its parts. Agents are known by their fixed index (spares last); each
-// generation's plan maps its node ranks to them. Owned by the
-// Launcher (or a test, with fake agents and a FakeStarter); io_context
-// thread only.
+// the ranks' output and progress (RankTraffic), restart tending (Restarts)
+// and the closing report (report/closing_report) are its parts. Agents are
+// known by their fixed index (spares last); each generation's plan maps its
+// node ranks to them. Owned by the Launcher (or a test, with fake agents and a
+// FakeStarter); io_context thread only.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -35,6 +35,7 @@
 #include "launcher/supervise/job_watch.h"
 #include "launcher/supervise/join_assembly.h"
 #include "launcher/supervise/kv_store.h"
+#include "launcher/supervise/rank_traffic.h"
 #include "launcher/supervise/restarts.h"
 
 namespace dslaunch::launcher {
@@ -114,9 +115,6 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   // gracefully), unless they are on their way to a later generation.
   void KillUnconnected();
   std::string RestartName(bool grow, int ahead) const;
-  void HandleProgress(int node_rank, const wire::ProgressBatch& batch);
-  // Whether `rank` runs on node_rank (else its entry is dropped, logged).
-  bool RankOfNode(int rank, int node_rank) const;
   void HandleStore(int node_rank, const wire::StoreRequest& request);
   void Act(JobState::Action action);
   // Aborts every rank (SIGTERM, SIGKILL after the grace; at once if kill_now).
@@ -141,15 +139,11 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   boost::asio::steady_timer start_timer_;
   boost::asio::steady_timer stop_timer_;
   bool stop_timer_armed_ = false;
-  std::map<int, std::string> agent_addrs_;  // agent -> its peer address
-  std::optional<JoinAssembly> join_;        // --launcher join only
+  std::optional<JoinAssembly> join_;  // --launcher join only
   std::function<Status(const Plan&)> on_plan_final_;
-  std::set<int> done_nodes_;  // agents that sent AgentDone
-  // rank -> progress records dropped: malformed; by its agent (too fast).
-  std::map<int, int64_t> malformed_progress_, dropped_progress_;
-  Clock::time_point start_time_;
   JobWatch watch_;
   JobForensics forensics_;
+  RankTraffic traffic_;  // output, progress, stats and stacks of ranks
   Restarts restarts_;
 };
 
