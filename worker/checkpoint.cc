@@ -29,7 +29,9 @@ struct ShardHeader {
 
 Status WriteFileDurably(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // One a crash left behind may be another UID's: made anew, not truncated.
+  ::unlink(tmp.c_str());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoStatus("cannot write " + tmp, errno);
   size_t off = 0;
   while (off < bytes.size()) {

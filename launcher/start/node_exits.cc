@@ -11,6 +11,7 @@ NodeExits::NodeExits(Starter::Delegate* delegate, std::string tool)
 
 void NodeExits::Started(pid_t pid, const std::vector<int>& nodes) {
   runs_[pid] = Run{nodes, std::set<int>(nodes.begin(), nodes.end())};
+  for (int node : nodes) latest_[node] = pid;
 }
 
 void NodeExits::StartedAll(pid_t pid, size_t count) {
@@ -39,10 +40,11 @@ void NodeExits::ToolEnded(pid_t pid, const proto::ExitInfo& info) {
 }
 
 pid_t NodeExits::RunOf(int node) const {
-  for (const auto& [pid, run] : runs_) {
-    if (run.running.count(node)) return pid;
-  }
-  return -1;
+  auto latest = latest_.find(node);
+  if (latest == latest_.end()) return -1;
+  auto run = runs_.find(latest->second);
+  return run != runs_.end() && run->second.running.count(node) ? run->first
+                                                               : -1;
 }
 
 int NodeExits::NodeOf(pid_t pid) const {

@@ -33,7 +33,7 @@ class NodeExits {
   // The run `pid` ended: "ended with <tool>, which ..." for each of its
   // nodes left.
   void ToolEnded(pid_t pid, const proto::ExitInfo& info);
-  // The run that holds node's running agent, or -1.
+  // The run that started node's newest agent, while it runs, or -1.
   pid_t RunOf(int node) const;
   // Whether the run `pid` started one node's agent only; which node that is
   // (-1: it started several, or it is not running).
@@ -48,6 +48,7 @@ class NodeExits {
   Starter::Delegate* delegate_;
   std::string tool_;
   std::map<pid_t, Run> runs_;
+  std::map<int, pid_t> latest_;  // node -> the run of its newest agent
 };
 
 }  // namespace dslaunch::launcher

@@ -1,7 +1,6 @@
 #include "launcher/start/pdsh_starter.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <netdb.h>
 #include <signal.h>  // SIGKILL, SIGTERM
 #include <spdlog/spdlog.h>
@@ -10,7 +9,6 @@
 #include <boost/asio/post.hpp>
 #include <chrono>
 #include <cstdio>  // fwrite
-#include <fstream>
 
 #include "launcher/start/secret_relay.h"
 #include "proto/exit_status.h"
@@ -330,47 +328,29 @@ void PdshStarter::AgentIn(int node_rank, int64_t pid) {
   if (pid > 1) agent_pids_[node_rank] = pid;
 }
 
-// The ssh process pdsh runs for `host` (pdsh forks one per node from its
-// threads), or -1.
-static pid_t SshChildOf(pid_t pdsh, const std::string& host) {
-  const std::string task_dir = "/proc/" + std::to_string(pdsh) + "/task";
-  DIR* dir = ::opendir(task_dir.c_str());
-  if (!dir) return -1;
-  pid_t found = -1;
-  while (dirent* e = ::readdir(dir)) {
-    if (e->d_name[0] == '.' || found > 0) continue;
-    std::ifstream children(task_dir + "/" + e->d_name + "/children");
-    for (pid_t child; found < 0 && children >> child;) {
-      std::ifstream cmdline("/proc/" + std::to_string(child) + "/cmdline");
-      for (std::string word; std::getline(cmdline, word, '\0');) {
-        if (word == host) found = child;
-      }
-    }
-  }
-  ::closedir(dir);
-  return found;
-}
-
 void PdshStarter::Kill(int node_rank) {
-  // An agent that authenticated: by pid, as over ssh (a frozen one ends with
-  // neither its pdsh nor its ssh).
+  // An agent that authenticated: by pid, in a pdsh of its own (a frozen one
+  // ends with neither its pdsh nor its ssh).
   if (auto it = agent_pids_.find(node_rank); it != agent_pids_.end()) {
-    StatusOr<pid_t> killer = processes_.Spawn(
+    proto::ProcessSpec killer =
         PdshSpec(settings_, {hosts_.at(static_cast<size_t>(node_rank))},
-                 KillAgentCommand(it->second, job_id_)));
-    if (killer.ok()) killers_.insert(*killer);
+                 KillAgentCommand(it->second, job_id_));
+    // It outlives us: a job that ends now must not take the kill with it
+    // (ssh's ConnectTimeout bounds it).
+    killer.death_signal = 0;
+    killer.destroy_signal = 0;
+    if (StatusOr<pid_t> pid = processes_.Spawn(killer); pid.ok())
+      killers_.insert(*pid);
     agent_pids_.erase(it);
   }
+  // A node of its own pdsh: that pdsh ends, and says so. In the first run
+  // pdsh cannot end one node's command, and killing its ssh would only hide
+  // the agent's end: pdsh reports the node when the agent has ended (the
+  // kill above, its heartbeats or its connect timeout), and not before, so
+  // that no new agent starts on a node where the old one and its ranks may
+  // still run.
   const pid_t pid = exits_.RunOf(node_rank);
-  if (pid < 0) return;
-  if (exits_.Alone(pid)) return processes_.Signal(pid, SIGKILL);
-  // pdsh cannot end one node's command: its ssh ends, which ends the
-  // agent's output to us (an agent cut off from us ends itself when the
-  // heartbeats stop).
-  const pid_t ssh = SshChildOf(pid, hosts_.at(static_cast<size_t>(node_rank)));
-  if (ssh > 0) ::kill(ssh, SIGKILL);
-  exits_.Ended(pid, node_rank,
-               ssh > 0 ? "ended: its ssh was killed" : "ended (no ssh ran)");
+  if (pid > 0 && exits_.Alone(pid)) processes_.Signal(pid, SIGKILL);
 }
 
 }  // namespace dslaunch::launcher

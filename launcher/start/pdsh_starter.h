@@ -44,9 +44,9 @@ class PdshStarter : public Starter, private proto::ProcessSet::Delegate {
   // The preflight (blocking), then pdsh running node 0's agent command made
   // node-independent on every node.
   void Start(const AgentBootstrap& boot, StartDone done) override;
-  // A node of its own pdsh: that pdsh ends; of the first one: pdsh's ssh
-  // for the node ends. An agent that authenticated is also killed by pid
-  // through a pdsh of its own (KillAgentCommand).
+  // An agent that authenticated is killed by pid through a pdsh of its own
+  // (KillAgentCommand); a node of its own pdsh: that pdsh ends too. In the
+  // first run the node's end is reported when pdsh reports it.
   void Kill(int node_rank) override;
   void AgentIn(int node_rank, int64_t pid) override;
   bool AgentsMakeSecrets() const override { return true; }

@@ -225,28 +225,28 @@ void SlurmStarter::AgentIn(int node_rank, int64_t pid) {
   if (pid > 1) agent_pids_[node_rank] = pid;
 }
 
-// srun cannot end one task of a step: a step of the node's own ends. The
-// first step ends whole unless the job restarts, where the others' agents
-// must stay: the node's agent counts as ended then, and ends itself (its
-// heartbeats or its connect timeout run out, as they have for us); its
-// secret is void from now on, and srun's word of its end is not awaited.
+// srun cannot end one task of a step. A step of the node's own ends; the
+// first one ends whole unless the job restarts, where the others' agents
+// must stay: then the node's agent ends by the kill by pid, its heartbeats
+// or its connect timeout, and srun's word of it is its end (no new agent
+// starts on the node before: the old one and its ranks may still run).
 void SlurmStarter::Kill(int node_rank) {
   // An agent that authenticated: by pid, in a step of its own on the node
   // (a frozen one ignores its step's end until SLURM's own kill).
   if (auto it = agent_pids_.find(node_rank); it != agent_pids_.end()) {
-    StatusOr<pid_t> killer = processes_.Spawn(StepSpec(
+    proto::ProcessSpec killer = StepSpec(
         StepArgv(settings_, {hosts_.at(static_cast<size_t>(node_rank))},
-                 {"/bin/sh", "-c", KillAgentCommand(it->second, job_id_)})));
-    if (killer.ok()) killers_.insert(*killer);
+                 {"/bin/sh", "-c", KillAgentCommand(it->second, job_id_)}));
+    // It outlives us: a job that ends now must not take the kill with it.
+    killer.death_signal = 0;
+    killer.destroy_signal = 0;
+    if (StatusOr<pid_t> pid = processes_.Spawn(killer); pid.ok())
+      killers_.insert(*pid);
     agent_pids_.erase(it);
   }
   const pid_t pid = exits_.RunOf(node_rank);
-  if (pid < 0) return;
-  if (exits_.Alone(pid) || !settings_.agents_outlive_a_peer)
-    return processes_.Signal(pid, SIGKILL);
-  exits_.Ended(pid, node_rank,
-               "given up on (srun cannot end one task of the step; the agent "
-               "ends itself)");
+  if (pid > 0 && (exits_.Alone(pid) || !settings_.agents_outlive_a_peer))
+    processes_.Signal(pid, SIGKILL);
 }
 
 }  // namespace dslaunch::launcher

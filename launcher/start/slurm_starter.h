@@ -77,11 +77,11 @@ class SlurmStarter : public Starter, private proto::ProcessSet::Delegate {
   ~SlurmStarter() override;  // srun gets SIGTERM if it still runs
 
   void Start(const AgentBootstrap& boot, StartDone done) override;
-  // srun cannot end one task of a step: ends the node's own step, or the
-  // first one; under --max_restarts the others' agents stay in it, and the
-  // node's agent counts as ended (it ends itself once cut off from us).
-  // An agent that authenticated is also killed by pid, in a step of its own
-  // on the node (KillAgentCommand).
+  // An agent that authenticated is killed by pid, in a step of its own on
+  // the node (KillAgentCommand). srun cannot end one task of a step: the
+  // node's own step ends, or the first one, except under --max_restarts,
+  // where the others' agents stay in it and srun reports the node's agent
+  // when it has ended.
   void Kill(int node_rank) override;
   void AgentIn(int node_rank, int64_t pid) override;
   bool AgentsMakeSecrets() const override { return true; }

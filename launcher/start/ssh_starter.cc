@@ -267,8 +267,10 @@ void SshStarter::AgentIn(int node_rank, int64_t pid) {
 
 void SshStarter::Kill(int node_rank) {
   if (auto it = agent_pids_.find(node_rank); it != agent_pids_.end()) {
+    // Not dropped when the job ends meanwhile: the destructor waits for it
+    // (the SSH timeout bounds it).
     asio::post(pool_, [this, node_rank, pid = it->second] {
-      if (!stop_) KillByPid(node_rank, pid);
+      KillByPid(node_rank, pid);
     });
     agent_pids_.erase(it);  // once per agent
   }
@@ -291,7 +293,7 @@ void SshStarter::Kill(int node_rank) {
 // killed: the pid may have ended and been taken by another meanwhile.
 std::string KillAgentCommand(int64_t pid, const std::string& job_id) {
   const std::string p = std::to_string(pid);
-  return "grep -qzx -- " + ShellQuote(job_id) + " /proc/" + p +
+  return "grep -qzxF -- " + ShellQuote(job_id) + " /proc/" + p +
          "/cmdline 2>/dev/null && kill -KILL " + p;
 }
 

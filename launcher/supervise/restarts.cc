@@ -176,8 +176,21 @@ void Restarts::Decide(bool may_return, bool excluded) {
   if (go && SecretsOut()) {
     // Agents started again have their secrets on the way: none of them may
     // be left unspent while ranks run. Each connects or ends soon (its
-    // tool's own timeout); no further one is started meanwhile.
+    // tool's own timeout); one that has done neither within --start_timeout
+    // (a step SLURM keeps pending) is killed. No further one is started
+    // meanwhile.
     going_ = true;
+    for (auto& [agent, since] : started_again_) {
+      const NodeRecord& node = state_.node(agent);
+      if (node.authenticated || node.process_exited ||
+          now - since < Seconds(options_.start_timeout_s))
+        continue;
+      console_.Note(Who(agent) +
+                    ": its agent neither connected nor ended "
+                    "within --start_timeout; killing it");
+      since = now;
+      starter_->Kill(agent);
+    }
     return TickIn(std::chrono::seconds(1));
   }
   if (go) {

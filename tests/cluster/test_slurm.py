@@ -363,6 +363,7 @@ class TrainingSurvivesFaults(SlurmTest):
             random.Random(seed), faults=[fault])
         self.assertEqual(len(done), 1, "seed %d: the fault did not land: %s" % (seed, what))
         self.assertTrue(ok, "seed %d, %s: %s" % (seed, done[0], what))
+        self.assertRegex(what, r"^[1-9]\d* restart")
 
     def test_a_nodes_step_daemons_killed(self):
         self.check("node daemons")

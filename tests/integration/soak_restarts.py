@@ -115,15 +115,24 @@ def uninterrupted(site, work):
 
 
 def resumed_exactly(logs, whole, steps=STEPS):
-    """None when every loss after the last restart equals the uninterrupted
-    run's at that step, bit for bit, up to the last step; else what differs.
-    With it, the number of restarts."""
+    """None when the last generation resumed from a recent checkpoint (one
+    of every 10 steps: at most one behind the last step recorded before the
+    restart, so a resume from scratch fails) and every loss after the last
+    restart equals the uninterrupted run's at that step, bit for bit, up to
+    the last step; else what is wrong. With it, the number of restarts."""
     got = records(logs)
     restarts = [i for i, r in enumerate(got) if r.get("event") == "restart"]
     after = got[restarts[-1] + 1:] if restarts else got
     losses = {r["step"]: r["loss"] for r in after if r.get("rank") == 0}
     if steps not in losses:
         return "no record of the last step", len(restarts)
+    if restarts:
+        before = max((r.get("step", 0) for r in got[:restarts[-1]]), default=0)
+        newest = max(0, (before - 1) // 10 * 10 - 10)
+        if min(losses) - 1 < newest:
+            return ("resumed at step %d, but step %d was recorded before the restart "
+                    "(a checkpoint of step %d or later was complete)" % (
+                        min(losses), before, newest)), len(restarts)
     for step, loss in sorted(losses.items()):
         if loss != whole[step]:
             return "step %d: loss %r, uninterrupted %r" % (step, loss, whole[step]), \

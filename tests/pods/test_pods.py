@@ -501,8 +501,6 @@ class Pods(PodTest):
             job.communicate()
 
 
-if __name__ == "__main__":
-    unittest.main()
 
 
 class TrainingSurvivesFaults(PodTest):
@@ -533,3 +531,7 @@ class TrainingSurvivesFaults(PodTest):
 
     def test_an_agent_killed_and_restarted_by_the_platform(self):
         self.check("agent SIGKILL")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -50,6 +50,7 @@ TEST(NodeExits, ARunStartedForOneNodeAnswersForThatNodeAlone) {
   EXPECT_FALSE(exits.Alone(100));
   EXPECT_EQ(exits.NodeOf(100), -1);
   exits.Ended(100, 2, "exited with exit code 137");
+  EXPECT_EQ(exits.RunOf(2), -1);
   exits.Started(200, {2});
   EXPECT_TRUE(exits.Alone(200));
   EXPECT_EQ(exits.NodeOf(200), 2);

@@ -52,8 +52,9 @@ TEST(KillAgentCommand, KillsThePidOnlyWhileItRunsTheJobsAgent) {
 }
 
 TEST(KillAgentCommand, QuotesTheJobId) {
-  EXPECT_EQ(KillAgentCommand(42, "a b"),
-            "grep -qzx -- 'a b' /proc/42/cmdline 2>/dev/null && kill -KILL 42");
+  EXPECT_EQ(
+      KillAgentCommand(42, "a b"),
+      "grep -qzxF -- 'a b' /proc/42/cmdline 2>/dev/null && kill -KILL 42");
 }
 
 }  // namespace

@@ -231,6 +231,29 @@ TEST_F(JobElasticTest, WhereAgentsMakeSecretsASpareInLastLetsTheJobStart) {
   EXPECT_TRUE(Specs(3).empty());
 }
 
+// An agent started again that neither connects nor ends (a step SLURM keeps
+// pending) does not hold the next generation for ever: after
+// --start_timeout it is killed, and the job goes on.
+TEST_F(JobElasticTest,
+       AnAgentStartedAgainThatHangsIsKilledAfterTheStartTimeout) {
+  plan_ = Elastic(3, 2, 3);
+  starter_.makes_secrets = true;
+  options_.start_timeout_s = 0.05;
+  RunOnThree();
+  Lose(1, {0, 2});
+  EXPECT_EQ(starter_.started_again, std::vector<int>{1});
+  const size_t kills = starter_.killed.size();
+  io_.restart();
+  io_.run_for(std::chrono::milliseconds(1200));
+  ASSERT_GT(starter_.killed.size(), kills);
+  EXPECT_EQ(starter_.killed.back(), 1);
+  EXPECT_EQ(Specs(0).size(), 1u) << "still held: its end is not known";
+  job_->OnAgentProcessExited(1, "ended with srun, which was killed by SIGKILL");
+  Spin();
+  ASSERT_EQ(Specs(0).size(), 2u);
+  EXPECT_EQ(Specs(0).back().world_size(), 4);
+}
+
 TEST_F(JobElasticTest, ANodeThatReturnsWithinTheSettleKeepsTheJobWhole) {
   plan_ = Elastic(3, 2, 3);
   options_.join_settle_s = 60;
