@@ -295,7 +295,14 @@ void PdshStarter::StartAgain(int node_rank) {
 
 void PdshStarter::OnProcessOutput(pid_t pid, bool is_stderr, std::string line,
                                   bool) {
-  if (killers_.count(pid)) return spdlog::info("pdsh (kill): {}", line);
+  if (auto killer = killers_.find(pid); killer != killers_.end()) {
+    // The node's agent is gone: where its run cannot say so, this is its end.
+    if (line.find(kAgentGone) != std::string::npos) {
+      const int node = killer->second;
+      exits_.Ended(exits_.RunOf(node), node, "killed by its pid");
+    }
+    return spdlog::info("pdsh (kill): {}", line);
+  }
   HandleLine(pid, is_stderr, line);
 }
 
@@ -340,7 +347,7 @@ void PdshStarter::Kill(int node_rank) {
     killer.death_signal = 0;
     killer.destroy_signal = 0;
     if (StatusOr<pid_t> pid = processes_.Spawn(killer); pid.ok())
-      killers_.insert(*pid);
+      killers_[*pid] = node_rank;
     agent_pids_.erase(it);
   }
   // A node of its own pdsh: that pdsh ends, and says so. In the first run

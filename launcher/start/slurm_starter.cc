@@ -205,7 +205,14 @@ void SlurmStarter::StartAgain(int node_rank) {
 }
 
 void SlurmStarter::OnProcessOutput(pid_t pid, bool, std::string line, bool) {
-  if (killers_.count(pid)) return spdlog::info("srun (kill): {}", line);
+  if (auto killer = killers_.find(pid); killer != killers_.end()) {
+    // The node's agent is gone: where its run cannot say so, this is its end.
+    if (line.find(kAgentGone) != std::string::npos) {
+      const int node = killer->second;
+      exits_.Ended(exits_.RunOf(node), node, "killed by its pid");
+    }
+    return spdlog::info("srun (kill): {}", line);
+  }
   // A step for one node relays that node's secret only.
   std::optional<int> from;
   if (exits_.Alone(pid)) from = exits_.NodeOf(pid);
@@ -241,7 +248,7 @@ void SlurmStarter::Kill(int node_rank) {
     killer.death_signal = 0;
     killer.destroy_signal = 0;
     if (StatusOr<pid_t> pid = processes_.Spawn(killer); pid.ok())
-      killers_.insert(*pid);
+      killers_[*pid] = node_rank;
     agent_pids_.erase(it);
   }
   const pid_t pid = exits_.RunOf(node_rank);
