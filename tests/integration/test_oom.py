@@ -154,8 +154,13 @@ class OomTest(LaunchTest):
         deadline = time.monotonic() + 5
         while members(self.cg) and time.monotonic() < deadline:
             time.sleep(0.05)
-        left = {pid: open("/proc/%d/cmdline" % pid, "rb").read()[:120]
-                for pid in members(self.cg) if os.path.exists("/proc/%d" % pid)}
+        left = {}
+        for pid in members(self.cg):
+            try:
+                with open("/proc/%d/cmdline" % pid, "rb") as f:
+                    left[pid] = f.read()[:120]
+            except OSError:
+                pass  # gone meanwhile
         self.assertEqual(left, {}, "processes left in the cgroup")
 
 
