@@ -53,4 +53,32 @@ int NodeExits::NodeOf(pid_t pid) const {
                                                            : -1;
 }
 
+void NodeExits::AgentIn(int node, int64_t pid) {
+  if (pid > 1) agent_pids_[node] = pid;
+}
+
+void NodeExits::KillAgent(
+    int node, proto::ProcessSet& processes,
+    const std::function<proto::ProcessSpec(int64_t pid)>& spec_for) {
+  auto it = agent_pids_.find(node);
+  if (it == agent_pids_.end()) return;
+  proto::ProcessSpec spec = spec_for(it->second);
+  spec.death_signal = 0;
+  spec.destroy_signal = 0;
+  if (StatusOr<pid_t> pid = processes.Spawn(spec); pid.ok())
+    killers_[*pid] = node;
+  agent_pids_.erase(it);
+}
+
+bool NodeExits::KillerLine(pid_t pid, const std::string& line) {
+  auto killer = killers_.find(pid);
+  if (killer == killers_.end()) return false;
+  if (line.find(kAgentGone) != std::string::npos) {
+    const int node = killer->second;
+    Ended(RunOf(node), node, "killed by its pid");
+  }
+  spdlog::info("{} (kill): {}", tool_, line);
+  return true;
+}
+
 }  // namespace dslaunch::launcher

@@ -5,11 +5,15 @@
 // Starter's delegate exactly once: as the run's output names it, or, when
 // the run itself ends, every node of it not reported yet as ended with it.
 // A node's agent is started again only after its last one ended, so a node
-// belongs to one running run at a time. io_context thread only.
+// belongs to one running run at a time. It also keeps each agent's pid (its
+// Hello) and the runs that kill an agent by it (KillAgentCommand): their
+// "gone" line is that agent's end, which its own run may never report.
+// io_context thread only.
 #pragma once
 
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -40,6 +44,19 @@ class NodeExits {
   bool Alone(pid_t pid) const { return NodeOf(pid) >= 0; }
   int NodeOf(pid_t pid) const;
 
+  // node's agent authenticated as process `pid` on its node.
+  void AgentIn(int node, int64_t pid);
+  // Kills node's agent by its pid, once, with the run `spec_for(pid)` made
+  // (KillAgentCommand inside the tool) through `processes`. The run outlives
+  // the launcher: a job that ends now must not take the kill with it (the
+  // tool's own timeout bounds it). Nothing when the pid is not known.
+  void KillAgent(
+      int node, proto::ProcessSet& processes,
+      const std::function<proto::ProcessSpec(int64_t pid)>& spec_for);
+  // Output and end of a run: true when it is a kill run (taken here).
+  bool KillerLine(pid_t pid, const std::string& line);
+  bool KillerEnded(pid_t pid) { return killers_.erase(pid) > 0; }
+
  private:
   struct Run {
     std::vector<int> nodes;  // started
@@ -48,7 +65,9 @@ class NodeExits {
   Starter::Delegate* delegate_;
   std::string tool_;
   std::map<pid_t, Run> runs_;
-  std::map<int, pid_t> latest_;  // node -> the run of its newest agent
+  std::map<int, pid_t> latest_;        // node -> the run of its newest agent
+  std::map<int, int64_t> agent_pids_;  // node -> its agent's pid
+  std::map<pid_t, int> killers_;       // kill run -> its node
 };
 
 }  // namespace dslaunch::launcher

@@ -3,7 +3,6 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <signal.h>  // SIGKILL, SIGTERM
-#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
@@ -295,14 +294,7 @@ void PdshStarter::StartAgain(int node_rank) {
 
 void PdshStarter::OnProcessOutput(pid_t pid, bool is_stderr, std::string line,
                                   bool) {
-  if (auto killer = killers_.find(pid); killer != killers_.end()) {
-    // The node's agent is gone: where its run cannot say so, this is its end.
-    if (line.find(kAgentGone) != std::string::npos) {
-      const int node = killer->second;
-      exits_.Ended(exits_.RunOf(node), node, "killed by its pid");
-    }
-    return spdlog::info("pdsh (kill): {}", line);
-  }
+  if (exits_.KillerLine(pid, line)) return;
   HandleLine(pid, is_stderr, line);
 }
 
@@ -327,29 +319,21 @@ void PdshStarter::HandleLine(pid_t pid, bool is_stderr,
 // Reported after pdsh's last line, so nodes it named are reported as it
 // said; the others end with pdsh.
 void PdshStarter::OnProcessExited(pid_t pid, const proto::ExitInfo& info) {
-  if (killers_.erase(pid)) return;
+  if (exits_.KillerEnded(pid)) return;
   exits_.ToolEnded(pid, info);
 }
 
 void PdshStarter::AgentIn(int node_rank, int64_t pid) {
-  if (pid > 1) agent_pids_[node_rank] = pid;
+  exits_.AgentIn(node_rank, pid);
 }
 
 void PdshStarter::Kill(int node_rank) {
   // An agent that authenticated: by pid, in a pdsh of its own (a frozen one
   // ends with neither its pdsh nor its ssh).
-  if (auto it = agent_pids_.find(node_rank); it != agent_pids_.end()) {
-    proto::ProcessSpec killer =
-        PdshSpec(settings_, {hosts_.at(static_cast<size_t>(node_rank))},
-                 KillAgentCommand(it->second, job_id_));
-    // It outlives us: a job that ends now must not take the kill with it
-    // (ssh's ConnectTimeout bounds it).
-    killer.death_signal = 0;
-    killer.destroy_signal = 0;
-    if (StatusOr<pid_t> pid = processes_.Spawn(killer); pid.ok())
-      killers_[*pid] = node_rank;
-    agent_pids_.erase(it);
-  }
+  exits_.KillAgent(node_rank, processes_, [&](int64_t pid) {
+    return PdshSpec(settings_, {hosts_.at(static_cast<size_t>(node_rank))},
+                    KillAgentCommand(pid, job_id_));
+  });
   // A node of its own pdsh: that pdsh ends, and says so. In the first run
   // pdsh cannot end one node's command, and killing its ssh would only hide
   // the agent's end: pdsh reports the node when the agent has ended (the

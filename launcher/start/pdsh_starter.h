@@ -70,9 +70,7 @@ class PdshStarter : public Starter, private proto::ProcessSet::Delegate {
   NodeExits exits_;  // the first pdsh, every node's; then one per node
   std::vector<std::string> agent_argv_;  // node 0's agent command
   std::string job_id_;
-  std::map<int, int64_t> agent_pids_;  // node -> its agent's pid
-  std::map<pid_t, int> killers_;       // pdsh runs killing a node's agent
-  proto::ProcessSet processes_;        // pdsh, its output and its exit
+  proto::ProcessSet processes_;  // pdsh, its output and its exit
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

@@ -1,13 +1,11 @@
 #include "launcher/start/slurm_starter.h"
 
 #include <signal.h>  // SIGKILL, SIGTERM
-#include <spdlog/spdlog.h>
 
 #include <boost/asio/post.hpp>
 #include <optional>
 
 #include "launcher/start/secret_relay.h"
-#include "launcher/start/ssh_starter.h"  // KillAgentCommand
 
 namespace dslaunch::launcher {
 
@@ -205,14 +203,7 @@ void SlurmStarter::StartAgain(int node_rank) {
 }
 
 void SlurmStarter::OnProcessOutput(pid_t pid, bool, std::string line, bool) {
-  if (auto killer = killers_.find(pid); killer != killers_.end()) {
-    // The node's agent is gone: where its run cannot say so, this is its end.
-    if (line.find(kAgentGone) != std::string::npos) {
-      const int node = killer->second;
-      exits_.Ended(exits_.RunOf(node), node, "killed by its pid");
-    }
-    return spdlog::info("srun (kill): {}", line);
-  }
+  if (exits_.KillerLine(pid, line)) return;
   // A step for one node relays that node's secret only.
   std::optional<int> from;
   if (exits_.Alone(pid)) from = exits_.NodeOf(pid);
@@ -224,12 +215,12 @@ void SlurmStarter::OnProcessOutput(pid_t pid, bool, std::string line, bool) {
 }
 
 void SlurmStarter::OnProcessExited(pid_t pid, const proto::ExitInfo& info) {
-  if (killers_.erase(pid)) return;
+  if (exits_.KillerEnded(pid)) return;
   exits_.ToolEnded(pid, info);
 }
 
 void SlurmStarter::AgentIn(int node_rank, int64_t pid) {
-  if (pid > 1) agent_pids_[node_rank] = pid;
+  exits_.AgentIn(node_rank, pid);
 }
 
 // srun cannot end one task of a step. A step of the node's own ends; the
@@ -240,17 +231,11 @@ void SlurmStarter::AgentIn(int node_rank, int64_t pid) {
 void SlurmStarter::Kill(int node_rank) {
   // An agent that authenticated: by pid, in a step of its own on the node
   // (a frozen one ignores its step's end until SLURM's own kill).
-  if (auto it = agent_pids_.find(node_rank); it != agent_pids_.end()) {
-    proto::ProcessSpec killer = StepSpec(
+  exits_.KillAgent(node_rank, processes_, [&](int64_t pid) {
+    return StepSpec(
         StepArgv(settings_, {hosts_.at(static_cast<size_t>(node_rank))},
-                 {"/bin/sh", "-c", KillAgentCommand(it->second, job_id_)}));
-    // It outlives us: a job that ends now must not take the kill with it.
-    killer.death_signal = 0;
-    killer.destroy_signal = 0;
-    if (StatusOr<pid_t> pid = processes_.Spawn(killer); pid.ok())
-      killers_[*pid] = node_rank;
-    agent_pids_.erase(it);
-  }
+                 {"/bin/sh", "-c", KillAgentCommand(pid, job_id_)}));
+  });
   const pid_t pid = exits_.RunOf(node_rank);
   if (pid > 0 && (exits_.Alone(pid) || !settings_.agents_outlive_a_peer))
     processes_.Signal(pid, SIGKILL);

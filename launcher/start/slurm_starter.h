@@ -102,8 +102,6 @@ class SlurmStarter : public Starter, private proto::ProcessSet::Delegate {
   NodeExits exits_;  // the first step, every node's; then one per node
   std::vector<std::string> agent_argv_;  // what each step runs
   std::string job_id_;
-  std::map<int, int64_t> agent_pids_;  // node -> its agent's pid
-  std::map<pid_t, int> killers_;       // steps killing a node's agent
   Started started_;
   proto::ProcessSet processes_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

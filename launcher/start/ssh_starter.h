@@ -100,10 +100,6 @@ class SshStarter : public Starter {
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
-// The remote command that kills `pid` if it is job_id's agent, then prints
-// "<kAgentGone> PID" once no agent of the job is that pid.
-std::string KillAgentCommand(int64_t pid, const std::string& job_id);
-inline constexpr const char* kAgentGone = "dslaunch-agent-gone";
 // "dsagent 0.1.0 (protocol 1)": what a matching agent prints for --version.
 std::string ExpectedAgentVersion();
 // "node 2 (host): connect failed: ... -- hint".

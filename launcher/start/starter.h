@@ -36,6 +36,12 @@ struct AgentBootstrap {
 // address as that node reaches it; --control_addr overrides) at the port.
 std::vector<std::string> AgentArgv(const AgentBootstrap& boot, int node_rank,
                                    std::string connect_host);
+// The remote command that kills `pid` if it is job_id's agent, then prints
+// "<kAgentGone> PID" once no agent of the job is that pid: where a start
+// tool cannot end one node's agent (a frozen one; pdsh's first run, srun's
+// first step) or report its end, this does.
+std::string KillAgentCommand(int64_t pid, const std::string& job_id);
+inline constexpr const char* kAgentGone = "dslaunch-agent-gone";
 // The agent next to this dslaunch binary.
 std::string DefaultAgentPath();
 // --agent_path, else DefaultAgentPath().

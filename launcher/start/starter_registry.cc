@@ -5,6 +5,7 @@
 
 #include <boost/asio/post.hpp>
 
+#include "launcher/start/ssh_connection.h"  // ShellQuote
 #include "launcher/start/start_mode.h"
 #include "launcher/start/starter.h"
 #include "proto/host_info.h"
@@ -93,6 +94,21 @@ std::vector<std::string> AgentArgv(const AgentBootstrap& boot, int node_rank,
           o.log_level,
           "--connect_timeout",
           std::to_string(o.start_timeout_s)};
+}
+
+// Only a process whose command line holds this job's id as a word is
+// killed: the pid may have ended and been taken by another meanwhile. It
+// then waits (at most 5 s) for the agent to be gone and says so: where the
+// tool cannot report one node's agent's end (pdsh's first run, srun's first
+// step when SLURM's own daemon on the node died), that line is its end.
+std::string KillAgentCommand(int64_t pid, const std::string& job_id) {
+  const std::string p = std::to_string(pid);
+  const std::string ours =
+      "grep -qzxF -- " + ShellQuote(job_id) + " /proc/" + p + "/cmdline";
+  return "if " + ours + " 2>/dev/null; then kill -KILL " + p +
+         "; fi; i=0; while [ $i -lt 50 ] && " + ours +
+         " 2>/dev/null; do sleep 0.1; i=$((i+1)); done; " + ours +
+         " 2>/dev/null || echo " + kAgentGone + " " + p;
 }
 
 }  // namespace dslaunch::launcher

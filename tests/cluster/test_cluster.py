@@ -5,7 +5,6 @@ with a message otherwise. Every test checks that nothing is left running on
 any node afterwards."""
 import json
 import os
-import random
 import re
 import signal
 import socket
@@ -278,15 +277,9 @@ class TrainingSurvivesFaults(ClusterTest):
         subprocess.run(["rm", "-rf", cls.work], timeout=60)
 
     def check(self, fault, launcher="ssh"):
-        seed = int(os.environ.get("DSLAUNCH_TEST_SEED", time.time_ns() % 100000))
-        print("%s over %s: seed %d" % (fault, launcher, seed))
         TrainingSurvivesFaults.runs += 1
-        ok, done, what = soak_restarts.one_run(
-            soak_restarts.ClusterSite(CLUSTER, launcher), self.work, self.whole, self.runs,
-            random.Random(seed), faults=[fault])
-        self.assertEqual(len(done), 1, "seed %d: the fault did not land: %s" % (seed, what))
-        self.assertTrue(ok, "seed %d, %s: %s" % (seed, done[0], what))
-        self.assertRegex(what, r"^[1-9]\d* restart")
+        soak_restarts.assert_survives(self, soak_restarts.ClusterSite(CLUSTER, launcher),
+                                      self.work, self.whole, self.runs, fault)
 
     def test_a_rank_killed_over_ssh(self):
         self.check("rank SIGKILL")

@@ -8,7 +8,6 @@ otherwise (fails under CI=1). Every test checks that nothing but slurmd is
 left on any node afterwards and that no job is left in the queue."""
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -355,15 +354,9 @@ class TrainingSurvivesFaults(SlurmTest):
         subprocess.run(["rm", "-rf", cls.work], timeout=60)
 
     def check(self, fault):
-        seed = int(os.environ.get("DSLAUNCH_TEST_SEED", time.time_ns() % 100000))
-        print("%s: seed %d" % (fault, seed))
         TrainingSurvivesFaults.runs += 1
-        ok, done, what = soak_restarts.one_run(
-            soak_restarts.SlurmSite(CLUSTER), self.work, self.whole, self.runs,
-            random.Random(seed), faults=[fault])
-        self.assertEqual(len(done), 1, "seed %d: the fault did not land: %s" % (seed, what))
-        self.assertTrue(ok, "seed %d, %s: %s" % (seed, done[0], what))
-        self.assertRegex(what, r"^[1-9]\d* restart")
+        soak_restarts.assert_survives(self, soak_restarts.SlurmSite(CLUSTER), self.work,
+                                      self.whole, self.runs, fault)
 
     def test_a_nodes_step_daemons_killed(self):
         self.check("node daemons")

@@ -500,6 +500,18 @@ def one_run(site, work, whole, run, rng, faults=None):
     return True, done, "%d restart(s)" % restarts
 
 
+def assert_survives(test, site, work, whole, run, fault):
+    """The cluster, SLURM and pods suites' check: `fault` at a random moment
+    of one run (the seed printed; DSLAUNCH_TEST_SEED repeats it) lands, and
+    the run passes with at least one restart."""
+    seed = int(os.environ.get("DSLAUNCH_TEST_SEED", time.time_ns() % 100000))
+    print("%s over %s: seed %d" % (fault, site.name, seed))
+    ok, done, what = one_run(site, work, whole, run, random.Random(seed), faults=[fault])
+    test.assertEqual(len(done), 1, "seed %d: the fault did not land: %s" % (seed, what))
+    test.assertTrue(ok, "seed %d, %s: %s" % (seed, done[0], what))
+    test.assertRegex(what, r"^[1-9]\d* restart")
+
+
 def open_site(over, work, stack):
     """The site `over` names; `stack` collects its tear-down."""
     if over == "local":
