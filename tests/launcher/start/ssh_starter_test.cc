@@ -15,14 +15,22 @@ namespace dslaunch::launcher {
 namespace {
 
 // A child whose command line holds `word` as one argument, as an agent's
-// holds its job id: sh -c 'sleep 30' WORD.
+// holds its job id: sh -c 'read x' WORD. It waits on a pipe this process
+// holds (so it ends with the test) and starts no process of its own that
+// could outlive it holding the test's output open.
 pid_t ChildWithWord(const std::string& word) {
+  int fds[2];
+  if (::pipe(fds) != 0) return -1;
   const pid_t pid = ::fork();
   if (pid == 0) {
-    ::execl("/bin/sh", "sh", "-c", "sleep 30", word.c_str(),
+    ::dup2(fds[0], 0);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    ::execl("/bin/sh", "sh", "-c", "read x", word.c_str(),
             static_cast<char*>(nullptr));
     ::_exit(127);
   }
+  ::close(fds[0]);  // the write end stays open until the test process ends
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // exec'd
   return pid;
 }
@@ -57,7 +65,9 @@ std::string Output(const std::string& command) {
 // where the tool cannot report it.
 TEST(KillAgentCommand, KillsThePidOnlyWhileItRunsTheJobsAgentThenSaysItIsGone) {
   const pid_t agent = ChildWithWord("0123abcd");
+  ASSERT_GT(agent, 0);
   const pid_t other = ChildWithWord("0123abcd-not");
+  ASSERT_GT(other, 0);
   EXPECT_EQ(Output(KillAgentCommand(agent, "0123abcd")),
             std::string(kAgentGone) + " " + std::to_string(agent) + "\n");
   EXPECT_TRUE(KilledWithin1s(agent));
