@@ -15,11 +15,12 @@
 
 #include "agent/env_contract.h"
 #include "agent/node_facts.h"  // InterfaceToward, FindFreePort
+#include "agent/worker_set.h"
+#include "base/exit_status.h"
+#include "base/host_info.h"  // UsableCores
+#include "base/unix_time.h"
 #include "proto/auth.h"
-#include "proto/exit_status.h"
-#include "proto/host_info.h"  // UsableCores
-#include "proto/progress.h"   // EscapeForLog
-#include "proto/unix_time.h"
+#include "proto/progress.h"  // EscapeForLog
 #include "proto/version.h"
 
 namespace dslaunch::agent {
@@ -62,15 +63,18 @@ static RankMonitorOptions MonitorOptions(const AgentOptions& options) {
   return o;
 }
 
-Agent::Agent(AgentOptions options)
+Agent::Agent(AgentOptions options, AgentParts parts)
     : options_(std::move(options)),
+      link_(parts.link ? parts.link(io_) : MakeTcpLink(io_)),
       signals_(io_, SIGTERM, SIGINT, SIGHUP),
       stdin_(io_),
       connect_timer_(io_),
       retry_timer_(io_),
       heartbeat_timer_(io_),
       grace_timer_(io_),
-      workers_(io_, this),
+      alive_timer_(io_),
+      workers_(parts.ranks ? parts.ranks(io_, this)
+                           : std::make_unique<WorkerSet>(io_, this)),
       progress_(io_, this),
       monitor_(
           io_, [this](const wire::Envelope& env) { Send(env); },
@@ -78,12 +82,26 @@ Agent::Agent(AgentOptions options)
       store_(io_, [this](const wire::StoreRequest& r) {
         wire::Envelope env;
         *env.mutable_store_request() = r;
-        if (!channel_) return Unavailable("not connected");
-        return channel_->Send(env);
-      }) {}
+        return link_->Send(env);
+      }) {
+  link_->SetHandlers({
+      .connected = [this] { OnConnected(); },
+      .dial_failed =
+          [this](bool resolving, const std::string& why) {
+            DialFailed(resolving, why);
+          },
+      .message = [this](wire::Envelope&& m) { HandleMessage(std::move(m)); },
+      .closed = [this](const Status& st) { OnClosed(st); },
+      .drained = [this] { OnChannelDrained(); },
+  });
+}
 
 Agent::~Agent() {
   RemoveReadyFile();
+  if (alive_fd_ >= 0) {
+    ::close(alive_fd_);
+    ::unlink(options_.alive_file.c_str());
+  }
   RemoveRunDir();
 }
 
@@ -106,6 +124,7 @@ int Agent::Run() {
   }
   WatchSignals();
   if (options_.stdin_is_lifeline) WatchStdin();
+  MakeAliveFile();
   Connect();
   io_.run();
   return exit_code_;
@@ -210,7 +229,7 @@ void Agent::HandleMessage(wire::Envelope&& msg) {
     case wire::Envelope::kShutdown:
       if (!auth_sent_) break;
       restart_expected_ = false;
-      if (workers_.unfinished() == 0) return Finish();
+      if (workers_->unfinished() == 0) return Finish();
       return Drain(false, "launcher asked to shut down");
     case wire::Envelope::kStoreResponse:
       if (!authed) break;
@@ -221,13 +240,13 @@ void Agent::HandleMessage(wire::Envelope&& msg) {
     default:
       break;
   }
-  channel_->Close(ProtocolError("unexpected " + proto::MessageName(msg) +
-                                " in state " + StateName(state_)));
+  link_->Close(ProtocolError("unexpected " + proto::MessageName(msg) +
+                             " in state " + StateName(state_)));
 }
 
 void Agent::HandleWelcome(const wire::Welcome& welcome) {
   if (welcome.protocol_version() != kProtocolVersion) {
-    return channel_->Close(
+    return link_->Close(
         ProtocolError("launcher speaks protocol " +
                       std::to_string(welcome.protocol_version()) +
                       ", this agent " + std::to_string(kProtocolVersion)));
@@ -235,7 +254,7 @@ void Agent::HandleWelcome(const wire::Welcome& welcome) {
   const std::string expected = proto::LauncherProof(
       options_.secret, client_nonce_, welcome.server_nonce());
   if (!proto::ConstantTimeEqual(expected, welcome.launcher_proof())) {
-    return channel_->Close(
+    return link_->Close(
         ProtocolError("launcher failed to prove the job secret"));
   }
   wire::Envelope env;
@@ -310,7 +329,7 @@ void Agent::FailSpawn(const Status& st) {
     exited->set_rank(r.rank());
     exited->set_exit_code(70);
     exited->set_error("the agent could not start it: " + st.message());
-    exited->set_time(proto::UnixSeconds());
+    exited->set_time(base::UnixSeconds());
     Send(env);
   }
   Drain(true, st.message());
@@ -347,13 +366,13 @@ std::string Agent::RankDirectory() const {
 }
 
 Status Agent::SpawnWorkers() {
-  workers_.Contain(job_.job_id(), options_.node_rank);
+  workers_->Contain(job_.job_id(), options_.node_rank);
   const std::string cwd = RankDirectory();
   std::vector<std::vector<int>> cores;
   if (job_.bind_cores_to_rank()) {
     std::vector<int> list(job_.bind_core_list().begin(),
                           job_.bind_core_list().end());
-    if (list.empty()) list = proto::UsableCores();
+    if (list.empty()) list = base::UsableCores();
     ASSIGN_OR_RETURN(cores, ShareCores(list, job_.ranks_size()));
   }
   const std::string socket_ifname = InterfaceToward(job_.master_addr());
@@ -397,18 +416,17 @@ Status Agent::SpawnWorkers() {
       });
       spec.env.push_back("OMP_NUM_THREADS=" + std::to_string(spec.cpus.size()));
     }
-    ASSIGN_OR_RETURN(pid_t pid, workers_.Spawn(spec));
+    ASSIGN_OR_RETURN(pid_t pid, workers_->Spawn(spec));
     spawned_.insert(r.rank());
-    monitor_.OnStarted(r.rank(), pid, paths.error_file,
-                       workers_.containment().cgroup_dir());
+    monitor_.OnStarted(r.rank(), pid, paths.error_file, workers_->cgroup_dir());
     wire::Envelope env;
     auto* started = env.mutable_worker_started();
     started->set_rank(r.rank());
     started->set_pid(pid);
-    started->set_time(proto::UnixSeconds());
+    started->set_time(base::UnixSeconds());
     Send(env);
   }
-  workers_.GuardContainment();
+  workers_->GuardContainment();
   return Status::Ok();
 }
 
@@ -423,8 +441,7 @@ void Agent::ArmHeartbeat() {
   heartbeat_timer_.expires_after(Seconds(interval));
   heartbeat_timer_.async_wait(
       [this, timeout](const boost::system::error_code& ec) {
-        if (ec || state_ == State::kExited || !channel_ || channel_->closed())
-          return;
+        if (ec || state_ == State::kExited || !link_->open()) return;
         if (std::chrono::steady_clock::now() - last_heard_ > Seconds(timeout)) {
           return OnLauncherLost("no heartbeat from the launcher for " +
                                 FormatSeconds(timeout) + " s");
@@ -443,8 +460,8 @@ void Agent::OnLauncherLost(const std::string& why) {
   RemoveReadyFile();  // not in the job any more
   exit_code_ = kExitUnavailable;
   restart_expected_ = false;
-  if (channel_) channel_->Close(Unavailable(why));
-  workers_.ResumeOutput();
+  link_->Close(Unavailable(why));
+  workers_->ResumeOutput();
   store_.ResumeReading();
   if (state_ == State::kConnecting) {
     SetState(State::kExited);
@@ -465,12 +482,12 @@ void Agent::Drain(bool kill_now, const std::string& why) {
     grace_timer_.expires_after(Seconds(grace));
     grace_timer_.async_wait([this](const boost::system::error_code& ec) {
       if (ec) return;
-      workers_.SignalAll(SIGKILL);
-      workers_.KillDescendants();  // setsid or orphaned, all of them
+      workers_->SignalAll(SIGKILL);
+      workers_->KillDescendants();  // setsid or orphaned, all of them
     });
   }
-  workers_.SignalAll(kill_now ? SIGKILL : SIGTERM);
-  if (workers_.unfinished() == 0) WorkersGone();
+  workers_->SignalAll(kill_now ? SIGKILL : SIGTERM);
+  if (workers_->unfinished() == 0) WorkersGone();
 }
 
 void Agent::WorkersGone() {
@@ -483,7 +500,7 @@ void Agent::WorkersGone() {
 // made went out before GenerationEnded (the launcher empties the store
 // between generations).
 void Agent::EndGeneration() {
-  workers_.EndGeneration();
+  workers_->EndGeneration();
   Flush();  // the last output and progress, in Draining
   grace_timer_.cancel();
   progress_.Close();
@@ -502,7 +519,7 @@ void Agent::EndGeneration() {
 
 void Agent::Finish() {
   if (state_ == State::kExited) return;
-  workers_.KillDescendants();  // nothing of the job outlives it
+  workers_->KillDescendants();  // nothing of the job outlives it
   monitor_.Stop();
   if (mpi_) mpi_->Release();  // mpirun's processes of this node end now
   Flush();
@@ -510,16 +527,17 @@ void Agent::Finish() {
   grace_timer_.cancel();
   heartbeat_timer_.cancel();
   connect_timer_.cancel();
+  alive_timer_.cancel();
   signals_.cancel();
   boost::system::error_code ignored;
   stdin_.close(ignored);
   progress_.Close();
   store_.Close();
-  if (channel_ && !channel_->closed()) {
+  if (link_->open()) {
     wire::Envelope env;
     env.mutable_agent_done();
     Send(env);
-    channel_->CloseAfterFlush();  // on_close stops the loop
+    link_->CloseAfterFlush();  // OnClosed stops the loop
     // A launcher that stopped reading must not keep this agent alive.
     grace_timer_.expires_after(std::chrono::seconds(5));
     grace_timer_.async_wait([this](const boost::system::error_code& ec) {
@@ -531,8 +549,8 @@ void Agent::Finish() {
 }
 
 void Agent::Send(const wire::Envelope& msg) {
-  if (!channel_ || channel_->closed()) return;
-  Status st = channel_->Send(msg);
+  if (!link_->open()) return;
+  Status st = link_->Send(msg);
   if (!st.ok())
     spdlog::warn("send {}: {}", proto::MessageName(msg), st.message());
 }
@@ -571,7 +589,7 @@ void Agent::ScheduleFlush() {
 bool Agent::Congested() const {
   // Backpressure only toward a live launcher: without one, output is read
   // (and dropped) so that workers can finish.
-  return channel_ && !channel_->closed() && channel_->congested();
+  return link_->open() && link_->congested();
 }
 
 void Agent::Flush() {
@@ -585,13 +603,13 @@ void Agent::Flush() {
     for (const auto& batch : pending_progress_.Take()) Send(batch);
   }
   if (Congested()) {
-    workers_.PauseOutput();
+    workers_->PauseOutput();
     store_.PauseReading();
   }
 }
 
 void Agent::OnChannelDrained() {
-  workers_.ResumeOutput();
+  workers_->ResumeOutput();
   store_.ResumeReading();
   if (!pending_progress_.empty()) ScheduleFlush();
 }
@@ -607,11 +625,11 @@ void Agent::OnWorkerExited(int rank, pid_t pid, const ExitInfo& info) {
   exited->set_exit_code(info.exit_code);
   exited->set_signal(info.signal);
   exited->set_error(info.error);
-  exited->set_time(proto::UnixSeconds());
+  exited->set_time(base::UnixSeconds());
   exited->set_stopped(info.signalled);
   monitor_.OnExited(rank, info, exited);  // OOM verdict, error file
   Send(env);
-  if (state_ == State::kDraining && workers_.unfinished() == 0) WorkersGone();
+  if (state_ == State::kDraining && workers_->unfinished() == 0) WorkersGone();
 }
 
 }  // namespace dslaunch::agent

@@ -4,8 +4,10 @@
 // progress and exits, proxies store requests, and tears the workers down on
 // abort, on launcher loss and on its own termination. A job that restarts
 // (--max_restarts) runs several generations through the same agent and
-// connection. Owns the process's one io_context; everything runs on the
-// thread that calls Run().
+// connection. It reaches the launcher through a LauncherLink and its ranks
+// through Ranks (TCP and a WorkerSet; its tests pass fakes, AgentParts).
+// Owns the process's one io_context; everything runs on the thread that
+// calls Run().
 //
 // States (each transition logged once):
 //   Connecting -> Spawning -> Running -> Draining -> Exited
@@ -23,18 +25,19 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "agent/launcher_link.h"
 #include "agent/mpi_ranks.h"
 #include "agent/progress_server.h"
 #include "agent/rank_monitor.h"
+#include "agent/ranks.h"
 #include "agent/store_proxy.h"
-#include "agent/worker_set.h"
-#include "proto/channel.h"
 #include "proto/dslaunch.pb.h"
 
 namespace dslaunch::agent {
@@ -60,13 +63,26 @@ struct AgentOptions {
   bool join = false;
   std::string join_rank_from;  // where the claim came from, for the log
   std::string ready_file;      // made once joined, removed at the end
+  // Touched every second while the loop runs, removed at the end
+  // (probe_files.h).
+  std::string alive_file;
   // The stack helper's command (StackHelperCommand(); empty: stacks are
   // not collected). It starts before the first rank, which names it alone
   // as its tracer (stack_helper.h).
   std::vector<std::string> stack_helper;
 };
 
-class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
+// What the Agent reaches the world through, made on its io_context: the
+// link to the launcher and its ranks. Unset: the real ones (MakeTcpLink, a
+// WorkerSet).
+struct AgentParts {
+  std::function<std::unique_ptr<LauncherLink>(boost::asio::io_context&)> link;
+  std::function<std::unique_ptr<Ranks>(boost::asio::io_context&,
+                                       Ranks::Delegate*)>
+      ranks;
+};
+
+class Agent : public Ranks::Delegate, public ProgressServer::Delegate {
  public:
   enum class State {
     kConnecting,
@@ -77,14 +93,14 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
     kExited
   };
 
-  explicit Agent(AgentOptions options);
+  explicit Agent(AgentOptions options, AgentParts parts = {});
   ~Agent() override;
 
   // Runs the job to its end; returns the process exit status: 0 after an
   // orderly shutdown, 69 when the launcher was lost or never reached.
   int Run();
 
-  // WorkerSet::Delegate
+  // Ranks::Delegate
   void OnWorkerOutput(int rank, bool is_stderr, std::string line,
                       bool partial) override;
   void OnWorkerExited(int rank, pid_t pid, const ExitInfo& info) override;
@@ -100,7 +116,11 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   // agent_connect.cc
   void Connect();
   void Dial();
-  void RetryDial(const std::string& why);
+  void DialFailed(bool resolving, const std::string& why);
+  // `resolving`: the launcher's name did not resolve (asked at most once a
+  // second).
+  void RetryDial(const std::string& why, bool resolving = false);
+  void OnClosed(const Status& st);
   void OnConnected();
   void HandleMessage(wire::Envelope&& msg);
   void HandleWelcome(const wire::Welcome& welcome);
@@ -113,6 +133,8 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   void ArmConnectTimer();
   void RemoveReadyFile();
   void MakeReadyFile();
+  void MakeAliveFile();
+  void TouchAliveFile();
   void StartWorkers();
   void FailSpawn(const Status& why);
   Status SpawnWorkers();
@@ -140,7 +162,7 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   boost::asio::io_context io_;
   State state_ = State::kConnecting;
   int exit_code_ = 0;
-  std::shared_ptr<proto::Channel> channel_;
+  std::unique_ptr<LauncherLink> link_;
   boost::asio::signal_set signals_;
   boost::asio::posix::stream_descriptor stdin_;
   boost::asio::steady_timer connect_timer_;
@@ -154,6 +176,8 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   bool auth_sent_ = false;
   bool launcher_lost_ = false;
   bool ready_file_made_ = false;
+  int alive_fd_ = -1;
+  boost::asio::steady_timer alive_timer_;
   bool accepted_ = false;  // join: the launcher accepted us (1st heartbeat)
   bool connect_timer_armed_ = false;
   // The last Abort said the job restarts: stay for the next generation.
@@ -161,7 +185,7 @@ class Agent : public WorkerSet::Delegate, public ProgressServer::Delegate {
   wire::JobSpec job_;
   std::set<int> spawned_;  // ranks started
   std::string run_dir_;
-  WorkerSet workers_;
+  std::unique_ptr<Ranks> workers_;
   ProgressServer progress_;
   RankMonitor monitor_;  // RankStats, stacks, OOM and error-file verdicts
   StoreProxy store_;

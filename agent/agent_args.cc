@@ -7,12 +7,12 @@
 #include <cstring>  // memset, strlen, strncmp
 #include <string_view>
 
-#include "proto/host_info.h"
+#include "base/host_info.h"
 
 namespace dslaunch::agent {
 
 Status ParseConnect(const std::string& connect, std::string* host, int* port) {
-  Status st = proto::SplitHostPort(connect, host, port);
+  Status st = base::SplitHostPort(connect, host, port);
   if (!st.ok()) return InvalidArgument("--connect " + st.message());
   return st;
 }

@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace dslaunch::agent {
 

@@ -1,26 +1,24 @@
-// How the agent reaches its launcher: dialling (and, for a joining agent,
-// redialling with backoff until the launcher is there), the Hello once
-// connected, and the ready file of a joined agent. Part of Agent
+// How the agent reaches its launcher through its LauncherLink: dialling
+// (and, for a joining agent, redialling with backoff until the launcher is
+// there), what a closed link means, the Hello once connected, and the ready
+// file of a joined agent. Part of Agent
 // (agent/agent.h); io_context thread only.
 #include <fcntl.h>  // open
 #include <spdlog/spdlog.h>
-#include <unistd.h>  // unlink, write
+#include <sys/stat.h>  // futimens
+#include <unistd.h>    // unlink, write
 
-#include <boost/asio/connect.hpp>
-#include <boost/asio/ip/tcp.hpp>
 #include <cerrno>
 #include <cstring>
 
 #include "agent/agent.h"
 #include "agent/node_facts.h"
+#include "agent/probe_files.h"
+#include "base/host_info.h"  // JoinHostPort
 #include "proto/auth.h"
-#include "proto/host_info.h"  // JoinHostPort
 #include "proto/version.h"
 
 namespace dslaunch::agent {
-
-namespace asio = boost::asio;
-using asio::ip::tcp;
 
 static int64_t Jitter(int64_t n) {
   uint32_t r = 0;
@@ -46,51 +44,32 @@ void Agent::ArmConnectTimer() {
         (last_dial_error_.empty() ? "" : " (" + last_dial_error_ + ")");
     OnLauncherLost(options_.join
                        ? "could not join " +
-                             proto::JoinHostPort(options_.launcher_host,
-                                                 options_.launcher_port) +
+                             base::JoinHostPort(options_.launcher_host,
+                                                options_.launcher_port) +
                              within
                        : "no job from the launcher" + within);
   });
 }
 
 void Agent::Dial() {
-  auto resolver = std::make_shared<tcp::resolver>(io_);
-  auto socket = std::make_shared<tcp::socket>(io_);
-  resolver->async_resolve(
-      options_.launcher_host, std::to_string(options_.launcher_port),
-      [this, resolver, socket](const boost::system::error_code& ec,
-                               tcp::resolver::results_type results) {
-        // A launcher that cannot be found or refuses is gone (or never was):
-        // no retry, so an agent whose launcher died does not linger.
-        // A joining agent's launcher (and its Service's DNS name) may come
-        // up after it: dial again until the join timeout.
-        if (ec && options_.join)
-          return RetryDial("cannot resolve " + options_.launcher_host + ": " +
-                           ec.message());
-        if (ec)
-          return OnLauncherLost("cannot resolve launcher: " + ec.message());
-        asio::async_connect(
-            *socket, results,
-            [this, socket](const boost::system::error_code& ec,
-                           const tcp::endpoint&) {
-              if (ec && options_.join)
-                return RetryDial("cannot connect: " + ec.message());
-              if (ec) return OnLauncherLost("cannot connect: " + ec.message());
-              socket->set_option(tcp::no_delay(true));
-              channel_ = proto::Channel::Create(
-                  proto::Channel::Socket(std::move(*socket)), "launcher");
-              OnConnected();
-            });
-      });
+  link_->Dial(options_.launcher_host, options_.launcher_port);
 }
 
-void Agent::RetryDial(const std::string& why) {
+// A launcher that cannot be found or refuses is gone (or never was): no
+// retry, so an agent whose launcher died does not linger. A joining agent's
+// launcher (and its Service's DNS name) may come up after it: dial again
+// until the join timeout.
+void Agent::DialFailed(bool resolving, const std::string& why) {
+  if (options_.join) return RetryDial(why, resolving);
+  OnLauncherLost(why);
+}
+
+void Agent::RetryDial(const std::string& why, bool resolving) {
   // Only while no job arrived, for a connection the launcher accepted and
   // then dropped (shed under a flood of strangers, or a deadline it set).
   // The connect timeout bounds the retries.
   if (state_ != State::kConnecting) return OnLauncherLost(why);
   last_dial_error_ = why;
-  channel_.reset();
   auth_sent_ = false;
   // A joined agent waits for the others without a deadline of its own; if
   // its connection drops meanwhile, the join timeout runs again.
@@ -103,9 +82,7 @@ void Agent::RetryDial(const std::string& why) {
   // job starts within that of the launcher; a refused connect costs nothing.
   // A name that does not resolve (the Service's DNS not there yet) is asked
   // at most once a second.
-  const int64_t cap = !options_.join                        ? 2000
-                      : why.rfind("cannot resolve", 0) == 0 ? 1000
-                                                            : 250;
+  const int64_t cap = !options_.join ? 2000 : resolving ? 1000 : 250;
   dial_delay_ms_ = std::min<int64_t>(dial_delay_ms_ * 2, cap);
   spdlog::info("{}; retrying in {} ms", why, delay.count());
   retry_timer_.expires_after(delay);
@@ -114,26 +91,21 @@ void Agent::RetryDial(const std::string& why) {
   });
 }
 
+void Agent::OnClosed(const Status& st) {
+  if (state_ == State::kExited) return io_.stop();
+  const std::string why = st.ok() ? "connection closed" : st.message();
+  // A launcher that misbehaved (or failed to prove the secret) is not
+  // dialled again; one that dropped the connection is. A joining agent the
+  // launcher accepted has joined: losing it now is losing the launcher
+  // (within the heartbeat timeout), not a reason to dial for the rest of the
+  // join timeout.
+  if (state_ == State::kConnecting && st.code() == StatusCode::kUnavailable &&
+      !accepted_)
+    return RetryDial(why);
+  OnLauncherLost(why);
+}
+
 void Agent::OnConnected() {
-  channel_->Start({
-      .on_message = [this](wire::Envelope&& m) { HandleMessage(std::move(m)); },
-      .on_close =
-          [this](const Status& st) {
-            if (state_ == State::kExited) return io_.stop();
-            const std::string why =
-                st.ok() ? "connection closed" : st.message();
-            // A launcher that misbehaved (or failed to prove the secret) is
-            // not dialled again; one that dropped the connection is.
-            // A joining agent the launcher accepted has joined: losing it
-            // now is losing the launcher (within the heartbeat timeout),
-            // not a reason to dial for the rest of the join timeout.
-            if (state_ == State::kConnecting &&
-                st.code() == StatusCode::kUnavailable && !accepted_)
-              return RetryDial(why);
-            OnLauncherLost(why);
-          },
-      .on_drain = [this] { OnChannelDrained(); },
-  });
   client_nonce_ = proto::RandomBytes(proto::kNonceBytes);
   wire::Envelope env;
   auto* hello = env.mutable_hello();
@@ -149,6 +121,31 @@ void Agent::OnConnected() {
 void Agent::RemoveReadyFile() {
   if (ready_file_made_) ::unlink(options_.ready_file.c_str());
   ready_file_made_ = false;
+}
+
+// The liveness probe's file: made at the start (never over another file or
+// through a link), then touched every second by this loop; a loop that is
+// stuck or stopped leaves it to age.
+void Agent::MakeAliveFile() {
+  if (options_.alive_file.empty()) return;
+  alive_fd_ =
+      ::open(options_.alive_file.c_str(),
+             O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (alive_fd_ < 0) {
+    spdlog::warn("--alive_file {}: {}", options_.alive_file,
+                 std::strerror(errno));
+    return;
+  }
+  (void)!::write(alive_fd_, kAliveText, sizeof(kAliveText) - 1);
+  TouchAliveFile();
+}
+
+void Agent::TouchAliveFile() {
+  ::futimens(alive_fd_, nullptr);
+  alive_timer_.expires_after(std::chrono::seconds(1));
+  alive_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) TouchAliveFile();
+  });
 }
 
 void Agent::MakeReadyFile() {

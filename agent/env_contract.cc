@@ -1,7 +1,7 @@
 #include "agent/env_contract.h"
 
 #include "agent/mpi_ranks.h"  // IsMpiVariable
-#include "proto/host_info.h"  // CpuListString
+#include "base/host_info.h"   // CpuListString
 
 namespace dslaunch::agent {
 
@@ -143,7 +143,7 @@ StatusOr<std::vector<std::vector<int>>> ShareCores(
   if (each == 0) {
     return InvalidArgument(
         "--bind_cores_to_rank: " + std::to_string(cores.size()) + " cores (" +
-        proto::CpuListString(cores) + ") for " + std::to_string(ranks) +
+        base::CpuListString(cores) + ") for " + std::to_string(ranks) +
         " ranks; each rank needs one at least");
   }
   std::vector<std::vector<int>> shares;

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "base/status.h"
 #include "proto/dslaunch.pb.h"
-#include "proto/status.h"
 
 namespace dslaunch::agent {
 

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <string>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace dslaunch::agent {
 

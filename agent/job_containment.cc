@@ -15,7 +15,7 @@
 #include <sstream>
 #include <utility>  // exchange
 
-#include "proto/process_tree.h"
+#include "base/process_tree.h"
 
 namespace dslaunch::agent {
 
@@ -48,7 +48,7 @@ std::vector<pid_t> LiveMembers(const std::string& dir) {
   std::vector<pid_t> pids;
   std::istringstream in(ReadFile(dir + "/cgroup.procs"));
   for (pid_t pid; in >> pid;) {
-    if (proto::IsLiveProcess(pid)) pids.push_back(pid);
+    if (base::IsLiveProcess(pid)) pids.push_back(pid);
   }
   return pids;
 }
@@ -66,7 +66,7 @@ void JobContainment::SetUp(const std::string& job_id, int node_rank) {
   if (set_up_) return;
   set_up_ = true;
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-  std::string dir = proto::JobCgroupDir(job_id, node_rank, ::getpid());
+  std::string dir = base::JobCgroupDir(job_id, node_rank, ::getpid());
   if (!dir.empty() && generation_ > 0)
     dir += "-g" + std::to_string(generation_);
   // Never join a cgroup that exists: another agent's would be killed with
@@ -139,7 +139,7 @@ void JobContainment::KillAll() {
     // only root can move a process out): the /proc walk, which costs a few
     // ms of teardown per node, is for nodes without one.
     if (cgroup_dir_.empty() &&
-        proto::SignalLiveDescendants(::getpid(), {guard_pid_}, SIGKILL) > 0) {
+        base::SignalLiveDescendants(::getpid(), {guard_pid_}, SIGKILL) > 0) {
       any = true;
     }
     if (!any) {

@@ -23,7 +23,7 @@ class JobContainment {
   JobContainment& operator=(const JobContainment&) = delete;
 
   // Makes this process a child subreaper and, where it can, makes the
-  // job's cgroup (proto::JobCgroupDir). Logs the mechanism once at info.
+  // job's cgroup (base::JobCgroupDir). Logs the mechanism once at info.
   void SetUp(const std::string& job_id, int node_rank);
   // With a cgroup: forks the guard that kills and removes it should this
   // process be SIGKILLed. Called once the workers run (off the launch path:

@@ -11,10 +11,11 @@
 
 #include "agent/agent.h"
 #include "agent/host_check.h"
+#include "agent/probe_files.h"
 #include "agent/stack_helper.h"
 #include "agent/startup.h"
-#include "proto/exit_status.h"
-#include "proto/host_info.h"  // EnsureStandardDescriptors
+#include "base/exit_status.h"
+#include "base/host_info.h"  // EnsureStandardDescriptors
 #include "proto/version.h"
 
 namespace agent = dslaunch::agent;
@@ -36,12 +37,14 @@ static void SetUpLogging(int node_rank, const std::string& level) {
 
 int main(int argc, char** argv) {
   ::prctl(PR_SET_DUMPABLE, 0);  // no rank may read our memory or secret
-  dslaunch::proto::EnsureStandardDescriptors();
+  dslaunch::base::EnsureStandardDescriptors();
   if (argc == 2 && std::strcmp(argv[1], agent::kStackHelperFlag) == 0)
     return agent::RunStackHelper(0);  // stdin: the agent's socket
   agent::AgentFlags flags;
   if (int done = agent::ParseAgentFlags(argc, argv, &flags); done >= 0)
     return done;
+  if (!flags.alive_check.empty())
+    return agent::CheckAlive(flags.alive_check, flags.alive_within_s);
   if (flags.version) {
     PrintVersion();
     if (flags.host_check) {

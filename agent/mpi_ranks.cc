@@ -19,10 +19,10 @@
 #include <cstring>
 #include <thread>
 
+#include "base/exit_status.h"
+#include "base/process_tree.h"  // ParentOf
+#include "base/unix_socket.h"   // WriteAll
 #include "proto/auth.h"
-#include "proto/exit_status.h"
-#include "proto/process_tree.h"  // ParentOf
-#include "proto/unix_socket.h"   // WriteAll
 
 namespace dslaunch::agent {
 
@@ -62,7 +62,7 @@ std::string CheckSibling(int fd) {
   if (cred.uid != ::geteuid())
     return "process " + std::to_string(cred.pid) + " runs as uid " +
            std::to_string(cred.uid) + ", not as ours";
-  if (proto::ParentOf(cred.pid) != ::getppid())
+  if (base::ParentOf(cred.pid) != ::getppid())
     return "process " + std::to_string(cred.pid) +
            " was not started by the same mpirun daemon";
   return "";
@@ -500,8 +500,8 @@ int RunMpiHolder(const std::string& job_id, const std::string& key,
   const char header[4] = {static_cast<char>(n >> 24),
                           static_cast<char>(n >> 16), static_cast<char>(n >> 8),
                           static_cast<char>(n)};
-  Status st = proto::WriteAll(fd, std::string_view(header, 4));
-  if (st.ok()) st = proto::WriteAll(fd, payload);
+  Status st = base::WriteAll(fd, std::string_view(header, 4));
+  if (st.ok()) st = base::WriteAll(fd, payload);
   if (!st.ok()) {
     ::close(fd);
     return HolderFails(me, kExitUnavailable,

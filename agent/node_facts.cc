@@ -8,7 +8,7 @@
 
 #include <filesystem>
 
-#include "proto/host_info.h"
+#include "base/host_info.h"
 
 namespace dslaunch::agent {
 
@@ -52,8 +52,8 @@ int FindFreePort() {
 
 wire::NodeFacts CollectNodeFacts() {
   wire::NodeFacts facts;
-  facts.set_hostname(proto::LocalHostname());
-  for (auto& a : proto::InterfaceAddresses(false)) facts.add_addresses(a);
+  facts.set_hostname(base::LocalHostname());
+  for (auto& a : base::InterfaceAddresses(false)) facts.add_addresses(a);
   cpu_set_t set;
   CPU_ZERO(&set);
   facts.set_cpu_cores(::sched_getaffinity(0, sizeof(set), &set) == 0
@@ -67,9 +67,9 @@ wire::NodeFacts CollectNodeFacts() {
 
 std::string InterfaceToward(const std::string& host) {
   if (host.empty()) return "";
-  auto route = proto::RouteTo(host);
+  auto route = base::RouteTo(host);
   if (!route.ok()) return "";
-  return proto::InterfaceWithAddress(route->local);
+  return base::InterfaceWithAddress(route->local);
 }
 
 }  // namespace dslaunch::agent

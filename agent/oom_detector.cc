@@ -9,7 +9,7 @@
 #include <charconv>
 #include <cstring>
 
-#include "proto/process_tree.h"  // Cgroup2Mount, Cgroup2Path
+#include "base/process_tree.h"  // Cgroup2Mount, Cgroup2Path
 
 namespace dslaunch::agent {
 
@@ -116,10 +116,10 @@ void OomDetector::Start(const std::string& cgroup_dir) {
                   options_.kmsg_path, std::strerror(errno));
   std::string mount = options_.cgroup_mount;
   if (mount.empty())
-    mount = proto::Cgroup2Mount(ReadSmall("/proc/self/mountinfo", 1 << 20));
+    mount = base::Cgroup2Mount(ReadSmall("/proc/self/mountinfo", 1 << 20));
   std::string dir = cgroup_dir;
   if (dir.empty() && !mount.empty()) {
-    const std::string own = proto::Cgroup2Path(ReadSmall("/proc/self/cgroup"));
+    const std::string own = base::Cgroup2Path(ReadSmall("/proc/self/cgroup"));
     if (!own.empty()) dir = mount + (own == "/" ? "" : own);
   }
   events_dir_ = MemoryEventsDir(dir, mount);

@@ -7,9 +7,9 @@
 #include <boost/asio/buffer.hpp>
 #include <chrono>
 
-#include "proto/line_splitter.h"
+#include "base/line_splitter.h"
+#include "base/unix_time.h"
 #include "proto/progress.h"
-#include "proto/unix_time.h"
 
 namespace dslaunch::agent {
 
@@ -28,7 +28,7 @@ struct ProgressServer::Connection {
   int rank = 0;
   Local::socket socket;
   std::array<char, 16 * 1024> buffer;
-  proto::LineSplitter lines{proto::kMaxProgressRecordBytes};
+  base::LineSplitter lines{proto::kMaxProgressRecordBytes};
   bool discarding = false;  // inside an overlong record
 };
 
@@ -113,13 +113,13 @@ void ProgressServer::Read(const std::shared_ptr<Connection>& c) {
 }
 
 void ProgressServer::HandleBytes(Connection& c, std::string_view data) {
-  std::vector<proto::LineSplitter::Piece> pieces;
+  std::vector<base::LineSplitter::Piece> pieces;
   c.lines.Feed(data, &pieces);
   for (auto& piece : pieces) HandlePiece(c, std::move(piece));
 }
 
 void ProgressServer::HandlePiece(Connection& c,
-                                 proto::LineSplitter::Piece piece) {
+                                 base::LineSplitter::Piece piece) {
   // A piece that does not end its line is a record over the size limit:
   // the whole record is dropped and counted once, at its end.
   if (!piece.ends_line) {
@@ -139,7 +139,7 @@ void ProgressServer::HandleLine(int rank, std::string_view line) {
   std::string record = proto::NormalizeNonFinite(line);  // NaN, inf
   Status st = proto::ValidateProgressRecord(record);
   if (!st.ok()) return delegate_->OnMalformedProgress(rank, st);
-  delegate_->OnProgressRecord(rank, std::move(record), proto::UnixSeconds());
+  delegate_->OnProgressRecord(rank, std::move(record), base::UnixSeconds());
 }
 
 void ProgressServer::Close() {

@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "base/line_splitter.h"
+#include "base/status.h"
 #include "proto/dslaunch.pb.h"
-#include "proto/line_splitter.h"
-#include "proto/status.h"
 
 namespace dslaunch::agent {
 
@@ -50,7 +50,7 @@ class ProgressServer {
   void Read(const std::shared_ptr<Connection>& c);
   void CloseOldestBeyondLimit(int rank);
   void HandleBytes(Connection& c, std::string_view data);
-  void HandlePiece(Connection& c, proto::LineSplitter::Piece piece);
+  void HandlePiece(Connection& c, base::LineSplitter::Piece piece);
   void HandleLine(int rank, std::string_view line);
 
   boost::asio::io_context& io_;

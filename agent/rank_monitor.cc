@@ -9,7 +9,7 @@
 #include <cstdio>
 
 #include "agent/error_file.h"
-#include "proto/unix_time.h"
+#include "base/unix_time.h"
 
 namespace dslaunch::agent {
 
@@ -55,7 +55,7 @@ void RankMonitor::OnStarted(int rank, pid_t pid, const std::string& error_file,
   ArmStats();
 }
 
-void RankMonitor::OnExited(int rank, const proto::ExitInfo& info,
+void RankMonitor::OnExited(int rank, const base::ExitInfo& info,
                            wire::WorkerExited* exited) {
   const auto it = ranks_.find(rank);
   if (it == ranks_.end() || it->second.pid < 0) return;
@@ -130,7 +130,7 @@ void RankMonitor::SendStats() {
     e->set_rss_bytes(rss);
   }
   if (stats->entries_size() == 0) return;
-  stats->set_time(proto::UnixSeconds());
+  stats->set_time(base::UnixSeconds());
   send_(env);
 }
 

@@ -17,8 +17,8 @@
 
 #include "agent/oom_detector.h"
 #include "agent/stack_helper.h"
+#include "base/process_set.h"  // ExitInfo
 #include "proto/dslaunch.pb.h"
-#include "proto/process_set.h"  // ExitInfo
 
 namespace dslaunch::agent {
 
@@ -44,7 +44,7 @@ class RankMonitor {
   // Rank `rank` ended as `info` says: completes `exited` with the OOM
   // verdict (a SIGKILL the agent did not send) and, for a failure, the
   // error file. Nothing is read for a rank that exited 0.
-  void OnExited(int rank, const proto::ExitInfo& info,
+  void OnExited(int rank, const base::ExitInfo& info,
                 wire::WorkerExited* exited);
   // The pid every rank must name as its tracer (PR_SET_PTRACER): the stack
   // helper's, which this starts on the first call; 0 when there is none.

@@ -87,7 +87,7 @@ struct StackCollector::Job {
 
 // Why a tool run did not give stacks, "" when it did.
 static std::string ToolFailure(const StackCollector::Job& job,
-                               const proto::ExitInfo& info,
+                               const base::ExitInfo& info,
                                std::chrono::milliseconds timeout) {
   std::string why;
   if (job.timed_out) {
@@ -153,7 +153,7 @@ std::vector<StackTool> StackToolsFor(pid_t pid, bool is_python,
   // there (a venv's bin, ~/.local/bin), and a program it planted would run
   // as a child of the stack helper, which every rank names as its tracer.
   auto add = [&](const std::string& name, std::vector<std::string> args) {
-    auto path = proto::ResolveProgram(name, path_env, TrustedTool);
+    auto path = base::ResolveProgram(name, path_env, TrustedTool);
     if (!path.ok()) return;
     args.insert(args.begin(), *path);
     tools.push_back({name, std::move(args)});
@@ -228,7 +228,7 @@ void StackCollector::RunNextTool(const std::shared_ptr<Job>& job) {
     job->dropped = 0;
     job->stderr_tail.clear();
     job->timed_out = false;
-    proto::ProcessSpec spec;
+    base::ProcessSpec spec;
     spec.argv = tool.argv;
     spec.inherit_env = true;  // as the agent's user, with its environment
     auto pid = tools_.Spawn(spec);
@@ -271,7 +271,7 @@ void StackCollector::OnProcessOutput(pid_t pid, bool is_stderr,
   if (!partial) job.text += '\n';
 }
 
-void StackCollector::OnProcessExited(pid_t pid, const proto::ExitInfo& info) {
+void StackCollector::OnProcessExited(pid_t pid, const base::ExitInfo& info) {
   const auto it = running_.find(pid);
   if (it == running_.end()) return;
   const std::shared_ptr<Job> job = it->second;

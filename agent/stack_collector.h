@@ -1,6 +1,6 @@
 // StackCollector collects the stacks of running ranks for the launcher
 // (CollectStacks: a hang, a failure) without blocking the event loop: it runs
-// a stack tool as a child (proto::ProcessSet) per rank — py-spy for a Python
+// a stack tool as a child (base::ProcessSet) per rank — py-spy for a Python
 // interpreter when installed, else eu-stack (elfutils), else gdb, the next
 // tried when one fails — with bounded output, at most a few at once and the
 // rest queued. A rank's collection has `timeout` from its request, queueing
@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "base/process_set.h"
 #include "proto/dslaunch.pb.h"
-#include "proto/process_set.h"
 
 namespace dslaunch::agent {
 
@@ -53,7 +53,7 @@ Status TrustedTool(const std::string& path);
 // True when /proc/<pid>/exe's name starts with "python".
 bool IsPythonProcess(pid_t pid);
 
-class StackCollector : private proto::ProcessSet::Delegate {
+class StackCollector : private base::ProcessSet::Delegate {
  public:
   using Reply = std::function<void(const wire::Stacks&)>;
 
@@ -84,12 +84,12 @@ class StackCollector : private proto::ProcessSet::Delegate {
   void Finish(const std::shared_ptr<Job>& job);
   void OnProcessOutput(pid_t pid, bool is_stderr, std::string line,
                        bool partial) override;
-  void OnProcessExited(pid_t pid, const proto::ExitInfo& info) override;
+  void OnProcessExited(pid_t pid, const base::ExitInfo& info) override;
 
   boost::asio::io_context& io_;
   Reply reply_;
   StackToolOptions options_;
-  proto::ProcessSet tools_;
+  base::ProcessSet tools_;
   std::deque<std::shared_ptr<Job>> queue_;
   std::map<pid_t, std::shared_ptr<Job>> running_;  // by the tool's pid
   std::map<int, std::shared_ptr<Job>> by_rank_;    // queued or running

@@ -9,8 +9,8 @@
 #include <boost/asio/generic/stream_protocol.hpp>
 
 #include "agent/stack_collector.h"
-#include "proto/exit_status.h"  // kExitSoftware
-#include "proto/progress.h"     // EscapeControlChars
+#include "base/exit_status.h"  // kExitSoftware
+#include "proto/progress.h"    // EscapeControlChars
 
 namespace dslaunch::agent {
 
@@ -39,7 +39,7 @@ StatusOr<proto::Channel::Socket> SocketOf(asio::io_context& io, int fd) {
   return socket;
 }
 
-std::string HowItEnded(const proto::ExitInfo& info) {
+std::string HowItEnded(const base::ExitInfo& info) {
   if (!info.error.empty()) return info.error;
   if (info.signal != 0)
     return "it was killed by signal " + std::to_string(info.signal);
@@ -88,7 +88,7 @@ Status StackHelperClient::Start() {
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0)
     return ErrnoStatus("socketpair", errno);
-  proto::ProcessSpec spec;
+  base::ProcessSpec spec;
   spec.argv = options_.argv;
   spec.inherit_env = true;  // the tools run as the agent's user, its env
   if (!options_.path_env.empty()) spec.env = {"PATH=" + options_.path_env};
@@ -207,7 +207,7 @@ void StackHelperClient::OnProcessOutput(pid_t, bool, std::string line, bool) {
   spdlog::warn("stack helper: {}", proto::EscapeControlChars(line));
 }
 
-void StackHelperClient::OnProcessExited(pid_t, const proto::ExitInfo& info) {
+void StackHelperClient::OnProcessExited(pid_t, const base::ExitInfo& info) {
   OnHelperGone(HowItEnded(info));
 }
 

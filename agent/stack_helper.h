@@ -23,10 +23,10 @@
 #include <string>
 #include <vector>
 
+#include "base/process_set.h"
+#include "base/status.h"
 #include "proto/channel.h"
 #include "proto/dslaunch.pb.h"
-#include "proto/process_set.h"
-#include "proto/status.h"
 
 namespace dslaunch::agent {
 
@@ -47,7 +47,7 @@ struct StackHelperOptions {
   std::chrono::milliseconds answer_within{22000};
 };
 
-class StackHelperClient : private proto::ProcessSet::Delegate {
+class StackHelperClient : private base::ProcessSet::Delegate {
  public:
   using Reply = std::function<void(const wire::Stacks&)>;
 
@@ -82,12 +82,12 @@ class StackHelperClient : private proto::ProcessSet::Delegate {
   void AnswerError(int rank, const std::string& error);
   void OnProcessOutput(pid_t pid, bool is_stderr, std::string line,
                        bool partial) override;
-  void OnProcessExited(pid_t pid, const proto::ExitInfo& info) override;
+  void OnProcessExited(pid_t pid, const base::ExitInfo& info) override;
 
   boost::asio::io_context& io_;
   Reply reply_;
   StackHelperOptions options_;
-  proto::ProcessSet process_;
+  base::ProcessSet process_;
   std::shared_ptr<proto::Channel> channel_;
   pid_t pid_ = 0;  // the helper, while it runs
   bool started_ = false;

@@ -1,14 +1,14 @@
 #include "agent/startup.h"
 
-#include <sys/stat.h>  // lstat
-
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <optional>
+#include <utility>  // pair
 
 #include "agent/agent_args.h"
+#include "agent/probe_files.h"
+#include "base/host_info.h"
 #include "proto/auth.h"
-#include "proto/host_info.h"
 #include "proto/secret_line.h"
 
 namespace dslaunch::agent {
@@ -51,6 +51,14 @@ int ParseAgentFlags(int argc, char** argv, AgentFlags* f) {
   app.add_option("--ready_file", f->ready_file,
                  "with --join: made once the job is joined, removed at the "
                  "end (a readiness probe)");
+  app.add_option("--alive_file", f->alive_file,
+                 "with --join: touched every second while the agent runs, "
+                 "removed at the end (a liveness probe: --alive_check)");
+  app.add_option("--alive_check", f->alive_check,
+                 "exit 0 if this --alive_file was touched within "
+                 "--alive_within seconds, else 1 (a liveness probe's command)");
+  app.add_option("--alive_within", f->alive_within_s,
+                 "with --alive_check: seconds (default 30)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -76,7 +84,7 @@ Status ResolveJoin(const AgentFlags& f, const Getenv& env, Startup* s) {
   for (std::string& w : proto::SecretFileWarnings(f.secret_file, *secret))
     s->warnings.push_back(std::move(w));
   if (Status st =
-          proto::SplitHostPort(f.join, &o.launcher_host, &o.launcher_port);
+          base::SplitHostPort(f.join, &o.launcher_host, &o.launcher_port);
       !st.ok()) {
     return InvalidArgument("--join " + st.message());
   }
@@ -94,21 +102,31 @@ Status ResolveJoin(const AgentFlags& f, const Getenv& env, Startup* s) {
   // node-12) are no node ranks: the hostname counts in a pod.
   auto rank = JoinNodeRank(flag, env("JOB_COMPLETION_INDEX"),
                            env("KUBERNETES_SERVICE_HOST") != nullptr
-                               ? proto::LocalHostname()
+                               ? base::LocalHostname()
                                : std::string(),
                            &o.join_rank_from);
   if (!rank.ok()) return rank.status();
   o.node_rank = *rank;
   o.secret = std::move(secret).value();
   o.join = true;
-  struct stat ready {};
-  if (!f.ready_file.empty() && ::lstat(f.ready_file.c_str(), &ready) == 0) {
-    return InvalidArgument(
-        "--ready_file " + f.ready_file +
-        " exists: the agent makes it once joined and removes it at the end, "
-        "so it must name a new file");
+  if (!f.ready_file.empty() && f.ready_file == f.alive_file)
+    return InvalidArgument("--ready_file and --alive_file name one file");
+  // The pod's /tmp outlives its container: the files of an agent that was
+  // killed are this one's to take over.
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{
+                                       "--ready_file", f.ready_file},
+                                   {"--alive_file", f.alive_file}}) {
+    if (path.empty()) continue;
+    bool removed = false;
+    if (Status st = ClaimProbeFile(flag, path, &removed); !st.ok()) return st;
+    if (removed) {
+      s->warnings.push_back(std::string(flag) + " " + path +
+                            ": removed the one an earlier agent left (it "
+                            "did not end cleanly)");
+    }
   }
   o.ready_file = f.ready_file;
+  o.alive_file = f.alive_file;
   o.stdin_is_lifeline = false;
   o.connect_timeout_s = f.join_timeout_s;
   o.job_id = "join";  // the launcher's id comes with the job
@@ -192,8 +210,10 @@ StatusOr<Startup> ResolveStartup(const AgentFlags& f, const Getenv& env) {
   }
   if (!f.join.empty()) {
     if (Status st = ResolveJoin(f, env, &s); !st.ok()) return st;
-  } else if (!f.secret_file.empty() || !f.ready_file.empty()) {
-    return InvalidArgument("--secret_file and --ready_file go with --join");
+  } else if (!f.secret_file.empty() || !f.ready_file.empty() ||
+             !f.alive_file.empty()) {
+    return InvalidArgument(
+        "--secret_file, --ready_file and --alive_file go with --join");
   }
   if (Status st = ResolveNodeHost(f, env, &s); !st.ok()) return st;
   if (!ValidJobId(o.job_id)) {

@@ -18,7 +18,7 @@
 
 #include "agent/agent.h"
 #include "agent/mpi_ranks.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace dslaunch::agent {
 
@@ -37,8 +37,10 @@ struct AgentFlags {
   bool secret_stdout = false;
   bool from_mpirun = false;
   std::string node_slots, mpi_key_env;
-  std::string join, secret_file, ready_file;
+  std::string join, secret_file, ready_file, alive_file;
   double join_timeout_s = 600;
+  std::string alive_check;  // a liveness probe: is this file fresh?
+  double alive_within_s = 30;
 };
 
 // Parses argv into *flags: -1 to go on, else the exit status (0 after

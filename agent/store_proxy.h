@@ -17,9 +17,9 @@
 #include <set>
 #include <string>
 
+#include "base/status.h"
 #include "proto/channel.h"
 #include "proto/dslaunch.pb.h"
-#include "proto/status.h"
 
 namespace dslaunch::agent {
 

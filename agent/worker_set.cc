@@ -2,26 +2,26 @@
 
 #include <spdlog/spdlog.h>
 
-#include "proto/child_reaper.h"
+#include "base/child_reaper.h"
 
 namespace dslaunch::agent {
 
 WorkerSet::WorkerSet(boost::asio::io_context& io, Delegate* delegate)
     : io_(io), delegate_(delegate), processes_(io, this) {}
 
-WorkerSet::~WorkerSet() { proto::ChildReaper::Of(io_).ReapOrphans(nullptr); }
+WorkerSet::~WorkerSet() { base::ChildReaper::Of(io_).ReapOrphans(nullptr); }
 
 void WorkerSet::Contain(const std::string& job_id, int node_rank) {
   containment_.SetUp(job_id, node_rank);
   // Orphans the kernel reparents to us are reaped, never reported.
-  proto::ChildReaper::Of(io_).ReapOrphans([](pid_t pid, int) {
+  base::ChildReaper::Of(io_).ReapOrphans([](pid_t pid, int) {
     spdlog::debug("reaped orphaned descendant {}", pid);
   });
 }
 
-proto::ProcessSpec WorkerProcessSpec(const WorkerSpec& spec,
-                                     const std::string& cgroup_dir) {
-  proto::ProcessSpec p;
+base::ProcessSpec WorkerProcessSpec(const WorkerSpec& spec,
+                                    const std::string& cgroup_dir) {
+  base::ProcessSpec p;
   p.argv = spec.argv;
   p.env = spec.env;
   p.cwd = spec.cwd;
@@ -33,7 +33,7 @@ proto::ProcessSpec WorkerProcessSpec(const WorkerSpec& spec,
 }
 
 StatusOr<pid_t> WorkerSet::Spawn(const WorkerSpec& spec) {
-  const proto::ProcessSpec p =
+  const base::ProcessSpec p =
       WorkerProcessSpec(spec, containment_.cgroup_dir());
   containment_.NoteSpawned();
   ASSIGN_OR_RETURN(pid_t pid, processes_.Spawn(p));

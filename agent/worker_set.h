@@ -1,5 +1,5 @@
 // WorkerSet owns the agent's running workers: it spawns each through a
-// proto::ProcessSet (own process group, PR_SET_PDEATHSIG(SIGKILL), stdin
+// base::ProcessSet (own process group, PR_SET_PDEATHSIG(SIGKILL), stdin
 // from /dev/null, output cut into whole lines, exit reported after the last
 // line) and speaks in ranks to its Delegate. With Contain() every process
 // the workers start stays within reach (cgroup or subreaper, see
@@ -16,39 +16,21 @@
 #include <vector>
 
 #include "agent/job_containment.h"
-#include "proto/process_set.h"
-#include "proto/status.h"
+#include "agent/ranks.h"
+#include "base/process_set.h"
+#include "base/status.h"
 
 namespace dslaunch::agent {
 
-struct WorkerSpec {
-  int rank = 0;
-  std::vector<std::string> argv;  // argv[0]: program, searched in env's PATH
-  std::vector<std::string> env;   // "KEY=VALUE", the worker's whole environment
-  std::string cwd;                // empty = the agent's
-  std::vector<int> cpus;          // bound to these CPUs (empty = not bound)
-  // The one process (and its descendants) the rank lets trace it under
-  // Yama's ptrace_scope 1: the node's stack helper, never the agent, of
-  // which every rank descends (0 = none; stack_helper.h).
-  pid_t tracer = 0;
-};
-
 // How WorkerSet starts the worker of `spec` (in the cgroup `cgroup_dir`).
-proto::ProcessSpec WorkerProcessSpec(const WorkerSpec& spec,
-                                     const std::string& cgroup_dir);
+base::ProcessSpec WorkerProcessSpec(const WorkerSpec& spec,
+                                    const std::string& cgroup_dir);
 
-using ExitInfo = proto::ExitInfo;
-using proto::ResolveProgram;
+using base::ResolveProgram;
 
-class WorkerSet : private proto::ProcessSet::Delegate {
+class WorkerSet : public Ranks, private base::ProcessSet::Delegate {
  public:
-  class Delegate {
-   public:
-    virtual ~Delegate() = default;
-    virtual void OnWorkerOutput(int rank, bool is_stderr, std::string line,
-                                bool partial) = 0;
-    virtual void OnWorkerExited(int rank, pid_t pid, const ExitInfo& info) = 0;
-  };
+  using Delegate = Ranks::Delegate;
 
   WorkerSet(boost::asio::io_context& io, Delegate* delegate);
   // SIGKILLs the process group of every worker still running, then (when
@@ -59,24 +41,25 @@ class WorkerSet : private proto::ProcessSet::Delegate {
 
   // Keeps every descendant of the workers spawned from now on within reach
   // (the job's cgroup is named after `job_id` and `node_rank`).
-  void Contain(const std::string& job_id, int node_rank);
+  void Contain(const std::string& job_id, int node_rank) override;
   // Starts a worker. A program that cannot be executed still yields a pid:
   // the child exits 127 and the exit carries the reason in ExitInfo::error.
-  StatusOr<pid_t> Spawn(const WorkerSpec& spec);
+  StatusOr<pid_t> Spawn(const WorkerSpec& spec) override;
   // Sends `sig` to the process group of every worker not yet reaped.
-  void SignalAll(int sig) { processes_.SignalAll(sig); }
+  void SignalAll(int sig) override { processes_.SignalAll(sig); }
   // SIGKILLs every descendant (cgroup and /proc walk) until none is left.
-  void KillDescendants() { containment_.KillAll(); }
+  void KillDescendants() override { containment_.KillAll(); }
   // Between generations: every descendant killed, the next Contain()
   // starts afresh (JobContainment::EndGeneration).
-  void EndGeneration() { containment_.EndGeneration(); }
+  void EndGeneration() override { containment_.EndGeneration(); }
   // After the workers started: guards the job's cgroup (JobContainment).
-  void GuardContainment() { containment_.StartGuard(); }
+  void GuardContainment() override { containment_.StartGuard(); }
   // Stop/restart reading worker output (backpressure from the channel).
-  void PauseOutput() { processes_.PauseOutput(); }
-  void ResumeOutput() { processes_.ResumeOutput(); }
+  void PauseOutput() override { processes_.PauseOutput(); }
+  void ResumeOutput() override { processes_.ResumeOutput(); }
   // Workers spawned and not yet reported finished.
-  size_t unfinished() const { return processes_.unfinished(); }
+  size_t unfinished() const override { return processes_.unfinished(); }
+  std::string cgroup_dir() const override { return containment_.cgroup_dir(); }
   const JobContainment& containment() const { return containment_; }
 
  private:
@@ -87,7 +70,7 @@ class WorkerSet : private proto::ProcessSet::Delegate {
   boost::asio::io_context& io_;
   Delegate* delegate_;
   JobContainment containment_;  // outlives processes_: killed after them
-  proto::ProcessSet processes_;
+  base::ProcessSet processes_;
   std::map<pid_t, int> ranks_;
 };
 

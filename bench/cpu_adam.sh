@@ -20,7 +20,7 @@
 #      CXX     compiler for the bench program (default g++)
 #
 # The bench program (bench/cpu_adam_bench.cc) is compiled here together with
-# worker/cpu_adam.cc and proto/status.cc, with the library's flags (-O3
+# worker/cpu_adam.cc and base/status.cc, with the library's flags (-O3
 # -march=x86-64-v2 -fopenmp), into a temporary directory. Other processes on
 # the CPUs skew both sides, torch's more (about 9 OpenMP regions per step
 # against our 1, each waiting for its slowest thread): run it on a quiet
@@ -60,7 +60,7 @@ trap 'rm -rf "$TMP"' EXIT
 
 "$CXX" -std=c++20 -O3 -DNDEBUG -march=x86-64-v2 -fopenmp -I"$ROOT" \
   "$ROOT/bench/cpu_adam_bench.cc" "$ROOT/worker/cpu_adam.cc" \
-  "$ROOT/proto/status.cc" -o "$TMP/cpu_adam_bench"
+  "$ROOT/base/status.cc" -o "$TMP/cpu_adam_bench"
 
 export OMP_NUM_THREADS=$THREADS
 unset DSL_CPU_ADAM_ISA

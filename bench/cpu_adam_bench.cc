@@ -1,5 +1,5 @@
 // Times worker/cpu_adam's AdamStep for bench/cpu_adam.sh, which compiles it
-// together with worker/cpu_adam.cc and proto/status.cc. For every size and
+// together with worker/cpu_adam.cc and base/status.cc. For every size and
 // every ISA this CPU has, one flat buffer each of params, grads, m and v (like
 // a flattened optimizer partition), `warmup` untimed steps, then `steps` timed
 // ones. Prints one line per size and ISA:

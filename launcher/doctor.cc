@@ -4,8 +4,8 @@
 #include <boost/asio/io_context.hpp>
 #include <cstdio>
 
+#include "base/exit_status.h"
 #include "launcher/start/ssh_starter.h"
-#include "proto/exit_status.h"
 
 namespace dslaunch::launcher {
 

@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <string_view>
 
+#include "base/host_info.h"  // ParseCpuList
 #include "launcher/shell_words.h"
 #include "launcher/start/start_mode.h"
-#include "proto/host_info.h"  // ParseCpuList
 #include "proto/version.h"
 
 namespace dslaunch::launcher {
@@ -504,7 +504,7 @@ StatusOr<LaunchOptions> ParseFlags(int argc, const char* const* argv,
     if (!o.bind_cores_to_rank)
       return InvalidArgument(
           "--bind_core_list is used with --bind_cores_to_rank");
-    auto cores = proto::ParseCpuList(o.bind_core_list);
+    auto cores = base::ParseCpuList(o.bind_core_list);
     if (!cores.ok())
       return InvalidArgument("--bind_core_list: " + cores.status().message());
     o.bind_cores = std::move(cores).value();

@@ -3,8 +3,8 @@
 // Pure; main thread.
 #pragma once
 
+#include "base/status.h"
 #include "launcher/options.h"
-#include "proto/status.h"
 
 namespace dslaunch::launcher {
 

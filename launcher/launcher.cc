@@ -16,14 +16,14 @@
 #include <map>
 #include <string_view>
 
+#include "base/exit_status.h"
+#include "base/unix_time.h"
 #include "launcher/plan/addresses.h"
 #include "launcher/report/log_sink.h"
 #include "launcher/report/prometheus_text.h"
 #include "launcher/report/tensorboard_sink.h"
 #include "launcher/start/start_mode.h"
 #include "proto/auth.h"
-#include "proto/exit_status.h"
-#include "proto/unix_time.h"
 
 namespace dslaunch::launcher {
 
@@ -267,7 +267,7 @@ int Launcher::Run() {
 }
 
 Status Launcher::StartMetrics(const std::vector<std::string>& addrs) {
-  const double started_at = proto::UnixSeconds();
+  const double started_at = base::UnixSeconds();
   // Rendered at most twice a second, however often someone asks: a peer
   // hammering /metrics must not take the event loop from the job.
   // Responses being written share the text they started with.
@@ -275,7 +275,7 @@ Status Launcher::StartMetrics(const std::vector<std::string>& addrs) {
       std::make_shared<std::pair<double, std::shared_ptr<const std::string>>>(
           -1, nullptr);
   metrics_ = std::make_unique<MetricsServer>(io_, [this, started_at, cache] {
-    const double now = proto::SteadySeconds();
+    const double now = base::SteadySeconds();
     if (cache->first >= 0 && now - cache->first < 0.5) return cache->second;
     JobCounters counters;
     counters.restarts = job_.restarts();

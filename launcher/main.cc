@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "base/exit_status.h"
+#include "base/host_info.h"
 #include "launcher/doctor.h"
 #include "launcher/flags.h"
 #include "launcher/launcher.h"
@@ -18,8 +20,6 @@
 #include "launcher/plan/rank_command.h"
 #include "launcher/start/start_mode.h"
 #include "proto/auth.h"  // ReadSecretFile
-#include "proto/exit_status.h"
-#include "proto/host_info.h"
 
 namespace dsl = dslaunch::launcher;
 
@@ -36,7 +36,7 @@ static int ExitFor(const dslaunch::Status& st) {
 
 int main(int argc, char** argv) {
   ::prctl(PR_SET_DUMPABLE, 0);  // no rank may read our memory or secret
-  dslaunch::proto::EnsureStandardDescriptors();
+  dslaunch::base::EnsureStandardDescriptors();
   int exit_now = -1;
   auto options = dsl::ParseFlags(argc, argv, &exit_now);
   if (!options.ok()) return ExitFor(options.status());

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace dslaunch::launcher {
 

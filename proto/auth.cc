@@ -17,7 +17,7 @@
 #include <cstdio>   // snprintf
 #include <cstring>  // memcpy
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace dslaunch::proto {
 

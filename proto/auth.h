@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace dslaunch::proto {
 

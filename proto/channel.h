@@ -15,9 +15,9 @@
 #include <optional>
 #include <string>
 
+#include "base/status.h"
 #include "proto/dslaunch.pb.h"
 #include "proto/frame_codec.h"
-#include "proto/status.h"
 
 namespace dslaunch::proto {
 

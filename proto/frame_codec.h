@@ -11,8 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "base/status.h"
 #include "proto/dslaunch.pb.h"
-#include "proto/status.h"
 
 namespace dslaunch::proto {
 

@@ -6,8 +6,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>  // parsing and re-serializing records
 
-#include "proto/unix_socket.h"
-#include "proto/utf8.h"
+#include "base/unix_socket.h"
+#include "base/utf8.h"
 
 namespace dslaunch::proto {
 
@@ -164,7 +164,7 @@ std::string Escape(std::string_view text, bool strict) {
   char buf[16];
   while (!text.empty()) {
     const auto c = static_cast<unsigned char>(text[0]);
-    size_t n = c < 0x80 ? 1 : Utf8SequenceLength(text);  // ASCII inline
+    size_t n = c < 0x80 ? 1 : base::Utf8SequenceLength(text);  // ASCII inline
     unsigned cp = 0;
     if ((c < 0x20 && c != '\t') || c == 0x7F) {
       std::snprintf(buf, sizeof(buf), "\\u%04x", c);
@@ -215,7 +215,7 @@ ProgressClient::~ProgressClient() {
 }
 
 Status ProgressClient::Connect(const std::string& path) {
-  ASSIGN_OR_RETURN(fd_, ConnectUnixSocket(path));
+  ASSIGN_OR_RETURN(fd_, base::ConnectUnixSocket(path));
   return Status::Ok();
 }
 
@@ -223,7 +223,7 @@ Status ProgressClient::Report(std::string_view json) {
   if (fd_ < 0) return Unavailable("progress client is not connected");
   std::string line(json);
   line.push_back('\n');
-  return WriteAll(fd_, line);
+  return base::WriteAll(fd_, line);
 }
 
 }  // namespace dslaunch::proto

@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace dslaunch::proto {
 

@@ -4,8 +4,8 @@
 
 #include <charconv>  // from_chars
 
+#include "base/unix_socket.h"
 #include "proto/frame_codec.h"
-#include "proto/unix_socket.h"
 
 namespace dslaunch::proto {
 
@@ -19,7 +19,8 @@ Status StoreClient::Connect(const std::string& address) {
     return InvalidArgument("store address '" + address +
                            "' does not start with unix:");
   }
-  ASSIGN_OR_RETURN(fd_, ConnectUnixSocket(address.substr(kPrefix.size())));
+  ASSIGN_OR_RETURN(fd_,
+                   base::ConnectUnixSocket(address.substr(kPrefix.size())));
   return Status::Ok();
 }
 
@@ -54,9 +55,9 @@ StatusOr<wire::StoreResponse> StoreClient::Call(wire::StoreRequest request) {
                            std::to_string(kDefaultMaxFrameBytes) + " bytes");
   }
   if (fd_ < 0) return Unavailable("store client is not connected");
-  RETURN_IF_ERROR(WriteAll(fd_, EncodeFrame(env)));
+  RETURN_IF_ERROR(base::WriteAll(fd_, EncodeFrame(env)));
   std::string header, payload;
-  RETURN_IF_ERROR(ReadExact(fd_, kFrameHeaderBytes, &header));
+  RETURN_IF_ERROR(base::ReadExact(fd_, kFrameHeaderBytes, &header));
   const auto* b = reinterpret_cast<const unsigned char*>(header.data());
   const size_t len = (size_t{b[0]} << 24) | (size_t{b[1]} << 16) |
                      (size_t{b[2]} << 8) | size_t{b[3]};
@@ -64,7 +65,7 @@ StatusOr<wire::StoreResponse> StoreClient::Call(wire::StoreRequest request) {
     return ProtocolError("store reply frame of " + std::to_string(len) +
                          " bytes");
   }
-  RETURN_IF_ERROR(ReadExact(fd_, len, &payload));
+  RETURN_IF_ERROR(base::ReadExact(fd_, len, &payload));
   ASSIGN_OR_RETURN(wire::Envelope reply, ParseEnvelope(payload));
   if (!reply.has_store_response()) {
     return ProtocolError("unexpected " + MessageName(reply) + " from store");

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <random>
 
-#include "proto/exit_status.h"
+#include "base/exit_status.h"
 #include "worker/bpe.h"
 #include "worker/checkpoint.h"
 #include "worker/comm.h"

@@ -11,7 +11,7 @@
 #include <optional>
 #include <string>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace dslaunch::worker::config_values {
 

@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace dslaunch::worker {
 

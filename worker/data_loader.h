@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "proto/status.h"  // Status, StatusOr
+#include "base/status.h"  // Status, StatusOr
 
 namespace dslaunch::worker {
 

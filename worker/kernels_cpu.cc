@@ -8,7 +8,7 @@
 #include <cstring>           // memcpy, strcmp
 #include <initializer_list>  // RunGemms
 
-#include "proto/status.h"  // DSL_CHECK
+#include "base/status.h"  // DSL_CHECK
 #include "worker/vector_math.h"
 
 namespace dslaunch::worker {

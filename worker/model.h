@@ -15,7 +15,7 @@
 #include <utility>     // move
 #include <vector>      // buffers
 
-#include "proto/status.h"         // Status, StatusOr, DSL_CHECK
+#include "base/status.h"          // Status, StatusOr, DSL_CHECK
 #include "worker/model_file.h"    // llm.c model files (kept for includers)
 #include "worker/param_layout.h"  // ModelConfig, ParamLayout, InitParamRange
 

@@ -8,7 +8,7 @@
 #include <span>    // parameter buffers
 #include <string>  // file paths
 
-#include "proto/status.h"         // Status, StatusOr
+#include "base/status.h"          // Status, StatusOr
 #include "worker/param_layout.h"  // ModelConfig, ParamLayout
 
 namespace dslaunch::worker {

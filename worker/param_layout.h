@@ -10,7 +10,7 @@
 #include <string_view>  // preset names
 #include <vector>       // range lists
 
-#include "proto/status.h"  // Status, StatusOr
+#include "base/status.h"  // Status, StatusOr
 
 namespace dslaunch::worker {
 

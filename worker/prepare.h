@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace dslaunch::worker {
 

@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "proto/status.h"
-#include "proto/tb_events.h"
+#include "base/status.h"
+#include "base/tb_events.h"
 #include "worker/train_config.h"
 
 namespace dslaunch::worker {
@@ -33,10 +33,10 @@ class TensorBoardMonitor {
   bool enabled() const { return writer_ != nullptr; }
 
  private:
-  explicit TensorBoardMonitor(std::unique_ptr<proto::EventFileWriter> writer)
+  explicit TensorBoardMonitor(std::unique_ptr<base::EventFileWriter> writer)
       : writer_(std::move(writer)) {}
 
-  std::unique_ptr<proto::EventFileWriter> writer_;  // null: disabled
+  std::unique_ptr<base::EventFileWriter> writer_;  // null: disabled
   bool error_reported_ = false;
 };
 

@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "proto/status.h"  // Status, StatusOr
+#include "base/status.h"  // Status, StatusOr
 
 namespace dslaunch::worker {
 

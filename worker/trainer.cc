@@ -8,7 +8,7 @@
 #include <csignal>  // SIGTERM
 #include <cstdio>
 
-#include "proto/exit_status.h"  // SignalName
+#include "base/exit_status.h"  // SignalName
 #include "worker/checkpoint.h"
 #include "worker/cpu_adam.h"
 #include "worker/lr_schedule.h"

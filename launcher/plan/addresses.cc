@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <set>
 
-#include "proto/host_info.h"
+#include "base/host_info.h"
 
 namespace dslaunch::launcher {
 
@@ -27,7 +27,7 @@ static bool IsLoopback(const sockaddr* a) {
 // millisecond on a host with many interfaces, and planning asks per node).
 static const std::set<std::string>& LocalAddresses() {
   static const std::set<std::string> local = [] {
-    const auto addresses = proto::InterfaceAddresses(true);
+    const auto addresses = base::InterfaceAddresses(true);
     return std::set<std::string>(addresses.begin(), addresses.end());
   }();
   return local;
@@ -44,7 +44,7 @@ bool IsLocalHost(const std::string& host) {
   if (!is_local) {  // only then ask for the interfaces
     const std::set<std::string>& local = LocalAddresses();
     for (addrinfo* r = res; r && !is_local; r = r->ai_next)
-      is_local = local.count(proto::AddressToString(r->ai_addr)) > 0;
+      is_local = local.count(base::AddressToString(r->ai_addr)) > 0;
   }
   ::freeaddrinfo(res);
   return is_local;
@@ -57,7 +57,7 @@ static std::vector<std::string> ResolveAll(const std::string& host) {
   std::vector<std::string> out;
   if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return out;
   for (addrinfo* r = res; r; r = r->ai_next)
-    out.push_back(proto::AddressToString(r->ai_addr));
+    out.push_back(base::AddressToString(r->ai_addr));
   ::freeaddrinfo(res);
   return out;
 }
@@ -67,7 +67,7 @@ AddressLookup AddressLookup::System() {
       .is_local = IsLocalHost,
       .route_from =
           [](const std::string& host) {
-            auto route = proto::RouteTo(host);
+            auto route = base::RouteTo(host);
             return route.ok() ? route->local : std::string();
           },
       .resolve = ResolveAll,

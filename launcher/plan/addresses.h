@@ -19,7 +19,7 @@ struct AddressLookup {
   std::function<std::string(const std::string& host)> route_from;
   // Every address `host` resolves to (a numeric address: itself).
   std::function<std::vector<std::string>(const std::string& host)> resolve;
-  // IsLocalHost, proto::RouteTo and getaddrinfo.
+  // IsLocalHost, base::RouteTo and getaddrinfo.
   static AddressLookup System();
 };
 

@@ -5,7 +5,7 @@
 #include <map>
 #include <sstream>  // istringstream
 
-#include "proto/safe_files.h"  // ReadTrustedFile
+#include "base/safe_files.h"  // ReadTrustedFile
 
 namespace dslaunch::launcher {
 
@@ -119,7 +119,7 @@ StatusOr<EnvList> ParseEnvFile(std::string_view text, const std::string& path) {
 
 StatusOr<EnvList> LoadEnvFile(const std::string& path) {
   StatusOr<std::string> text =
-      proto::ReadTrustedFile(path, "env file", kMaxEnvFileBytes);
+      base::ReadTrustedFile(path, "env file", kMaxEnvFileBytes);
   if (text.status().code() == StatusCode::kNotFound)  // a bad input: 65
     return DataError(text.status().message());
   RETURN_IF_ERROR(text.status());
@@ -151,7 +151,7 @@ StatusOr<EnvList> CollectJobEnv(const JobEnvSources& sources) {
   }
   for (const auto& path : sources.deepspeed_env_files) {
     StatusOr<std::string> text =
-        proto::ReadTrustedFile(path, "env file", kMaxEnvFileBytes);
+        base::ReadTrustedFile(path, "env file", kMaxEnvFileBytes);
     if (text.status().code() == StatusCode::kNotFound) continue;
     RETURN_IF_ERROR(text.status());
     ASSIGN_OR_RETURN(EnvList vars, ParseEnvFile(*text, path));

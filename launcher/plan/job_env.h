@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace dslaunch::launcher {
 
@@ -44,7 +44,7 @@ StatusOr<EnvList> ParseEnvFile(std::string_view text, const std::string& path);
 // An env file sets LD_PRELOAD and the like for every rank: it is read only
 // if it is a regular file (never a FIFO or device, opened without blocking)
 // of this user's or root's, not writable by everyone, and at most this long.
-// proto::ReadTrustedFile's rule; its errors are DataErrors naming the file.
+// base::ReadTrustedFile's rule; its errors are DataErrors naming the file.
 inline constexpr size_t kMaxEnvFileBytes = 1u << 20;
 StatusOr<EnvList> LoadEnvFile(const std::string& path);
 

@@ -4,9 +4,9 @@
 
 #include <string>
 
+#include "base/status.h"
 #include "launcher/plan/hostfile.h"
 #include "launcher/plan/slurm_allocation.h"
-#include "proto/status.h"
 
 namespace dslaunch::launcher {
 

@@ -6,8 +6,8 @@
 #include <map>
 #include <string>
 
+#include "base/status.h"
 #include "launcher/plan/plan.h"
-#include "proto/status.h"
 
 namespace dslaunch::launcher {
 

@@ -6,7 +6,7 @@
 #include <unordered_map>  // host lookup
 #include <unordered_set>  // names seen in a spec
 
-#include "proto/host_info.h"  // JoinHostPort
+#include "base/host_info.h"  // JoinHostPort
 
 namespace dslaunch::launcher {
 namespace {
@@ -412,7 +412,7 @@ std::string FormatPlanTable(const Plan& plan) {
   out += Plural(plan.nodes.size(), "node") + ", " +
          Plural(static_cast<size_t>(plan.world_size), "rank") + ", master " +
          (plan.master_port > 0
-              ? proto::JoinHostPort(plan.master_addr, plan.master_port)
+              ? base::JoinHostPort(plan.master_addr, plan.master_port)
               : plan.master_addr + " (port: one free on node 0, at launch)") +
          "\n";
   if (plan.min_nodes > 0) {

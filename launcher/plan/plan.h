@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "base/status.h"             // Status, StatusOr
 #include "launcher/plan/hostfile.h"  // Hostfile, HostEntry
-#include "proto/status.h"            // Status, StatusOr
 
 namespace dslaunch::launcher {
 

@@ -2,7 +2,7 @@
 
 #include <filesystem>
 
-#include "proto/process_set.h"  // ResolveProgram
+#include "base/process_set.h"  // ResolveProgram
 
 namespace dslaunch::launcher {
 
@@ -11,7 +11,7 @@ namespace fs = std::filesystem;
 // The first python3 on `path` as an absolute path, links not followed
 // ("" = none).
 static std::string FindPython(const std::string& path) {
-  StatusOr<std::string> found = proto::ResolveProgram("python3", path);
+  StatusOr<std::string> found = base::ResolveProgram("python3", path);
   if (!found.ok()) return "";
   std::error_code ec;
   const fs::path absolute = fs::absolute(*found, ec);

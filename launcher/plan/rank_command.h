@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace dslaunch::launcher {
 

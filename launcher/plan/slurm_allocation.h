@@ -8,8 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "base/status.h"
 #include "launcher/plan/hostfile.h"
-#include "proto/status.h"
 
 namespace dslaunch::launcher {
 

@@ -5,8 +5,8 @@
 
 #include <cstdio>
 
+#include "base/exit_status.h"
 #include "launcher/report/forensics.h"
-#include "proto/exit_status.h"
 #include "proto/progress.h"  // EscapeControlChars
 
 extern char** environ;

@@ -5,8 +5,8 @@
 #include <chrono>
 #include <nlohmann/json.hpp>  // rank 0's progress line
 
+#include "base/unix_time.h"
 #include "proto/progress.h"
-#include "proto/unix_time.h"
 
 namespace dslaunch::launcher {
 
@@ -81,8 +81,8 @@ Status Console::Open(const Plan& plan, const LogLayout& layout) {
   NameRanks(plan);
   if (log_dir.empty()) return Status::Ok();
   // Opened once: every file below is made relative to this descriptor.
-  ASSIGN_OR_RETURN(proto::SafeDir opened, OpenLogDir(log_dir, layout.flag));
-  log_files_ = std::make_shared<const proto::SafeDir>(std::move(opened));
+  ASSIGN_OR_RETURN(base::SafeDir opened, OpenLogDir(log_dir, layout.flag));
+  log_files_ = std::make_shared<const base::SafeDir>(std::move(opened));
   log_dir_ = log_dir;
   rank_file_prefix_ = layout.rank_file_prefix;
   RETURN_IF_ERROR(OpenRankLogs());
@@ -114,7 +114,7 @@ void Console::NewGeneration(const Plan& plan, int restart_count,
   board_.set_restarts(restart_count);
   NameRanks(plan);  // a node may run elsewhere now
   if (Status st = OpenRankLogs(); !st.ok()) OnSinkError(st);
-  const double now = proto::UnixSeconds();
+  const double now = base::UnixSeconds();
   if (sink_) sink_->Restart(restart_count, now);
   if (!metrics_) return;
   nlohmann::ordered_json hosts = nlohmann::ordered_json::array();
@@ -139,7 +139,7 @@ void Console::Line(int rank, bool is_stderr, std::string_view line,
   const bool shown = ranks_on_terminal_ && view_.mode != Mode::kNone &&
                      (view_.mode != Mode::kRank0 || rank == 0);
   if (shown && view_.fold && view_.mode != Mode::kRank0) {
-    if (folder_.Add(rank, is_stderr, line, proto::SteadySeconds()))
+    if (folder_.Add(rank, is_stderr, line, base::SteadySeconds()))
       FlushFolded(0, true);
   } else if (shown) {
     std::string text = prefix_[rank];
@@ -172,7 +172,7 @@ void Console::Progress(int rank, std::string_view json, double time) {
   const auto record = nlohmann::ordered_json::parse(json, nullptr, false);
   // The board compares with this host's clock (hangs, "seen"): records are
   // stamped on arrival, whatever the agent's clock says.
-  board_.Record(rank, record, proto::SteadySeconds());
+  board_.Record(rank, record, base::SteadySeconds());
   if (sink_ && record.is_object() && record.contains("step") &&
       record["step"].is_number()) {
     // The board keeps the last good step: this record's must be that one.
@@ -281,7 +281,7 @@ void Console::Close() {
   if (!folder_.empty()) FlushFolded(0, true);
   if (TableShown() && !table_released_) {
     // The final state stays on the screen above the report.
-    DrawTable(proto::SteadySeconds());
+    DrawTable(base::SteadySeconds());
     terminal_.ReleaseFooter(Stream::kErr);
     table_released_ = true;
   }

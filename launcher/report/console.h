@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/status.h"
 #include "launcher/plan/plan.h"
 #include "launcher/report/line_folder.h"
 #include "launcher/report/live_table.h"
@@ -30,7 +31,6 @@
 #include "launcher/report/progress_sink.h"
 #include "launcher/report/rank_board.h"
 #include "launcher/report/terminal_writer.h"
-#include "proto/status.h"
 
 namespace dslaunch::launcher {
 
@@ -83,7 +83,7 @@ class Console {
     std::string flag = "--log_dir";  // names `dir` in messages
   };
   // Opens the directory (if any; made if missing) by SafeDir's rule of
-  // proto/safe_files.h, then one log file per rank of `plan` and
+  // base/safe_files.h, then one log file per rank of `plan` and
   // metrics.jsonl relative to it (SafeDir::OpenLog). Called again before any
   // rank wrote (--launcher join, once the agents joined): hosts are updated and
   // every file made anew.
@@ -166,7 +166,7 @@ class Console {
   Options options_;
   TerminalWriter terminal_;
   std::string log_dir_;
-  std::shared_ptr<const proto::SafeDir> log_files_;  // log_dir_, opened
+  std::shared_ptr<const base::SafeDir> log_files_;  // log_dir_, opened
   std::string rank_file_prefix_;
   bool ranks_on_terminal_ = true;
   std::map<int, std::string> prefix_;  // rank -> "[host:rank] "

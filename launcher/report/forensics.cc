@@ -51,9 +51,9 @@ bool OurFile(const std::string& name) {
 class BundleDir {
  public:
   Status Open(const std::string& log_dir) {
-    ASSIGN_OR_RETURN(proto::SafeDir logs, OpenLogDir(log_dir));
-    ASSIGN_OR_RETURN(proto::SafeDir failure, logs.Child("failure"));
-    dir_ = std::make_unique<proto::SafeDir>(std::move(failure));
+    ASSIGN_OR_RETURN(base::SafeDir logs, OpenLogDir(log_dir));
+    ASSIGN_OR_RETURN(base::SafeDir failure, logs.Child("failure"));
+    dir_ = std::make_unique<base::SafeDir>(std::move(failure));
     const int fd = dir_->OpenForReading();  // closedir closes it
     DIR* d = fd < 0 ? nullptr : ::fdopendir(fd);
     if (d == nullptr) {
@@ -74,7 +74,7 @@ class BundleDir {
     const std::string path = dir_->path() + "/" + name;
     ASSIGN_OR_RETURN(
         const int fd,
-        dir_->CreateNew(name, proto::PrivateFileMode(proto::CurrentUmask())));
+        dir_->CreateNew(name, base::PrivateFileMode(base::CurrentUmask())));
     int err = 0;
     pieces([&](std::string_view piece) {
       if (err == 0) err = WriteFd(fd, piece);
@@ -87,7 +87,7 @@ class BundleDir {
   }
 
  private:
-  std::unique_ptr<proto::SafeDir> dir_;
+  std::unique_ptr<base::SafeDir> dir_;
 };
 
 }  // namespace

@@ -11,8 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "base/status.h"
 #include "launcher/plan/job_env.h"
-#include "proto/status.h"
 
 namespace dslaunch::launcher {
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "proto/host_info.h"  // CpuListString: "0-7,9"
+#include "base/host_info.h"  // CpuListString: "0-7,9"
 
 namespace dslaunch::launcher {
 
@@ -113,12 +113,12 @@ std::string FoldedPrefix(std::vector<int> ranks,
   }
   if (by_host.size() > 3) {
     return "[" + std::to_string(by_host.size()) +
-           " nodes:" + proto::CpuListString(ranks) + "] ";
+           " nodes:" + base::CpuListString(ranks) + "] ";
   }
   std::string out = "[";
   for (const auto& [host, list] : by_host) {
     if (out.size() > 1) out += ",";
-    out += host + ":" + proto::CpuListString(list);
+    out += host + ":" + base::CpuListString(list);
   }
   return out + "] ";
 }

@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "proto/host_info.h"  // CpuListString
-#include "proto/utf8.h"
+#include "base/host_info.h"  // CpuListString
+#include "base/utf8.h"
 
 namespace dslaunch::launcher {
 
@@ -78,7 +78,7 @@ void FillCells(Row& row, double now, bool unicode, int64_t total) {
   const std::string state = StateOf(row.ranks, now);
   row.problem = !state.empty() && state != "done" && state != "starting";
   row.cells = {first.host,
-               proto::CpuListString(numbers),
+               base::CpuListString(numbers),
                step_text,
                losses ? Loss(loss_sum / losses) : "-",
                history ? Sparkline(*history, 12, unicode) : "",
@@ -236,10 +236,10 @@ std::string RenderLiveTable(const RankBoard& board, double now,
       ""};
   std::vector<size_t> widths(head.size());
   for (size_t c = 0; c < head.size(); ++c)
-    widths[c] = proto::DisplayColumns(head[c]);
+    widths[c] = base::DisplayColumns(head[c]);
   for (const Row& row : rows) {
     for (size_t c = 0; c < row.cells.size(); ++c)
-      widths[c] = std::max(widths[c], proto::DisplayColumns(row.cells[c]));
+      widths[c] = std::max(widths[c], base::DisplayColumns(row.cells[c]));
   }
   // No rank's value may push the state column out of view.
   static const size_t kMaxWidths[] = {24, 16, 24, 12, 12, 10, 8, 8, 16};
@@ -249,19 +249,19 @@ std::string RenderLiveTable(const RankBoard& board, double now,
   auto line = [&](const std::vector<std::string>& cells) {
     std::string out;
     for (size_t c = 0; c < cells.size(); ++c) {
-      std::string cell = proto::CutToColumns(cells[c], widths[c]);
+      std::string cell = base::CutToColumns(cells[c], widths[c]);
       const bool right = c == 2 || c == 3 || c == 5 || c == 6 || c == 7;
-      const std::string pad(widths[c] - proto::DisplayColumns(cell), ' ');
+      const std::string pad(widths[c] - base::DisplayColumns(cell), ' ');
       out += (c ? "  " : " ") + (right ? pad + cell : cell + pad);
     }
     while (!out.empty() && out.back() == ' ') out.pop_back();
-    return proto::CutToColumns(out, limit) + "\n";
+    return base::CutToColumns(out, limit) + "\n";
   };
   std::string text = line(head);
   for (const Row& row : rows) text += line(row.cells);
-  if (!more.empty()) text += proto::CutToColumns(more, limit) + "\n";
-  return text +
-         proto::CutToColumns(" " + Bar(board, now, style, total), limit) + "\n";
+  if (!more.empty()) text += base::CutToColumns(more, limit) + "\n";
+  return text + base::CutToColumns(" " + Bar(board, now, style, total), limit) +
+         "\n";
 }
 
 }  // namespace dslaunch::launcher

@@ -23,26 +23,26 @@ int WriteFd(int fd, std::string_view data) {
   return 0;
 }
 
-StatusOr<proto::SafeDir> OpenLogDir(const std::string& dir,
-                                    const std::string& what) {
-  return proto::SafeDir::Open(dir, what);
+StatusOr<base::SafeDir> OpenLogDir(const std::string& dir,
+                                   const std::string& what) {
+  return base::SafeDir::Open(dir, what);
 }
 
 // ---- SinkFile ----
 
-StatusOr<std::unique_ptr<SinkFile>> SinkFile::Create(const proto::SafeDir& dir,
+StatusOr<std::unique_ptr<SinkFile>> SinkFile::Create(const base::SafeDir& dir,
                                                      const std::string& name,
                                                      ErrorCallback on_error) {
   ASSIGN_OR_RETURN(
-      int fd, dir.OpenLog(name, proto::PrivateFileMode(proto::CurrentUmask())));
+      int fd, dir.OpenLog(name, base::PrivateFileMode(base::CurrentUmask())));
   return std::unique_ptr<SinkFile>(
       new SinkFile(dir.path() + "/" + name, fd, std::move(on_error)));
 }
 
 StatusOr<std::unique_ptr<SinkFile>> SinkFile::Create(const std::string& path,
                                                      ErrorCallback on_error) {
-  ASSIGN_OR_RETURN(auto dir, proto::SafeDir::OpenParent(path, "--log_dir",
-                                                        /*create=*/false));
+  ASSIGN_OR_RETURN(auto dir, base::SafeDir::OpenParent(path, "--log_dir",
+                                                       /*create=*/false));
   ASSIGN_OR_RETURN(auto file,
                    Create(dir.first, dir.second, std::move(on_error)));
   file->path_ = path;  // as the caller named it
@@ -90,7 +90,7 @@ void SinkFile::Fail(const std::string& what, int err) {
 // ---- RankLog ----
 
 RankLog::RankLog(std::unique_ptr<SinkFile> file,
-                 std::shared_ptr<const proto::SafeDir> spill_dir,
+                 std::shared_ptr<const base::SafeDir> spill_dir,
                  size_t memory_per_stream)
     : file_(std::move(file)),
       spill_dir_(std::move(spill_dir)),

@@ -11,18 +11,18 @@
 #include <string>
 #include <string_view>
 
-#include "proto/safe_files.h"
-#include "proto/status.h"
+#include "base/safe_files.h"
+#include "base/status.h"
 
 namespace dslaunch::launcher {
 
 // Writes all of `data` to `fd` (retrying short writes and EINTR); 0 or errno.
 int WriteFd(int fd, std::string_view data);
 // Opens (mkdir -p) the directory of the rank logs, `what` naming the flag:
-// SafeDir's rule of proto/safe_files.h (this user's; those above it this
+// SafeDir's rule of base/safe_files.h (this user's; those above it this
 // user's or root's; new ones 0700, or 0750 under a umask of 027 or 007).
-StatusOr<proto::SafeDir> OpenLogDir(const std::string& dir,
-                                    const std::string& what = "--log_dir");
+StatusOr<base::SafeDir> OpenLogDir(const std::string& dir,
+                                   const std::string& what = "--log_dir");
 
 class SinkFile {
  public:
@@ -31,7 +31,7 @@ class SinkFile {
 
   // Creates (or truncates) `name` in `dir` by SafeDir::OpenLog's rule
   // (mode PrivateFileMode: 0600, or 0640 under a umask of 027 or 007).
-  static StatusOr<std::unique_ptr<SinkFile>> Create(const proto::SafeDir& dir,
+  static StatusOr<std::unique_ptr<SinkFile>> Create(const base::SafeDir& dir,
                                                     const std::string& name,
                                                     ErrorCallback on_error);
   // The same for `path` in an existing --log_dir, opened again by its rule.
@@ -69,7 +69,7 @@ class RankLog {
   // Pieces of a line beyond `memory_per_stream` are spilled to an unlinked
   // file in `spill_dir`, so a line of any length costs bounded memory.
   RankLog(std::unique_ptr<SinkFile> file,
-          std::shared_ptr<const proto::SafeDir> spill_dir,
+          std::shared_ptr<const base::SafeDir> spill_dir,
           size_t memory_per_stream = kDefaultMemoryPerStream);
   ~RankLog();
   RankLog(const RankLog&) = delete;
@@ -91,7 +91,7 @@ class RankLog {
   void CopySpill(Held& held);
 
   std::unique_ptr<SinkFile> file_;
-  std::shared_ptr<const proto::SafeDir> spill_dir_;
+  std::shared_ptr<const base::SafeDir> spill_dir_;
   size_t memory_per_stream_;
   Held held_[2];                  // stdout, stderr
   bool needs_separator_ = false;  // the file ends in a line with no newline

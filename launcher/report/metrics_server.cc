@@ -130,7 +130,7 @@ StatusOr<int> MetricsServer::Listen(const std::vector<std::string>& addrs,
   if (port < 0 || port > 65535) {
     return InvalidArgument("--metrics_port: bad port " + std::to_string(port));
   }
-  StatusOr<int> bound = proto::ListenAll(io_, addrs, port, &acceptors_);
+  StatusOr<int> bound = base::ListenAll(io_, addrs, port, &acceptors_);
   if (!bound.ok()) {
     const Status& st = bound.status();
     return Status(st.code(), (st.code() == StatusCode::kInvalidArgument

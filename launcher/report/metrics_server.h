@@ -27,8 +27,8 @@
 #include <string>
 #include <vector>
 
-#include "proto/listen.h"
-#include "proto/status.h"
+#include "base/listen.h"
+#include "base/status.h"
 
 namespace dslaunch::launcher {
 
@@ -98,7 +98,7 @@ class MetricsServer {
   boost::asio::io_context& io_;
   Render render_;
   Options options_;
-  proto::Acceptors acceptors_;
+  base::Acceptors acceptors_;
   std::map<uint64_t, ConnectionPtr> connections_;  // by accept order
   uint64_t next_id_ = 0;
   Counts counts_;

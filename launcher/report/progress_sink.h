@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace dslaunch::launcher {
 

@@ -6,8 +6,8 @@
 #include <optional>
 #include <vector>
 
-#include "proto/exit_status.h"  // ExitStatusForProcess
-#include "proto/utf8.h"
+#include "base/exit_status.h"  // ExitStatusForProcess
+#include "base/utf8.h"
 
 namespace dslaunch::launcher {
 
@@ -122,7 +122,7 @@ std::string EscapeLabelValue(std::string_view value) {
   out.reserve(value.size());
   for (size_t i = 0; i < value.size();) {
     const char c = value[i];
-    const size_t n = proto::Utf8SequenceLength(value.substr(i));
+    const size_t n = base::Utf8SequenceLength(value.substr(i));
     if (n == 0) {
       out.append("\xEF\xBF\xBD");  // U+FFFD
       ++i;

@@ -24,7 +24,7 @@ struct JobCounters {
 // Every family has # HELP and # TYPE; a rank with no value for a family
 // (no loss yet, rss not known, not exited) is left out of it. Samples are
 // labelled rank, node (the node rank) and host. `now` (the board's clock,
-// proto::SteadySeconds) is what dslaunch_rank_last_seen_seconds measures
+// base::SteadySeconds) is what dslaunch_rank_last_seen_seconds measures
 // ages against.
 std::string RenderMetrics(const RankBoard& board, const JobCounters& counters,
                           double now);

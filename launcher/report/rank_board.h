@@ -2,7 +2,7 @@
 // from progress records, the agents' RankStats and the start and exit
 // messages; read by the console's live table, the Prometheus endpoint, the
 // TensorBoard sink and the hang and straggler checks. Owned by the Console;
-// main thread only. Times are proto::SteadySeconds() of the launcher's host:
+// main thread only. Times are base::SteadySeconds() of the launcher's host:
 // records are stamped when they arrive, so ages never depend on the agents'
 // clocks or on the wall clock jumping.
 #pragma once

@@ -4,7 +4,7 @@
 #include <chrono>     // system_clock
 #include <utility>
 
-#include "proto/unix_time.h"
+#include "base/unix_time.h"
 
 namespace dslaunch::launcher {
 namespace {
@@ -13,25 +13,25 @@ constexpr const char* kFlag = "--tensorboard";
 
 // The run `name` in `top`: opened relative to the directory opened at the
 // start, never by path (SafeDir::Child: never a link, this user's).
-StatusOr<std::unique_ptr<proto::EventFileWriter>> OpenRun(
-    const proto::SafeDir& top, const std::string& name, double wall_time) {
-  ASSIGN_OR_RETURN(proto::SafeDir run, top.Child(name));
-  return proto::EventFileWriter::Create(run, wall_time, kFlag);
+StatusOr<std::unique_ptr<base::EventFileWriter>> OpenRun(
+    const base::SafeDir& top, const std::string& name, double wall_time) {
+  ASSIGN_OR_RETURN(base::SafeDir run, top.Child(name));
+  return base::EventFileWriter::Create(run, wall_time, kFlag);
 }
 
 }  // namespace
 
 StatusOr<std::unique_ptr<TensorBoardSink>> TensorBoardSink::Create(
     const std::string& dir, const RankBoard& board) {
-  ASSIGN_OR_RETURN(proto::SafeDir top, proto::SafeDir::Open(dir, kFlag));
-  ASSIGN_OR_RETURN(std::unique_ptr<proto::EventFileWriter> job,
-                   OpenRun(top, "job", proto::UnixSeconds()));
+  ASSIGN_OR_RETURN(base::SafeDir top, base::SafeDir::Open(dir, kFlag));
+  ASSIGN_OR_RETURN(std::unique_ptr<base::EventFileWriter> job,
+                   OpenRun(top, "job", base::UnixSeconds()));
   return std::unique_ptr<TensorBoardSink>(
       new TensorBoardSink(std::move(top), board, std::move(job)));
 }
 
-TensorBoardSink::TensorBoardSink(proto::SafeDir dir, const RankBoard& board,
-                                 std::unique_ptr<proto::EventFileWriter> job)
+TensorBoardSink::TensorBoardSink(base::SafeDir dir, const RankBoard& board,
+                                 std::unique_ptr<base::EventFileWriter> job)
     : dir_(std::move(dir)), board_(board), job_(std::move(job)) {}
 
 TensorBoardSink::~TensorBoardSink() { Close(); }
@@ -40,7 +40,7 @@ void TensorBoardSink::Keep(const Status& status) {
   if (status_.ok() && !status.ok()) status_ = status;
 }
 
-proto::EventFileWriter* TensorBoardSink::RankRun(int rank, double wall_time) {
+base::EventFileWriter* TensorBoardSink::RankRun(int rank, double wall_time) {
   auto it = ranks_.find(rank);
   if (it != ranks_.end()) return it->second.get();
   auto run = OpenRun(dir_, "rank-" + std::to_string(rank), wall_time);
@@ -56,7 +56,7 @@ void TensorBoardSink::Record(
     double wall_time) {
   if (closed_ || !board_.ranks().count(rank)) return;
   if (!scalars.empty()) {
-    if (proto::EventFileWriter* run = RankRun(rank, wall_time)) {
+    if (base::EventFileWriter* run = RankRun(rank, wall_time)) {
       run->AddScalars(step, scalars, wall_time);
       Keep(run->status());
     }

@@ -17,11 +17,11 @@
 #include <utility>
 #include <vector>
 
+#include "base/safe_files.h"
+#include "base/status.h"
+#include "base/tb_events.h"
 #include "launcher/report/progress_sink.h"
 #include "launcher/report/rank_board.h"
-#include "proto/safe_files.h"
-#include "proto/status.h"
-#include "proto/tb_events.h"
 
 namespace dslaunch::launcher {
 
@@ -39,7 +39,7 @@ class TensorBoardSink : public ProgressSink {
   static constexpr int64_t kReporterLag = 8;
 
   // One run per rank (<dir>/rank-<r>) and one job-wide (<dir>/job). Opens
-  // <dir> now by SafeDir's rule (proto/safe_files.h), making it if missing,
+  // <dir> now by SafeDir's rule (base/safe_files.h), making it if missing,
   // and the job run in it: an error names --tensorboard and the path. Runs
   // are made relative to the directory opened now, never by path again.
   // `board` must outlive the sink.
@@ -85,9 +85,9 @@ class TensorBoardSink : public ProgressSink {
     double wall_time = 0;                           // the latest record's
   };
 
-  TensorBoardSink(proto::SafeDir dir, const RankBoard& board,
-                  std::unique_ptr<proto::EventFileWriter> job);
-  proto::EventFileWriter* RankRun(int rank, double wall_time);
+  TensorBoardSink(base::SafeDir dir, const RankBoard& board,
+                  std::unique_ptr<base::EventFileWriter> job);
+  base::EventFileWriter* RankRun(int rank, double wall_time);
   void AddToJob(int rank, int64_t step,
                 const std::vector<std::pair<std::string, double>>& scalars,
                 double wall_time);
@@ -98,11 +98,11 @@ class TensorBoardSink : public ProgressSink {
   void WriteJobStep(int64_t step, const PendingStep& pending);
   void Keep(const Status& status);
 
-  proto::SafeDir dir_;  // --tensorboard, opened once; runs are made in it
+  base::SafeDir dir_;  // --tensorboard, opened once; runs are made in it
   const RankBoard& board_;
-  std::unique_ptr<proto::EventFileWriter> job_;
+  std::unique_ptr<base::EventFileWriter> job_;
   // A null writer: the run could not be created (not tried again).
-  std::map<int, std::unique_ptr<proto::EventFileWriter>> ranks_;
+  std::map<int, std::unique_ptr<base::EventFileWriter>> ranks_;
   std::map<int64_t, PendingStep> pending_;
   std::set<int64_t> written_;
   std::deque<int64_t> written_order_;  // oldest first, for the bound

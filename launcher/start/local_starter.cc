@@ -12,12 +12,12 @@
 #include <set>
 #include <vector>
 
+#include "base/child_reaper.h"
+#include "base/exit_status.h"
+#include "base/host_info.h"
+#include "base/process_tree.h"
+#include "base/unix_socket.h"
 #include "launcher/plan/addresses.h"
-#include "proto/child_reaper.h"
-#include "proto/exit_status.h"
-#include "proto/host_info.h"
-#include "proto/process_tree.h"
-#include "proto/unix_socket.h"
 
 namespace dslaunch::launcher {
 
@@ -27,7 +27,7 @@ LocalStarter::LocalStarter(boost::asio::io_context& io,
   // What a SIGKILLed agent leaves (setsid grandchildren of its ranks,
   // daemons) comes to us instead of init, so we can end it (SweepOrphans).
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-  proto::ChildReaper::Of(io).ReapOrphans([](pid_t, int) {});
+  base::ChildReaper::Of(io).ReapOrphans([](pid_t, int) {});
 }
 
 std::unique_ptr<Starter> NewLocalStarter(const StarterContext& context) {
@@ -69,7 +69,7 @@ void LocalStarter::StartAgain(int node_rank) {
 
 Status LocalStarter::StartAgent(const NodePlan& node) {
   const AgentBootstrap& boot = boot_;
-  proto::ProcessSpec spec;
+  base::ProcessSpec spec;
   spec.argv = AgentArgv(boot, node.node_rank, "127.0.0.1");
   spec.inherit_env = true;
   spec.new_session = true;
@@ -82,9 +82,9 @@ Status LocalStarter::StartAgent(const NodePlan& node) {
   ASSIGN_OR_RETURN(pid_t pid, processes_.Spawn(spec));
   node_of_[pid] = node.node_rank;
   host_of_[pid] = node.host;
-  cgroup_of_[pid] = proto::JobCgroupDir(boot.job_id, node.node_rank, pid);
+  cgroup_of_[pid] = base::JobCgroupDir(boot.job_id, node.node_rank, pid);
   // A pipe holds 64 KiB, so this never blocks; a dead agent gives EPIPE.
-  (void)proto::WriteAll(processes_.StdinOf(pid), boot.secret + "\n");
+  (void)base::WriteAll(processes_.StdinOf(pid), boot.secret + "\n");
   return Status::Ok();
 }
 
@@ -100,7 +100,7 @@ void LocalStarter::Kill(int node_rank) {
   }
 }
 
-void LocalStarter::OnProcessExited(pid_t pid, const proto::ExitInfo& info) {
+void LocalStarter::OnProcessExited(pid_t pid, const base::ExitInfo& info) {
   const int node = node_of_[pid];
   node_of_.erase(pid);
   const std::string cgroup = cgroup_of_[pid];
@@ -144,7 +144,7 @@ void LocalStarter::SweepOrphans() {
   std::set<pid_t> agents;
   for (const auto& [pid, node] : node_of_) agents.insert(pid);
   for (int round = 0; round < 100; ++round) {
-    if (proto::SignalLiveDescendants(::getpid(), agents, SIGKILL) == 0) return;
+    if (base::SignalLiveDescendants(::getpid(), agents, SIGKILL) == 0) return;
     if (round > 0) ::usleep(5000);  // let the kernel finish the kills
   }
   spdlog::warn("processes left by a lost agent are still alive after SIGKILL");

@@ -1,5 +1,5 @@
 // LocalStarter starts agents as child processes of the launcher (through a
-// proto::ProcessSet), each in its own session (so a terminal's Ctrl-C
+// base::ProcessSet), each in its own session (so a terminal's Ctrl-C
 // reaches only the launcher, which coordinates), with
 // PR_SET_PDEATHSIG(SIGTERM) and a stdin pipe that carries the secret and
 // then stays open as a lifeline. The launcher becomes a child subreaper: when
@@ -15,12 +15,12 @@
 #include <string>
 #include <vector>
 
+#include "base/process_set.h"
 #include "launcher/start/starter.h"
-#include "proto/process_set.h"
 
 namespace dslaunch::launcher {
 
-class LocalStarter : public Starter, private proto::ProcessSet::Delegate {
+class LocalStarter : public Starter, private base::ProcessSet::Delegate {
  public:
   LocalStarter(boost::asio::io_context& io, Starter::Delegate* delegate);
   // Closes the lifelines; the agents drain and go on their own.
@@ -36,13 +36,13 @@ class LocalStarter : public Starter, private proto::ProcessSet::Delegate {
   Status StartAgent(const NodePlan& node);
   void OnProcessOutput(pid_t pid, bool is_stderr, std::string line,
                        bool partial) override;
-  void OnProcessExited(pid_t pid, const proto::ExitInfo& info) override;
+  void OnProcessExited(pid_t pid, const base::ExitInfo& info) override;
   void SweepOrphans();
   void RemoveCgroup(const std::string& dir);
 
   boost::asio::io_context& io_;
   Starter::Delegate* delegate_;
-  proto::ProcessSet processes_;
+  base::ProcessSet processes_;
   std::map<pid_t, std::string> host_of_;  // agent pid -> its node's host
   std::map<pid_t, int> node_of_;          // agents not yet reported
   std::map<pid_t, std::string> cgroup_of_;

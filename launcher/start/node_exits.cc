@@ -2,7 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "proto/exit_status.h"
+#include "base/exit_status.h"
 
 namespace dslaunch::launcher {
 
@@ -26,7 +26,7 @@ void NodeExits::Ended(pid_t pid, int node, const std::string& how) {
   delegate_->OnAgentProcessExited(node, how);
 }
 
-void NodeExits::ToolEnded(pid_t pid, const proto::ExitInfo& info) {
+void NodeExits::ToolEnded(pid_t pid, const base::ExitInfo& info) {
   if (!info.error.empty())
     spdlog::error("cannot start {}: {}", tool_, info.error);
   const std::string how =
@@ -58,11 +58,11 @@ void NodeExits::AgentIn(int node, int64_t pid) {
 }
 
 void NodeExits::KillAgent(
-    int node, proto::ProcessSet& processes,
-    const std::function<proto::ProcessSpec(int64_t pid)>& spec_for) {
+    int node, base::ProcessSet& processes,
+    const std::function<base::ProcessSpec(int64_t pid)>& spec_for) {
   auto it = agent_pids_.find(node);
   if (it == agent_pids_.end()) return;
-  proto::ProcessSpec spec = spec_for(it->second);
+  base::ProcessSpec spec = spec_for(it->second);
   spec.death_signal = 0;
   spec.destroy_signal = 0;
   if (StatusOr<pid_t> pid = processes.Spawn(spec); pid.ok())

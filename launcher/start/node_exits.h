@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "base/process_set.h"  // ExitInfo
 #include "launcher/start/starter.h"
-#include "proto/process_set.h"  // ExitInfo
 
 namespace dslaunch::launcher {
 
@@ -36,7 +36,7 @@ class NodeExits {
   void Ended(pid_t pid, int node, const std::string& how);
   // The run `pid` ended: "ended with <tool>, which ..." for each of its
   // nodes left.
-  void ToolEnded(pid_t pid, const proto::ExitInfo& info);
+  void ToolEnded(pid_t pid, const base::ExitInfo& info);
   // The run that started node's newest agent, while it runs, or -1.
   pid_t RunOf(int node) const;
   // Whether the run `pid` started one node's agent only; which node that is
@@ -50,9 +50,8 @@ class NodeExits {
   // (KillAgentCommand inside the tool) through `processes`. The run outlives
   // the launcher: a job that ends now must not take the kill with it (the
   // tool's own timeout bounds it). Nothing when the pid is not known.
-  void KillAgent(
-      int node, proto::ProcessSet& processes,
-      const std::function<proto::ProcessSpec(int64_t pid)>& spec_for);
+  void KillAgent(int node, base::ProcessSet& processes,
+                 const std::function<base::ProcessSpec(int64_t pid)>& spec_for);
   // Output and end of a run: true when it is a kill run (taken here).
   bool KillerLine(pid_t pid, const std::string& line);
   bool KillerEnded(pid_t pid) { return killers_.erase(pid) > 0; }

@@ -5,10 +5,10 @@
 #include <stdlib.h>  // mkstemp, getenv
 #include <unistd.h>  // geteuid, unlink, close
 
+#include "base/unix_socket.h"                // WriteAll
 #include "launcher/plan/slurm_allocation.h"  // InSlurmAllocation
 #include "launcher/start/secret_relay.h"
-#include "proto/auth.h"         // RandomBytes
-#include "proto/unix_socket.h"  // WriteAll
+#include "proto/auth.h"  // RandomBytes
 
 namespace dslaunch::launcher {
 
@@ -66,10 +66,10 @@ Status CheckMpirunArgs(const MpirunSettings& s) {
   return Status::Ok();
 }
 
-proto::ProcessSpec MpirunSpec(std::vector<std::string> argv,
-                              const std::string& mpi_key,
-                              bool in_slurm_allocation) {
-  proto::ProcessSpec spec;
+base::ProcessSpec MpirunSpec(std::vector<std::string> argv,
+                             const std::string& mpi_key,
+                             bool in_slurm_allocation) {
+  base::ProcessSpec spec;
   spec.argv = std::move(argv);
   spec.inherit_env = true;  // mpirun reads a SLURM allocation from it
   spec.env.push_back(std::string(kMpiKeyVariable) + "=" + mpi_key);
@@ -161,7 +161,7 @@ void OpenMpiStarter::Start(const AgentBootstrap& boot, StartDone done) {
 Status OpenMpiStarter::StartMpirun(const AgentBootstrap& boot) {
   RETURN_IF_ERROR(CheckMpirunArgs(settings_));
   // The agents dial back our address on the route to node 0, as under SLURM.
-  ASSIGN_OR_RETURN(proto::Route route, RouteToNode0(hosts_.at(0)));
+  ASSIGN_OR_RETURN(base::Route route, RouteToNode0(hosts_.at(0)));
   started_.master_addr = route.peer;
   const char* tmp = std::getenv("TMPDIR");
   std::string path =
@@ -170,7 +170,7 @@ Status OpenMpiStarter::StartMpirun(const AgentBootstrap& boot) {
   if (fd < 0)
     return ErrnoStatus("cannot create mpirun's hostfile " + path, errno);
   hostfile_path_ = path;
-  Status written = proto::WriteAll(fd, MpirunHostfile(hosts_, slots_));
+  Status written = base::WriteAll(fd, MpirunHostfile(hosts_, slots_));
   ::close(fd);
   RETURN_IF_ERROR(written);
   const EnvLookup env = [](const char* name) {
@@ -200,7 +200,7 @@ void OpenMpiStarter::OnProcessOutput(pid_t pid, bool, std::string line, bool) {
   exits_.Ended(pid, e.node, e.how);
 }
 
-void OpenMpiStarter::OnProcessExited(pid_t pid, const proto::ExitInfo& info) {
+void OpenMpiStarter::OnProcessExited(pid_t pid, const base::ExitInfo& info) {
   pid_ = -1;
   exits_.ToolEnded(pid, info);
 }

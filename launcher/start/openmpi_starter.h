@@ -29,9 +29,9 @@
 #include <string>
 #include <vector>
 
+#include "base/process_set.h"
 #include "launcher/start/node_exits.h"
 #include "launcher/start/starter.h"
-#include "proto/process_set.h"
 
 namespace dslaunch::launcher {
 
@@ -60,9 +60,9 @@ Status CheckMpirunArgs(const MpirunSettings& settings);
 // How mpirun runs `argv`: our environment plus the MPI key `mpi_key` (and,
 // inside a SLURM allocation, --overlap for its daemons' srun step); nothing
 // the launcher accepts as a secret.
-proto::ProcessSpec MpirunSpec(std::vector<std::string> argv,
-                              const std::string& mpi_key,
-                              bool in_slurm_allocation);
+base::ProcessSpec MpirunSpec(std::vector<std::string> argv,
+                             const std::string& mpi_key,
+                             bool in_slurm_allocation);
 // The node (index) whose process mpirun says ended, and how; node -1 when
 // the line says no such thing.
 struct MpirunEvent {
@@ -72,7 +72,7 @@ struct MpirunEvent {
 MpirunEvent ParseMpirunLine(const std::string& line,
                             const std::vector<int>& slots);
 
-class OpenMpiStarter : public Starter, private proto::ProcessSet::Delegate {
+class OpenMpiStarter : public Starter, private base::ProcessSet::Delegate {
  public:
   OpenMpiStarter(boost::asio::io_context& io, Starter::Delegate* delegate,
                  MpirunSettings settings, std::vector<std::string> hosts,
@@ -90,7 +90,7 @@ class OpenMpiStarter : public Starter, private proto::ProcessSet::Delegate {
   Status StartMpirun(const AgentBootstrap& boot);
   void OnProcessOutput(pid_t pid, bool is_stderr, std::string line,
                        bool partial) override;
-  void OnProcessExited(pid_t pid, const proto::ExitInfo& info) override;
+  void OnProcessExited(pid_t pid, const base::ExitInfo& info) override;
 
   boost::asio::io_context& io_;
   Starter::Delegate* delegate_;
@@ -102,7 +102,7 @@ class OpenMpiStarter : public Starter, private proto::ProcessSet::Delegate {
   pid_t pid_ = -1;
   bool stopping_ = false;
   Started started_;
-  proto::ProcessSet processes_;
+  base::ProcessSet processes_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

@@ -9,9 +9,9 @@
 #include <chrono>
 #include <cstdio>  // fwrite
 
+#include "base/exit_status.h"
+#include "base/host_info.h"
 #include "launcher/start/secret_relay.h"
-#include "proto/exit_status.h"
-#include "proto/host_info.h"
 
 namespace dslaunch::launcher {
 
@@ -40,10 +40,10 @@ static std::string Join(const std::vector<std::string>& v, const char* sep) {
 
 // How pdsh runs: in its own session (with its ssh children), stdin from
 // /dev/null, output on pipes, SIGTERM when we go.
-static proto::ProcessSpec PdshSpec(const PdshSettings& s,
-                                   const std::vector<std::string>& hosts,
-                                   const std::string& command) {
-  proto::ProcessSpec spec;
+static base::ProcessSpec PdshSpec(const PdshSettings& s,
+                                  const std::vector<std::string>& hosts,
+                                  const std::string& command) {
+  base::ProcessSpec spec;
   spec.argv = {
       s.pdsh,          "-S", "-R", "ssh", "-f", std::to_string(s.fanout), "-w",
       Join(hosts, ",")};
@@ -59,14 +59,14 @@ static proto::ProcessSpec PdshSpec(const PdshSettings& s,
 
 // Collects a preflight pdsh's lines on a private loop.
 namespace {
-struct Collector : proto::ProcessSet::Delegate {
+struct Collector : base::ProcessSet::Delegate {
   std::vector<std::pair<bool, std::string>> lines;  // {is_stderr, line}
   bool done = false;
   std::string error;
   void OnProcessOutput(pid_t, bool is_stderr, std::string line, bool) override {
     lines.emplace_back(is_stderr, std::move(line));
   }
-  void OnProcessExited(pid_t, const proto::ExitInfo& info) override {
+  void OnProcessExited(pid_t, const base::ExitInfo& info) override {
     done = true;
     error = info.error;
   }
@@ -75,10 +75,10 @@ struct Collector : proto::ProcessSet::Delegate {
 
 // Runs pdsh to its end on a private io_context (its own reaper waits for
 // this pid only) for at most `timeout_s`; then kills pdsh's group.
-static Collector RunPdsh(const proto::ProcessSpec& spec, double timeout_s) {
+static Collector RunPdsh(const base::ProcessSpec& spec, double timeout_s) {
   Collector c;
   asio::io_context io;
-  proto::ProcessSet set(io, &c);
+  base::ProcessSet set(io, &c);
   set.set_drain_after_exit(std::chrono::milliseconds(200));
   StatusOr<pid_t> pid = set.Spawn(spec);
   if (!pid.ok()) {
@@ -185,7 +185,7 @@ std::vector<NodeCheck> PdshStarter::Preflight(const std::string& agent_path,
 // agent dials) and its own.
 void PdshStarter::AddRoutes(std::vector<NodeCheck>* checks) {
   for (auto& c : *checks) {
-    if (auto route = proto::RouteTo(c.host); route.ok()) {
+    if (auto route = base::RouteTo(c.host); route.ok()) {
       c.local_address = route->local;
       c.peer_address = route->peer;
     }
@@ -318,7 +318,7 @@ void PdshStarter::HandleLine(pid_t pid, bool is_stderr,
 
 // Reported after pdsh's last line, so nodes it named are reported as it
 // said; the others end with pdsh.
-void PdshStarter::OnProcessExited(pid_t pid, const proto::ExitInfo& info) {
+void PdshStarter::OnProcessExited(pid_t pid, const base::ExitInfo& info) {
   if (exits_.KillerEnded(pid)) return;
   exits_.ToolEnded(pid, info);
 }

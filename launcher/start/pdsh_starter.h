@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "base/process_set.h"
 #include "launcher/start/node_exits.h"
 #include "launcher/start/ssh_starter.h"  // NodeCheck
 #include "launcher/start/starter.h"
-#include "proto/process_set.h"
 
 namespace dslaunch::launcher {
 
@@ -30,7 +30,7 @@ struct PdshSettings {
   std::vector<std::string> extra_args;  // --launcher_args, after -w HOSTS
 };
 
-class PdshStarter : public Starter, private proto::ProcessSet::Delegate {
+class PdshStarter : public Starter, private base::ProcessSet::Delegate {
  public:
   PdshStarter(boost::asio::io_context& io, Starter::Delegate* delegate,
               PdshSettings settings, std::vector<std::string> hosts);
@@ -58,7 +58,7 @@ class PdshStarter : public Starter, private proto::ProcessSet::Delegate {
   Status Launch(const std::vector<int>& nodes);
   void OnProcessOutput(pid_t pid, bool is_stderr, std::string line,
                        bool partial) override;
-  void OnProcessExited(pid_t pid, const proto::ExitInfo& info) override;
+  void OnProcessExited(pid_t pid, const base::ExitInfo& info) override;
   void HandleLine(pid_t pid, bool is_stderr, const std::string& line);
   int NodeOf(const std::string& host) const;
   static void AddRoutes(std::vector<NodeCheck>* checks);
@@ -70,7 +70,7 @@ class PdshStarter : public Starter, private proto::ProcessSet::Delegate {
   NodeExits exits_;  // the first pdsh, every node's; then one per node
   std::vector<std::string> agent_argv_;  // node 0's agent command
   std::string job_id_;
-  proto::ProcessSet processes_;  // pdsh, its output and its exit
+  base::ProcessSet processes_;  // pdsh, its output and its exit
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

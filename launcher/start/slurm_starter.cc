@@ -55,8 +55,8 @@ std::vector<std::string> SrunArgv(const SrunSettings& s,
 
 // How srun runs: our environment (srun reads the allocation from it), in
 // its own session, SIGTERM when we go.
-static proto::ProcessSpec StepSpec(std::vector<std::string> argv) {
-  proto::ProcessSpec spec;
+static base::ProcessSpec StepSpec(std::vector<std::string> argv) {
+  base::ProcessSpec spec;
   spec.argv = std::move(argv);
   spec.inherit_env = true;
   spec.new_session = true;
@@ -65,10 +65,10 @@ static proto::ProcessSpec StepSpec(std::vector<std::string> argv) {
   return spec;
 }
 
-proto::ProcessSpec SrunSpec(const SrunSettings& settings,
-                            const std::vector<std::string>& hosts,
-                            const std::vector<std::string>& on,
-                            std::vector<std::string> agent_argv) {
+base::ProcessSpec SrunSpec(const SrunSettings& settings,
+                           const std::vector<std::string>& hosts,
+                           const std::vector<std::string>& on,
+                           std::vector<std::string> agent_argv) {
   return StepSpec(SrunArgv(settings, hosts, on, std::move(agent_argv)));
 }
 
@@ -169,7 +169,7 @@ Status SlurmStarter::StartSrun(const AgentBootstrap& boot) {
   RETURN_IF_ERROR(CheckSrunArgs(settings_));
   // The agents dial back our address on the route to node 0 (the nodes of
   // an allocation share a network); node 0's end of it is MASTER_ADDR.
-  ASSIGN_OR_RETURN(proto::Route route, RouteToNode0(hosts_.at(0)));
+  ASSIGN_OR_RETURN(base::Route route, RouteToNode0(hosts_.at(0)));
   started_.master_addr = route.peer;
   job_id_ = boot.job_id;
   agent_argv_ = AgentArgv(boot, 0, route.local);
@@ -214,7 +214,7 @@ void SlurmStarter::OnProcessOutput(pid_t pid, bool, std::string line, bool) {
   exits_.Ended(pid, e.node, e.how);
 }
 
-void SlurmStarter::OnProcessExited(pid_t pid, const proto::ExitInfo& info) {
+void SlurmStarter::OnProcessExited(pid_t pid, const base::ExitInfo& info) {
   if (exits_.KillerEnded(pid)) return;
   exits_.ToolEnded(pid, info);
 }

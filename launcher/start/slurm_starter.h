@@ -29,9 +29,9 @@
 #include <string>
 #include <vector>
 
+#include "base/process_set.h"
 #include "launcher/start/node_exits.h"
 #include "launcher/start/starter.h"
-#include "proto/process_set.h"
 
 namespace dslaunch::launcher {
 
@@ -52,10 +52,10 @@ std::vector<std::string> SrunArgv(const SrunSettings& settings,
 
 // How srun runs it: our environment and nothing added (no secret), in its
 // own session, SIGTERM when we go.
-proto::ProcessSpec SrunSpec(const SrunSettings& settings,
-                            const std::vector<std::string>& hosts,
-                            const std::vector<std::string>& on,
-                            std::vector<std::string> agent_argv);
+base::ProcessSpec SrunSpec(const SrunSettings& settings,
+                           const std::vector<std::string>& hosts,
+                           const std::vector<std::string>& on,
+                           std::vector<std::string> agent_argv);
 
 // --launcher_args srun cannot take from us: --export, --output (see above).
 Status CheckSrunArgs(const SrunSettings& settings);
@@ -70,7 +70,7 @@ struct SrunEvent {
 SrunEvent ParseSrunLine(const std::string& line,
                         const std::vector<std::string>& hosts);
 
-class SlurmStarter : public Starter, private proto::ProcessSet::Delegate {
+class SlurmStarter : public Starter, private base::ProcessSet::Delegate {
  public:
   SlurmStarter(boost::asio::io_context& io, Starter::Delegate* delegate,
                SrunSettings settings, std::vector<std::string> hosts);
@@ -93,7 +93,7 @@ class SlurmStarter : public Starter, private proto::ProcessSet::Delegate {
   Status StartSrun(const AgentBootstrap& boot);
   void OnProcessOutput(pid_t pid, bool is_stderr, std::string line,
                        bool partial) override;
-  void OnProcessExited(pid_t pid, const proto::ExitInfo& info) override;
+  void OnProcessExited(pid_t pid, const base::ExitInfo& info) override;
 
   boost::asio::io_context& io_;
   Starter::Delegate* delegate_;
@@ -103,7 +103,7 @@ class SlurmStarter : public Starter, private proto::ProcessSet::Delegate {
   std::vector<std::string> agent_argv_;  // what each step runs
   std::string job_id_;
   Started started_;
-  proto::ProcessSet processes_;
+  base::ProcessSet processes_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "proto/host_info.h"
+#include "base/host_info.h"
 
 namespace dslaunch::launcher {
 
@@ -124,11 +124,11 @@ void SshConnection::ReadAddresses() {
   sockaddr_storage a{};
   socklen_t len = sizeof(a);
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    local_address_ = proto::AddressToString(reinterpret_cast<sockaddr*>(&a));
+    local_address_ = base::AddressToString(reinterpret_cast<sockaddr*>(&a));
   }
   len = sizeof(a);
   if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    peer_address_ = proto::AddressToString(reinterpret_cast<sockaddr*>(&a));
+    peer_address_ = base::AddressToString(reinterpret_cast<sockaddr*>(&a));
   }
 }
 

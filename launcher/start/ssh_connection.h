@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace dslaunch::launcher {
 

@@ -6,7 +6,7 @@
 #include <chrono>
 #include <cstdio>
 
-#include "proto/line_splitter.h"
+#include "base/line_splitter.h"
 #include "proto/progress.h"  // EscapeControlChars
 #include "proto/version.h"
 
@@ -21,7 +21,7 @@ struct SshStarter::Node {
   std::atomic<bool> kill{false};       // set by Kill(), acted on by Monitor()
   std::atomic<bool> cancelled{false};  // Kill() before the start
   bool started = false;                // io thread only
-  proto::LineSplitter err_lines;       // agent stderr, cut into lines
+  base::LineSplitter err_lines;        // agent stderr, cut into lines
 };
 
 std::string ExpectedAgentVersion() {

@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "base/host_info.h"  // Route
+#include "base/status.h"
 #include "launcher/options.h"
 #include "launcher/plan/addresses.h"  // IsLocalHost
 #include "launcher/plan/plan.h"
-#include "proto/host_info.h"  // Route
-#include "proto/status.h"
 
 namespace dslaunch::launcher {
 
@@ -123,7 +123,7 @@ void PostStartDone(boost::asio::io_context& io, std::shared_ptr<bool> alive,
 // This side's address on the route to node 0's `host` and node 0's own
 // (its MASTER_ADDR), for modes whose one tool starts every agent (srun,
 // mpirun: the nodes share a network); Unavailable naming node 0 otherwise.
-StatusOr<proto::Route> RouteToNode0(const std::string& host);
+StatusOr<base::Route> RouteToNode0(const std::string& host);
 
 // What a start mode is built with.
 struct StarterContext {

@@ -5,10 +5,10 @@
 
 #include <boost/asio/post.hpp>
 
+#include "base/host_info.h"
 #include "launcher/start/ssh_connection.h"  // ShellQuote
 #include "launcher/start/start_mode.h"
 #include "launcher/start/starter.h"
-#include "proto/host_info.h"
 
 namespace dslaunch::launcher {
 
@@ -58,8 +58,8 @@ void PostStartDone(boost::asio::io_context& io, std::shared_ptr<bool> alive,
   });
 }
 
-StatusOr<proto::Route> RouteToNode0(const std::string& host) {
-  auto route = proto::RouteTo(host);
+StatusOr<base::Route> RouteToNode0(const std::string& host) {
+  auto route = base::RouteTo(host);
   if (!route.ok()) {
     return Unavailable("cannot reach node 0 (" + host +
                        ") from here: " + route.status().message());
@@ -85,7 +85,7 @@ std::vector<std::string> AgentArgv(const AgentBootstrap& boot, int node_rank,
   if (!o.control_addr.empty()) connect_host = o.control_addr;
   return {AgentPath(o),
           "--connect",
-          proto::JoinHostPort(connect_host, boot.control_port),
+          base::JoinHostPort(connect_host, boot.control_port),
           "--node_rank",
           std::to_string(node_rank),
           "--job_id",

@@ -5,7 +5,7 @@
 
 #include <algorithm>  // sort
 
-#include "proto/exit_status.h"
+#include "base/exit_status.h"
 
 namespace dslaunch::launcher {
 

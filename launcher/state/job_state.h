@@ -28,8 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "base/status.h"
 #include "launcher/plan/plan.h"
-#include "proto/status.h"
 
 namespace dslaunch::launcher {
 

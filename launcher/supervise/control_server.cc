@@ -61,7 +61,7 @@ ControlServer::~ControlServer() {
 
 StatusOr<int> ControlServer::Listen(const std::vector<std::string>& bind_addrs,
                                     int port) {
-  StatusOr<int> bound = proto::ListenAll(io_, bind_addrs, port, &acceptors_);
+  StatusOr<int> bound = base::ListenAll(io_, bind_addrs, port, &acceptors_);
   if (!bound.ok()) {
     return Status(bound.status().code(),
                   "control server: " + bound.status().message());

@@ -29,10 +29,10 @@
 #include <string>
 #include <vector>
 
+#include "base/listen.h"
+#include "base/status.h"
 #include "proto/channel.h"
 #include "proto/dslaunch.pb.h"
-#include "proto/listen.h"
-#include "proto/status.h"
 
 namespace dslaunch::launcher {
 
@@ -133,7 +133,7 @@ class ControlServer : public AgentLinks {
   boost::asio::io_context& io_;
   Options options_;
   Delegate* delegate_;
-  proto::Acceptors acceptors_;
+  base::Acceptors acceptors_;
   boost::asio::steady_timer heartbeat_timer_;
   boost::asio::steady_timer summary_timer_;
   // Pre-auth connections by arrival order (oldest first).

@@ -7,19 +7,15 @@
 
 #include <algorithm>  // max
 
+#include "base/exit_status.h"
+#include "base/unix_time.h"
 #include "launcher/plan/addresses.h"
 #include "launcher/report/closing_report.h"
-#include "proto/exit_status.h"
 #include "proto/progress.h"  // EscapeControlChars
-#include "proto/unix_time.h"
 
 namespace dslaunch::launcher {
 
 namespace asio = boost::asio;
-
-static std::chrono::milliseconds Ms(double seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-}
 
 static std::string Join(const std::vector<std::string>& parts,
                         const std::string& sep) {
@@ -54,19 +50,16 @@ static JobSpecParts SpecParts(const LaunchOptions& o, const StartMode& mode,
 Job::Job(asio::io_context& io, const LaunchOptions& options, Plan plan,
          EnvList job_env, RankCommand command, Console& console,
          std::string job_id, std::string secret)
-    : io_(io),
-      options_(options),
-      mode_(StartModeNamed(options.launcher)),
+    : options_(options),
       pool_(AgentPool(plan)),
       plan_(std::move(plan)),
-      spec_(SpecParts(options, mode_, std::move(job_id), std::move(job_env),
+      spec_(SpecParts(options, StartModeNamed(options.launcher),
+                      std::move(job_id), std::move(job_env),
                       std::move(command))),
       console_(console),
       gate_(std::move(secret), options.master_port_given),
       state_(plan_, options.max_restarts, options.node_cooldown_s),
       store_(io),
-      start_timer_(io),
-      stop_timer_(io),
       watch_(io, options, console,
              {[this](const std::vector<int>& ranks, const std::string& why) {
                 forensics_.CollectStacks(ranks, why);
@@ -79,7 +72,7 @@ Job::Job(asio::io_context& io, const LaunchOptions& options, Plan plan,
                     (void)links_->Send(node, msg);
                   },
                   [this](int rank, const std::string& why) {
-                    Act(state_.Hung(rank, why));
+                    stop_.Act(state_.Hung(rank, why));
                   }}),
       traffic_(state_, console, forensics_),
       restarts_(io, options, console, state_, pool_,
@@ -91,8 +84,10 @@ Job::Job(asio::io_context& io, const LaunchOptions& options, Plan plan,
                    StartNextGeneration(agents);
                  },
                  [this](const std::string& why) { Grow(why); },
-                 [this](int agent) { gate_.StartingAgain(agent); }}) {
-  if (mode_.agents_join) {
+                 [this](int agent) { gate_.StartingAgain(agent); }}),
+      stop_(io, options, console, state_, pool_, restarts_,
+            {[this] { StartTimedOut(); }, [this] { Ended(); }}) {
+  if (StartModeNamed(options.launcher).agents_join) {
     join_.emplace(io, options, console, state_,
                   static_cast<int>(plan_.nodes.size()),
                   [this](StatusOr<JoinedPlan> joined) {
@@ -113,7 +108,7 @@ void Job::Start(Starter* starter, AgentLinks* links, int control_port) {
   restarts_.SetStarter(starter);
   gate_.Started(starter->AgentsMakeSecrets());
   state_.Launched();
-  ArmStartTimer();
+  stop_.Start(starter, links);
   watch_.Start();
   if (join_) join_->Start(control_port, state_.launch_time());
   AgentBootstrap boot{&pool_, &options_, spec_.job_id, gate_.job_secret(),
@@ -128,17 +123,17 @@ void Job::OnStarted(StatusOr<Starter::Started> started) {
     console_.Note(started.status().message());
     if (state_.phase() == Phase::kStarting) {
       state_.StartFailed(started.status());
-      return io_.stop();
+      return stop_.End();
     }
     // Already stopping (interrupted meanwhile): what was not started never
     // will be, and no process of it will report its end.
     for (size_t n = 0; n < state_.nodes().size(); ++n) {
       const NodeRecord& node = state_.node(static_cast<int>(n));
       if (!node.authenticated && !node.process_exited)
-        Act(state_.AgentProcessExited(static_cast<int>(n),
-                                      "was never started"));
+        stop_.Act(state_.AgentProcessExited(static_cast<int>(n),
+                                            "was never started"));
     }
-    return MaybeEnd();
+    return stop_.MaybeEnd();
   }
   if (state_.phase() != Phase::kStarting) return;  // interrupted meanwhile
   if (options_.plan.master_addr.empty() && !started->master_addr.empty())
@@ -146,24 +141,27 @@ void Job::OnStarted(StatusOr<Starter::Started> started) {
   spdlog::info("agents started on {} nodes", pool_.nodes.size());
 }
 
-void Job::ArmStartTimer() {
-  start_timer_.expires_after(Ms(options_.start_timeout_s));
-  start_timer_.async_wait([this](const boost::system::error_code& ec) {
-    if (ec || state_.phase() != Phase::kStarting) return;
-    const std::string why =
-        (join_ ? "no agent joined as this node within "
-               : "its agent did not connect within ") +
-        std::to_string(static_cast<int>(options_.start_timeout_s)) + " s";
-    if (join_) join_->SayTimedOut();
-    for (size_t n = 0; n < state_.nodes().size(); ++n) {
-      if (!state_.node(static_cast<int>(n)).authenticated)
-        Act(state_.NodeLost(static_cast<int>(n), why));
-    }
-    // Only spares were missing: the others wait no longer.
-    if (state_.phase() == Phase::kStarting) {
-      for (int n : gate_.Release(state_)) SendJobSpec(n);
-    }
-  });
+void Job::StartTimedOut() {
+  const std::string why =
+      (join_ ? "no agent joined as this node within "
+             : "its agent did not connect within ") +
+      std::to_string(static_cast<int>(options_.start_timeout_s)) + " s";
+  if (join_) join_->SayTimedOut();
+  for (size_t n = 0; n < state_.nodes().size(); ++n) {
+    if (!state_.node(static_cast<int>(n)).authenticated)
+      stop_.Act(state_.NodeLost(static_cast<int>(n), why));
+  }
+  // Only spares were missing: the others wait no longer.
+  if (state_.phase() == Phase::kStarting) {
+    for (int n : gate_.Release(state_)) SendJobSpec(n);
+  }
+}
+
+void Job::Ended() {
+  restarts_.Stop();
+  if (join_) join_->Stop();
+  watch_.Stop();
+  store_.FailAll("job ended");
 }
 
 void Job::OnAgentSecret(int node_rank, std::string secret) {
@@ -180,7 +178,8 @@ void Job::OnAgentSecret(int node_rank, std::string secret) {
           " after its agent authenticated (not written by the agent)");
     case AgentGate::Line::kTwice:
       links_->NodeSecretKnown(node_rank);  // known to prove nothing
-      return Act(state_.NodeLost(node_rank, "two agents claimed the node"));
+      return stop_.Act(
+          state_.NodeLost(node_rank, "two agents claimed the node"));
   }
 }
 
@@ -298,12 +297,10 @@ void Job::StartJoinedJob(StatusOr<JoinedPlan> joined) {
   // Claims nobody took (--num_nodes MIN:MAX): lost, and waited for; an
   // agent that joins as one later grows the job.
   for (const NodePlan& spare : plan_.spares) {
-    Act(state_.NodeLost(spare.agent, "no agent joined as it"));
-    Act(state_.AgentProcessExited(spare.agent, "did not join"));
+    stop_.Act(state_.NodeLost(spare.agent, "no agent joined as it"));
+    stop_.Act(state_.AgentProcessExited(spare.agent, "did not join"));
   }
-  if (on_plan_final_) {
-    if (Status st = on_plan_final_(plan_); !st.ok()) return FailJoinedStart(st);
-  }
+  if (Status st = join_->PlanFinal(plan_); !st.ok()) return FailJoinedStart(st);
   console_.Note(
       (!plan_.spares.empty()
            ? std::to_string(plan_.nodes.size()) + " of " +
@@ -325,11 +322,8 @@ void Job::FailJoinedStart(const Status& why) {
   env.mutable_abort()->set_reason(why.message());
   env.mutable_abort()->set_kill_now(true);
   env.mutable_abort()->set_exit_status(state_.ExitStatus());
-  SendToAll(env);
-  links_->Shutdown();  // closes each connection once the Abort is out
-  stop_timer_.expires_after(std::chrono::milliseconds(200));
-  stop_timer_.async_wait(
-      [this](const boost::system::error_code&) { io_.stop(); });
+  stop_.SendToAll(env);
+  stop_.EndSoon();
 }
 
 void Job::OnAgentMessage(int node_rank, wire::Envelope&& msg) {
@@ -360,8 +354,8 @@ void Job::HandleWorkerStarted(int node_rank, const wire::WorkerStarted& s) {
   if (!action.ok())
     return spdlog::warn("node {}: {}", node_rank, action.status().message());
   // Stamped with this host's clock, as records are.
-  console_.board().Started(s.rank(), s.pid(), proto::SteadySeconds());
-  Act(*action);
+  console_.board().Started(s.rank(), s.pid(), base::SteadySeconds());
+  stop_.Act(*action);
   // Running now: a node that came back meanwhile may grow it.
   if (state_.phase() == Phase::kRunning) TendRestart();
 }
@@ -376,8 +370,8 @@ void Job::HandleWorkerExited(int node_rank, const wire::WorkerExited& e) {
   console_.EndOfOutput(e.rank());
   if (!e.error().empty())
     console_.Note("rank " + std::to_string(e.rank()) + ": " + e.error());
-  Act(*action);
-  MaybeEnd();
+  stop_.Act(*action);
+  stop_.MaybeEnd();
 }
 
 void Job::HandleGenerationEnded(int node_rank, const wire::GenerationEnded& e) {
@@ -389,11 +383,7 @@ void Job::HandleGenerationEnded(int node_rank, const wire::GenerationEnded& e) {
 
 void Job::TendRestart() {
   if (state_.ReadyToRestart()) {
-    // Every rank of the generation is gone; from now on --rejoin_timeout
-    // bounds the wait for nodes, not the stop's timer (which would end the
-    // job while an agent started again is still on its way).
-    stop_timer_.cancel();
-    stop_timer_armed_ = false;
+    stop_.RestartDue();
   }
   restarts_.Tend();
 }
@@ -403,11 +393,11 @@ void Job::GiveUpRestart(const std::string& why) {
   state_.GiveUpRejoin(why);
   // The waiting agents exit; those started again that have not come back
   // are killed (Abort).
-  Act(JobState::Action::kAbortAll);
+  stop_.Act(JobState::Action::kAbortAll);
 }
 
 void Job::Grow(const std::string& why) {
-  if (state_.Grow(why)) Act(JobState::Action::kAbortAll);
+  if (state_.Grow(why)) stop_.Act(JobState::Action::kAbortAll);
 }
 
 // A fresh rendezvous on the agents chosen: node ranks and ranks renumbered
@@ -450,9 +440,9 @@ void Job::StartNextGeneration(const std::vector<int>& agents) {
                 ? " (was " + std::to_string(world_before) + ")"
                 : "");
   }
-  console_.Note(RestartName(ended.cause == Outcome::Cause::kGrow, 0) + " (" +
-                took + " s after the stop began): " + ended.reason + size +
-                "; MASTER_PORT " + std::to_string(plan_.master_port));
+  console_.Note(RestartName(state_, ended.cause == Outcome::Cause::kGrow, 0) +
+                " (" + took + " s after the stop began): " + ended.reason +
+                size + "; MASTER_PORT " + std::to_string(plan_.master_port));
   for (const NodePlan& node : plan_.nodes) SendJobSpec(node.agent);
 }
 
@@ -471,23 +461,23 @@ void Job::OnAgentDisconnected(int node_rank, const Status& why) {
   if (join_ && join_->Assembling(node_rank) &&
       state_.NodeLeftBeforeStart(node_rank))
     return join_->Left(node_rank, why);
-  Act(state_.NodeDisconnected(
+  stop_.Act(state_.NodeDisconnected(
       node_rank, why.ok() ? std::string("closed") : why.message()));
   // Where the start tool's daemons own the agent process (mpirun), an agent
   // that said it is done and closed has ended as far as we can tell.
   // A joined agent is not ours to wait for: its connection is all of it.
   if (starter_ && !starter_->SeesAgentProcesses() &&
       (join_ || state_.node(node_rank).done))
-    Act(state_.AgentProcessExited(node_rank, "ended"));
+    stop_.Act(state_.AgentProcessExited(node_rank, "ended"));
   TendRestart();
-  MaybeEnd();
+  stop_.MaybeEnd();
 }
 
 void Job::OnAgentProcessExited(int node_rank, const std::string& how) {
   gate_.Spend(node_rank);  // its agent is gone: its secret proves nothing
-  Act(state_.AgentProcessExited(node_rank, how));
+  stop_.Act(state_.AgentProcessExited(node_rank, how));
   TendRestart();
-  MaybeEnd();
+  stop_.MaybeEnd();
 }
 
 void Job::OnSignal(int sig) {
@@ -498,7 +488,7 @@ void Job::OnSignal(int sig) {
   } else if (action == JobState::Action::kKillAll) {
     console_.Note("killing every rank now");
   }
-  Act(action);
+  stop_.Act(action);
 }
 
 void Job::OnStoppedByScheduler(const std::string& why) {
@@ -509,132 +499,19 @@ void Job::StoppedFromOutside(int sig, const std::string& why) {
   const JobState::Action action = state_.StoppedFromOutside(sig, why);
   if (action == JobState::Action::kAbortAll)
     console_.Note(why + "; stopping every rank");
-  Act(action);
+  stop_.Act(action);
 }
 
 // An agent signalled by someone else stops its ranks: they die of that, not
 // of a failure of their own. Under SLURM it is SLURM ending the step.
 void Job::HandleAgentSignalled(int node_rank, int sig) {
   const std::string& host = pool_.nodes[node_rank].host;
-  StoppedFromOutside(sig, mode_.scheduler_signals_agents
-                              ? "SLURM stopped the step (" + SignalName(sig) +
-                                    " to the agent on " + host + ")"
-                              : "the agent on " + host + " received " +
-                                    SignalName(sig) + " from outside dslaunch");
-}
-
-void Job::Act(JobState::Action action) {
-  switch (action) {
-    case JobState::Action::kNone:
-      return;
-    case JobState::Action::kAbortAll:
-      return Abort(false);
-    case JobState::Action::kKillAll:
-      return Abort(true);
-    case JobState::Action::kShutdownAll:
-      return ShutdownAll();
-  }
-}
-
-void Job::SendToAll(const wire::Envelope& msg) {
-  for (size_t n = 0; n < state_.nodes().size(); ++n) {
-    if (state_.node(static_cast<int>(n)).authenticated)
-      (void)links_->Send(static_cast<int>(n), msg);
-  }
-}
-
-void Job::ShutdownAll() {
-  ArmStopTimer();
-  wire::Envelope env;
-  env.mutable_shutdown();
-  SendToAll(env);
-  KillUnconnected();
-}
-
-// "restart 2 of 3" (the --max_restarts budget), with the generation's
-// number where grows made them differ; a grow spends nothing. `ahead`: 1 for
-// the restart to come, 0 for the one just made.
-std::string Job::RestartName(bool grow, int ahead) const {
-  const int generation = state_.restarts() + ahead;
-  if (grow) {
-    return "restart " + std::to_string(generation) +
-           ", which grows the job (no restart of --max_restarts spent)";
-  }
-  const int spent = state_.failure_restarts() + ahead;
-  return "restart " + std::to_string(spent) + " of " +
-         std::to_string(state_.max_restarts()) +
-         (spent == generation
-              ? std::string()
-              : " (generation " + std::to_string(generation) + ")");
-}
-
-void Job::KillUnconnected() {
-  for (size_t n = 0; n < state_.nodes().size(); ++n) {
-    const int agent = static_cast<int>(n);
-    const NodeRecord& node = state_.node(agent);
-    if (node.authenticated || node.process_exited) continue;
-    // A restart is due: spares and agents started again stay.
-    if (state_.restart_pending() &&
-        (!node.member || restarts_.StartingAgain(agent)))
-      continue;
-    starter_->Kill(agent);
-  }
-}
-
-void Job::Abort(bool kill_now) {
-  ArmStopTimer();
-  spdlog::info("stopping: {}", state_.outcome().reason);
-  wire::Envelope env;
-  env.mutable_abort()->set_reason(state_.outcome().reason);
-  env.mutable_abort()->set_kill_now(kill_now);
-  env.mutable_abort()->set_exit_status(state_.ExitStatus());
-  env.mutable_abort()->set_restart(state_.restart_pending());
-  if (state_.restart_pending()) {
-    console_.Note(
-        state_.outcome().reason + "; stopping every rank, then " +
-        RestartName(state_.outcome().cause == Outcome::Cause::kGrow, 1));
-  }
-  // Agents standing by have no ranks to stop: an Abort that restarts
-  // leaves them be, one that ends the job ends them.
-  for (size_t n = 0; n < state_.nodes().size(); ++n) {
-    const NodeRecord& node = state_.node(static_cast<int>(n));
-    if (node.authenticated && (node.member || !state_.restart_pending()))
-      (void)links_->Send(static_cast<int>(n), env);
-  }
-  KillUnconnected();
-  MaybeEnd();
-}
-
-void Job::ArmStopTimer() {
-  start_timer_.cancel();
-  // The job ends (no restart is due, or it was called off): what the
-  // starter started may end with it.
-  if (starter_ && !state_.restart_pending()) starter_->Stopping();
-  if (stop_timer_armed_) return;
-  stop_timer_armed_ = true;
-  // Agents SIGKILL their workers after the grace period; one that still has
-  // not finished well after that is killed itself.
-  stop_timer_.expires_after(Ms(options_.kill_grace_s + 5));
-  stop_timer_.async_wait([this](const boost::system::error_code& ec) {
-    if (ec) return;
-    for (size_t n = 0; n < state_.nodes().size(); ++n) {
-      const int node = static_cast<int>(n);
-      if (state_.node(node).finished() || state_.node(node).idle) continue;
-      if (state_.restart_pending() && restarts_.StartingAgain(node)) continue;
-      console_.Note("agent of node " + std::to_string(node) + " (" +
-                    pool_.nodes[node].host +
-                    ") did not stop in time; killing it");
-      starter_->Kill(node);
-    }
-    stop_timer_.expires_after(std::chrono::seconds(3));
-    stop_timer_.async_wait([this](const boost::system::error_code& ec) {
-      if (ec) return;
-      state_.GiveUp();
-      store_.FailAll("job ended");
-      links_->Shutdown();
-      io_.stop();
-    });
-  });
+  StoppedFromOutside(
+      sig, StartModeNamed(options_.launcher).scheduler_signals_agents
+               ? "SLURM stopped the step (" + SignalName(sig) +
+                     " to the agent on " + host + ")"
+               : "the agent on " + host + " received " + SignalName(sig) +
+                     " from outside dslaunch");
 }
 
 int Job::Finish() {
@@ -644,17 +521,6 @@ int Job::Finish() {
        forensics_.oom(), forensics_.error_files(), spec_.env,
        gate_.job_secret(), options_.log_dir},
       console_);
-}
-
-void Job::MaybeEnd() {
-  if (!state_.MaybeEnd()) return;
-  stop_timer_.cancel();
-  restarts_.Stop();
-  if (join_) join_->Stop();
-  watch_.Stop();
-  store_.FailAll("job ended");
-  links_->Shutdown();
-  io_.stop();
 }
 
 }  // namespace dslaunch::launcher

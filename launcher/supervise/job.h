@@ -4,15 +4,15 @@
 // keeps the rule the product exists for: the first failure (a rank's exit,
 // a lost node, an interrupt) stops every rank everywhere. Join assembly
 // (JoinAssembly), forensics (JobForensics), the periodic watch (JobWatch),
-// the ranks' output and progress (RankTraffic), restart tending (Restarts)
-// and the closing report (report/closing_report) are its parts. Agents are
+// the ranks' output and progress (RankTraffic), restart tending (Restarts),
+// stopping agents and ending the job (JobStop) and the closing report
+// (report/closing_report) are its parts. Agents are
 // known by their fixed index (spares last); each generation's plan maps its
 // node ranks to them. Owned by the Launcher (or a test, with fake agents and a
 // FakeStarter); io_context thread only.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <functional>
 #include <map>
 #include <optional>
@@ -32,6 +32,7 @@
 #include "launcher/supervise/agent_gate.h"
 #include "launcher/supervise/control_server.h"
 #include "launcher/supervise/job_forensics.h"
+#include "launcher/supervise/job_stop.h"
 #include "launcher/supervise/job_watch.h"
 #include "launcher/supervise/join_assembly.h"
 #include "launcher/supervise/kv_store.h"
@@ -64,7 +65,7 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   // from the agents (their hostnames and slot counts), before any JobSpec
   // goes out: the console opens the new ranks' logs. An error stops the job.
   void SetOnPlanFinal(std::function<Status(const Plan&)> f) {
-    on_plan_final_ = std::move(f);
+    if (join_) join_->SetOnPlanFinal(std::move(f));
   }
 
   const JobState& state() const { return state_; }
@@ -90,7 +91,10 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
 
  private:
   void OnStarted(StatusOr<Starter::Started> started);
-  void ArmStartTimer();
+  // --start_timeout passed while starting: nodes not in are lost.
+  void StartTimedOut();
+  // The job ended: its parts stop (JobStop then ends the loop).
+  void Ended();
   // --launcher join: every node joined; sends every JobSpec.
   void StartJoinedJob(StatusOr<JoinedPlan> joined);
   // The joined agents hear why (an Abort with the exit status) before the
@@ -111,22 +115,9 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   // The next generation on `agents`: node ranks and ranks renumbered.
   void StartNextGeneration(const std::vector<int>& agents);
   void Grow(const std::string& why);
-  // Agents started but not connected are killed (nothing to stop
-  // gracefully), unless they are on their way to a later generation.
-  void KillUnconnected();
-  std::string RestartName(bool grow, int ahead) const;
   void HandleStore(int node_rank, const wire::StoreRequest& request);
-  void Act(JobState::Action action);
-  // Aborts every rank (SIGTERM, SIGKILL after the grace; at once if kill_now).
-  void Abort(bool kill_now);
-  void ShutdownAll();
-  void ArmStopTimer();
-  void MaybeEnd();
-  void SendToAll(const wire::Envelope& msg);
 
-  boost::asio::io_context& io_;
   const LaunchOptions& options_;
-  const StartMode& mode_;
   Plan pool_;
   Plan plan_;
   JobSpecParts spec_;  // what every node's JobSpec shares
@@ -136,15 +127,12 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   KvStore store_;
   Starter* starter_ = nullptr;
   AgentLinks* links_ = nullptr;
-  boost::asio::steady_timer start_timer_;
-  boost::asio::steady_timer stop_timer_;
-  bool stop_timer_armed_ = false;
   std::optional<JoinAssembly> join_;  // --launcher join only
-  std::function<Status(const Plan&)> on_plan_final_;
   JobWatch watch_;
   JobForensics forensics_;
   RankTraffic traffic_;  // output, progress, stats and stacks of ranks
   Restarts restarts_;
+  JobStop stop_;
 };
 
 }  // namespace dslaunch::launcher

@@ -6,7 +6,7 @@
 #include <chrono>
 #include <cstdio>
 
-#include "proto/unix_time.h"
+#include "base/unix_time.h"
 
 namespace dslaunch::launcher {
 
@@ -43,7 +43,7 @@ void JobWatch::Arm() {
   timer_.expires_after(kTick);
   timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec || !running_) return;
-    const double now = proto::SteadySeconds();
+    const double now = base::SteadySeconds();
     console_.Tick(now);
     if (now - last_check_ >= 1.0) Check(now);
     Arm();

@@ -36,7 +36,7 @@ class JobWatch {
   // The job restarted: ranks named hung before are not any more (the
   // report keeps what was said).
   void NewGeneration() { hung_now_.clear(); }
-  // One look at the board at `now` (proto::SteadySeconds); Start calls it each
+  // One look at the board at `now` (base::SteadySeconds); Start calls it each
   // second. Public for tests.
   void Check(double now);
 

@@ -2,8 +2,8 @@
 
 #include <algorithm>  // max
 
-#include "proto/host_info.h"  // CpuListString
-#include "proto/progress.h"   // EscapeForLog
+#include "base/host_info.h"  // CpuListString
+#include "proto/progress.h"  // EscapeForLog
 
 namespace dslaunch::launcher {
 
@@ -36,7 +36,7 @@ std::string JoinAssembly::MissingNodes() const {
     if (!joined_.count(static_cast<int>(n)))
       missing.push_back(static_cast<int>(n));
   }
-  return proto::CpuListString(missing);  // "1,3-5,7": short for many
+  return base::CpuListString(missing);  // "1,3-5,7": short for many
 }
 
 void JoinAssembly::SayMissing() {

@@ -43,6 +43,15 @@ class JoinAssembly {
   void Left(int node_rank, const Status& why);
   // --join_timeout passed: the line that names the missing nodes.
   void SayTimedOut() const;
+  // Called with the plan made from the agents once the Job has taken it,
+  // before any JobSpec goes out (the console opens the new ranks' logs);
+  // an error stops the job.
+  void SetOnPlanFinal(std::function<Status(const Plan&)> f) {
+    on_plan_final_ = std::move(f);
+  }
+  Status PlanFinal(const Plan& plan) const {
+    return on_plan_final_ ? on_plan_final_(plan) : Status::Ok();
+  }
   void Stop();
 
  private:
@@ -56,6 +65,7 @@ class JoinAssembly {
   const JobState& state_;
   const size_t num_nodes_;
   Complete complete_;
+  std::function<Status(const Plan&)> on_plan_final_;
   boost::asio::steady_timer timer_;
   boost::asio::steady_timer settle_;  // MIN joined: --join_settle runs
   bool done_ = false;

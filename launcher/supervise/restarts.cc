@@ -27,6 +27,20 @@ std::string WholeSeconds(double s) {
 
 }  // namespace
 
+std::string RestartName(const JobState& state, bool grow, int ahead) {
+  const int generation = state.restarts() + ahead;
+  if (grow) {
+    return "restart " + std::to_string(generation) +
+           ", which grows the job (no restart of --max_restarts spent)";
+  }
+  const int spent = state.failure_restarts() + ahead;
+  return "restart " + std::to_string(spent) + " of " +
+         std::to_string(state.max_restarts()) +
+         (spent == generation
+              ? std::string()
+              : " (generation " + std::to_string(generation) + ")");
+}
+
 Restarts::Restarts(boost::asio::io_context& io, const LaunchOptions& options,
                    Console& console, JobState& state, const Plan& pool,
                    int min_nodes, int max_nodes, Hooks hooks)

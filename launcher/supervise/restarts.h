@@ -32,6 +32,11 @@
 
 namespace dslaunch::launcher {
 
+// "restart 2 of 3" (the --max_restarts budget), with the generation's
+// number where grows made them differ; a grow spends nothing. `ahead`: 1 for
+// the restart to come, 0 for the one just made.
+std::string RestartName(const JobState& state, bool grow, int ahead);
+
 class Restarts {
  public:
   struct Hooks {

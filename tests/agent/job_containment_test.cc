@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "agent/worker_set.h"
-#include "proto/process_tree.h"
+#include "base/process_tree.h"
 #include "tests/common/run_until.h"
 
 namespace dslaunch::agent {
@@ -29,20 +29,20 @@ TEST(Cgroup2Mount, FindsTheCgroup2MountAmongOthers) {
       "32 31 0:28 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
       "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime shared:10 - cgroup2 "
       "cgroup2 rw\n";
-  EXPECT_EQ(proto::Cgroup2Mount(mountinfo), "/sys/fs/cgroup/unified");
+  EXPECT_EQ(base::Cgroup2Mount(mountinfo), "/sys/fs/cgroup/unified");
 }
 
 TEST(Cgroup2Mount, IgnoresABindMountedSubtreeAndNoMountAtAll) {
   EXPECT_EQ(
-      proto::Cgroup2Mount("50 1 0:38 /job /mnt/cg rw - cgroup2 cgroup2 rw\n"),
+      base::Cgroup2Mount("50 1 0:38 /job /mnt/cg rw - cgroup2 cgroup2 rw\n"),
       "");
-  EXPECT_EQ(proto::Cgroup2Mount("25 1 0:23 / /sys rw - sysfs sysfs rw\n"), "");
+  EXPECT_EQ(base::Cgroup2Mount("25 1 0:23 / /sys rw - sysfs sysfs rw\n"), "");
 }
 
 TEST(Cgroup2Path, TakesTheUnifiedLine) {
-  EXPECT_EQ(proto::Cgroup2Path("4:memory:/a\n0::/user.slice/x.scope\n"),
+  EXPECT_EQ(base::Cgroup2Path("4:memory:/a\n0::/user.slice/x.scope\n"),
             "/user.slice/x.scope");
-  EXPECT_EQ(proto::Cgroup2Path("4:memory:/a\n"), "");
+  EXPECT_EQ(base::Cgroup2Path("4:memory:/a\n"), "");
 }
 
 bool Contains(const std::vector<pid_t>& v, pid_t p) {
@@ -85,9 +85,9 @@ TEST(LiveDescendants, FindsChildrenAndGrandchildrenButNotOthers) {
   SmallTree tree;
   ASSERT_GT(tree.child, 0);
   ASSERT_GT(tree.grandchild, 0);
-  const std::vector<pid_t> found = proto::LiveDescendants(::getpid());
+  const std::vector<pid_t> found = base::LiveDescendants(::getpid());
   const std::vector<pid_t> pruned =
-      proto::LiveDescendants(::getpid(), {tree.child});
+      base::LiveDescendants(::getpid(), {tree.child});
   EXPECT_TRUE(Contains(found, tree.child));
   EXPECT_TRUE(Contains(found, tree.grandchild));
   EXPECT_FALSE(Contains(found, ::getpid()));
@@ -100,21 +100,21 @@ TEST(SignalLiveDescendants, KillsTheTreeButNotWhatIsSkipped) {
   SmallTree spared, doomed;
   ASSERT_GT(spared.grandchild, 0);
   ASSERT_GT(doomed.grandchild, 0);
-  EXPECT_EQ(proto::SignalLiveDescendants(::getpid(), {spared.child}, SIGKILL),
+  EXPECT_EQ(base::SignalLiveDescendants(::getpid(), {spared.child}, SIGKILL),
             2);
   int status = 0;
   ASSERT_EQ(::waitpid(doomed.child, &status, 0), doomed.child);
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
   doomed.child = -1;
   // The grandchild went to init (or a subreaper): wait until it is dead.
-  for (int i = 0; i < 500 && proto::IsLiveProcess(doomed.grandchild); ++i) {
+  for (int i = 0; i < 500 && base::IsLiveProcess(doomed.grandchild); ++i) {
     ::usleep(2000);
   }
-  EXPECT_FALSE(proto::IsLiveProcess(doomed.grandchild));
-  EXPECT_TRUE(proto::IsLiveProcess(spared.child));
-  EXPECT_TRUE(proto::IsLiveProcess(spared.grandchild));
+  EXPECT_FALSE(base::IsLiveProcess(doomed.grandchild));
+  EXPECT_TRUE(base::IsLiveProcess(spared.child));
+  EXPECT_TRUE(base::IsLiveProcess(spared.grandchild));
   // Nothing left below us but what is skipped: nothing more is signalled.
-  EXPECT_EQ(proto::SignalLiveDescendants(::getpid(), {spared.child}, SIGKILL),
+  EXPECT_EQ(base::SignalLiveDescendants(::getpid(), {spared.child}, SIGKILL),
             0);
 }
 

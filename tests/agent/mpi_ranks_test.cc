@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "base/unix_socket.h"
 #include "proto/auth.h"
-#include "proto/unix_socket.h"
 
 namespace dslaunch::agent {
 namespace {
@@ -168,7 +168,7 @@ class MpiHoldersTest : public ::testing::Test {
           const bool open = ConnectOnce(MpiSocketName("secret", job_, 3));
           out += open ? "open\n" : "closed\n";
         }
-        (void)proto::WriteAll(fds[1], out);
+        (void)base::WriteAll(fds[1], out);
         holders.Release();
         io.stop();
       });
@@ -226,7 +226,7 @@ class MpiHoldersTest : public ::testing::Test {
           const uint32_t n = static_cast<uint32_t>(payload.size());
           const char header[4] = {char(n >> 24), char(n >> 16), char(n >> 8),
                                   char(n)};
-          (void)proto::WriteAll(fd, std::string(header, 4) + payload);
+          (void)base::WriteAll(fd, std::string(header, 4) + payload);
           char reply = 0;
           const ssize_t got = ::read(fd, &reply, 1);
           ::_exit(got == 1 && reply == 'X' ? 64 : got == 1 ? 0 : 69);

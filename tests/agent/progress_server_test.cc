@@ -18,8 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "base/unix_socket.h"
 #include "proto/progress.h"
-#include "proto/unix_socket.h"
 #include "tests/common/run_until.h"
 
 namespace dslaunch::agent {
@@ -85,7 +85,7 @@ class ProgressServerTest : public ::testing::Test {
   }
   // A raw client connection, as a rank in another language would open.
   int ConnectRaw(const std::string& path) {
-    StatusOr<int> fd = proto::ConnectUnixSocket(path);
+    StatusOr<int> fd = base::ConnectUnixSocket(path);
     EXPECT_TRUE(fd.ok()) << fd.status().message();
     return fd.ok() ? *fd : -1;
   }

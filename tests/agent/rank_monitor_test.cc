@@ -92,7 +92,7 @@ TEST_F(RankMonitorTest, SendsRankStatsWhileRanksRunAndStopsAfter) {
   EXPECT_GT(stats.entries(0).rss_bytes(), 0);
   EXPECT_GT(stats.time(), 1.7e9);
   wire::WorkerExited exited;
-  monitor_->OnExited(3, proto::ExitInfo{}, &exited);
+  monitor_->OnExited(3, base::ExitInfo{}, &exited);
   const size_t before = Count(wire::Envelope::kRankStats);
   RunUntil(
       io_, [] { return false; }, milliseconds(200));
@@ -106,10 +106,10 @@ TEST_F(RankMonitorTest, ReadsTheErrorFileOfAFailedRankOnly) {
   monitor_->OnStarted(1, 1001, dir_ + "/error-1.json", "");
   monitor_->OnStarted(2, 1002, dir_ + "/error-2.json", "");
   wire::WorkerExited failed, fine;
-  proto::ExitInfo code1;
+  base::ExitInfo code1;
   code1.exit_code = 1;
   monitor_->OnExited(1, code1, &failed);
-  monitor_->OnExited(2, proto::ExitInfo{}, &fine);
+  monitor_->OnExited(2, base::ExitInfo{}, &fine);
   EXPECT_EQ(failed.error_file(), "{\"message\": \"boom\"}");
   EXPECT_EQ(fine.error_file(), "");
   EXPECT_FALSE(failed.oom_killed());
@@ -132,10 +132,10 @@ TEST_F(RankMonitorTest, AnUnsentSigkillIsMatchedToTheKernelLog) {
   ASSERT_EQ(::write(w, rec.data(), rec.size()),
             static_cast<ssize_t>(rec.size()));
   ::close(w);
-  proto::ExitInfo killed;
+  base::ExitInfo killed;
   killed.signal = SIGKILL;
   wire::WorkerExited e0, e1;
-  proto::ExitInfo stopped = killed;
+  base::ExitInfo stopped = killed;
   stopped.signalled = true;  // the agent's own SIGKILL: never asked
   monitor_->OnExited(1, stopped, &e1);
   monitor_->OnExited(0, killed, &e0);
@@ -154,7 +154,7 @@ TEST_F(RankMonitorTest, StacksOfARankNotRunningOrOfAnotherNode) {
   monitor_->OnStarted(4, s.pid(), dir_ + "/error-4.json", "");
   monitor_->OnStarted(5, 1005, dir_ + "/error-5.json", "");
   wire::WorkerExited e;
-  monitor_->OnExited(5, proto::ExitInfo{}, &e);
+  monitor_->OnExited(5, base::ExitInfo{}, &e);
   wire::CollectStacks req;
   req.add_ranks(5);
   req.add_ranks(9);  // not this node's

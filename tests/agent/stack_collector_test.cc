@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "proto/process_set.h"  // ResolveProgram
+#include "base/process_set.h"  // ResolveProgram
 #include "tests/common/child_process.h"
 #include "tests/common/run_until.h"
 
@@ -71,8 +71,8 @@ class StackCollectorTest : public ::testing::Test {
 };
 
 TEST_F(StackCollectorTest, RealToolShowsTheFramesOfASleepingProcess) {
-  const bool have = proto::ResolveProgram("eu-stack", "/usr/bin:/bin").ok() ||
-                    proto::ResolveProgram("gdb", "/usr/bin:/bin").ok();
+  const bool have = base::ResolveProgram("eu-stack", "/usr/bin:/bin").ok() ||
+                    base::ResolveProgram("gdb", "/usr/bin:/bin").ok();
   if (!have) GTEST_SKIP() << "neither eu-stack (elfutils) nor gdb installed";
   Child sleeper({"sleep", "60"});
   ASSERT_GT(sleeper.pid(), 0);
@@ -226,7 +226,7 @@ TEST_F(StackCollectorTest, BoundsConcurrencyAndMergesRepeatedRanks) {
 TEST_F(StackCollectorTest, UsesPySpyForAPythonInterpreter) {
   FakeTool("py-spy", "echo \"py-spy $*\"");
   FakeTool("eu-stack", "echo eu-stack");
-  const auto python = proto::ResolveProgram("python3", ::getenv("PATH"));
+  const auto python = base::ResolveProgram("python3", ::getenv("PATH"));
   if (!python.ok()) GTEST_SKIP() << "no python3";
   Child py({*python, "-c", "import time; time.sleep(60)"});
   Child sleeper({"sleep", "60"});

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "proto/process_tree.h"  // ParentOf, IsLiveProcess
+#include "base/process_tree.h"  // ParentOf, IsLiveProcess
 #include "tests/common/child_process.h"
 #include "tests/common/run_until.h"
 
@@ -80,7 +80,7 @@ TEST_F(StackHelperTest, TheToolIsAChildOfTheHelperWhichIsAChildOfTheAgent) {
   const pid_t helper = client_->Tracer();
   ASSERT_GT(helper, 0);
   EXPECT_NE(helper, ::getpid());  // the ranks' tracer is never the agent
-  EXPECT_EQ(proto::ParentOf(helper), ::getpid());
+  EXPECT_EQ(base::ParentOf(helper), ::getpid());
   EXPECT_EQ(client_->Tracer(), helper);  // one helper, started once
   client_->Collect(3, rank_.pid());
   ASSERT_TRUE(WaitReplies(1));
@@ -131,7 +131,7 @@ TEST_F(StackHelperTest, AKilledHelperIsAnErrorAnswerNamingItNotAHang) {
       << replies_[0].error();
   EXPECT_EQ(client_->Tracer(), 0);  // a dead pid is never named again
   // Its tool died with it (PR_SET_PDEATHSIG): nothing traces the rank.
-  EXPECT_TRUE(RunUntil(io_, [&] { return !proto::IsLiveProcess(tool); }));
+  EXPECT_TRUE(RunUntil(io_, [&] { return !base::IsLiveProcess(tool); }));
   client_->Collect(4, rank_.pid());  // answered at once
   ASSERT_EQ(replies_.size(), 2u);
   EXPECT_NE(replies_[1].error().find("is gone"), std::string::npos);
@@ -181,7 +181,7 @@ TEST_F(StackHelperTest, StopEndsTheHelperAndItsToolsAndAnswersNothing) {
   client_->Stop();
   // The helper ends by itself on the end of its connection.
   EXPECT_TRUE(RunUntil(io_, [&] {
-    return !proto::IsLiveProcess(helper) && !proto::IsLiveProcess(tool);
+    return !base::IsLiveProcess(helper) && !base::IsLiveProcess(tool);
   }));
   EXPECT_TRUE(replies_.empty());
   client_->Collect(4, rank_.pid());

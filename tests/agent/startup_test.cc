@@ -148,7 +148,7 @@ TEST_F(AgentStartupJoin, RefusesWhatCannotWork) {
             std::string::npos);
   EXPECT_NE(UsageError(Flags({"--join", "l:1", "--secret_file", secret_,
                               "--ready_file", secret_}))
-                .find("must name a new file"),
+                .find("is not one an agent left"),
             std::string::npos);
   // A world-readable secret file is used, with a warning naming it.
   std::filesystem::permissions(secret_, std::filesystem::perms::others_read,
@@ -158,6 +158,47 @@ TEST_F(AgentStartupJoin, RefusesWhatCannotWork) {
   ASSERT_TRUE(s.ok()) << s.status().message();
   ASSERT_FALSE(s->warnings.empty());
   EXPECT_NE(s->warnings[0].find(secret_), std::string::npos) << s->warnings[0];
+}
+
+// The pod's /tmp outlives its container: the probe files an agent that was
+// killed left behind are the next agent's (a warning says so); any other
+// file of that name is still refused.
+TEST_F(AgentStartupJoin, TakesOverTheProbeFilesAKilledAgentLeft) {
+  std::ofstream(dir_ + "/ready") << "node 2\n";
+  std::ofstream(dir_ + "/alive") << "dsagent alive\n";
+  auto s = ResolveStartup(
+      Flags({"--join", "l:1", "--secret_file", secret_, "--ready_file",
+             dir_ + "/ready", "--alive_file", dir_ + "/alive"}),
+      Env({}));
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->options.alive_file, dir_ + "/alive");
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/ready"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/alive"));
+  std::vector<std::string> removed;
+  for (const auto& w : s->warnings)
+    if (w.find(": removed the one an earlier agent left") != std::string::npos)
+      removed.push_back(w);
+  ASSERT_EQ(removed.size(), 2u);
+  EXPECT_EQ(removed[0].rfind("--ready_file " + dir_ + "/ready: ", 0), 0u)
+      << removed[0];
+  EXPECT_EQ(removed[1].rfind("--alive_file " + dir_ + "/alive: ", 0), 0u)
+      << removed[1];
+
+  std::ofstream(dir_ + "/notes") << "my notes\n";
+  EXPECT_NE(UsageError(Flags({"--join", "l:1", "--secret_file", secret_,
+                              "--alive_file", dir_ + "/notes"}))
+                .find("is not one an agent left"),
+            std::string::npos);
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/notes"));
+  EXPECT_NE(UsageError(Flags({"--join", "l:1", "--secret_file", secret_,
+                              "--ready_file", dir_ + "/x", "--alive_file",
+                              dir_ + "/x"}))
+                .find("name one file"),
+            std::string::npos);
+  EXPECT_NE(UsageError(Flags({"--connect", "h:1", "--job_id", "j",
+                              "--alive_file", dir_ + "/alive"}))
+                .find("go with --join"),
+            std::string::npos);
 }
 
 TEST(AgentStartup, UnderMpirunLocalRankZeroIsTheAgentTheOthersHold) {

@@ -274,6 +274,25 @@ class Manifests(unittest.TestCase):
             self.assertEqual(c["readinessProbe"]["exec"]["command"], ["test", "-f", ready])
 
     @per_flavour
+    def test_liveness_probe_checks_the_file_the_agent_touches(self, fl):
+        # A frozen agent stops touching it; the kubelet restarts it well
+        # within the launcher's --rejoin_timeout, and it joins the next
+        # generation.
+        for w in fl.workers:
+            c = only_container(w)
+            flags, _ = flag_pairs(c["args"])
+            alive = flags["--alive_file"]
+            self.assertTrue(alive.startswith("/tmp/"), alive)
+            self.assertNotEqual(alive, flags["--ready_file"])
+            probe = c["livenessProbe"]
+            self.assertEqual(probe["exec"]["command"], ["dsagent", "--alive_check", alive])
+            # Within 30 s of the last touch the check passes: never restart
+            # a live agent for one slow probe, nor wait past the rejoin timeout.
+            restart_after = 30 + probe["periodSeconds"] * probe["failureThreshold"]
+            self.assertLess(restart_after, float(fl.flags.get("--rejoin_timeout", 300)))
+            self.assertGreaterEqual(probe["failureThreshold"], 2)
+
+    @per_flavour
     def test_everything_written_goes_to_tmp_on_a_read_only_root(self, fl):
         for doc in (fl.launcher,) + fl.workers:
             name = doc["metadata"]["name"]

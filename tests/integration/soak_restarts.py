@@ -13,7 +13,8 @@ Where the nodes are (--over):
   slurm  a cluster.sh SLURM cluster of 3 nodes, inside salloc -N3
          (--launcher slurm: the agents are an srun step);
   pods   tests/pods/pods.sh pods, --launcher join; the soak restarts a failed
-         agent in its pod, as the platform does.
+         agent in its pod, and one that fails the liveness probe, as the
+         platform does.
 All but local need root; the soak builds the cluster or pods and tears them
 down.
 
@@ -23,7 +24,8 @@ A fault is one of (each site has those it can suffer):
   agent SIGSTOP               frozen: its heartbeats stop, the launcher counts
                               the node lost, kills the agent (by pid over a
                               second ssh, pdsh or srun where the tool cannot end
-                              it) and starts it again (not pods: see PodsSite);
+                              it) and starts it again; in a pod the liveness
+                              probe fails and the platform restarts it;
   link down                   a random node's network cable pulled for 1-4 s
                               (ssh, pdsh: the spare takes its place at once);
   node daemons                a SLURM node's slurmstepd and our agent under it
@@ -349,13 +351,17 @@ class PodsSite:
     pods 0-2 (a pod beyond --num_nodes is no spare under join: its claim is
     refused). The soak plays the platform: an agent that ends with a failure
     while the job runs is started again in its pod (restartPolicy
-    OnFailure), also after its pod was deleted and made anew. The training's
+    OnFailure), also after its pod was deleted and made anew; and it runs the
+    manifests' liveness probe (dsagent --alive_check on the agent's
+    --alive_file, scaled down: every second, 5 s, twice), restarting the
+    container of an agent that fails it, as the kubelet does with a frozen
+    one. Each agent has the manifests' ready and alive files in its pod's
+    TMPDIR, which outlives its container as an emptyDir does. The training's
     files are in the pods' shared volume (every pod's UID writes there)."""
     name = "pods"
-    # No frozen agent: the launcher cannot reach into a pod to end it (the
-    # job waits --rejoin_timeout for the node, then ends 69); that is a
-    # liveness probe's work, which the deploy manifests do not define.
-    faults = ("rank SIGKILL", "rank SIGTERM", "agent SIGKILL", "pod deleted")
+    faults = ("rank SIGKILL", "rank SIGTERM", "agent SIGKILL", "agent SIGSTOP",
+              "pod deleted")
+    ALIVE_WITHIN, PROBE_FAILURES = 5, 2
     POD_ARGS = ["--num_gpus", "1", "--no_local_rank", "--env", "OMP_NUM_THREADS=1"]
 
     def __init__(self, pods):
@@ -369,14 +375,40 @@ class PodsSite:
                                 stdin=subprocess.DEVNULL, stdout=log or subprocess.DEVNULL,
                                 stderr=log or subprocess.PIPE)
 
+    def pod_file(self, pod, name):
+        return os.path.join(self.pods["PODS_DIR"], "pod-%d" % pod, "tmp", name)
+
     def start_agent(self, pod):
         """Its log (the container's): <log_dir>-agent-POD-N.log."""
         self.started += 1
+        self.probe_failures[pod] = 0
         with open("%s-agent-%d-%d.log" % (self.log_prefix, pod, self.started), "w") as log:
             self.agents[pod] = self.run_in_pod(pod, [
                 os.path.join(self.pods["PODS_BIN"], "dsagent"),
                 "--join", "%s:29400" % self.pods["PODS_LAUNCHER"],
-                "--secret_file", self.pods["PODS_SECRET"]], log)
+                "--secret_file", self.pods["PODS_SECRET"],
+                "--ready_file", self.pod_file(pod, "dsagent.joined"),
+                "--alive_file", self.pod_file(pod, "dsagent.alive")], log)
+            self.started_at[pod] = time.monotonic()
+
+    def alive(self, pod):
+        """The liveness probe's command; a container just started is given
+        the manifests' initial delay (scaled down)."""
+        if time.monotonic() - self.started_at[pod] < self.ALIVE_WITHIN:
+            return True
+        return subprocess.run(
+            [os.path.join(self.pods["PODS_BIN"], "dsagent"), "--alive_check",
+             self.pod_file(pod, "dsagent.alive"), "--alive_within", str(self.ALIVE_WITHIN)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30).returncode == 0
+
+    def restart_container(self, pod):
+        """The container's processes killed (the pod, its TMPDIR and its
+        network stay), then it starts again."""
+        for pid in self.pod_pids(pod):
+            kill(pid, signal.SIGKILL)
+        self.agents[pod].kill()
+        self.agents[pod].wait()
+        self.start_agent(pod)
 
     def launch(self, work, logs, cfg, extra):
         job = self.run_in_pod("launcher", [
@@ -388,6 +420,7 @@ class PodsSite:
             # The agents' logs beside the launcher's --log_dir (which is the
             # launcher's UID's alone).
             self.log_prefix, self.restarts, self.agents, self.started = logs, [], {}, 0
+            self.probe_failures, self.started_at = {}, {}
             self.job = job
             for pod in range(3):
                 self.start_agent(pod)
@@ -395,11 +428,16 @@ class PodsSite:
         return job
 
     def platform(self, job):
-        """While the launcher runs: agents that failed are started again."""
+        """While the launcher runs: agents that failed are started again,
+        and those that fail the liveness probe twice in a row restarted."""
+        next_probe = time.monotonic() + 1
         while True:
             with self.lock:
                 if job.poll() is not None:
                     return
+                probe = time.monotonic() >= next_probe
+                if probe:
+                    next_probe = time.monotonic() + 1
                 for pod, agent in list(self.agents.items()):
                     # Not one that the job's end ended (the launcher goes
                     # after its agents).
@@ -407,6 +445,13 @@ class PodsSite:
                         self.restarts.append("pod %d's agent (exit %d)" % (
                             pod, agent.returncode))
                         self.start_agent(pod)
+                    elif probe and agent.poll() is None:
+                        self.probe_failures[pod] = (
+                            0 if self.alive(pod) else self.probe_failures[pod] + 1)
+                        if (self.probe_failures[pod] >= self.PROBE_FAILURES
+                                and not self.ending(job)):
+                            self.restarts.append("pod %d's agent (liveness)" % pod)
+                            self.restart_container(pod)
             time.sleep(0.1)
 
     @staticmethod
@@ -440,9 +485,13 @@ class PodsSite:
         with self.lock:  # the platform deletes it whole, then makes it anew
             for pid in self.pod_pids(pod):
                 kill(pid, signal.SIGKILL)
-            # Its container too, should it be still on its way into the pod.
+            # Its container too, should it be still on its way into the pod;
+            # a new pod has a new TMPDIR.
             self.agents[pod].kill()
             self.agents[pod].wait()
+            for name in ("dsagent.joined", "dsagent.alive"):
+                if os.path.lexists(self.pod_file(pod, name)):
+                    os.unlink(self.pod_file(pod, name))
             if self.job.poll() is None:
                 self.start_agent(pod)
         return "pod %d deleted and made anew" % pod

@@ -518,12 +518,18 @@ class TrainingSurvivesFaults(PodTest):
         soak_restarts.prepare(work)
         whole = soak_restarts.uninterrupted(site, work)
         soak_restarts.assert_survives(self, site, work, whole, 0, fault)
+        return site
 
     def test_a_pod_deleted_and_made_anew(self):
         self.check("pod deleted")
 
     def test_an_agent_killed_and_restarted_by_the_platform(self):
         self.check("agent SIGKILL")
+
+    def test_an_agent_frozen_and_restarted_by_its_liveness_probe(self):
+        site = self.check("agent SIGSTOP")
+        # Nothing but the probe restarts a frozen agent in its pod.
+        self.assertTrue(any("liveness" in r for r in site.restarts), site.restarts)
 
 
 if __name__ == "__main__":

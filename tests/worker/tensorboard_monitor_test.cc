@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "proto/tensorboard_event.pb.h"
+#include "base/tensorboard_event.pb.h"
 #include "worker/train_config.h"
 
 namespace dslaunch::worker {

@@ -237,7 +237,7 @@ TEST_F(ConsoleTest, TightensALogFileLeftWorldReadableByAnEarlierRun) {
   EXPECT_EQ(s.st_mode & 0777, 0600u);
 }
 
-// The modes themselves: FileModes in tests/proto/safe_files_test.cc.
+// The modes themselves: FileModes in tests/base/safe_files_test.cc.
 
 TEST_F(ConsoleTest, AnnotatesProgressInMetricsAndShowsRankZeros) {
   Console& c = Make();

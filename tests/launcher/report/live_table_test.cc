@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "proto/utf8.h"
+#include "base/utf8.h"
 
 namespace dslaunch::launcher {
 namespace {
@@ -24,8 +24,8 @@ std::vector<std::string> Lines(const std::string& text) {
   return out;
 }
 
-// Terminal columns (wide characters count two; tests/proto/utf8_test.cc).
-size_t Columns(const std::string& s) { return proto::DisplayColumns(s); }
+// Terminal columns (wide characters count two; tests/base/utf8_test.cc).
+size_t Columns(const std::string& s) { return base::DisplayColumns(s); }
 
 bool EndsWith(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() &&

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "proto/tb_events.h"
-#include "proto/tensorboard_event.pb.h"
+#include "base/tb_events.h"
+#include "base/tensorboard_event.pb.h"
 
 namespace dslaunch::launcher {
 namespace {
@@ -57,7 +57,7 @@ std::map<int64_t, std::map<std::string, float>> ReadRun(const fs::path& run) {
     uint32_t crc = 0;
     for (int i = 3; i >= 0; --i)
       crc = (crc << 8) | uint8_t(data[at + 12 + length + i]);
-    EXPECT_EQ(crc, proto::MaskedCrc32c(body));
+    EXPECT_EQ(crc, base::MaskedCrc32c(body));
     ::dslaunch::tensorboard::Event event;
     EXPECT_TRUE(event.ParseFromArray(body.data(), int(body.size())));
     for (const auto& v : event.summary().value()) {

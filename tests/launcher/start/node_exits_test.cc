@@ -17,8 +17,8 @@ struct Recorder : Starter::Delegate {
   std::vector<std::pair<int, std::string>> ended;
 };
 
-proto::ExitInfo ExitedWith(int code) {
-  proto::ExitInfo info;
+base::ExitInfo ExitedWith(int code) {
+  base::ExitInfo info;
   info.exit_code = code;
   info.wait_status = code << 8;
   return info;

@@ -47,7 +47,7 @@ TEST(MpirunArgv, OneProcessPerRankNodeByNodeEachAgentPrintingItsSecret) {
 // reads it: it holds the MPI key only, never what the launcher accepts.
 TEST(MpirunSpec, TheEnvironmentHoldsTheMpiKeyAndNoSecret) {
   const std::string key(64, 'k');
-  proto::ProcessSpec spec = MpirunSpec({"mpirun", "dsagent"}, key, false);
+  base::ProcessSpec spec = MpirunSpec({"mpirun", "dsagent"}, key, false);
   EXPECT_EQ(spec.argv, (Words{"mpirun", "dsagent"}));
   EXPECT_TRUE(spec.inherit_env);
   EXPECT_EQ(spec.env, (Words{"DSLAUNCH_MPI_KEY=" + key}));

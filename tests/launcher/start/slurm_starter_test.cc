@@ -85,8 +85,8 @@ TEST(SrunArgv, ALostNodesAgentRunsInAStepOnThatNodeAlone) {
 // srun's environment lasts the whole job, where a rank of the same user
 // reads it: nothing is added to ours.
 TEST(SrunSpec, AddsNothingToTheEnvironment) {
-  const proto::ProcessSpec spec = SrunSpec(SrunSettings(), {"n1"}, {"n1"},
-                                           {"/opt/dsagent", "--job_id", "j"});
+  const base::ProcessSpec spec = SrunSpec(SrunSettings(), {"n1"}, {"n1"},
+                                          {"/opt/dsagent", "--job_id", "j"});
   EXPECT_TRUE(spec.inherit_env);
   EXPECT_TRUE(spec.env.empty());
   EXPECT_EQ(spec.argv.back(), "--secret_stdout");
