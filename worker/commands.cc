@@ -1,5 +1,6 @@
 #include "worker/commands.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -9,6 +10,7 @@
 #include "worker/checkpoint.h"
 #include "worker/comm.h"
 #include "worker/data_loader.h"
+#include "worker/device_loader.h"
 #include "worker/model.h"
 #include "worker/stop_signal.h"
 #include "worker/train_config.h"
@@ -65,6 +67,21 @@ int RunTrain(const TrainArgs& args) {
   }
   TrainOptions options;
   options.init_model = args.init_model;
+  auto asked = ParseDeviceKind(args.device);
+  if (!asked.ok()) return Fail(asked.status());
+  std::string note;
+  if (*asked == DeviceKind::kAuto &&
+      (config->zero.stage != 0 || config->fp16.enabled)) {
+    // What the GPU engine does not train yet stays on the CPU under auto.
+    options.device = DeviceKind::kCpu;
+  } else {
+    auto device = ResolveDevice(*asked, &note);
+    if (!device.ok()) return Fail(device.status());
+    options.device = *device;
+  }
+  const char* local_rank = std::getenv("LOCAL_RANK");
+  options.local_rank = local_rank != nullptr ? std::atoi(local_rank)
+                                             : std::max(0, args.local_rank);
   auto trainer = Trainer::Create(*config, std::move(comm).value(), options);
   if (!trainer.ok()) return Fail(trainer.status());
   auto result = (*trainer)->Run();

@@ -17,6 +17,7 @@ struct TrainArgs {
   std::vector<std::string> overrides;
   std::string save_model;
   int local_rank = -1;
+  std::string device = "auto";  // --device auto|cpu|cuda
 };
 struct PrepareArgs {
   PrepareOptions options;

@@ -28,6 +28,9 @@ int main(int argc, char** argv) {
   // Gloo writes to its peers' sockets without MSG_NOSIGNAL: a peer that died
   // must give an error to report, not a SIGPIPE that hides which rank failed.
   std::signal(SIGPIPE, SIG_IGN);
+  // Line by line, also into a pipe: under dslaunch the header and the
+  // val_loss lines reach the console as they happen, not at exit.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   // Parallelism comes from OpenMP; OpenBLAS's own spinning threads would
   // fight the OpenMP team for the same cores (6x slower measured on 2 cores).
   openblas_set_num_threads(1);
@@ -52,6 +55,9 @@ int main(int argc, char** argv) {
                 "write the final model as an llm.c model file");
   t->add_option("--local_rank", train.local_rank,
                 "accepted as DeepSpeed passes it");
+  t->add_option("--device", train.device,
+                "auto (the GPU when one is visible and the CUDA engine is "
+                "built), cpu or cuda");
   dslaunch::worker::PrepareArgs prep;
   auto* p = app.add_subcommand("prepare",
                                "train a BPE tokenizer and write token shards");

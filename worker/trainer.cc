@@ -7,6 +7,7 @@
 #include <cmath>
 #include <csignal>  // SIGTERM
 #include <cstdio>
+#include <cstdlib>  // getenv
 
 #include "base/exit_status.h"  // SignalName
 #include "worker/checkpoint.h"
@@ -23,7 +24,18 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Comm> comm)
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const TrainConfig& config, std::unique_ptr<Comm> comm,
     const TrainOptions& options) {
-  if (config.fp16.enabled || config.bf16) {
+  if (options.device == DeviceKind::kCuda) {
+    if (config.zero.stage != 0) {
+      return InvalidArgument(
+          "zero_optimization.stage " + std::to_string(config.zero.stage) +
+          ": the GPU engine trains stage 0 so far; use stage 0 or --device "
+          "cpu");
+    }
+    if (config.fp16.enabled) {
+      return InvalidArgument(
+          "fp16: the GPU engine trains in fp32 or bf16 so far");
+    }
+  } else if (config.fp16.enabled || config.bf16) {
     return InvalidArgument("fp16/bf16: the CPU engine trains in fp32");
   }
   std::unique_ptr<Trainer> t(new Trainer(config, std::move(comm)));
@@ -72,7 +84,85 @@ Status Trainer::Init(const TrainOptions& options) {
     ASSIGN_OR_RETURN(val_, DataLoader::Open(d));
   }
   ASSIGN_OR_RETURN(tensorboard_, TensorBoardMonitor::Open(config_, rank));
-  return MaybeResume();
+  if (options.device == DeviceKind::kCuda) RETURN_IF_ERROR(InitDevice(options));
+  RETURN_IF_ERROR(MaybeResume());
+  if (engine_ && !config_.checkpoint.resume.empty()) {
+    RETURN_IF_ERROR(PushToDevice());
+  }
+  return Status::Ok();
+}
+
+Status Trainer::InitDevice(const TrainOptions& options) {
+  const ParamLayout& layout = model_->layout();
+  const ModelConfig& mc = layout.config();
+  DeviceEngineOptions o;
+  DeviceModelSpec& s = o.model;
+  s.max_seq_len = mc.max_seq_len;
+  s.vocab_size = mc.vocab_size;
+  s.padded_vocab_size = mc.padded_vocab_size;
+  s.num_layers = mc.num_layers;
+  s.num_heads = mc.num_heads;
+  s.channels = mc.channels;
+  s.num_params = layout.num_params();
+  for (int k = 0; k < kNumParamKinds; ++k)
+    s.offset[k] = layout.Offset(static_cast<ParamKind>(k), 0);
+  for (const DecaySegment& seg : layout.DecaySegments())
+    s.segments.push_back({seg.range.begin, seg.range.end, seg.decay});
+  std::string why;
+  o.device = DeviceForLocalRank(options.local_rank, CudaDeviceCount(&why));
+  // fp32 configs compute exact fp32 products unless DSL_CUDA_TF32=1 lets
+  // the tensor cores round their inputs to tf32 (PyTorch's allow_tf32).
+  const char* tf32 = std::getenv("DSL_CUDA_TF32");
+  o.precision = config_.bf16 ? DevicePrecision::kBf16
+                : tf32 != nullptr && std::string(tf32) == "1"
+                    ? DevicePrecision::kTf32
+                    : DevicePrecision::kFp32;
+  ASSIGN_OR_RETURN(engine_, OpenCudaEngine(o));
+  return PushToDevice();
+}
+
+Status Trainer::Device(bool ok) const {
+  if (ok) return Status::Ok();
+  return Internal("GPU: " + engine_->error());
+}
+
+Status Trainer::PushToDevice() {
+  RETURN_IF_ERROR(Device(engine_->SetParams(model_->params().data())));
+  return Device(engine_->SetMoments(m_.data(), v_.data()));
+}
+
+Status Trainer::PullFromDevice() {
+  if (!engine_) return Status::Ok();
+  RETURN_IF_ERROR(Device(engine_->GetParams(model_->params().data())));
+  return Device(engine_->GetMoments(m_.data(), v_.data()));
+}
+
+// Stage 0 on the GPU: the same step as the CPU's, with the gradients summed
+// across ranks through host memory (Gloo) when there are several.
+StatusOr<StepResult> Trainer::DeviceStep() {
+  RETURN_IF_ERROR(Device(engine_->ZeroGrad()));
+  const int gas = config_.batch.gradient_accumulation_steps;
+  float loss = 0;
+  for (int micro = 0; micro < gas; ++micro) {
+    const Batch& b = train_->NextBatch();
+    float l = 0;
+    RETURN_IF_ERROR(Device(engine_->TrainMicroBatch(
+        b.inputs.data(), b.targets.data(), b.batch_size, b.seq_len,
+        1.0f / static_cast<float>(gas), &l)));
+    loss += l;
+  }
+  loss /= static_cast<float>(gas);
+  StepResult r;
+  if (comm_->size() > 1) {
+    RETURN_IF_ERROR(Device(engine_->GetGrads(model_->grads().data())));
+    RETURN_IF_ERROR(ReduceGradients());
+    RETURN_IF_ERROR(Device(engine_->SetGrads(model_->grads().data())));
+  }
+  double squares = 0;
+  RETURN_IF_ERROR(Device(engine_->GradSquaredSum(&squares)));
+  r.grad_norm = static_cast<float>(std::sqrt(squares));
+  r.loss = loss;
+  return r;
 }
 
 Status Trainer::InitSharded(const ModelConfig& mc,
@@ -199,6 +289,7 @@ Status Trainer::ResumeMoments(const std::string& dir, size_t n) {
 }
 
 StatusOr<std::vector<float>> Trainer::WholeParams() {
+  RETURN_IF_ERROR(PullFromDevice());
   const size_t n = model_->layout().num_params();
   if (!zero_) {
     auto p = model_->params().first(n);
@@ -211,6 +302,7 @@ StatusOr<std::vector<float>> Trainer::WholeParams() {
 }
 
 Status Trainer::Save() {
+  RETURN_IF_ERROR(PullFromDevice());
   const size_t n = model_->layout().num_params();
   const Partition part = MakePartition(n, comm_->size());
   const int rank = comm_->rank();
@@ -250,6 +342,7 @@ Status Trainer::Save() {
 }
 
 int64_t Trainer::model_state_bytes() const {
+  if (engine_) return engine_->state_bytes();
   if (zero_) return zero_->state_bytes();
   const int64_t n = static_cast<int64_t>(model_->params().size());
   return 4 * (n + static_cast<int64_t>(model_->grads().size())) +
@@ -326,25 +419,28 @@ AdamParams Trainer::Adam(double lr) const {
 
 StatusOr<StepResult> Trainer::Step() {
   ++step_;
-  if (zero_) {
+  StepResult r;
+  float loss = 0;
+  if (engine_) {
+    ASSIGN_OR_RETURN(r, DeviceStep());
+    loss = r.loss;
+  } else if (zero_) {
     zero_->ZeroGrad();
   } else {
     model_->ZeroGrad();
   }
   const int gas = config_.batch.gradient_accumulation_steps;
-  float loss = 0;
-  for (int micro = 0; micro < gas; ++micro) {
+  for (int micro = 0; !engine_ && micro < gas; ++micro) {
     const Batch& b = train_->NextBatch();
     loss += model_->Forward(b.inputs.data(), b.targets.data(), b.batch_size,
                             b.seq_len);
     model_->Backward(1.0f / static_cast<float>(gas));
   }
-  loss /= static_cast<float>(gas);
-  StepResult r;
+  if (!engine_) loss /= static_cast<float>(gas);
   if (zero_) {
     ASSIGN_OR_RETURN(r.grad_norm,
                      zero_->FinishGradients());  // reduced layer by layer
-  } else {
+  } else if (!engine_) {
     RETURN_IF_ERROR(ReduceGradients());
     ASSIGN_OR_RETURN(r.grad_norm, GlobalGradNorm());
   }
@@ -354,7 +450,12 @@ StatusOr<StepResult> Trainer::Step() {
                                : 1.0f;
   r.lr =
       LearningRate(config_, step_ - 1);  // DeepSpeed steps its scheduler after
-  if (zero_) {
+  if (engine_) {
+    const AdamParams a = Adam(r.lr);
+    RETURN_IF_ERROR(Device(engine_->AdamStep(
+        {a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.adamw_mode, a.step},
+        clip_scale)));
+  } else if (zero_) {
     RETURN_IF_ERROR(zero_->Update(Adam(r.lr), clip_scale));
   } else {
     RETURN_IF_ERROR(UpdateParameters(r.lr, clip_scale));
@@ -377,8 +478,15 @@ StatusOr<float> Trainer::Evaluate(int batches) {
   float loss = 0;
   for (int i = 0; i < batches; ++i) {
     const Batch& b = val_->NextBatch();
-    loss += model_->Forward(b.inputs.data(), b.targets.data(), b.batch_size,
-                            b.seq_len);
+    if (engine_) {
+      float l = 0;
+      RETURN_IF_ERROR(Device(engine_->EvalBatch(
+          b.inputs.data(), b.targets.data(), b.batch_size, b.seq_len, &l)));
+      loss += l;
+    } else {
+      loss += model_->Forward(b.inputs.data(), b.targets.data(), b.batch_size,
+                              b.seq_len);
+    }
   }
   loss /= static_cast<float>(batches);
   if (comm_->size() > 1) {
@@ -386,6 +494,15 @@ StatusOr<float> Trainer::Evaluate(int batches) {
     loss /= static_cast<float>(comm_->size());
   }
   return loss;
+}
+
+// "  gpu_mem 7.31 GiB" (the engine's allocator peak), or nothing on the CPU.
+std::string Trainer::GpuMemoryNote() const {
+  if (!engine_) return "";
+  char text[48];
+  std::snprintf(text, sizeof text, "  gpu_mem %.2f GiB",
+                static_cast<double>(engine_->peak_memory_bytes()) / (1 << 30));
+  return text;
 }
 
 std::string Trainer::Summary() const {
@@ -407,6 +524,7 @@ std::string Trainer::Summary() const {
       b.train_batch_size, b.micro_batch_per_gpu, b.gradient_accumulation_steps,
       ranks, ranks == 1 ? "" : "s", config_.model.seq_len, threads,
       threads == 1 ? "" : "s");
+  if (engine_) return std::string(line) + "; GPU " + engine_->Describe();
   return line;
 }
 
@@ -462,9 +580,9 @@ StatusOr<StepResult> Trainer::Run() {
     // our own only where nobody receives it.
     if (comm_->rank() == 0 && !progress_.connected()) {
       std::printf(
-          "step %6lld  loss %.6f  lr %.3e  grad_norm %.4f  %.0f tok/s\n",
+          "step %6lld  loss %.6f  lr %.3e  grad_norm %.4f  %.0f tok/s%s\n",
           static_cast<long long>(step_), last.loss, last.lr, last.grad_norm,
-          rep.tokens_per_s);
+          rep.tokens_per_s, GpuMemoryNote().c_str());
       std::fflush(stdout);
     }
     if (stopping) return last;  // its record is out; no evaluation now

@@ -13,6 +13,8 @@
 
 #include "worker/comm.h"
 #include "worker/data_loader.h"
+#include "worker/device_engine.h"
+#include "worker/device_loader.h"
 #include "worker/model.h"
 #include "worker/progress_reporter.h"
 #include "worker/tensorboard_monitor.h"
@@ -24,6 +26,10 @@ namespace dslaunch::worker {
 struct TrainOptions {
   std::string init_model;  // --init: an llm.c model file instead of random init
   bool quiet = false;      // no per-step line on rank 0
+  // Where the model trains (resolved: kCpu or kCuda). On kCuda the GPU is
+  // LOCAL_RANK's among the visible ones (device_loader.h).
+  DeviceKind device = DeviceKind::kCpu;
+  int local_rank = 0;
 };
 
 struct StepResult {
@@ -61,6 +67,15 @@ class Trainer {
   Status Init(const TrainOptions& options);
   Status InitSharded(const ModelConfig& mc,
                      const TrainOptions& options);  // stages 2, 3
+  // The CUDA engine for stage 0, given the host model's parameters.
+  Status InitDevice(const TrainOptions& options);
+  Status Device(bool ok) const;  // the engine's error() as a Status
+  // The engine's parameters and moments into the host buffers (before a
+  // checkpoint or WholeParams); and back after a resume.
+  Status PullFromDevice();
+  Status PushToDevice();
+  StatusOr<StepResult> DeviceStep();
+  std::string GpuMemoryNote() const;
   AdamParams Adam(double lr) const;
   Status MaybeResume();
   Status KeepGlobalBatch(const std::string& dir, int64_t saved);
@@ -76,6 +91,9 @@ class Trainer {
   std::unique_ptr<Comm> comm_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<ZeroState> zero_;  // stages 2 and 3: the model's ParamSource
+  // --device cuda: trains instead of model_, whose host buffers then only
+  // carry initial values, checkpoints and the cross-rank gradient sums.
+  std::unique_ptr<DeviceEngine> engine_;
   std::unique_ptr<DataLoader> train_;
   std::unique_ptr<DataLoader> val_;
   ProgressReporter progress_;

@@ -27,7 +27,7 @@ declare -A max_len=([hostfile]=8192 [frames]=8192 [progress]=70000 [config]=8192
 launcher=$(command -v ccache || true)
 if [ ! -f "$build/build.ninja" ]; then
   CC=clang-14 CXX=clang++-14 cmake -S "$root" -B "$build" -G Ninja \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDSL_FUZZ=ON \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDSL_FUZZ=ON -DDSL_CUDA=OFF \
     ${launcher:+-DCMAKE_CXX_COMPILER_LAUNCHER=$launcher} >/dev/null
 fi
 cmake --build "$build" -j"$jobs" --target "${targets[@]/%/_fuzz}"

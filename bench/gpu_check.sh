@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# The GPU check of dsworker's CUDA engine: one command for a borrowed
+# machine with one NVIDIA GPU, CUDA 13 and PyTorch, and nothing of ours.
+#
+# Here, after a build with the CUDA engine (build/bin/libdsl_cuda.so):
+#   bench/gpu_check.sh --pack
+# packs dsworker, libdsl_cuda.so, cuda_tests and the shared libraries they
+# need that are not the C/C++ runtime or CUDA's (OpenBLAS, Gloo, yaml-cpp,
+# ...) into .gpu/bundle.tar.xz (ignored by git; carry .gpu to the GPU).
+#
+# There:
+#   bench/gpu_check.sh OUTDIR
+# unpacks the bundle, runs the gpu tests (cuda_tests: every kernel against
+# the CPU reference, training against the CPU engine), then the benchmark:
+# GPT-2 124M (12 layers, 12 heads, 768 wide, T 1024) tokens/s and MFU for
+# dsworker in bf16 and fp32 next to PyTorch on the same GPU, same model,
+# batch and optimizer (bench/torch_gpt2_gpu.py: bf16 autocast with
+# torch.compile and SDPA, and eager), and last compute-sanitizer's memcheck
+# over the kernel tests. OUTDIR gets table.md, summary.txt and the logs.
+#
+# env: BATCH micro-batch (16)  STEPS (20)  WARMUP steps left out (5)
+#      TORCH_STEPS (30)  TORCH_WARMUP (10)  SKIP_TORCH=1  SKIP_SANITIZER=1
+#      SANITIZE=1: memcheck even when the tests pass
+#      QUICK=1: PyTorch's compiled bf16 run only
+#      PEAK_TFLOPS dense bf16 peak for MFU (989.5, H100/H200 SXM)
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUNDLE=$ROOT/.gpu/bundle.tar.xz
+
+if [[ "${1:-}" == "--pack" ]]; then
+  BUILD=${DSLAUNCH_BUILD:-$ROOT/build}
+  bins=("$BUILD/bin/dsworker" "$BUILD/bin/libdsl_cuda.so" "$BUILD/bin/cuda_tests")
+  for b in "${bins[@]}"; do
+    [[ -f "$b" ]] || { echo "no $b: build with the CUDA engine first" >&2; exit 1; }
+  done
+  stage=$(mktemp -d)
+  trap 'rm -rf "$stage"' EXIT
+  mkdir -p "$stage/bin" "$stage/lib"
+  cp "${bins[@]}" "$stage/bin/"
+  # Everything the binaries load but the C/C++ runtime (the GPU machine's
+  # own is newer) and CUDA's libraries (the GPU machine has its own).
+  ldd "${bins[@]}" | awk '/=> \//{print $1, $3}' | sort -u |
+    while read -r name path; do
+      case "$name" in
+        libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|libstdc++.so*|\
+        libgcc_s.so*|ld-linux*|libcublas*|libcudart*|libnccl*|libdsl_cuda.so) continue ;;
+      esac
+      cp -L "$path" "$stage/lib/$name"
+    done
+  mkdir -p "$ROOT/.gpu"
+  tar -C "$stage" -cJf "$BUNDLE" bin lib
+  ls -l "$BUNDLE"
+  tar -tJvf "$BUNDLE"
+  exit 0
+fi
+
+OUT=${1:?usage: bench/gpu_check.sh OUTDIR | --pack}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+BATCH=${BATCH:-16}
+STEPS=${STEPS:-20}
+WARMUP=${WARMUP:-5}
+TORCH_STEPS=${TORCH_STEPS:-30}
+TORCH_WARMUP=${TORCH_WARMUP:-10}
+PEAK_TFLOPS=${PEAK_TFLOPS:-989.5}
+PY=${PYTHON:-python3}
+SUMMARY=$OUT/summary.txt
+say() { echo "$*" | tee -a "$SUMMARY"; }
+t_start=$(date +%s)
+elapsed() { echo "$(($(date +%s) - t_start)) s"; }
+
+[[ -f "$BUNDLE" ]] || { echo "no $BUNDLE: run bench/gpu_check.sh --pack where it was built, and carry .gpu" >&2; exit 1; }
+WORK=$(mktemp -d /tmp/dsl_gpu.XXXXXX)
+tar -C "$WORK" -xJf "$BUNDLE"
+DSW=$WORK/bin/dsworker
+
+# CUDA 13's cuBLAS: the toolkit's, else the pip wheel's that PyTorch uses.
+CUBLAS_DIR=
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+  [[ -e "$d/libcublas.so.13" ]] && { CUBLAS_DIR=$d; break; }
+done
+if [[ -z "$CUBLAS_DIR" ]]; then
+  CUBLAS_DIR=$(dirname "$(find / -name 'libcublas.so.13' -not -path '/proc/*' 2>/dev/null | head -1)" 2>/dev/null)
+fi
+export LD_LIBRARY_PATH=$WORK/lib:$WORK/bin${CUBLAS_DIR:+:$CUBLAS_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+say "# dsworker GPU check, $(date -u +%FT%TZ)"
+say "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1)"
+say "cublas: ${CUBLAS_DIR:-not found}; nvcc: $(nvcc --version 2>/dev/null | tail -1)"
+say "torch: $($PY -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>&1 | tail -1)"
+say "cpu cores: $(nproc)"
+ldd "$DSW" "$WORK/bin/libdsl_cuda.so" | grep 'not found' | tee -a "$SUMMARY"
+
+# ---------------------------------------------------------------- tests
+say ""
+say "## gpu tests ($(elapsed))"
+(cd "$WORK" && timeout 300 "$WORK/bin/cuda_tests" --gtest_color=no \
+   --gtest_output="xml:$OUT/cuda_tests.xml") >"$OUT/cuda_tests.log" 2>&1
+tests_rc=$?
+say "cuda_tests exit $tests_rc"
+grep -E '^\[  (PASSED|FAILED|SKIPPED) |^(fp32|bf16)|matmul relative|Failure|Expected|Which is|which is|  Actual|error' \
+  "$OUT/cuda_tests.log" | head -60 | tee -a "$SUMMARY"
+
+# ---------------------------------------------------------------- benchmark
+say ""
+say "## GPT-2 124M, B $BATCH, T 1024 ($(elapsed))"
+DATA=$WORK/tokens.bin
+$PY - "$DATA" <<'EOF'
+import sys, numpy as np
+n = 1 << 22
+rng = np.random.default_rng(1337)
+hdr = np.zeros(256, dtype=np.int32); hdr[0] = 20240520; hdr[1] = 1; hdr[2] = n
+with open(sys.argv[1], "wb") as f:
+    f.write(hdr.tobytes()); f.write(rng.integers(0, 50257, n, dtype=np.uint16).tobytes())
+EOF
+
+cat >"$WORK/gpt2.json" <<EOF
+{"train_micro_batch_size_per_gpu": $BATCH, "gradient_accumulation_steps": 1,
+ "gradient_clipping": 1.0, "steps_per_print": 1,
+ "optimizer": {"type": "AdamW", "params": {"lr": 0.0006, "weight_decay": 0.1}},
+ "zero_optimization": {"stage": 0},
+ "model": {"n_layer": 12, "n_head": 12, "n_embd": 768, "seq_len": 1024, "vocab_size": 50257},
+ "data": {"train": "$DATA", "shuffle": false},
+ "train": {"steps": $STEPS, "seed": 1}}
+EOF
+
+# median tok/s of dsworker's step lines after the warm-up
+median_steps() {
+  awk -v w="$WARMUP" '$1 == "step" && $2 > w { for (i = 1; i <= NF; i++) if ($(i+1) == "tok/s") print $i }' "$1" |
+    sort -n | awk '{a[NR] = $1} END { if (NR == 0) print 0; else print a[int((NR + 1) / 2)] }'
+}
+gpu_mem() { awk '/gpu_mem/ { for (i = 1; i <= NF; i++) if ($i == "gpu_mem") m = $(i+1) } END { print m }' "$1"; }
+# tokens per second -> MFU at PEAK_TFLOPS (llm.c's count: 6 N + 6 L C T per token)
+mfu() { $PY -c "
+N = 124475904  # GPT-2 124M with the padded 50304-row embedding
+print('%.1f%%' % (100 * float('$1') * (6 * N + 6 * 12 * 768 * 1024) / ($2 * 1e12)))"; }
+
+declare -a ROWS
+run_dsworker() {  # mode (bf16, fp32, tf32), peak TFLOP/s of that mode
+  local mode=$1 peak=$2 log=$OUT/bench_dsworker.log tps rc
+  echo "### dsworker $mode" >>"$log"
+  (cd "$WORK" && DSL_CUDA_TF32=$([[ $mode == tf32 ]] && echo 1 || echo 0) \
+     timeout 240 "$DSW" train --config "$WORK/gpt2.json" --device cuda \
+     --set "bf16.enabled=$([[ $mode == bf16 ]] && echo true || echo false)" \
+     "${@:3}") >"$WORK/run.log" 2>&1
+  rc=$?
+  cat "$WORK/run.log" >>"$log"
+  tps=$(median_steps "$WORK/run.log")
+  say "dsworker $mode: exit $rc, median $tps tok/s, peak $(gpu_mem "$WORK/run.log") GiB"
+  grep -E '^train:|dsworker:' "$WORK/run.log" | head -3 | tee -a "$SUMMARY"
+  ROWS+=("| dsworker | $mode | $tps | $(mfu "$tps" "$peak") | $(gpu_mem "$WORK/run.log") GiB |")
+}
+: >"$OUT/bench_dsworker.log"
+run_dsworker bf16 "$PEAK_TFLOPS"
+run_dsworker tf32 494.7
+run_dsworker fp32 66.9
+# Where the GPU time goes (DSL_CUDA_PROFILE: events between the parts of a
+# step; a separate short run, so the timings above carry no events).
+for mode in bf16 tf32; do
+  (cd "$WORK" && DSL_CUDA_PROFILE=1 DSL_CUDA_TF32=$([[ $mode == tf32 ]] && echo 1 || echo 0) \
+     timeout 120 "$DSW" train --config "$WORK/gpt2.json" --device cuda --set train.steps=6 \
+     --set "bf16.enabled=$([[ $mode == bf16 ]] && echo true || echo false)") >"$WORK/profile.log" 2>&1
+  say "profile $mode (6 steps, the first with its start-up):"
+  grep -A9 'GPU time per step' "$WORK/profile.log" | tee -a "$SUMMARY"
+done
+
+run_torch() {  # name, args...
+  local name=$1 log=$OUT/bench_torch.log
+  shift
+  echo "### torch $name" >>"$log"
+  timeout 300 $PY "$ROOT/bench/torch_gpt2_gpu.py" --batch "$BATCH" --seq 1024 \
+    --steps "$TORCH_STEPS" --warmup "$TORCH_WARMUP" --data "$DATA" "$@" >>"$log" 2>&1
+  local rc=$? tps mem
+  tps=$(awk '/^median_tok_s/ {print $2}' "$log" | tail -1)
+  mem=$(awk '/^peak_mem_bytes/ {printf "%.2f", $2 / 2^30}' "$log" | tail -1)
+  say "torch $name: exit $rc, median ${tps:-?} tok/s, peak ${mem:-?} GiB"
+  ROWS+=("| PyTorch | $name | ${tps:-failed} | $(awk '/^mfu/ {print $2}' "$log" | tail -1) | ${mem:-?} GiB |")
+}
+if [[ -z "${SKIP_TORCH:-}" ]]; then
+  : >"$OUT/bench_torch.log"
+  run_torch "bf16 compile+SDPA" --dtype bf16 --compile 1
+  if [[ -z "${QUICK:-}" ]]; then
+    run_torch "tf32 eager+SDPA" --dtype tf32 --compile 0
+    run_torch "fp32 eager+SDPA" --dtype fp32 --compile 0
+  fi
+fi
+
+{
+  echo ""
+  echo "| engine | mode | tokens/s | MFU | GPU memory |"
+  echo "|---|---|---|---|---|"
+  printf '%s\n' "${ROWS[@]}"
+} | tee "$OUT/table.md" | tee -a "$SUMMARY"
+
+# ---------------------------------------------------------------- memcheck
+# Only when a test failed (a wrong result may be a bad access), or asked.
+if [[ -z "${SKIP_SANITIZER:-}" && ( $tests_rc != 0 || -n "${SANITIZE:-}" ) ]] &&
+   command -v compute-sanitizer >/dev/null; then
+  say ""
+  say "## compute-sanitizer memcheck, kernel tests ($(elapsed))"
+  timeout 150 compute-sanitizer --tool memcheck --print-limit 20 \
+    "$WORK/bin/cuda_tests" --gtest_filter='KernelsTest.*' >"$OUT/sanitizer.log" 2>&1
+  say "memcheck exit $?"
+  grep -E 'ERROR SUMMARY|Invalid|PASSED|FAILED' "$OUT/sanitizer.log" | head -20 | tee -a "$SUMMARY"
+fi
+say "done ($(elapsed))"

@@ -1,0 +1,546 @@
+// The CUDA engine against the CPU engine, its reference (ctest label gpu;
+// every test skips, saying why, where no GPU is visible).
+//  - Every kernel of worker/cuda/kernels_cuda.h, forward and backward, on
+//    fresh random inputs against worker/kernels_cpu.h: fp32 within 1e-5
+//    relative (L2 norm of the difference over that of the reference);
+//    AdamW bit for bit; the bf16 products within 1e-2 (bf16 keeps 8
+//    significant bits: each operand is off by up to 2^-9 relative, and a
+//    sum over K products averages those errors to a few 1e-3).
+//  - Trainer: 50 fp32 steps on the GPU give the CPU engine's losses within
+//    1e-4; two GPU runs are identical; bf16 stays within 2e-2 of fp32; a GPU
+//    checkpoint resumes bit for bit; a CPU checkpoint resumes on the GPU and
+//    a GPU checkpoint on the CPU; two ranks sharing one GPU equal two CPU
+//    ranks.
+#include <gtest/gtest.h>
+#include <omp.h>
+#include <stdlib.h>  // mkdtemp
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "worker/comm_local.h"
+#include "worker/cpu_adam.h"
+#include "worker/cuda/kernels_cuda.h"
+#include "worker/data_loader.h"
+#include "worker/device_loader.h"
+#include "worker/kernels_cpu.h"
+#include "worker/trainer.h"
+
+namespace dslaunch::worker {
+namespace {
+
+bool HaveGpu(std::string* why) { return CudaDeviceCount(why) > 0; }
+
+#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
+
+// ------------------------------------------------------------ kernels
+
+std::vector<float> Random(size_t n, std::mt19937& rng, float lo = -1,
+                          float hi = 1) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// ||a - b|| / ||b||; NaN anywhere is infinite.
+double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < b.size(); i++) {
+    if (std::isnan(a[i])) return INFINITY;
+    num += (static_cast<double>(a[i]) - b[i]) * (a[i] - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+// A device copy of a host vector, read back with Get().
+template <typename X>
+class Dev {
+ public:
+  explicit Dev(const std::vector<X>& host) : n_(host.size()) {
+    EXPECT_EQ(cudaMalloc(&p_, n_ * sizeof(X)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p_, host.data(), n_ * sizeof(X),
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  explicit Dev(size_t n) : Dev(std::vector<X>(n, Poison())) {}
+  ~Dev() { cudaFree(p_); }
+  X* get() { return p_; }
+  std::vector<X> Get() const {
+    std::vector<X> h(n_);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(h.data(), p_, n_ * sizeof(X), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    return h;
+  }
+
+ private:
+  static X Poison() {
+    if constexpr (std::is_same_v<X, float>) return NAN;
+    return X{};
+  }
+  X* p_ = nullptr;
+  size_t n_;
+};
+
+class KernelsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!HaveGpu(&why)) GTEST_SKIP() << "no GPU: " << why;
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    ASSERT_EQ(cublasCreate(&ctx_.blas), CUBLAS_STATUS_SUCCESS);
+    ctx_.compute = CUBLAS_COMPUTE_32F;
+    rng_.seed(::testing::UnitTest::GetInstance()->random_seed() + 17);
+  }
+  void TearDown() override {
+    if (ctx_.blas == nullptr) return;  // skipped
+    cublasDestroy(ctx_.blas);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  }
+  cuda::Ctx ctx_;
+  std::mt19937 rng_;
+  // Shapes: hs = 24 (not a multiple of the warp), T not a multiple of 32.
+  const int B = 2, T = 67, C = 96, NH = 4, V = 300, Vp = 320;
+};
+
+constexpr double kFp32 = 1e-5;
+
+TEST_F(KernelsTest, Encoder) {
+  const int N = B * T;
+  std::vector<int> tok(N);
+  for (int& t : tok) t = rng_() % 7;  // repeats: rows shared by many tokens
+  auto wte = Random(V * C, rng_), wpe = Random(T * C, rng_);
+  std::vector<float> out(N * C);
+  EncoderForward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+  Dev<int> dtok(tok);
+  Dev<float> dwte_p(wte), dwpe_p(wpe), dout(N * C);
+  cuda::EncoderForward(ctx_, dout.get(), dtok.get(), dwte_p.get(),
+                       dwpe_p.get(), B, T, C);
+  EXPECT_LT(RelErr(dout.Get(), out), kFp32);
+
+  auto grad = Random(N * C, rng_);
+  auto dwte = Random(V * C, rng_), dwpe = Random(T * C, rng_);
+  Dev<float> gdwte(dwte), gdwpe(dwpe), ggrad(grad);
+  EncoderBackward(dwte.data(), dwpe.data(), grad.data(), tok.data(), B, T, C);
+  // Groups as the engine builds them: each token's positions ascending.
+  std::vector<int> tokens, offsets, positions;
+  for (int v = 0; v < 7; v++) {
+    std::vector<int> pos;
+    for (int i = 0; i < N; i++)
+      if (tok[i] == v) pos.push_back(i);
+    if (pos.empty()) continue;
+    tokens.push_back(v);
+    offsets.push_back(static_cast<int>(positions.size()));
+    positions.insert(positions.end(), pos.begin(), pos.end());
+  }
+  offsets.push_back(static_cast<int>(positions.size()));
+  Dev<int> gt(tokens), go(offsets), gp(positions);
+  cuda::EncoderBackwardWpe(ctx_, gdwpe.get(), ggrad.get(), B, T, C);
+  cuda::EncoderBackwardWte(ctx_, gdwte.get(), ggrad.get(), gt.get(), go.get(),
+                           gp.get(), static_cast<int>(tokens.size()), C);
+  EXPECT_LT(RelErr(gdwte.Get(), dwte), kFp32);
+  EXPECT_LT(RelErr(gdwpe.Get(), dwpe), kFp32);
+}
+
+TEST_F(KernelsTest, LayerNorm) {
+  const int N = B * T;
+  auto x = Random(N * C, rng_, -3, 5), w = Random(C, rng_), b = Random(C, rng_);
+  std::vector<float> out(N * C), mean(N), rstd(N);
+  LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(),
+                   b.data(), N, C);
+  Dev<float> gx(x), gw(w), gb(b), gout(N * C), gmean(N), grstd(N);
+  cuda::LayerNormForward(ctx_, gout.get(), gmean.get(), grstd.get(), gx.get(),
+                         gw.get(), gb.get(), N, C);
+  EXPECT_LT(RelErr(gout.Get(), out), kFp32);
+  EXPECT_LT(RelErr(gmean.Get(), mean), kFp32);
+  EXPECT_LT(RelErr(grstd.Get(), rstd), kFp32);
+
+  auto dout = Random(N * C, rng_), dinp = Random(N * C, rng_);
+  auto dw = Random(C, rng_), db = Random(C, rng_);
+  Dev<float> gdout(dout), gdinp(dinp), gdw(dw), gdb(db);
+  Dev<float> scratch(cuda::LayerNormScratchFloats(C));
+  LayerNormBackward(dinp.data(), dw.data(), db.data(), dout.data(), x.data(),
+                    w.data(), mean.data(), rstd.data(), N, C);
+  cuda::LayerNormBackward(ctx_, gdinp.get(), gdw.get(), gdb.get(), gdout.get(),
+                          gx.get(), gw.get(), gmean.get(), grstd.get(), N, C,
+                          scratch.get());
+  EXPECT_LT(RelErr(gdinp.Get(), dinp), kFp32);
+  EXPECT_LT(RelErr(gdw.Get(), dw), kFp32);
+  EXPECT_LT(RelErr(gdb.Get(), db), kFp32);
+}
+
+TEST_F(KernelsTest, Matmul) {
+  const int N = B * T, OC = 3 * C;
+  auto x = Random(N * C, rng_), w = Random(OC * C, rng_),
+       bias = Random(OC, rng_);
+  for (bool with_bias : {true, false}) {
+    std::vector<float> out(N * OC);
+    MatmulForwardReference(out.data(), x.data(), w.data(),
+                           with_bias ? bias.data() : nullptr, N, C, OC);
+    Dev<float> gx(x), gw(w), gbias(bias), gout(N * OC);
+    ASSERT_EQ(cuda::MatmulForward(ctx_, gout.get(), gx.get(), gw.get(),
+                                  with_bias ? gbias.get() : nullptr, N, C, OC),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_LT(RelErr(gout.Get(), out), kFp32) << "bias " << with_bias;
+  }
+  auto dout = Random(N * OC, rng_), dinp = Random(N * C, rng_),
+       dw = Random(OC * C, rng_), db = Random(OC, rng_);
+  Dev<float> gx(x), gw(w), gdout(dout), gdinp(dinp), gdw(dw), gdb(db);
+  Dev<float> scratch(cuda::LayerNormScratchFloats(OC));
+  MatmulBackwardReference(dinp.data(), dw.data(), db.data(), dout.data(),
+                          x.data(), w.data(), N, C, OC);
+  ASSERT_EQ(cuda::MatmulBackward(ctx_, gdinp.get(), gdw.get(), gdb.get(),
+                                 gdout.get(), gx.get(), gw.get(), N, C, OC,
+                                 scratch.get()),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_LT(RelErr(gdinp.Get(), dinp), kFp32);
+  EXPECT_LT(RelErr(gdw.Get(), dw), kFp32);
+  EXPECT_LT(RelErr(gdb.Get(), db), kFp32);
+}
+
+// The bf16 products are within bf16's error and really on bf16 operands
+// (tf32 ones, 3 more mantissa bits, come out about 8 times closer; fp32
+// ones 1000 times).
+TEST_F(KernelsTest, MatmulBf16) {
+  const int N = 256, C2 = 768, OC = 512;
+  auto x = Random(N * C2, rng_), w = Random(OC * C2, rng_);
+  std::vector<float> out(N * OC);
+  MatmulForwardReference(out.data(), x.data(), w.data(), nullptr, N, C2, OC);
+  Dev<float> gx(x), gw(w), gout(N * OC);
+  Dev<__nv_bfloat16> a(N * C2), b(OC * C2);
+  ctx_.bf16 = true;
+  ctx_.bf16_a = a.get();
+  ctx_.bf16_b = b.get();
+  ctx_.bf16_a_elems = N * C2;
+  ctx_.bf16_b_elems = OC * C2 - 1;  // one short: refused
+  EXPECT_EQ(cuda::MatmulForward(ctx_, gout.get(), gx.get(), gw.get(), nullptr,
+                                N, C2, OC),
+            CUBLAS_STATUS_INVALID_VALUE);
+  ctx_.bf16_b_elems = OC * C2;
+  ASSERT_EQ(cuda::MatmulForward(ctx_, gout.get(), gx.get(), gw.get(), nullptr,
+                                N, C2, OC),
+            CUBLAS_STATUS_SUCCESS);
+  const double err = RelErr(gout.Get(), out);
+  std::printf("bf16 matmul relative error %.3g\n", err);
+  EXPECT_LT(err, 1e-2);
+  EXPECT_GT(err, 1e-3);  // tf32 operands would be within about 3e-4
+}
+
+TEST_F(KernelsTest, Attention) {
+  const int N = B * T;
+  auto qkv = Random(N * 3 * C, rng_, -2, 2);
+  std::vector<float> out(N * C), lse(B * NH * T);
+  AttentionForward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+  Dev<float> gqkv(qkv), gout(N * C), glse(B * NH * T);
+  Dev<float> ws(cuda::AttentionWorkspaceFloats(B, T, C, NH));
+  ASSERT_EQ(cuda::AttentionForward(ctx_, gout.get(), glse.get(), gqkv.get(), B,
+                                   T, C, NH, ws.get()),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_LT(RelErr(gout.Get(), out), kFp32);
+  EXPECT_LT(RelErr(glse.Get(), lse), kFp32);
+
+  auto dout = Random(N * C, rng_), dinp = Random(N * 3 * C, rng_);
+  Dev<float> gdout(dout), gdinp(dinp);
+  AttentionBackward(dinp.data(), dout.data(), qkv.data(), lse.data(), B, T, C,
+                    NH);
+  ASSERT_EQ(cuda::AttentionBackward(ctx_, gdinp.get(), gdout.get(), gqkv.get(),
+                                    glse.get(), B, T, C, NH, ws.get()),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_LT(RelErr(gdinp.Get(), dinp), kFp32);
+}
+
+TEST_F(KernelsTest, PointwiseAndResidual) {
+  const size_t n = 10007;
+  auto x = Random(n, rng_, -4, 4), y = Random(n, rng_), g = Random(n, rng_);
+  std::vector<float> out(n), res(n), dinp = Random(n, rng_);
+  Dev<float> gx(x), gy(y), gg(g), gout(n), gres(n), gdinp(dinp);
+  GeluForward(out.data(), x.data(), n);
+  GeluBackward(dinp.data(), x.data(), g.data(), n);
+  ResidualForward(res.data(), x.data(), y.data(), n);
+  cuda::GeluForward(ctx_, gout.get(), gx.get(), n);
+  cuda::GeluBackward(ctx_, gdinp.get(), gx.get(), gg.get(), n);
+  cuda::ResidualForward(ctx_, gres.get(), gx.get(), gy.get(), n);
+  EXPECT_LT(RelErr(gout.Get(), out), kFp32);
+  EXPECT_LT(RelErr(gdinp.Get(), dinp), kFp32);
+  EXPECT_EQ(gres.Get(), res);
+}
+
+TEST_F(KernelsTest, Classifier) {
+  const int N = B * T;
+  auto logits = Random(static_cast<size_t>(N) * Vp, rng_, -6, 6);
+  std::vector<int> targets(N);
+  for (int& t : targets) t = rng_() % V;
+  Dev<float> glogits(logits), glosses(N);
+  Dev<int> gtargets(targets);
+  std::vector<float> probs(logits.size()), losses(N);
+  CrossEntropySoftmaxForward(probs.data(), losses.data(), logits.data(),
+                             targets.data(), N, V, Vp);
+  const float dloss = 1.0f / N;
+  CrossEntropySoftmaxBackward(probs.data(), probs.data(), targets.data(),
+                              dloss, N, V, Vp);
+  cuda::FusedClassifier(ctx_, glogits.get(), glosses.get(), gtargets.get(), N,
+                        V, Vp, dloss, true);
+  EXPECT_LT(RelErr(glosses.Get(), losses), kFp32);
+  EXPECT_LT(RelErr(glogits.Get(), probs), kFp32);
+  // Forward only: the losses, the logits untouched.
+  Dev<float> g2(logits), l2(N);
+  cuda::FusedClassifier(ctx_, g2.get(), l2.get(), gtargets.get(), N, V, Vp, 0,
+                        false);
+  EXPECT_LT(RelErr(l2.Get(), losses), kFp32);
+  EXPECT_EQ(g2.Get(), logits);
+}
+
+TEST_F(KernelsTest, AdamBitForBit) {
+  const size_t n = 5003;
+  for (bool adamw : {true, false}) {
+    for (bool decay : {true, false}) {
+      auto p = Random(n, rng_), g = Random(n, rng_), m = Random(n, rng_, -.1f, .1f),
+           v = Random(n, rng_, 0, .01f);
+      Dev<float> gp(p), gg(g), gm(m), gv(v);
+      AdamParams a;
+      a.lr = 3e-4;
+      a.beta1 = 0.9;
+      a.beta2 = 0.95;
+      a.eps = 1e-8;
+      a.weight_decay = 0.1;
+      a.adamw_mode = adamw;
+      a.step = 7;
+      const float scale = 0.75f;
+      for (float& x : g) x *= scale;  // the CPU trainer clips in place first
+      AdamStep(p.data(), g.data(), m.data(), v.data(), n, a, decay);
+      const double bc1 = 1.0 - std::pow(a.beta1, 7.0);
+      const double bc2 = 1.0 - std::pow(a.beta2, 7.0);
+      cuda::AdamConstants k{};
+      k.b1 = static_cast<float>(a.beta1);
+      k.one_minus_b1 = static_cast<float>(1.0 - a.beta1);
+      k.b2 = static_cast<float>(a.beta2);
+      k.one_minus_b2 = static_cast<float>(1.0 - a.beta2);
+      k.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
+      k.eps = static_cast<float>(a.eps);
+      k.neg_step = static_cast<float>(-a.lr / bc1);
+      k.adamw = adamw;
+      k.decay = decay;
+      k.decay_mul = adamw ? static_cast<float>(1.0 - a.lr * a.weight_decay)
+                          : static_cast<float>(a.weight_decay);
+      cuda::AdamStep(ctx_, gp.get(), gg.get(), gm.get(), gv.get(), n, k, scale);
+      EXPECT_EQ(gp.Get(), p) << "adamw " << adamw << " decay " << decay;
+      EXPECT_EQ(gm.Get(), m);
+      EXPECT_EQ(gv.Get(), v);
+    }
+  }
+}
+
+TEST_F(KernelsTest, SquaredSum) {
+  const size_t n = 1000003;
+  auto g = Random(n, rng_);
+  double want = 0;
+  for (float x : g) want += static_cast<double>(x) * x;
+  Dev<float> gg(g);
+  Dev<double> partials(cuda::kSquaredSumBlocks);
+  cuda::SquaredSumPartials(ctx_, gg.get(), n, partials.get());
+  double got = 0;
+  for (double x : partials.Get()) got += x;
+  EXPECT_NEAR(got, want, want * 1e-12);
+}
+
+// ------------------------------------------------------------ trainer
+
+class CudaTrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!HaveGpu(&why)) GTEST_SKIP() << "no GPU: " << why;
+    std::string dir = ::testing::TempDir() + "dsl_cuda_trainer_XXXXXX";
+    ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+    dir_ = dir;
+    // Learnable text: the next token follows from the last one 7 times in
+    // 8, else it is random (on pure noise the losses would not fall, and
+    // the two engines' tiny differences would grow chaotically).
+    std::vector<uint16_t> tokens(1 << 16);
+    uint32_t x = 12345, t = 1;
+    for (auto& out : tokens) {
+      x = x * 1103515245u + 12345u;
+      t = (x >> 16) % 8 == 0 ? (x >> 20) % 500 : (3 * t + 7) % 500;
+      out = static_cast<uint16_t>(t);
+    }
+    ASSERT_TRUE(WriteShard(dir_ + "/train.bin", tokens).ok());
+  }
+  void TearDown() override {
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  // 2 layers, 4 heads, C 64, T 64, V 500; micro batch 4.
+  TrainConfig Config(int world, int64_t steps, const std::string& extra = "") {
+    const std::string text =
+        R"({"train_micro_batch_size_per_gpu": 4,
+            "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
+            "steps_per_print": 1000,
+            "optimizer": {"type": "AdamW",
+                          "params": {"lr": 0.003, "weight_decay": 0.1}},
+            "zero_optimization": {"stage": 0},
+            "model": {"n_layer": 2, "n_head": 4, "n_embd": 64,
+                      "seq_len": 64, "vocab_size": 500},
+            "data": {"train": ")" +
+        dir_ + R"(/train.bin", "shuffle": false},
+            "train": {"steps": )" +
+        std::to_string(steps) + R"(, "seed": 7})" + extra + "}";
+    auto c = ParseTrainConfig(text, "test.json", world);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? *c : TrainConfig{};
+  }
+
+  struct Run {
+    std::vector<float> losses;  // rank 0's, per step
+    std::vector<float> params;  // at the end, llm.c order
+  };
+
+  // config.train.steps steps on `world` ranks (threads) on `device`;
+  // with checkpoints saved by Run() where the config says.
+  Run Train(const TrainConfig& config, DeviceKind device, int world = 1,
+            bool use_run = false) {
+    LocalWorld w(world, std::chrono::seconds(120));
+    Run out;
+    std::vector<Status> st = RunRanks(w, [&](Comm& comm) -> Status {
+      omp_set_num_threads(1);
+      TrainOptions o;
+      o.quiet = true;
+      o.device = device;
+      o.local_rank = 0;  // ranks share GPU 0
+      ASSIGN_OR_RETURN(auto t, Trainer::Create(config, Borrow(comm), o));
+      std::vector<float> losses;
+      if (use_run) {
+        ASSIGN_OR_RETURN(StepResult r, t->Run());
+        losses.push_back(r.loss);
+      } else {
+        while (t->step() < config.train.steps) {
+          ASSIGN_OR_RETURN(StepResult r, t->Step());
+          losses.push_back(r.loss);
+        }
+      }
+      ASSIGN_OR_RETURN(auto params, t->WholeParams());
+      if (comm.rank() == 0) {
+        out.losses = losses;
+        out.params = params;
+      }
+      return Status::Ok();
+    });
+    for (size_t r = 0; r < st.size(); ++r)
+      EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r].ToString();
+    return out;
+  }
+
+  static std::unique_ptr<Comm> Borrow(Comm& c) {
+    struct Ref : Comm {
+      explicit Ref(Comm& c) : c(c) {}
+      int rank() const override { return c.rank(); }
+      int size() const override { return c.size(); }
+      Status AllReduceSum(float* d, size_t n) override {
+        return c.AllReduceSum(d, n);
+      }
+      Status ReduceScatterSum(float* d, float* o, size_t k) override {
+        return c.ReduceScatterSum(d, o, k);
+      }
+      Status AllGather(const float* i, float* o, size_t k) override {
+        return c.AllGather(i, o, k);
+      }
+      Status Broadcast(float* d, size_t n, int root) override {
+        return c.Broadcast(d, n, root);
+      }
+      Status Barrier() override { return c.Barrier(); }
+      Comm& c;
+    };
+    return std::make_unique<Ref>(c);
+  }
+
+  static float MaxDiff(const std::vector<float>& a,
+                       const std::vector<float>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    float d = 0;
+    for (size_t i = 0; i < a.size() && i < b.size(); i++)
+      d = std::max(d, std::fabs(a[i] - b[i]));
+    return d;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(CudaTrainerTest, Fp32EqualsTheCpuEngine) {
+  const TrainConfig c = Config(1, 50);
+  const Run cpu = Train(c, DeviceKind::kCpu);
+  const Run gpu = Train(c, DeviceKind::kCuda);
+  ASSERT_EQ(gpu.losses.size(), 50u);
+  const float d = MaxDiff(gpu.losses, cpu.losses);
+  std::printf("fp32: 50 steps, loss %.6f -> %.6f on the CPU, %.6f -> %.6f on "
+              "the GPU, largest difference %.3g\n",
+              cpu.losses.front(), cpu.losses.back(), gpu.losses.front(),
+              gpu.losses.back(), d);
+  EXPECT_LT(d, 1e-4);
+  EXPECT_LT(cpu.losses.back(), cpu.losses.front() - 0.5f);  // it learns
+}
+
+TEST_F(CudaTrainerTest, DeterministicRunToRun) {
+  const TrainConfig c = Config(1, 20);
+  const Run a = Train(c, DeviceKind::kCuda);
+  const Run b = Train(c, DeviceKind::kCuda);
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(a.params, b.params);
+}
+
+TEST_F(CudaTrainerTest, Bf16StaysCloseToFp32) {
+  const Run fp32 = Train(Config(1, 50), DeviceKind::kCuda);
+  const Run bf16 =
+      Train(Config(1, 50, R"(, "bf16": {"enabled": true})"), DeviceKind::kCuda);
+  const float d = MaxDiff(bf16.losses, fp32.losses);
+  std::printf("bf16: 50 steps, loss %.6f -> %.6f (fp32 %.6f), largest "
+              "difference %.3g\n",
+              bf16.losses.front(), bf16.losses.back(), fp32.losses.back(), d);
+  EXPECT_LT(d, 2e-2);
+  EXPECT_GT(d, 0.0f);  // it really computed in bf16
+}
+
+TEST_F(CudaTrainerTest, ResumesBitForBit) {
+  const std::string ck = R"(, "checkpoint": {"dir": ")" + dir_ +
+                         R"(/ck", "every": 10})";
+  const Run whole = Train(Config(1, 20, ck), DeviceKind::kCuda, 1, true);
+  const Run resumed =
+      Train(Config(1, 20,
+                   R"(, "checkpoint": {"dir": ")" + dir_ +
+                       R"(/ck2", "resume": ")" + dir_ + R"(/ck/step_00000010"})"),
+            DeviceKind::kCuda, 1, true);
+  EXPECT_EQ(resumed.losses, whole.losses);
+  EXPECT_EQ(resumed.params, whole.params);
+}
+
+TEST_F(CudaTrainerTest, CheckpointsMoveBetweenCpuAndGpu) {
+  const std::string ck = R"(, "checkpoint": {"dir": ")" + dir_ +
+                         R"(/ck", "every": 10})";
+  const Run cpu = Train(Config(1, 20, ck), DeviceKind::kCpu, 1, true);
+  const std::string resume = R"(, "checkpoint": {"dir": ")" + dir_ +
+                             R"(/other", "resume": ")" + dir_ +
+                             R"(/ck/step_00000010"})";
+  const Run gpu = Train(Config(1, 20, resume), DeviceKind::kCuda, 1, true);
+  EXPECT_LT(MaxDiff(gpu.losses, cpu.losses), 1e-4);
+  EXPECT_LT(MaxDiff(gpu.params, cpu.params), 1e-3);
+  // And a GPU checkpoint on the CPU.
+  std::filesystem::remove_all(dir_ + "/ck");
+  const Run gpu2 = Train(Config(1, 20, ck), DeviceKind::kCuda, 1, true);
+  const Run cpu2 = Train(Config(1, 20, resume), DeviceKind::kCpu, 1, true);
+  EXPECT_LT(MaxDiff(cpu2.losses, gpu2.losses), 1e-4);
+}
+
+TEST_F(CudaTrainerTest, TwoRanksShareOneGpu) {
+  const TrainConfig c = Config(2, 20);
+  const Run cpu = Train(c, DeviceKind::kCpu, 2);
+  const Run gpu = Train(c, DeviceKind::kCuda, 2);
+  EXPECT_LT(MaxDiff(gpu.losses, cpu.losses), 1e-4);
+}
+
+}  // namespace
+}  // namespace dslaunch::worker

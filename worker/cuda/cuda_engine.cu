@@ -1,0 +1,698 @@
+// CudaEngine: worker/device_engine.h's DeviceEngine on one CUDA GPU. The
+// GPT-2 forward and backward pass of worker/model.cc, step for step, over
+// device buffers with worker/cuda/kernels_cuda.h; AdamW and the gradient
+// norm on the device. Built into libdsl_cuda.so, which dsworker opens with
+// dlopen (worker/device_loader.cc) only for --device cuda or auto.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "worker/cuda/kernels_cuda.h"
+#include "worker/device_engine.h"
+
+namespace dslaunch::worker::cuda {
+namespace {
+
+// ParamKind's order (worker/param_layout.h).
+enum Kind {
+  kWte, kWpe, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
+  kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb,
+};
+
+// With DSL_CUDA_PROFILE=1: GPU time per part of the step, from events
+// recorded between the parts (the events cost a few microseconds each, so
+// only when asked), printed to stderr when the engine ends.
+class Profile {
+ public:
+  enum Part { kEmbedding, kLayerNorm, kMatmul, kAttention, kPointwise, kHead,
+              kClassifier, kOptimizer, kParts };
+  explicit Profile(bool on) : on_(on) {}
+  ~Profile() {
+    for (auto& m : marks_) cudaEventDestroy(m.first);
+    for (cudaEvent_t e : spare_) cudaEventDestroy(e);
+  }
+  // From here until the next Mark, the stream's work counts for `part`.
+  void Mark(cudaStream_t stream, Part part) {
+    if (!on_) return;
+    cudaEvent_t e;
+    if (spare_.empty()) {
+      cudaEventCreate(&e);
+    } else {
+      e = spare_.back();
+      spare_.pop_back();
+    }
+    cudaEventRecord(e, stream);
+    marks_.emplace_back(e, part);
+  }
+  // After a stream synchronisation: adds up the finished intervals.
+  void Collect() {
+    if (!on_ || marks_.size() < 2) return;
+    for (size_t i = 0; i + 1 < marks_.size(); i++) {
+      float ms = 0;
+      if (cudaEventElapsedTime(&ms, marks_[i].first, marks_[i + 1].first) ==
+          cudaSuccess)
+        ms_[marks_[i].second] += ms;
+      spare_.push_back(marks_[i].first);
+    }
+    marks_.erase(marks_.begin(), marks_.end() - 1);
+  }
+  void StepDone() { steps_++; }
+  void Print() const {
+    if (!on_ || steps_ == 0) return;
+    static const char* names[kParts] = {"embedding", "layernorm", "matmul",
+                                        "attention", "pointwise", "lm head",
+                                        "classifier", "optimizer"};
+    double total = 0;
+    for (double x : ms_) total += x;
+    std::fprintf(stderr, "dsworker: GPU time per step over %lld steps: %.2f ms\n",
+                 steps_, total / steps_);
+    for (int p = 0; p < kParts; p++) {
+      std::fprintf(stderr, "  %-11s %9.2f ms  %5.1f%%\n", names[p],
+                   ms_[p] / steps_, total > 0 ? 100 * ms_[p] / total : 0.0);
+    }
+  }
+
+ private:
+  bool on_;
+  std::vector<std::pair<cudaEvent_t, Part>> marks_;
+  std::vector<cudaEvent_t> spare_;
+  double ms_[kParts] = {};
+  long long steps_ = 0;
+};
+
+class CudaEngine final : public DeviceEngine {
+ public:
+  explicit CudaEngine(const DeviceEngineOptions& options)
+      : options_(options),
+        spec_(options.model),
+        profile_(std::getenv("DSL_CUDA_PROFILE") != nullptr &&
+                 std::string(std::getenv("DSL_CUDA_PROFILE")) == "1") {}
+  ~CudaEngine() override {
+    if (ctx_.stream != nullptr) cudaStreamSynchronize(ctx_.stream);
+    profile_.Collect();
+    profile_.Print();
+    for (const auto& a : allocations_) cudaFree(a.first);
+    if (ctx_.blas != nullptr) cublasDestroy(ctx_.blas);
+    if (ctx_.stream != nullptr) cudaStreamDestroy(ctx_.stream);
+  }
+
+  bool Init() {
+    if (!Cuda(cudaSetDevice(options_.device), "cudaSetDevice")) return false;
+    cudaDeviceProp prop{};
+    if (!Cuda(cudaGetDeviceProperties(&prop, options_.device),
+              "cudaGetDeviceProperties"))
+      return false;
+    char text[512];
+    std::snprintf(text, sizeof text, "%s, sm_%d%d, %.1f GiB, %s", prop.name,
+                  prop.major, prop.minor,
+                  static_cast<double>(prop.totalGlobalMem) / (1 << 30),
+                  PrecisionName());
+    describe_ = text;
+    if (!Cuda(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking),
+              "cudaStreamCreate"))
+      return false;
+    if (!Blas(cublasCreate(&ctx_.blas), "cublasCreate")) return false;
+    if (!Blas(cublasSetStream(ctx_.blas, ctx_.stream), "cublasSetStream"))
+      return false;
+    switch (options_.precision) {
+      case DevicePrecision::kFp32:
+        ctx_.compute = CUBLAS_COMPUTE_32F;
+        break;
+      case DevicePrecision::kTf32:
+        ctx_.compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+        break;
+      case DevicePrecision::kBf16:
+        // The linear layers on bf16 operands (scratch sized in Resize);
+        // attention's batched products on tf32.
+        ctx_.bf16 = true;
+        ctx_.compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+        break;
+    }
+    ctx_.batched_compute = ctx_.compute;
+    const size_t n = spec_.num_params;
+    if (!Alloc(&params_, n) || !Alloc(&grads_, n) || !Alloc(&m_, n) ||
+        !Alloc(&v_, n) || !Alloc(&partials_, kSquaredSumBlocks)) {
+      return false;
+    }
+    Zero(ctx_, grads_, n);
+    Zero(ctx_, m_, n);
+    Zero(ctx_, v_, n);
+    return Sync("init");
+  }
+
+  std::string Describe() const override { return describe_; }
+  const std::string& error() const override { return error_; }
+
+  bool SetParams(const float* host) override { return Up(params_, host); }
+  bool GetParams(float* host) override { return Down(host, params_); }
+  bool SetGrads(const float* host) override { return Up(grads_, host); }
+  bool GetGrads(float* host) override { return Down(host, grads_); }
+  bool SetMoments(const float* m, const float* v) override {
+    return Up(m_, m) && Up(v_, v);
+  }
+  bool GetMoments(float* m, float* v) override {
+    return Down(m, m_) && Down(v, v_);
+  }
+  bool ZeroGrad() override {
+    Zero(ctx_, grads_, spec_.num_params);
+    return Launched("zero grad");
+  }
+
+  bool TrainMicroBatch(const int* tokens, const int* targets, int B, int T,
+                       float grad_scale, float* loss) override {
+    if (!Load(tokens, targets, B, T, /*groups=*/true)) return false;
+    if (!Forward() || !HeadForward(/*backward=*/true, grad_scale / (B * T)))
+      return false;
+    if (!Backward()) return false;
+    return MeanLoss(loss);
+  }
+
+  bool EvalBatch(const int* tokens, const int* targets, int B, int T,
+                 float* loss) override {
+    if (!Load(tokens, targets, B, T, /*groups=*/false)) return false;
+    if (!Forward() || !HeadForward(/*backward=*/false, 0)) return false;
+    return MeanLoss(loss);
+  }
+
+  bool GradSquaredSum(double* out) override {
+    Mark(Profile::kOptimizer);
+    SquaredSumPartials(ctx_, grads_, spec_.num_params, partials_);
+    double host[kSquaredSumBlocks];
+    if (!Cuda(cudaMemcpyAsync(host, partials_, sizeof host,
+                              cudaMemcpyDeviceToHost, ctx_.stream),
+              "copy norm partials") ||
+        !Sync("gradient norm")) {
+      return false;
+    }
+    double sum = 0;
+    for (double x : host) sum += x;
+    *out = sum;
+    return true;
+  }
+
+  bool AdamStep(const DeviceAdam& a, float grad_scale) override {
+    // The fp32 constants exactly as worker/cpu_adam.cc rounds them.
+    const double bc1 = 1.0 - std::pow(a.beta1, static_cast<double>(a.step));
+    const double bc2 = 1.0 - std::pow(a.beta2, static_cast<double>(a.step));
+    AdamConstants k{};
+    k.b1 = static_cast<float>(a.beta1);
+    k.one_minus_b1 = static_cast<float>(1.0 - a.beta1);
+    k.b2 = static_cast<float>(a.beta2);
+    k.one_minus_b2 = static_cast<float>(1.0 - a.beta2);
+    k.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
+    k.eps = static_cast<float>(a.eps);
+    k.neg_step = static_cast<float>(-a.lr / bc1);
+    k.adamw = a.adamw_mode;
+    k.decay_mul = a.adamw_mode ? static_cast<float>(1.0 - a.lr * a.weight_decay)
+                               : static_cast<float>(a.weight_decay);
+    Mark(Profile::kOptimizer);
+    for (const DeviceModelSpec::Segment& s : spec_.segments) {
+      k.decay = s.decay && a.weight_decay != 0.0;
+      cuda::AdamStep(ctx_, params_ + s.begin, grads_ + s.begin, m_ + s.begin,
+                     v_ + s.begin, s.end - s.begin, k, grad_scale);
+    }
+    Mark(Profile::kPointwise);  // until the next step's first mark
+    profile_.StepDone();
+    return Launched("adam step");
+  }
+
+  int64_t peak_memory_bytes() const override { return peak_bytes_; }
+  int64_t state_bytes() const override {
+    return 16 * static_cast<int64_t>(spec_.num_params);
+  }
+
+ private:
+  struct Layer {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *res2, *ln2,
+        *ln2_mean, *ln2_rstd, *fch, *res3;
+  };
+
+  const char* PrecisionName() const {
+    switch (options_.precision) {
+      case DevicePrecision::kFp32:
+        return "fp32";
+      case DevicePrecision::kTf32:
+        return "tf32";
+      case DevicePrecision::kBf16:
+        return "bf16";
+    }
+    return "?";
+  }
+
+  bool Fail(const std::string& what) {
+    error_ = what;
+    return false;
+  }
+  bool Cuda(cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return true;
+    return Fail(std::string(what) + ": " + cudaGetErrorString(e));
+  }
+  bool Blas(cublasStatus_t s, const char* what) {
+    if (s == CUBLAS_STATUS_SUCCESS) return true;
+    return Fail(std::string(what) + ": " + cublasGetStatusString(s));
+  }
+  bool Launched(const char* what) { return Cuda(cudaGetLastError(), what); }
+  void Mark(Profile::Part part) { profile_.Mark(ctx_.stream, part); }
+  bool Sync(const char* what) {
+    const bool ok =
+        Cuda(cudaStreamSynchronize(ctx_.stream), what) && Launched(what);
+    if (ok) profile_.Collect();
+    return ok;
+  }
+
+  template <typename X>
+  bool Alloc(X** p, size_t n) {
+    void* raw = nullptr;
+    const cudaError_t e = cudaMalloc(&raw, n * sizeof(X));
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // clear it
+      char text[160];
+      std::snprintf(text, sizeof text,
+                    "cudaMalloc of %.2f GiB (%.2f GiB held): ",
+                    static_cast<double>(n * sizeof(X)) / (1 << 30),
+                    static_cast<double>(allocated_bytes_) / (1 << 30));
+      return Fail(text + std::string(cudaGetErrorString(e)));
+    }
+    allocations_.emplace_back(raw, static_cast<int64_t>(n * sizeof(X)));
+    allocated_bytes_ += allocations_.back().second;
+    peak_bytes_ = std::max(peak_bytes_, allocated_bytes_);
+    *p = static_cast<X*>(raw);
+    return true;
+  }
+  void Free(void* p) {
+    if (p == nullptr) return;
+    cudaFree(p);
+    for (auto it = allocations_.begin(); it != allocations_.end(); ++it) {
+      if (it->first != p) continue;
+      allocated_bytes_ -= it->second;
+      allocations_.erase(it);
+      break;
+    }
+  }
+
+  // On the engine's stream (a plain cudaMemcpy runs on the legacy stream,
+  // which does not order against a non-blocking one), finished on return.
+  bool Up(float* dst, const float* host) {
+    return Cuda(cudaMemcpyAsync(dst, host, spec_.num_params * sizeof(float),
+                                cudaMemcpyHostToDevice, ctx_.stream),
+                "copy to the GPU") &&
+           Sync("copy to the GPU");
+  }
+  bool Down(float* host, const float* src) {
+    return Cuda(cudaMemcpyAsync(host, src, spec_.num_params * sizeof(float),
+                                cudaMemcpyDeviceToHost, ctx_.stream),
+                "copy from the GPU") &&
+           Sync("copy from the GPU");
+  }
+
+  float* P(Kind k, int l = 0) { return params_ + Offset(k, l); }
+  float* G(Kind k, int l = 0) { return grads_ + Offset(k, l); }
+  size_t Offset(Kind k, int l) const {
+    const size_t C = spec_.channels;
+    size_t per_layer = 0;
+    switch (k) {
+      case kQkvw: per_layer = 3 * C * C; break;
+      case kQkvb: per_layer = 3 * C; break;
+      case kAttprojw: per_layer = C * C; break;
+      case kFcw: case kFcprojw: per_layer = 4 * C * C; break;
+      case kFcb: per_layer = 4 * C; break;
+      case kLn1w: case kLn1b: case kAttprojb: case kLn2w: case kLn2b:
+      case kFcprojb: per_layer = C; break;
+      default: per_layer = 0;  // wte, wpe, lnfw, lnfb
+    }
+    return spec_.offset[k] + static_cast<size_t>(l) * per_layer;
+  }
+
+  // Activations for B x T, grown (never shrunk) on demand; the buffers of
+  // worker/model.cc's Acts plus the attention workspace and scratch.
+  bool Resize(int B, int T) {
+    if (B == B_ && T == T_) return true;
+    const size_t BT = static_cast<size_t>(B) * T;
+    const size_t need = Carve(nullptr, B, T);
+    if (need > acts_floats_) {
+      Free(acts_);
+      acts_ = nullptr;
+      acts_floats_ = 0;
+      if (!Alloc(&acts_, need)) return false;
+      acts_floats_ = need;
+    }
+    if (BT > token_capacity_) {
+      Free(tokens_);
+      Free(groups_);
+      tokens_ = groups_ = nullptr;
+      token_capacity_ = 0;
+      // tokens, targets; group tokens, offsets (+1), positions
+      if (!Alloc(&tokens_, 2 * BT) || !Alloc(&groups_, 3 * BT + 1))
+        return false;
+      token_capacity_ = BT;
+    }
+    if (ctx_.bf16) {
+      // The largest operands: A the logits' gradient or the widest
+      // activation; B the widest activation, the embedding or a weight.
+      const size_t C = spec_.channels, Vp = spec_.padded_vocab_size;
+      const size_t a = BT * std::max(Vp, 4 * C);
+      const size_t b = std::max({BT * 4 * C, Vp * C, 4 * C * C});
+      if (a > ctx_.bf16_a_elems || b > ctx_.bf16_b_elems) {
+        Free(ctx_.bf16_a);
+        Free(ctx_.bf16_b);
+        ctx_.bf16_a = ctx_.bf16_b = nullptr;
+        ctx_.bf16_a_elems = ctx_.bf16_b_elems = 0;
+        if (!Alloc(&ctx_.bf16_a, a) || !Alloc(&ctx_.bf16_b, b)) return false;
+        ctx_.bf16_a_elems = a;
+        ctx_.bf16_b_elems = b;
+      }
+    }
+    Carve(acts_, B, T);
+    B_ = B;
+    T_ = T;
+    return true;
+  }
+
+  // Points every activation buffer into base for B x T (null: only counts);
+  // returns the floats used.
+  size_t Carve(float* base, int B, int T) {
+    const size_t BT = static_cast<size_t>(B) * T, C = spec_.channels;
+    const int NH = spec_.num_heads;
+    size_t used = 0;
+    auto take = [&](size_t n) {
+      float* r = base != nullptr ? base + used : nullptr;
+      used += n;
+      return r;
+    };
+    encoded_ = take(BT * C);
+    layers_.resize(spec_.num_layers);
+    for (Layer& y : layers_) {
+      y.ln1 = take(BT * C);
+      y.ln1_mean = take(BT);
+      y.ln1_rstd = take(BT);
+      y.qkv = take(3 * BT * C);
+      y.atty = take(BT * C);
+      y.lse = take(BT * NH);
+      y.res2 = take(BT * C);
+      y.ln2 = take(BT * C);
+      y.ln2_mean = take(BT);
+      y.ln2_rstd = take(BT);
+      y.fch = take(4 * BT * C);
+      y.res3 = take(BT * C);
+    }
+    lnf_ = take(BT * C);
+    lnf_mean_ = take(BT);
+    lnf_rstd_ = take(BT);
+    logits_ = take(BT * spec_.padded_vocab_size);
+    losses_ = take(BT);
+    scratch4_ = take(4 * BT * C);
+    scratch_ = take(BT * C);
+    dres_ = take(BT * C);
+    dbtc_ = take(BT * C);
+    dqkv_ = take(3 * BT * C);
+    d4_ = take(4 * BT * C);
+    attn_ws_ = take(AttentionWorkspaceFloats(B, T, C, NH));
+    col_scratch_ = take(LayerNormScratchFloats(4 * C));
+    return used;
+  }
+
+  // Tokens and targets to the device; for training also the tokens grouped
+  // by value (the embedding's backward pass).
+  bool Load(const int* tokens, const int* targets, int B, int T, bool groups) {
+    if (B < 1 || T < 1 || T > spec_.max_seq_len)
+      return Fail("batch and sequence out of range");
+    const size_t n = static_cast<size_t>(B) * T;
+    for (size_t i = 0; i < n; i++) {
+      if (tokens[i] < 0 || tokens[i] >= spec_.vocab_size ||
+          targets[i] < 0 || targets[i] >= spec_.vocab_size) {
+        return Fail("token " + std::to_string(i) + " outside the vocabulary");
+      }
+    }
+    if (!Resize(B, T)) return false;
+    host_tokens_.assign(tokens, tokens + n);
+    host_tokens_.insert(host_tokens_.end(), targets, targets + n);
+    if (groups) {
+      // (token, position) sorted: each token's positions ascending.
+      keys_.resize(n);
+      for (size_t i = 0; i < n; i++)
+        keys_[i] = (static_cast<uint64_t>(tokens[i]) << 32) | i;
+      std::sort(keys_.begin(), keys_.end());
+      host_groups_.clear();
+      std::vector<int> offsets, positions;
+      for (size_t i = 0; i < n; i++) {
+        const int tok = static_cast<int>(keys_[i] >> 32);
+        if (i == 0 || tok != static_cast<int>(keys_[i - 1] >> 32)) {
+          host_groups_.push_back(tok);
+          offsets.push_back(static_cast<int>(i));
+        }
+        positions.push_back(static_cast<int>(keys_[i] & 0xffffffffu));
+      }
+      n_unique_ = static_cast<int>(host_groups_.size());
+      offsets.push_back(static_cast<int>(n));
+      host_groups_.insert(host_groups_.end(), offsets.begin(), offsets.end());
+      host_groups_.insert(host_groups_.end(), positions.begin(),
+                          positions.end());
+      if (!Cuda(cudaMemcpyAsync(groups_, host_groups_.data(),
+                                host_groups_.size() * sizeof(int),
+                                cudaMemcpyHostToDevice, ctx_.stream),
+                "copy token groups"))
+        return false;
+    }
+    return Cuda(cudaMemcpyAsync(tokens_, host_tokens_.data(),
+                                2 * n * sizeof(int), cudaMemcpyHostToDevice,
+                                ctx_.stream),
+                "copy tokens");
+  }
+
+  const float* BlockInput(int l) const {
+    return l == 0 ? encoded_ : layers_[l - 1].res3;
+  }
+
+  bool Forward() {
+    const int C = spec_.channels;
+    Mark(Profile::kEmbedding);
+    EncoderForward(ctx_, encoded_, tokens_, P(kWte), P(kWpe), B_, T_, C);
+    for (int l = 0; l < spec_.num_layers; l++) {
+      if (!BlockForward(l, BlockInput(l))) return false;
+    }
+    return Launched("forward");
+  }
+
+  bool BlockForward(int l, const float* res_in) {
+    const int N = B_ * T_, C = spec_.channels;
+    const size_t NC = static_cast<size_t>(N) * C;
+    Layer& a = layers_[l];
+    Mark(Profile::kLayerNorm);
+    LayerNormForward(ctx_, a.ln1, a.ln1_mean, a.ln1_rstd, res_in, P(kLn1w, l),
+                     P(kLn1b, l), N, C);
+    Mark(Profile::kMatmul);
+    if (!Blas(MatmulForward(ctx_, a.qkv, a.ln1, P(kQkvw, l), P(kQkvb, l), N, C,
+                            3 * C),
+              "qkv"))
+      return false;
+    Mark(Profile::kAttention);
+    if (!Blas(AttentionForward(ctx_, a.atty, a.lse, a.qkv, B_, T_, C,
+                               spec_.num_heads, attn_ws_),
+              "attention"))
+      return false;
+    Mark(Profile::kMatmul);
+    if (!Blas(MatmulForward(ctx_, scratch_, a.atty, P(kAttprojw, l),
+                            P(kAttprojb, l), N, C, C),
+              "attproj"))
+      return false;
+    Mark(Profile::kPointwise);
+    ResidualForward(ctx_, a.res2, res_in, scratch_, NC);
+    Mark(Profile::kLayerNorm);
+    LayerNormForward(ctx_, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, P(kLn2w, l),
+                     P(kLn2b, l), N, C);
+    Mark(Profile::kMatmul);
+    if (!Blas(MatmulForward(ctx_, a.fch, a.ln2, P(kFcw, l), P(kFcb, l), N, C,
+                            4 * C),
+              "fc"))
+      return false;
+    Mark(Profile::kPointwise);
+    GeluForward(ctx_, scratch4_, a.fch, 4 * NC);
+    Mark(Profile::kMatmul);
+    if (!Blas(MatmulForward(ctx_, scratch_, scratch4_, P(kFcprojw, l),
+                            P(kFcprojb, l), N, 4 * C, C),
+              "fcproj"))
+      return false;
+    Mark(Profile::kPointwise);
+    ResidualForward(ctx_, a.res3, a.res2, scratch_, NC);
+    return true;
+  }
+
+  // The final LayerNorm, the logits and the classifier; with backward the
+  // logits become their gradient for dloss per token.
+  bool HeadForward(bool backward, float dloss) {
+    const int N = B_ * T_, C = spec_.channels, V = spec_.vocab_size;
+    const int Vp = spec_.padded_vocab_size;
+    Mark(Profile::kLayerNorm);
+    LayerNormForward(ctx_, lnf_, lnf_mean_, lnf_rstd_,
+                     BlockInput(spec_.num_layers), P(kLnfw), P(kLnfb), N, C);
+    Mark(Profile::kHead);
+    if (!Blas(RowGemm(ctx_, false, true, N, V, C, 1.0f, lnf_, C, P(kWte), C,
+                      0.0f, logits_, Vp),
+              "logits"))
+      return false;
+    Mark(Profile::kClassifier);
+    FusedClassifier(ctx_, logits_, losses_, tokens_ + N, N, V, Vp, dloss,
+                    backward);
+    return Launched("classifier");
+  }
+
+  bool Backward() {
+    const int N = B_ * T_, C = spec_.channels, V = spec_.vocab_size;
+    const int Vp = spec_.padded_vocab_size, L = spec_.num_layers;
+    const float* dlogits = logits_;
+    Mark(Profile::kHead);
+    if (!Blas(RowGemm(ctx_, false, false, N, C, V, 1.0f, dlogits, Vp, P(kWte),
+                      C, 0.0f, dbtc_, C),
+              "dlnf") ||
+        !Blas(RowGemm(ctx_, true, false, V, C, N, 1.0f, dlogits, Vp, lnf_, C,
+                      1.0f, G(kWte), C),
+              "dwte")) {
+      return false;
+    }
+    Mark(Profile::kPointwise);
+    Zero(ctx_, dres_, static_cast<size_t>(N) * C);
+    Mark(Profile::kLayerNorm);
+    cuda::LayerNormBackward(ctx_, dres_, G(kLnfw), G(kLnfb), dbtc_,
+                            BlockInput(L), P(kLnfw), lnf_mean_, lnf_rstd_, N,
+                            C, col_scratch_);
+    for (int l = L - 1; l >= 0; l--) {
+      if (!BlockBackward(l, BlockInput(l))) return false;
+    }
+    Mark(Profile::kEmbedding);
+    EncoderBackwardWpe(ctx_, G(kWpe), dres_, B_, T_, C);
+    EncoderBackwardWte(ctx_, G(kWte), dres_, groups_, groups_ + n_unique_,
+                       groups_ + 2 * n_unique_ + 1, n_unique_, C);
+    return Launched("backward");
+  }
+
+  // As worker/model.cc's BlockBackward: dres carries d(loss)/d(res3) in and
+  // d(loss)/d(res_in) out.
+  bool BlockBackward(int l, const float* res_in) {
+    const int N = B_ * T_, C = spec_.channels;
+    const size_t NC = static_cast<size_t>(N) * C;
+    const Layer& a = layers_[l];
+    Mark(Profile::kPointwise);
+    GeluForward(ctx_, scratch4_, a.fch, 4 * NC);
+    Mark(Profile::kPointwise);
+    Zero(ctx_, d4_, 4 * NC);
+    Mark(Profile::kMatmul);
+    if (!Blas(MatmulBackward(ctx_, d4_, G(kFcprojw, l), G(kFcprojb, l), dres_,
+                             scratch4_, P(kFcprojw, l), N, 4 * C, C,
+                             col_scratch_),
+              "fcproj backward"))
+      return false;
+    Mark(Profile::kPointwise);
+    Zero(ctx_, scratch4_, 4 * NC);
+    GeluBackward(ctx_, scratch4_, a.fch, d4_, 4 * NC);
+    Mark(Profile::kPointwise);
+    Zero(ctx_, dbtc_, NC);
+    Mark(Profile::kMatmul);
+    if (!Blas(MatmulBackward(ctx_, dbtc_, G(kFcw, l), G(kFcb, l), scratch4_,
+                             a.ln2, P(kFcw, l), N, C, 4 * C, col_scratch_),
+              "fc backward"))
+      return false;
+    Mark(Profile::kLayerNorm);
+    cuda::LayerNormBackward(ctx_, dres_, G(kLn2w, l), G(kLn2b, l), dbtc_,
+                            a.res2, P(kLn2w, l), a.ln2_mean, a.ln2_rstd, N, C,
+                            col_scratch_);
+    Mark(Profile::kPointwise);
+    Zero(ctx_, dbtc_, NC);
+    Mark(Profile::kMatmul);
+    if (!Blas(MatmulBackward(ctx_, dbtc_, G(kAttprojw, l), G(kAttprojb, l),
+                             dres_, a.atty, P(kAttprojw, l), N, C, C,
+                             col_scratch_),
+              "attproj backward"))
+      return false;
+    Mark(Profile::kPointwise);
+    Zero(ctx_, dqkv_, 3 * NC);
+    Mark(Profile::kAttention);
+    if (!Blas(AttentionBackward(ctx_, dqkv_, dbtc_, a.qkv, a.lse, B_, T_, C,
+                                spec_.num_heads, attn_ws_),
+              "attention backward"))
+      return false;
+    Mark(Profile::kPointwise);
+    Zero(ctx_, dbtc_, NC);
+    Mark(Profile::kMatmul);
+    if (!Blas(MatmulBackward(ctx_, dbtc_, G(kQkvw, l), G(kQkvb, l), dqkv_,
+                             a.ln1, P(kQkvw, l), N, C, 3 * C, col_scratch_),
+              "qkv backward"))
+      return false;
+    Mark(Profile::kLayerNorm);
+    cuda::LayerNormBackward(ctx_, dres_, G(kLn1w, l), G(kLn1b, l), dbtc_,
+                            res_in, P(kLn1w, l), a.ln1_mean, a.ln1_rstd, N, C,
+                            col_scratch_);
+    return true;
+  }
+
+  // The mean of this batch's losses, summed on the host in double (as the
+  // CPU engine does).
+  bool MeanLoss(float* loss) {
+    const size_t n = static_cast<size_t>(B_) * T_;
+    host_losses_.resize(n);
+    if (!Cuda(cudaMemcpyAsync(host_losses_.data(), losses_, n * sizeof(float),
+                              cudaMemcpyDeviceToHost, ctx_.stream),
+              "copy losses") ||
+        !Sync("step")) {
+      return false;
+    }
+    double sum = 0;
+    for (float x : host_losses_) sum += x;
+    *loss = static_cast<float>(sum / static_cast<double>(n));
+    return true;
+  }
+
+  DeviceEngineOptions options_;
+  DeviceModelSpec spec_;
+  Ctx ctx_;
+  Profile profile_;
+  std::string describe_, error_;
+  std::vector<std::pair<void*, int64_t>> allocations_;  // with their bytes
+  int64_t allocated_bytes_ = 0, peak_bytes_ = 0;
+  float *params_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
+  double* partials_ = nullptr;
+  int B_ = 0, T_ = 0;
+  float* acts_ = nullptr;
+  size_t acts_floats_ = 0;
+  int *tokens_ = nullptr, *groups_ = nullptr;  // groups: tokens, offsets, positions
+  size_t token_capacity_ = 0;
+  int n_unique_ = 0;
+  float *encoded_, *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_,
+      *scratch4_, *scratch_, *dres_, *dbtc_, *dqkv_, *d4_, *attn_ws_,
+      *col_scratch_;
+  std::vector<Layer> layers_;
+  std::vector<int> host_tokens_, host_groups_;
+  std::vector<uint64_t> keys_;
+  std::vector<float> host_losses_;
+};
+
+}  // namespace
+}  // namespace dslaunch::worker::cuda
+
+extern "C" dslaunch::worker::DeviceEngine* dsl_cuda_create_engine(
+    const dslaunch::worker::DeviceEngineOptions* options, std::string* error) {
+  auto engine =
+      std::make_unique<dslaunch::worker::cuda::CudaEngine>(*options);
+  if (!engine->Init()) {
+    *error = engine->error();
+    return nullptr;
+  }
+  return engine.release();
+}
+
+extern "C" int dsl_cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}

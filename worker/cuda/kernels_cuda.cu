@@ -1,0 +1,691 @@
+#include <cmath>
+#include <cstdint>
+
+#include "worker/cuda/kernels_cuda.h"
+
+namespace dslaunch::worker::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarp = 32;
+// Row groups of the column reductions (LayerNorm's weight and bias
+// gradients, a matmul's bias gradient): partial sums per group, then one
+// ordered sum per column.
+constexpr int kRowGroups = 64;
+constexpr int kRowsPerBlock = 8;
+
+unsigned Blocks(size_t n, int threads = kThreads) {
+  return static_cast<unsigned>((n + threads - 1) / threads);
+}
+
+__device__ float WarpSum(float x) {
+  for (int o = kWarp / 2; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffff, x, o);
+  return x;
+}
+
+__device__ float WarpMax(float x) {
+  for (int o = kWarp / 2; o > 0; o /= 2)
+    x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, o));
+  return x;
+}
+
+// ------------------------------------------------------------ embedding
+
+__global__ void EncoderForwardKernel(float* out, const int* inp,
+                                     const float* wte, const float* wpe,
+                                     int BT, int T, int C) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= static_cast<size_t>(BT) * C) return;
+  const int bt = static_cast<int>(i / C), c = static_cast<int>(i % C);
+  const int t = bt % T;
+  out[i] = wte[static_cast<size_t>(inp[bt]) * C + c] +
+           wpe[static_cast<size_t>(t) * C + c];
+}
+
+__global__ void EncoderBackwardWpeKernel(float* dwpe, const float* dout,
+                                         int B, int T, int C) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= static_cast<size_t>(T) * C) return;
+  float sum = 0;
+  for (int b = 0; b < B; b++) sum += dout[static_cast<size_t>(b) * T * C + i];
+  dwpe[i] += sum;
+}
+
+__global__ void EncoderBackwardWteKernel(float* dwte, const float* dout,
+                                         const int* tokens, const int* offsets,
+                                         const int* positions, int C) {
+  const int u = blockIdx.x;
+  const int begin = offsets[u], end = offsets[u + 1];
+  float* row = dwte + static_cast<size_t>(tokens[u]) * C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float sum = 0;
+    for (int k = begin; k < end; k++)
+      sum += dout[static_cast<size_t>(positions[k]) * C + c];
+    row[c] += sum;
+  }
+}
+
+// ------------------------------------------------------------ LayerNorm
+
+// One warp per row.
+__global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd,
+                                       const float* inp, const float* weight,
+                                       const float* bias, int N, int C) {
+  const int row = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= N) return;
+  const float* x = inp + static_cast<size_t>(row) * C;
+  float s = 0;
+  for (int c = lane; c < C; c += kWarp) s += x[c];
+  const float m = WarpSum(s) / C;
+  float v = 0;
+  for (int c = lane; c < C; c += kWarp) {
+    const float d = x[c] - m;
+    v += d * d;
+  }
+  const float r = 1.0f / sqrtf(WarpSum(v) / C + 1e-5f);
+  float* y = out + static_cast<size_t>(row) * C;
+  for (int c = lane; c < C; c += kWarp)
+    y[c] = (x[c] - m) * r * weight[c] + bias[c];
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
+// dinp, one warp per row.
+__global__ void LayerNormBackwardInputKernel(float* dinp, const float* dout,
+                                             const float* inp,
+                                             const float* weight,
+                                             const float* mean,
+                                             const float* rstd, int N, int C) {
+  const int row = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= N) return;
+  const size_t base = static_cast<size_t>(row) * C;
+  const float m = mean[row], r = rstd[row];
+  float a = 0, b = 0;
+  for (int c = lane; c < C; c += kWarp) {
+    const float dnorm = weight[c] * dout[base + c];
+    a += dnorm;
+    b += dnorm * (inp[base + c] - m) * r;
+  }
+  a = WarpSum(a) / C;
+  b = WarpSum(b) / C;
+  for (int c = lane; c < C; c += kWarp) {
+    const float xhat = (inp[base + c] - m) * r;
+    const float dnorm = weight[c] * dout[base + c];
+    dinp[base + c] += (dnorm - a - xhat * b) * r;
+  }
+}
+
+// Column sums over rows in kRowGroups groups: block (32 columns,
+// kRowsPerBlock rows), grid (column blocks, kRowGroups). With inp set, also
+// the sums of dout * xhat (LayerNorm's weight gradient). partial holds
+// kRowGroups rows of C sums each, for dout then dout * xhat.
+__global__ void ColumnPartialsKernel(float* partial, const float* dout,
+                                     const float* inp, const float* mean,
+                                     const float* rstd, int N, int C) {
+  __shared__ float sb[kRowsPerBlock][kWarp + 1];
+  __shared__ float sw[kRowsPerBlock][kWarp + 1];
+  const int c = blockIdx.x * kWarp + threadIdx.x;
+  float accb = 0, accw = 0;
+  if (c < C) {
+    for (int r = blockIdx.y * kRowsPerBlock + threadIdx.y; r < N;
+         r += kRowGroups * kRowsPerBlock) {
+      const size_t i = static_cast<size_t>(r) * C + c;
+      const float d = dout[i];
+      accb += d;
+      if (inp != nullptr) accw += d * ((inp[i] - mean[r]) * rstd[r]);
+    }
+  }
+  sb[threadIdx.y][threadIdx.x] = accb;
+  sw[threadIdx.y][threadIdx.x] = accw;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float tb = 0, tw = 0;
+    for (int y = 0; y < kRowsPerBlock; y++) {
+      tb += sb[y][threadIdx.x];
+      tw += sw[y][threadIdx.x];
+    }
+    partial[static_cast<size_t>(blockIdx.y) * C + c] = tb;
+    partial[static_cast<size_t>(kRowGroups + blockIdx.y) * C + c] = tw;
+  }
+}
+
+// dbias[c] += sum of the groups' dout sums; dweight (may be null) likewise
+// with the dout * xhat sums.
+__global__ void ColumnFinishKernel(float* dweight, float* dbias,
+                                   const float* partial, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float tb = 0, tw = 0;
+  for (int g = 0; g < kRowGroups; g++) {
+    tb += partial[static_cast<size_t>(g) * C + c];
+    tw += partial[static_cast<size_t>(kRowGroups + g) * C + c];
+  }
+  if (dbias != nullptr) dbias[c] += tb;
+  if (dweight != nullptr) dweight[c] += tw;
+}
+
+void ColumnSums(const Ctx& ctx, float* dweight, float* dbias,
+                const float* dout, const float* inp, const float* mean,
+                const float* rstd, int N, int C, float* scratch) {
+  const dim3 grid((C + kWarp - 1) / kWarp, kRowGroups);
+  const dim3 block(kWarp, kRowsPerBlock);
+  ColumnPartialsKernel<<<grid, block, 0, ctx.stream>>>(scratch, dout, inp,
+                                                       mean, rstd, N, C);
+  ColumnFinishKernel<<<Blocks(C), kThreads, 0, ctx.stream>>>(dweight, dbias,
+                                                             scratch, C);
+}
+
+// ------------------------------------------------------------ pointwise
+
+__global__ void BiasRowsKernel(float* out, const float* bias, int N, int OC) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= static_cast<size_t>(N) * OC) return;
+  out[i] = bias != nullptr ? bias[i % OC] : 0.0f;
+}
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+
+__global__ void GeluForwardKernel(float* out, const float* inp, size_t n) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const float x = inp[i];
+  const float u = kGeluScale * (x + 0.044715f * x * x * x);
+  out[i] = 0.5f * x * (1.0f + tanhf(u));
+}
+
+__global__ void GeluBackwardKernel(float* dinp, const float* inp,
+                                   const float* dout, size_t n) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const float x = inp[i];
+  const float u = kGeluScale * (x + 0.044715f * x * x * x);
+  const float th = tanhf(u);
+  const float sech2 = 1.0f - th * th;
+  const float grad = 0.5f * (1.0f + th) +
+                     0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+  dinp[i] += grad * dout[i];
+}
+
+// Four elements per thread (in must be 16-byte aligned), the tail one by
+// one.
+__global__ void ToBf16x4Kernel(__nv_bfloat16* out, const float* in, size_t n) {
+  const size_t i =
+      4 * (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x);
+  if (i + 3 < n) {
+    const float4 v = *reinterpret_cast<const float4*>(in + i);
+    *reinterpret_cast<__nv_bfloat162*>(out + i) = __floats2bfloat162_rn(v.x, v.y);
+    *reinterpret_cast<__nv_bfloat162*>(out + i + 2) =
+        __floats2bfloat162_rn(v.z, v.w);
+  } else {
+    for (size_t j = i; j < n; j++) out[j] = __float2bfloat16_rn(in[j]);
+  }
+}
+
+__global__ void ToBf16Kernel(__nv_bfloat16* out, const float* in, size_t n) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = __float2bfloat16_rn(in[i]);
+}
+
+__global__ void ResidualKernel(float* out, const float* a, const float* b,
+                               size_t n) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = a[i] + b[i];
+}
+
+// ------------------------------------------------------------ classifier
+
+// One block per row: the online max and sum of exp over the real columns,
+// then (backward) the gradient written over the logits.
+constexpr int kClassifierThreads = 1024;
+
+__global__ void FusedClassifierKernel(float* logits, float* losses,
+                                      const int* targets, int V, int Vp,
+                                      float dloss, bool backward) {
+  __shared__ float sm[kClassifierThreads / kWarp], ss[kClassifierThreads / kWarp];
+  __shared__ float row_lse, target_logit;
+  float* x = logits + static_cast<size_t>(blockIdx.x) * Vp;
+  const int target = targets[blockIdx.x];
+  if (threadIdx.x == 0) target_logit = x[target];
+  float m = -INFINITY, s = 0;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) {
+    const float v = x[j];
+    if (v > m) {
+      s = s * expf(m - v) + 1.0f;
+      m = v;
+    } else {
+      s += expf(v - m);
+    }
+  }
+  // Combine (m, s) pairs across the warp, then across warps.
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    const float m2 = __shfl_xor_sync(0xffffffff, m, o);
+    const float s2 = __shfl_xor_sync(0xffffffff, s, o);
+    const float mm = fmaxf(m, m2);
+    s = (m == -INFINITY ? 0.0f : s * expf(m - mm)) +
+        (m2 == -INFINITY ? 0.0f : s2 * expf(m2 - mm));
+    m = mm;
+  }
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  if (lane == 0) {
+    sm[warp] = m;
+    ss[warp] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float M = -INFINITY, S = 0;
+    for (int w = 0; w < static_cast<int>(blockDim.x / kWarp); w++) {
+      const float mm = fmaxf(M, sm[w]);
+      S = (M == -INFINITY ? 0.0f : S * expf(M - mm)) +
+          (sm[w] == -INFINITY ? 0.0f : ss[w] * expf(sm[w] - mm));
+      M = mm;
+    }
+    row_lse = M + logf(S);
+    losses[blockIdx.x] = row_lse - target_logit;
+  }
+  __syncthreads();
+  if (!backward) return;
+  const float lse = row_lse;
+  for (int j = threadIdx.x; j < Vp; j += blockDim.x) {
+    float g = 0;
+    if (j < V) g = dloss * (expf(x[j] - lse) - (j == target ? 1.0f : 0.0f));
+    x[j] = g;
+  }
+}
+
+// ------------------------------------------------------------ attention
+
+// inp (B, T, 3C) -> q, k, v, each (B, NH, T, hs).
+__global__ void SplitHeadsKernel(float* q, float* k, float* v,
+                                 const float* inp, int B, int T, int NH,
+                                 int hs) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  const int C = NH * hs;
+  if (i >= static_cast<size_t>(B) * T * C) return;
+  const int d = static_cast<int>(i % hs);
+  const int t = static_cast<int>((i / hs) % T);
+  const int h = static_cast<int>((i / (static_cast<size_t>(hs) * T)) % NH);
+  const int b = static_cast<int>(i / (static_cast<size_t>(hs) * T * NH));
+  const size_t src = (static_cast<size_t>(b) * T + t) * 3 * C + h * hs + d;
+  q[i] = inp[src];
+  k[i] = inp[src + C];
+  v[i] = inp[src + 2 * C];
+}
+
+// x (B, T, C) <-> y (B, NH, T, hs); to_heads picks the direction.
+__global__ void HeadsKernel(float* heads, float* flat, int B, int T, int NH,
+                            int hs, bool to_heads) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  const int C = NH * hs;
+  if (i >= static_cast<size_t>(B) * T * C) return;
+  const int d = static_cast<int>(i % hs);
+  const int t = static_cast<int>((i / hs) % T);
+  const int h = static_cast<int>((i / (static_cast<size_t>(hs) * T)) % NH);
+  const int b = static_cast<int>(i / (static_cast<size_t>(hs) * T * NH));
+  const size_t j = (static_cast<size_t>(b) * T + t) * C + h * hs + d;
+  if (to_heads) {
+    heads[i] = flat[j];
+  } else {
+    flat[j] = heads[i];
+  }
+}
+
+// dinp (B, T, 3C) += dq, dk, dv (B, NH, T, hs).
+__global__ void MergeHeadGradsKernel(float* dinp, const float* dq,
+                                     const float* dk, const float* dv, int B,
+                                     int T, int NH, int hs) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  const int C = NH * hs;
+  if (i >= static_cast<size_t>(B) * T * C) return;
+  const int d = static_cast<int>(i % hs);
+  const int t = static_cast<int>((i / hs) % T);
+  const int h = static_cast<int>((i / (static_cast<size_t>(hs) * T)) % NH);
+  const int b = static_cast<int>(i / (static_cast<size_t>(hs) * T * NH));
+  const size_t dst = (static_cast<size_t>(b) * T + t) * 3 * C + h * hs + d;
+  dinp[dst] += dq[i];
+  dinp[dst + C] += dk[i];
+  dinp[dst + 2 * C] += dv[i];
+}
+
+// One warp per row r = bh * T + i of the (rows, T) scores (already scaled):
+// P = causal softmax written in place (0 past the diagonal), lse[r] its
+// log-sum-exp.
+__global__ void CausalSoftmaxKernel(float* s, float* lse, int rows, int T) {
+  const int r = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= rows) return;
+  const int i = r % T;
+  float* x = s + static_cast<size_t>(r) * T;
+  float m = -INFINITY;
+  for (int j = lane; j <= i; j += kWarp) m = fmaxf(m, x[j]);
+  m = WarpMax(m);
+  float sum = 0;
+  for (int j = lane; j <= i; j += kWarp) sum += expf(x[j] - m);
+  sum = WarpSum(sum);
+  const float inv = 1.0f / sum;
+  for (int j = lane; j < T; j += kWarp) x[j] = j <= i ? expf(x[j] - m) * inv : 0.0f;
+  if (lane == 0) lse[r] = m + logf(sum);
+}
+
+// P = exp(S - lse) in place, 0 past the diagonal.
+__global__ void CausalProbsKernel(float* s, const float* lse, int rows,
+                                  int T) {
+  const int r = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= rows) return;
+  const int i = r % T;
+  float* x = s + static_cast<size_t>(r) * T;
+  const float l = lse[r];
+  for (int j = lane; j < T; j += kWarp) x[j] = j <= i ? expf(x[j] - l) : 0.0f;
+}
+
+// dP -> dS = P * (dP - sum_j P dP) in place, 0 past the diagonal.
+__global__ void CausalSoftmaxBackwardKernel(float* dp, const float* p,
+                                            int rows, int T) {
+  const int r = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= rows) return;
+  const int i = r % T;
+  float* g = dp + static_cast<size_t>(r) * T;
+  const float* x = p + static_cast<size_t>(r) * T;
+  float d = 0;
+  for (int j = lane; j <= i; j += kWarp) d += x[j] * g[j];
+  d = WarpSum(d);
+  for (int j = lane; j < T; j += kWarp) g[j] = j <= i ? x[j] * (g[j] - d) : 0.0f;
+}
+
+unsigned WarpRowBlocks(int rows) {
+  const int per_block = kThreads / kWarp;
+  return static_cast<unsigned>((rows + per_block - 1) / per_block);
+}
+
+// ------------------------------------------------------------ optimizer
+
+__global__ void AdamKernel(float* params, const float* grads, float* m,
+                           float* v, size_t n, AdamConstants k,
+                           float grad_scale) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  float p = params[i];
+  float g = grads[i];
+  if (grad_scale != 1.0f) g = __fmul_rn(g, grad_scale);
+  if (k.decay) {
+    if (k.adamw) {
+      p = __fmul_rn(p, k.decay_mul);
+    } else {
+      g = __fmaf_rn(p, k.decay_mul, g);
+    }
+  }
+  const float mi = __fmaf_rn(g, k.one_minus_b1, __fmul_rn(m[i], k.b1));
+  const float vi =
+      __fmaf_rn(__fmul_rn(k.one_minus_b2, g), g, __fmul_rn(v[i], k.b2));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), k.sqrt_bc2), k.eps);
+  p = __fadd_rn(p, __fdiv_rn(__fmul_rn(k.neg_step, mi), denom));
+  m[i] = mi;
+  v[i] = vi;
+  params[i] = p;
+}
+
+__global__ void SquaredSumKernel(const float* g, size_t n, double* partials) {
+  __shared__ double part[kThreads];
+  double acc = 0;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+       i < n; i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const double x = g[i];
+    acc += x * x;
+  }
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partials[blockIdx.x] = part[0];
+}
+
+}  // namespace
+
+// ------------------------------------------------------------ host side
+
+cublasStatus_t RowGemm(const Ctx& ctx, bool trans_a, bool trans_b, int M,
+                       int N, int K, float alpha, const float* A, int lda,
+                       const float* B, int ldb, float beta, float* C,
+                       int ldc) {
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
+  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (!ctx.bf16) {
+    return cublasGemmEx(ctx.blas, op_b, op_a, N, M, K, &alpha, B, CUDA_R_32F,
+                        ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc,
+                        ctx.compute, CUBLAS_GEMM_DEFAULT);
+  }
+  // Rows of each operand as stored: op(A) is M x K, so A has M rows (K
+  // when transposed).
+  const size_t a_elems = static_cast<size_t>(trans_a ? K : M) * lda;
+  const size_t b_elems = static_cast<size_t>(trans_b ? N : K) * ldb;
+  if (a_elems > ctx.bf16_a_elems || b_elems > ctx.bf16_b_elems)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  ToBf16(ctx, ctx.bf16_a, A, a_elems);
+  ToBf16(ctx, ctx.bf16_b, B, b_elems);
+  return cublasGemmEx(ctx.blas, op_b, op_a, N, M, K, &alpha, ctx.bf16_b,
+                      CUDA_R_16BF, ldb, ctx.bf16_a, CUDA_R_16BF, lda, &beta, C,
+                      CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+cublasStatus_t RowGemmBatched(const Ctx& ctx, bool trans_a, bool trans_b,
+                              int M, int N, int K, float alpha, const float* A,
+                              int lda, long long stride_a, const float* B,
+                              int ldb, long long stride_b, float beta,
+                              float* C, int ldc, long long stride_c,
+                              int batch) {
+  return cublasGemmStridedBatchedEx(
+      ctx.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+      trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, CUDA_R_32F, ldb,
+      stride_b, A, CUDA_R_32F, lda, stride_a, &beta, C, CUDA_R_32F, ldc,
+      stride_c, batch, ctx.batched_compute, CUBLAS_GEMM_DEFAULT);
+}
+
+void EncoderForward(const Ctx& ctx, float* out, const int* inp,
+                    const float* wte, const float* wpe, int B, int T, int C) {
+  const size_t n = static_cast<size_t>(B) * T * C;
+  EncoderForwardKernel<<<Blocks(n), kThreads, 0, ctx.stream>>>(out, inp, wte,
+                                                               wpe, B * T, T, C);
+}
+
+void EncoderBackwardWpe(const Ctx& ctx, float* dwpe, const float* dout, int B,
+                        int T, int C) {
+  EncoderBackwardWpeKernel<<<Blocks(static_cast<size_t>(T) * C), kThreads, 0,
+                             ctx.stream>>>(dwpe, dout, B, T, C);
+}
+
+void EncoderBackwardWte(const Ctx& ctx, float* dwte, const float* dout,
+                        const int* tokens, const int* offsets,
+                        const int* positions, int n_unique, int C) {
+  if (n_unique == 0) return;
+  EncoderBackwardWteKernel<<<n_unique, kThreads, 0, ctx.stream>>>(
+      dwte, dout, tokens, offsets, positions, C);
+}
+
+void LayerNormForward(const Ctx& ctx, float* out, float* mean, float* rstd,
+                      const float* inp, const float* weight, const float* bias,
+                      int N, int C) {
+  LayerNormForwardKernel<<<WarpRowBlocks(N), kThreads, 0, ctx.stream>>>(
+      out, mean, rstd, inp, weight, bias, N, C);
+}
+
+void LayerNormBackward(const Ctx& ctx, float* dinp, float* dweight,
+                       float* dbias, const float* dout, const float* inp,
+                       const float* weight, const float* mean,
+                       const float* rstd, int N, int C, float* scratch) {
+  LayerNormBackwardInputKernel<<<WarpRowBlocks(N), kThreads, 0, ctx.stream>>>(
+      dinp, dout, inp, weight, mean, rstd, N, C);
+  ColumnSums(ctx, dweight, dbias, dout, inp, mean, rstd, N, C, scratch);
+}
+
+size_t LayerNormScratchFloats(int C) {
+  return 2 * static_cast<size_t>(kRowGroups) * C;
+}
+
+cublasStatus_t MatmulForward(const Ctx& ctx, float* out, const float* inp,
+                             const float* weight, const float* bias, int N,
+                             int C, int OC) {
+  float beta = 0;
+  if (bias != nullptr) {
+    BiasRowsKernel<<<Blocks(static_cast<size_t>(N) * OC), kThreads, 0,
+                     ctx.stream>>>(out, bias, N, OC);
+    beta = 1;
+  }
+  return RowGemm(ctx, false, true, N, OC, C, 1.0f, inp, C, weight, C, beta,
+                 out, OC);
+}
+
+cublasStatus_t MatmulBackward(const Ctx& ctx, float* dinp, float* dweight,
+                              float* dbias, const float* dout,
+                              const float* inp, const float* weight, int N,
+                              int C, int OC, float* scratch) {
+  if (dinp != nullptr) {
+    const cublasStatus_t st = RowGemm(ctx, false, false, N, C, OC, 1.0f, dout,
+                                      OC, weight, C, 1.0f, dinp, C);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+  }
+  const cublasStatus_t st = RowGemm(ctx, true, false, OC, C, N, 1.0f, dout, OC,
+                                    inp, C, 1.0f, dweight, C);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  if (dbias != nullptr) {
+    ColumnSums(ctx, nullptr, dbias, dout, nullptr, nullptr, nullptr, N, OC,
+               scratch);
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+size_t AttentionWorkspaceFloats(int B, int T, int C, int NH) {
+  const size_t btc = static_cast<size_t>(B) * T * C;
+  const size_t scores = static_cast<size_t>(B) * NH * T * T;
+  return 7 * btc + 2 * scores;
+}
+
+cublasStatus_t AttentionForward(const Ctx& ctx, float* out, float* lse,
+                                const float* inp, int B, int T, int C, int NH,
+                                float* workspace) {
+  const int hs = C / NH;
+  const size_t btc = static_cast<size_t>(B) * T * C;
+  float *q = workspace, *k = q + btc, *v = k + btc, *y = v + btc;
+  float* s = y + btc;
+  const int rows = B * NH * T;
+  const long long th = static_cast<long long>(T) * hs;
+  const long long tt = static_cast<long long>(T) * T;
+  SplitHeadsKernel<<<Blocks(btc), kThreads, 0, ctx.stream>>>(q, k, v, inp, B,
+                                                             T, NH, hs);
+  cublasStatus_t st =
+      RowGemmBatched(ctx, false, true, T, T, hs, 1.0f / sqrtf(hs), q, hs, th,
+                     k, hs, th, 0.0f, s, T, tt, B * NH);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  CausalSoftmaxKernel<<<WarpRowBlocks(rows), kThreads, 0, ctx.stream>>>(
+      s, lse, rows, T);
+  st = RowGemmBatched(ctx, false, false, T, hs, T, 1.0f, s, T, tt, v, hs, th,
+                      0.0f, y, hs, th, B * NH);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  HeadsKernel<<<Blocks(btc), kThreads, 0, ctx.stream>>>(y, out, B, T, NH, hs,
+                                                        false);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t AttentionBackward(const Ctx& ctx, float* dinp,
+                                 const float* dout, const float* inp,
+                                 const float* lse, int B, int T, int C, int NH,
+                                 float* workspace) {
+  const int hs = C / NH;
+  const size_t btc = static_cast<size_t>(B) * T * C;
+  float *q = workspace, *k = q + btc, *v = k + btc, *dy = v + btc;
+  float *dq = dy + btc, *dk = dq + btc, *dv = dk + btc;
+  const size_t scores = static_cast<size_t>(B) * NH * T * T;
+  float *p = dv + btc, *dp = p + scores;
+  const int rows = B * NH * T, batch = B * NH;
+  const long long th = static_cast<long long>(T) * hs;
+  const long long tt = static_cast<long long>(T) * T;
+  const float scale = 1.0f / sqrtf(hs);
+  SplitHeadsKernel<<<Blocks(btc), kThreads, 0, ctx.stream>>>(q, k, v, inp, B,
+                                                             T, NH, hs);
+  HeadsKernel<<<Blocks(btc), kThreads, 0, ctx.stream>>>(
+      dy, const_cast<float*>(dout), B, T, NH, hs, true);
+  cublasStatus_t st = RowGemmBatched(ctx, false, true, T, T, hs, scale, q, hs,
+                                     th, k, hs, th, 0.0f, p, T, tt, batch);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  CausalProbsKernel<<<WarpRowBlocks(rows), kThreads, 0, ctx.stream>>>(p, lse,
+                                                                      rows, T);
+  // dv = P^T dy, dP = dy v^T
+  st = RowGemmBatched(ctx, true, false, T, hs, T, 1.0f, p, T, tt, dy, hs, th,
+                      0.0f, dv, hs, th, batch);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  st = RowGemmBatched(ctx, false, true, T, T, hs, 1.0f, dy, hs, th, v, hs, th,
+                      0.0f, dp, T, tt, batch);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  CausalSoftmaxBackwardKernel<<<WarpRowBlocks(rows), kThreads, 0,
+                                ctx.stream>>>(dp, p, rows, T);
+  // dq = scale dS k, dk = scale dS^T q
+  st = RowGemmBatched(ctx, false, false, T, hs, T, scale, dp, T, tt, k, hs, th,
+                      0.0f, dq, hs, th, batch);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  st = RowGemmBatched(ctx, true, false, T, hs, T, scale, dp, T, tt, q, hs, th,
+                      0.0f, dk, hs, th, batch);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  MergeHeadGradsKernel<<<Blocks(btc), kThreads, 0, ctx.stream>>>(
+      dinp, dq, dk, dv, B, T, NH, hs);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+void GeluForward(const Ctx& ctx, float* out, const float* inp, size_t n) {
+  GeluForwardKernel<<<Blocks(n), kThreads, 0, ctx.stream>>>(out, inp, n);
+}
+
+void GeluBackward(const Ctx& ctx, float* dinp, const float* inp,
+                  const float* dout, size_t n) {
+  GeluBackwardKernel<<<Blocks(n), kThreads, 0, ctx.stream>>>(dinp, inp, dout,
+                                                             n);
+}
+
+void ResidualForward(const Ctx& ctx, float* out, const float* inp1,
+                     const float* inp2, size_t n) {
+  ResidualKernel<<<Blocks(n), kThreads, 0, ctx.stream>>>(out, inp1, inp2, n);
+}
+
+void Zero(const Ctx& ctx, float* p, size_t n) {
+  cudaMemsetAsync(p, 0, n * sizeof(float), ctx.stream);
+}
+
+void ToBf16(const Ctx& ctx, __nv_bfloat16* out, const float* in, size_t n) {
+  if (n == 0) return;
+  const bool aligned = reinterpret_cast<uintptr_t>(in) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  if (aligned) {
+    ToBf16x4Kernel<<<Blocks((n + 3) / 4), kThreads, 0, ctx.stream>>>(out, in,
+                                                                     n);
+  } else {
+    ToBf16Kernel<<<Blocks(n), kThreads, 0, ctx.stream>>>(out, in, n);
+  }
+}
+
+void FusedClassifier(const Ctx& ctx, float* logits, float* losses,
+                     const int* targets, int N, int V, int Vp, float dloss,
+                     bool backward) {
+  FusedClassifierKernel<<<N, kClassifierThreads, 0, ctx.stream>>>(
+      logits, losses, targets, V, Vp, dloss, backward);
+}
+
+void AdamStep(const Ctx& ctx, float* params, const float* grads, float* m,
+              float* v, size_t n, const AdamConstants& k, float grad_scale) {
+  if (n == 0) return;
+  AdamKernel<<<Blocks(n), kThreads, 0, ctx.stream>>>(params, grads, m, v, n, k,
+                                                     grad_scale);
+}
+
+void SquaredSumPartials(const Ctx& ctx, const float* g, size_t n,
+                        double* partials) {
+  SquaredSumKernel<<<kSquaredSumBlocks, kThreads, 0, ctx.stream>>>(g, n,
+                                                                   partials);
+}
+
+}  // namespace dslaunch::worker::cuda

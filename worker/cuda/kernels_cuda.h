@@ -1,0 +1,140 @@
+// CUDA kernels of the GPT-2 forward and backward pass: the same functions,
+// contracts and conventions as worker/kernels_cpu.h (which stays their
+// reference; tests/worker/cuda_kernels_test.cc compares every one), over
+// device pointers, on one stream. Row-major activations (B, T, C), weights
+// (OC, C); backward functions ACCUMULATE (+=) into what they produce unless
+// the comment says "writes".
+//
+// Every reduction runs in an order fixed by the shapes alone (no atomics):
+// the same inputs give the same bits on every run, so training on the GPU is
+// deterministic run to run.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace dslaunch::worker::cuda {
+
+// Where the kernels run and how the matrix products compute.
+struct Ctx {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  // RowGemm: CUBLAS_COMPUTE_32F (exact fp32) or _32F_FAST_TF32, on fp32
+  // operands; or, with bf16 set, the operands rounded to bf16 into the two
+  // scratch buffers first and multiplied on the tensor cores with fp32
+  // sums (PyTorch's autocast to bf16 does the same rounding).
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  bool bf16 = false;
+  __nv_bfloat16* bf16_a = nullptr;  // RowGemm's A, bf16_a_elems capacity
+  __nv_bfloat16* bf16_b = nullptr;  // RowGemm's B
+  size_t bf16_a_elems = 0, bf16_b_elems = 0;
+  // RowGemmBatched (attention's products) stays on fp32 operands with this.
+  cublasComputeType_t batched_compute = CUBLAS_COMPUTE_32F;
+};
+
+// C[M,N] = alpha op(A) op(B) + beta C, row-major, as worker/kernels_cpu.h's
+// Gemm (cblas_sgemm's contract). With ctx.bf16, A and B (each as many rows
+// as it has, times its leading dimension) must fit the scratch buffers;
+// CUBLAS_STATUS_INVALID_VALUE otherwise.
+cublasStatus_t RowGemm(const Ctx& ctx, bool trans_a, bool trans_b, int M,
+                       int N, int K, float alpha, const float* A, int lda,
+                       const float* B, int ldb, float beta, float* C, int ldc);
+// The same over `batch` matrices, each the last one's address + stride.
+cublasStatus_t RowGemmBatched(const Ctx& ctx, bool trans_a, bool trans_b,
+                              int M, int N, int K, float alpha, const float* A,
+                              int lda, long long stride_a, const float* B,
+                              int ldb, long long stride_b, float beta,
+                              float* C, int ldc, long long stride_c,
+                              int batch);
+
+void EncoderForward(const Ctx& ctx, float* out, const int* inp,
+                    const float* wte, const float* wpe, int B, int T, int C);
+// dwpe[t,:] += sum_b dout[b,t,:].
+void EncoderBackwardWpe(const Ctx& ctx, float* dwpe, const float* dout, int B,
+                        int T, int C);
+// dwte[tokens[u],:] += sum of dout rows positions[offsets[u] ..
+// offsets[u+1]) for u < n_unique: the batch's tokens grouped by value
+// (EncoderGroups builds the groups on the host), so no two threads add into
+// one row and the sum's order is fixed.
+void EncoderBackwardWte(const Ctx& ctx, float* dwte, const float* dout,
+                        const int* tokens, const int* offsets,
+                        const int* positions, int n_unique, int C);
+
+void LayerNormForward(const Ctx& ctx, float* out, float* mean, float* rstd,
+                      const float* inp, const float* weight, const float* bias,
+                      int N, int C);
+// scratch: LayerNormScratchFloats(C) floats.
+void LayerNormBackward(const Ctx& ctx, float* dinp, float* dweight,
+                       float* dbias, const float* dout, const float* inp,
+                       const float* weight, const float* mean,
+                       const float* rstd, int N, int C, float* scratch);
+size_t LayerNormScratchFloats(int C);
+
+// out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias (bias may be null).
+cublasStatus_t MatmulForward(const Ctx& ctx, float* out, const float* inp,
+                             const float* weight, const float* bias, int N,
+                             int C, int OC);
+// dinp += dout @ weight; dweight += dout^T @ inp; dbias += column sums of
+// dout. dinp, dbias may be null. scratch: LayerNormScratchFloats(OC).
+cublasStatus_t MatmulBackward(const Ctx& ctx, float* dinp, float* dweight,
+                              float* dbias, const float* dout,
+                              const float* inp, const float* weight, int N,
+                              int C, int OC, float* scratch);
+
+// Causal self-attention over qkv (B, T, 3C), as kernels_cpu.h's: out
+// (B, T, C), lse (B, NH, T). Batched products through cuBLAS and a softmax
+// kernel; the (B, NH, T, T) scores live only in the workspace.
+// workspace: AttentionWorkspaceFloats(B, T, C, NH) floats.
+cublasStatus_t AttentionForward(const Ctx& ctx, float* out, float* lse,
+                                const float* inp, int B, int T, int C, int NH,
+                                float* workspace);
+// dinp (B, T, 3C) += the gradient w.r.t. qkv given dout (B, T, C).
+cublasStatus_t AttentionBackward(const Ctx& ctx, float* dinp,
+                                 const float* dout, const float* inp,
+                                 const float* lse, int B, int T, int C, int NH,
+                                 float* workspace);
+size_t AttentionWorkspaceFloats(int B, int T, int C, int NH);
+
+// out = gelu(inp) (tanh form); out may alias inp.
+void GeluForward(const Ctx& ctx, float* out, const float* inp, size_t n);
+// dinp += gelu'(inp) * dout.
+void GeluBackward(const Ctx& ctx, float* dinp, const float* inp,
+                  const float* dout, size_t n);
+void ResidualForward(const Ctx& ctx, float* out, const float* inp1,
+                     const float* inp2, size_t n);
+void Zero(const Ctx& ctx, float* p, size_t n);
+// out = in rounded to bf16 (nearest even).
+void ToBf16(const Ctx& ctx, __nv_bfloat16* out, const float* in, size_t n);
+
+// The classifier in one pass per row: losses[i] = -log softmax(logits[i])
+// [targets[i]] over the first V of Vp columns; with backward, WRITES
+// logits[i] = dloss * (softmax - onehot) in place (padding columns 0), so
+// the probabilities are never stored. Without backward the logits stay.
+void FusedClassifier(const Ctx& ctx, float* logits, float* losses,
+                     const int* targets, int N, int V, int Vp, float dloss,
+                     bool backward);
+
+// One AdamW (adamw true) or Adam-with-L2 step over n elements, the same
+// operations in the same order as worker/cpu_adam.h's AdamStep (so the same
+// bits), after grads are multiplied by grad_scale (1: untouched). The fp32
+// constants come from the host: decay_mul = f(1 - lr*wd) (AdamW) or f(wd)
+// (L2), b1, one_minus_b1, b2, one_minus_b2, sqrt_bc2 = f(sqrt(1 - b2^t)),
+// eps, neg_step = f(-lr / (1 - b1^t)).
+struct AdamConstants {
+  float decay_mul, b1, one_minus_b1, b2, one_minus_b2, sqrt_bc2, eps,
+      neg_step;
+  bool adamw, decay;
+};
+void AdamStep(const Ctx& ctx, float* params, const float* grads, float* m,
+              float* v, size_t n, const AdamConstants& k, float grad_scale);
+
+// Per-block partial sums of squares (double) of g[0, n): kSquaredSumBlocks
+// values into partials, summed on the host in order.
+inline constexpr int kSquaredSumBlocks = 264;
+void SquaredSumPartials(const Ctx& ctx, const float* g, size_t n,
+                        double* partials);
+
+}  // namespace dslaunch::worker::cuda
