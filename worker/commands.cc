@@ -91,7 +91,7 @@ int RunTrain(const TrainArgs& args) {
     auto params = (*trainer)->WholeParams();  // collective
     if (!params.ok()) return Fail(params.status());
     if ((*trainer)->rank() == 0) {
-      const ParamLayout llmc((*trainer)->model().config(), ParamOrder::kLlmc);
+      const ParamLayout llmc((*trainer)->model_config(), ParamOrder::kLlmc);
       if (Status st = WriteModelFile(args.save_model, llmc, *params); !st.ok())
         return Fail(st);
       std::printf("saved the model to %s\n", args.save_model.c_str());

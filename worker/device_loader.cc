@@ -41,7 +41,8 @@ const Library& Cuda() {
     for (const std::string& path : tried) {
       // A path that does not exist is skipped quietly; one that exists
       // but fails to load (a missing libcublas, say) is the reason.
-      if (path.find('/') != std::string::npos && access(path.c_str(), F_OK) != 0)
+      if (path.find('/') != std::string::npos &&
+          access(path.c_str(), F_OK) != 0)
         continue;
       lib.handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
       if (lib.handle != nullptr) return;
@@ -74,7 +75,7 @@ StatusOr<DeviceKind> ParseDeviceKind(const std::string& text) {
   if (text == "cpu") return DeviceKind::kCpu;
   if (text == "cuda") return DeviceKind::kCuda;
   return InvalidArgument("--device: \"" + text +
-                              "\" is not one of auto, cpu, cuda");
+                         "\" is not one of auto, cpu, cuda");
 }
 
 const char* DeviceKindName(DeviceKind kind) {
@@ -123,7 +124,7 @@ StatusOr<std::unique_ptr<DeviceEngine>> OpenCudaEngine(
   DeviceEngine* engine = create(&options, &why);
   if (engine == nullptr) {
     return Unavailable("the CUDA engine on GPU " +
-                                   std::to_string(options.device) + ": " + why);
+                       std::to_string(options.device) + ": " + why);
   }
   return std::unique_ptr<DeviceEngine>(engine);
 }

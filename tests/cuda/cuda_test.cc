@@ -65,9 +65,9 @@ class Dev {
  public:
   explicit Dev(const std::vector<X>& host) : n_(host.size()) {
     EXPECT_EQ(cudaMalloc(&p_, n_ * sizeof(X)), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(p_, host.data(), n_ * sizeof(X),
-                         cudaMemcpyHostToDevice),
-              cudaSuccess);
+    EXPECT_EQ(
+        cudaMemcpy(p_, host.data(), n_ * sizeof(X), cudaMemcpyHostToDevice),
+        cudaSuccess);
   }
   explicit Dev(size_t n) : Dev(std::vector<X>(n, Poison())) {}
   ~Dev() { cudaFree(p_); }
@@ -121,8 +121,8 @@ TEST_F(KernelsTest, Encoder) {
   EncoderForward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
   Dev<int> dtok(tok);
   Dev<float> dwte_p(wte), dwpe_p(wpe), dout(N * C);
-  cuda::EncoderForward(ctx_, dout.get(), dtok.get(), dwte_p.get(),
-                       dwpe_p.get(), B, T, C);
+  cuda::EncoderForward(ctx_, dout.get(), dtok.get(), dwte_p.get(), dwpe_p.get(),
+                       B, T, C);
   EXPECT_LT(RelErr(dout.Get(), out), kFp32);
 
   auto grad = Random(N * C, rng_);
@@ -196,10 +196,10 @@ TEST_F(KernelsTest, Matmul) {
   Dev<float> scratch(cuda::LayerNormScratchFloats(OC));
   MatmulBackwardReference(dinp.data(), dw.data(), db.data(), dout.data(),
                           x.data(), w.data(), N, C, OC);
-  ASSERT_EQ(cuda::MatmulBackward(ctx_, gdinp.get(), gdw.get(), gdb.get(),
-                                 gdout.get(), gx.get(), gw.get(), N, C, OC,
-                                 scratch.get()),
-            CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(
+      cuda::MatmulBackward(ctx_, gdinp.get(), gdw.get(), gdb.get(), gdout.get(),
+                           gx.get(), gw.get(), N, C, OC, scratch.get()),
+      CUBLAS_STATUS_SUCCESS);
   EXPECT_LT(RelErr(gdinp.Get(), dinp), kFp32);
   EXPECT_LT(RelErr(gdw.Get(), dw), kFp32);
   EXPECT_LT(RelErr(gdb.Get(), db), kFp32);
@@ -283,8 +283,8 @@ TEST_F(KernelsTest, Classifier) {
   CrossEntropySoftmaxForward(probs.data(), losses.data(), logits.data(),
                              targets.data(), N, V, Vp);
   const float dloss = 1.0f / N;
-  CrossEntropySoftmaxBackward(probs.data(), probs.data(), targets.data(),
-                              dloss, N, V, Vp);
+  CrossEntropySoftmaxBackward(probs.data(), probs.data(), targets.data(), dloss,
+                              N, V, Vp);
   cuda::FusedClassifier(ctx_, glogits.get(), glosses.get(), gtargets.get(), N,
                         V, Vp, dloss, true);
   EXPECT_LT(RelErr(glosses.Get(), losses), kFp32);
@@ -301,8 +301,8 @@ TEST_F(KernelsTest, AdamBitForBit) {
   const size_t n = 5003;
   for (bool adamw : {true, false}) {
     for (bool decay : {true, false}) {
-      auto p = Random(n, rng_), g = Random(n, rng_), m = Random(n, rng_, -.1f, .1f),
-           v = Random(n, rng_, 0, .01f);
+      auto p = Random(n, rng_), g = Random(n, rng_),
+           m = Random(n, rng_, -.1f, .1f), v = Random(n, rng_, 0, .01f);
       Dev<float> gp(p), gg(g), gm(m), gv(v);
       AdamParams a;
       a.lr = 3e-4;
@@ -477,10 +477,11 @@ TEST_F(CudaTrainerTest, Fp32EqualsTheCpuEngine) {
   const Run gpu = Train(c, DeviceKind::kCuda);
   ASSERT_EQ(gpu.losses.size(), 50u);
   const float d = MaxDiff(gpu.losses, cpu.losses);
-  std::printf("fp32: 50 steps, loss %.6f -> %.6f on the CPU, %.6f -> %.6f on "
-              "the GPU, largest difference %.3g\n",
-              cpu.losses.front(), cpu.losses.back(), gpu.losses.front(),
-              gpu.losses.back(), d);
+  std::printf(
+      "fp32: 50 steps, loss %.6f -> %.6f on the CPU, %.6f -> %.6f on "
+      "the GPU, largest difference %.3g\n",
+      cpu.losses.front(), cpu.losses.back(), gpu.losses.front(),
+      gpu.losses.back(), d);
   EXPECT_LT(d, 1e-4);
   EXPECT_LT(cpu.losses.back(), cpu.losses.front() - 0.5f);  // it learns
 }
@@ -498,29 +499,30 @@ TEST_F(CudaTrainerTest, Bf16StaysCloseToFp32) {
   const Run bf16 =
       Train(Config(1, 50, R"(, "bf16": {"enabled": true})"), DeviceKind::kCuda);
   const float d = MaxDiff(bf16.losses, fp32.losses);
-  std::printf("bf16: 50 steps, loss %.6f -> %.6f (fp32 %.6f), largest "
-              "difference %.3g\n",
-              bf16.losses.front(), bf16.losses.back(), fp32.losses.back(), d);
+  std::printf(
+      "bf16: 50 steps, loss %.6f -> %.6f (fp32 %.6f), largest "
+      "difference %.3g\n",
+      bf16.losses.front(), bf16.losses.back(), fp32.losses.back(), d);
   EXPECT_LT(d, 2e-2);
   EXPECT_GT(d, 0.0f);  // it really computed in bf16
 }
 
 TEST_F(CudaTrainerTest, ResumesBitForBit) {
-  const std::string ck = R"(, "checkpoint": {"dir": ")" + dir_ +
-                         R"(/ck", "every": 10})";
+  const std::string ck =
+      R"(, "checkpoint": {"dir": ")" + dir_ + R"(/ck", "every": 10})";
   const Run whole = Train(Config(1, 20, ck), DeviceKind::kCuda, 1, true);
-  const Run resumed =
-      Train(Config(1, 20,
-                   R"(, "checkpoint": {"dir": ")" + dir_ +
-                       R"(/ck2", "resume": ")" + dir_ + R"(/ck/step_00000010"})"),
-            DeviceKind::kCuda, 1, true);
+  const Run resumed = Train(
+      Config(1, 20,
+             R"(, "checkpoint": {"dir": ")" + dir_ + R"(/ck2", "resume": ")" +
+                 dir_ + R"(/ck/step_00000010"})"),
+      DeviceKind::kCuda, 1, true);
   EXPECT_EQ(resumed.losses, whole.losses);
   EXPECT_EQ(resumed.params, whole.params);
 }
 
 TEST_F(CudaTrainerTest, CheckpointsMoveBetweenCpuAndGpu) {
-  const std::string ck = R"(, "checkpoint": {"dir": ")" + dir_ +
-                         R"(/ck", "every": 10})";
+  const std::string ck =
+      R"(, "checkpoint": {"dir": ")" + dir_ + R"(/ck", "every": 10})";
   const Run cpu = Train(Config(1, 20, ck), DeviceKind::kCpu, 1, true);
   const std::string resume = R"(, "checkpoint": {"dir": ")" + dir_ +
                              R"(/other", "resume": ")" + dir_ +

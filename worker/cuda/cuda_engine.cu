@@ -24,8 +24,22 @@ namespace {
 
 // ParamKind's order (worker/param_layout.h).
 enum Kind {
-  kWte, kWpe, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
-  kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb,
+  kWte,
+  kWpe,
+  kLn1w,
+  kLn1b,
+  kQkvw,
+  kQkvb,
+  kAttprojw,
+  kAttprojb,
+  kLn2w,
+  kLn2b,
+  kFcw,
+  kFcb,
+  kFcprojw,
+  kFcprojb,
+  kLnfw,
+  kLnfb,
 };
 
 // With DSL_CUDA_PROFILE=1: GPU time per part of the step, from events
@@ -33,8 +47,17 @@ enum Kind {
 // only when asked), printed to stderr when the engine ends.
 class Profile {
  public:
-  enum Part { kEmbedding, kLayerNorm, kMatmul, kAttention, kPointwise, kHead,
-              kClassifier, kOptimizer, kParts };
+  enum Part {
+    kEmbedding,
+    kLayerNorm,
+    kMatmul,
+    kAttention,
+    kPointwise,
+    kHead,
+    kClassifier,
+    kOptimizer,
+    kParts
+  };
   explicit Profile(bool on) : on_(on) {}
   ~Profile() {
     for (auto& m : marks_) cudaEventDestroy(m.first);
@@ -68,12 +91,13 @@ class Profile {
   void StepDone() { steps_++; }
   void Print() const {
     if (!on_ || steps_ == 0) return;
-    static const char* names[kParts] = {"embedding", "layernorm", "matmul",
-                                        "attention", "pointwise", "lm head",
+    static const char* names[kParts] = {"embedding",  "layernorm", "matmul",
+                                        "attention",  "pointwise", "lm head",
                                         "classifier", "optimizer"};
     double total = 0;
     for (double x : ms_) total += x;
-    std::fprintf(stderr, "dsworker: GPU time per step over %lld steps: %.2f ms\n",
+    std::fprintf(stderr,
+                 "dsworker: GPU time per step over %lld steps: %.2f ms\n",
                  steps_, total / steps_);
     for (int p = 0; p < kParts; p++) {
       std::fprintf(stderr, "  %-11s %9.2f ms  %5.1f%%\n", names[p],
@@ -232,8 +256,8 @@ class CudaEngine final : public DeviceEngine {
 
  private:
   struct Layer {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *res2, *ln2,
-        *ln2_mean, *ln2_rstd, *fch, *res3;
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *res2, *ln2, *ln2_mean,
+        *ln2_rstd, *fch, *res3;
   };
 
   const char* PrecisionName() const {
@@ -320,14 +344,32 @@ class CudaEngine final : public DeviceEngine {
     const size_t C = spec_.channels;
     size_t per_layer = 0;
     switch (k) {
-      case kQkvw: per_layer = 3 * C * C; break;
-      case kQkvb: per_layer = 3 * C; break;
-      case kAttprojw: per_layer = C * C; break;
-      case kFcw: case kFcprojw: per_layer = 4 * C * C; break;
-      case kFcb: per_layer = 4 * C; break;
-      case kLn1w: case kLn1b: case kAttprojb: case kLn2w: case kLn2b:
-      case kFcprojb: per_layer = C; break;
-      default: per_layer = 0;  // wte, wpe, lnfw, lnfb
+      case kQkvw:
+        per_layer = 3 * C * C;
+        break;
+      case kQkvb:
+        per_layer = 3 * C;
+        break;
+      case kAttprojw:
+        per_layer = C * C;
+        break;
+      case kFcw:
+      case kFcprojw:
+        per_layer = 4 * C * C;
+        break;
+      case kFcb:
+        per_layer = 4 * C;
+        break;
+      case kLn1w:
+      case kLn1b:
+      case kAttprojb:
+      case kLn2w:
+      case kLn2b:
+      case kFcprojb:
+        per_layer = C;
+        break;
+      default:
+        per_layer = 0;  // wte, wpe, lnfw, lnfb
     }
     return spec_.offset[k] + static_cast<size_t>(l) * per_layer;
   }
@@ -427,8 +469,8 @@ class CudaEngine final : public DeviceEngine {
       return Fail("batch and sequence out of range");
     const size_t n = static_cast<size_t>(B) * T;
     for (size_t i = 0; i < n; i++) {
-      if (tokens[i] < 0 || tokens[i] >= spec_.vocab_size ||
-          targets[i] < 0 || targets[i] >= spec_.vocab_size) {
+      if (tokens[i] < 0 || tokens[i] >= spec_.vocab_size || targets[i] < 0 ||
+          targets[i] >= spec_.vocab_size) {
         return Fail("token " + std::to_string(i) + " outside the vocabulary");
       }
     }
@@ -462,10 +504,10 @@ class CudaEngine final : public DeviceEngine {
                 "copy token groups"))
         return false;
     }
-    return Cuda(cudaMemcpyAsync(tokens_, host_tokens_.data(),
-                                2 * n * sizeof(int), cudaMemcpyHostToDevice,
-                                ctx_.stream),
-                "copy tokens");
+    return Cuda(
+        cudaMemcpyAsync(tokens_, host_tokens_.data(), 2 * n * sizeof(int),
+                        cudaMemcpyHostToDevice, ctx_.stream),
+        "copy tokens");
   }
 
   const float* BlockInput(int l) const {
@@ -562,8 +604,8 @@ class CudaEngine final : public DeviceEngine {
     Zero(ctx_, dres_, static_cast<size_t>(N) * C);
     Mark(Profile::kLayerNorm);
     cuda::LayerNormBackward(ctx_, dres_, G(kLnfw), G(kLnfb), dbtc_,
-                            BlockInput(L), P(kLnfw), lnf_mean_, lnf_rstd_, N,
-                            C, col_scratch_);
+                            BlockInput(L), P(kLnfw), lnf_mean_, lnf_rstd_, N, C,
+                            col_scratch_);
     for (int l = L - 1; l >= 0; l--) {
       if (!BlockBackward(l, BlockInput(l))) return false;
     }
@@ -607,10 +649,10 @@ class CudaEngine final : public DeviceEngine {
     Mark(Profile::kPointwise);
     Zero(ctx_, dbtc_, NC);
     Mark(Profile::kMatmul);
-    if (!Blas(MatmulBackward(ctx_, dbtc_, G(kAttprojw, l), G(kAttprojb, l),
-                             dres_, a.atty, P(kAttprojw, l), N, C, C,
-                             col_scratch_),
-              "attproj backward"))
+    if (!Blas(
+            MatmulBackward(ctx_, dbtc_, G(kAttprojw, l), G(kAttprojb, l), dres_,
+                           a.atty, P(kAttprojw, l), N, C, C, col_scratch_),
+            "attproj backward"))
       return false;
     Mark(Profile::kPointwise);
     Zero(ctx_, dqkv_, 3 * NC);
@@ -662,7 +704,8 @@ class CudaEngine final : public DeviceEngine {
   int B_ = 0, T_ = 0;
   float* acts_ = nullptr;
   size_t acts_floats_ = 0;
-  int *tokens_ = nullptr, *groups_ = nullptr;  // groups: tokens, offsets, positions
+  int *tokens_ = nullptr,
+      *groups_ = nullptr;  // groups: tokens, offsets, positions
   size_t token_capacity_ = 0;
   int n_unique_ = 0;
   float *encoded_, *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_,
@@ -679,8 +722,7 @@ class CudaEngine final : public DeviceEngine {
 
 extern "C" dslaunch::worker::DeviceEngine* dsl_cuda_create_engine(
     const dslaunch::worker::DeviceEngineOptions* options, std::string* error) {
-  auto engine =
-      std::make_unique<dslaunch::worker::cuda::CudaEngine>(*options);
+  auto engine = std::make_unique<dslaunch::worker::cuda::CudaEngine>(*options);
   if (!engine->Init()) {
     *error = engine->error();
     return nullptr;

@@ -32,8 +32,8 @@ __device__ float WarpMax(float x) {
 // ------------------------------------------------------------ embedding
 
 __global__ void EncoderForwardKernel(float* out, const int* inp,
-                                     const float* wte, const float* wpe,
-                                     int BT, int T, int C) {
+                                     const float* wte, const float* wpe, int BT,
+                                     int T, int C) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i >= static_cast<size_t>(BT) * C) return;
   const int bt = static_cast<int>(i / C), c = static_cast<int>(i % C);
@@ -42,8 +42,8 @@ __global__ void EncoderForwardKernel(float* out, const int* inp,
            wpe[static_cast<size_t>(t) * C + c];
 }
 
-__global__ void EncoderBackwardWpeKernel(float* dwpe, const float* dout,
-                                         int B, int T, int C) {
+__global__ void EncoderBackwardWpeKernel(float* dwpe, const float* dout, int B,
+                                         int T, int C) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i >= static_cast<size_t>(T) * C) return;
   float sum = 0;
@@ -168,13 +168,13 @@ __global__ void ColumnFinishKernel(float* dweight, float* dbias,
   if (dweight != nullptr) dweight[c] += tw;
 }
 
-void ColumnSums(const Ctx& ctx, float* dweight, float* dbias,
-                const float* dout, const float* inp, const float* mean,
-                const float* rstd, int N, int C, float* scratch) {
+void ColumnSums(const Ctx& ctx, float* dweight, float* dbias, const float* dout,
+                const float* inp, const float* mean, const float* rstd, int N,
+                int C, float* scratch) {
   const dim3 grid((C + kWarp - 1) / kWarp, kRowGroups);
   const dim3 block(kWarp, kRowsPerBlock);
-  ColumnPartialsKernel<<<grid, block, 0, ctx.stream>>>(scratch, dout, inp,
-                                                       mean, rstd, N, C);
+  ColumnPartialsKernel<<<grid, block, 0, ctx.stream>>>(scratch, dout, inp, mean,
+                                                       rstd, N, C);
   ColumnFinishKernel<<<Blocks(C), kThreads, 0, ctx.stream>>>(dweight, dbias,
                                                              scratch, C);
 }
@@ -205,8 +205,8 @@ __global__ void GeluBackwardKernel(float* dinp, const float* inp,
   const float u = kGeluScale * (x + 0.044715f * x * x * x);
   const float th = tanhf(u);
   const float sech2 = 1.0f - th * th;
-  const float grad = 0.5f * (1.0f + th) +
-                     0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+  const float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale *
+                                              (1.0f + 3.0f * 0.044715f * x * x);
   dinp[i] += grad * dout[i];
 }
 
@@ -217,7 +217,8 @@ __global__ void ToBf16x4Kernel(__nv_bfloat16* out, const float* in, size_t n) {
       4 * (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x);
   if (i + 3 < n) {
     const float4 v = *reinterpret_cast<const float4*>(in + i);
-    *reinterpret_cast<__nv_bfloat162*>(out + i) = __floats2bfloat162_rn(v.x, v.y);
+    *reinterpret_cast<__nv_bfloat162*>(out + i) =
+        __floats2bfloat162_rn(v.x, v.y);
     *reinterpret_cast<__nv_bfloat162*>(out + i + 2) =
         __floats2bfloat162_rn(v.z, v.w);
   } else {
@@ -245,7 +246,8 @@ constexpr int kClassifierThreads = 1024;
 __global__ void FusedClassifierKernel(float* logits, float* losses,
                                       const int* targets, int V, int Vp,
                                       float dloss, bool backward) {
-  __shared__ float sm[kClassifierThreads / kWarp], ss[kClassifierThreads / kWarp];
+  __shared__ float sm[kClassifierThreads / kWarp],
+      ss[kClassifierThreads / kWarp];
   __shared__ float row_lse, target_logit;
   float* x = logits + static_cast<size_t>(blockIdx.x) * Vp;
   const int target = targets[blockIdx.x];
@@ -299,9 +301,8 @@ __global__ void FusedClassifierKernel(float* logits, float* losses,
 // ------------------------------------------------------------ attention
 
 // inp (B, T, 3C) -> q, k, v, each (B, NH, T, hs).
-__global__ void SplitHeadsKernel(float* q, float* k, float* v,
-                                 const float* inp, int B, int T, int NH,
-                                 int hs) {
+__global__ void SplitHeadsKernel(float* q, float* k, float* v, const float* inp,
+                                 int B, int T, int NH, int hs) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   const int C = NH * hs;
   if (i >= static_cast<size_t>(B) * T * C) return;
@@ -366,13 +367,13 @@ __global__ void CausalSoftmaxKernel(float* s, float* lse, int rows, int T) {
   for (int j = lane; j <= i; j += kWarp) sum += expf(x[j] - m);
   sum = WarpSum(sum);
   const float inv = 1.0f / sum;
-  for (int j = lane; j < T; j += kWarp) x[j] = j <= i ? expf(x[j] - m) * inv : 0.0f;
+  for (int j = lane; j < T; j += kWarp)
+    x[j] = j <= i ? expf(x[j] - m) * inv : 0.0f;
   if (lane == 0) lse[r] = m + logf(sum);
 }
 
 // P = exp(S - lse) in place, 0 past the diagonal.
-__global__ void CausalProbsKernel(float* s, const float* lse, int rows,
-                                  int T) {
+__global__ void CausalProbsKernel(float* s, const float* lse, int rows, int T) {
   const int r = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= rows) return;
@@ -383,8 +384,8 @@ __global__ void CausalProbsKernel(float* s, const float* lse, int rows,
 }
 
 // dP -> dS = P * (dP - sum_j P dP) in place, 0 past the diagonal.
-__global__ void CausalSoftmaxBackwardKernel(float* dp, const float* p,
-                                            int rows, int T) {
+__global__ void CausalSoftmaxBackwardKernel(float* dp, const float* p, int rows,
+                                            int T) {
   const int r = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= rows) return;
@@ -394,7 +395,8 @@ __global__ void CausalSoftmaxBackwardKernel(float* dp, const float* p,
   float d = 0;
   for (int j = lane; j <= i; j += kWarp) d += x[j] * g[j];
   d = WarpSum(d);
-  for (int j = lane; j < T; j += kWarp) g[j] = j <= i ? x[j] * (g[j] - d) : 0.0f;
+  for (int j = lane; j < T; j += kWarp)
+    g[j] = j <= i ? x[j] * (g[j] - d) : 0.0f;
 }
 
 unsigned WarpRowBlocks(int rows) {
@@ -450,10 +452,9 @@ __global__ void SquaredSumKernel(const float* g, size_t n, double* partials) {
 
 // ------------------------------------------------------------ host side
 
-cublasStatus_t RowGemm(const Ctx& ctx, bool trans_a, bool trans_b, int M,
-                       int N, int K, float alpha, const float* A, int lda,
-                       const float* B, int ldb, float beta, float* C,
-                       int ldc) {
+cublasStatus_t RowGemm(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N,
+                       int K, float alpha, const float* A, int lda,
+                       const float* B, int ldb, float beta, float* C, int ldc) {
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
   const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -475,12 +476,11 @@ cublasStatus_t RowGemm(const Ctx& ctx, bool trans_a, bool trans_b, int M,
                       CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
-cublasStatus_t RowGemmBatched(const Ctx& ctx, bool trans_a, bool trans_b,
-                              int M, int N, int K, float alpha, const float* A,
+cublasStatus_t RowGemmBatched(const Ctx& ctx, bool trans_a, bool trans_b, int M,
+                              int N, int K, float alpha, const float* A,
                               int lda, long long stride_a, const float* B,
-                              int ldb, long long stride_b, float beta,
-                              float* C, int ldc, long long stride_c,
-                              int batch) {
+                              int ldb, long long stride_b, float beta, float* C,
+                              int ldc, long long stride_c, int batch) {
   return cublasGemmStridedBatchedEx(
       ctx.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
       trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, CUDA_R_32F, ldb,
@@ -491,8 +491,8 @@ cublasStatus_t RowGemmBatched(const Ctx& ctx, bool trans_a, bool trans_b,
 void EncoderForward(const Ctx& ctx, float* out, const int* inp,
                     const float* wte, const float* wpe, int B, int T, int C) {
   const size_t n = static_cast<size_t>(B) * T * C;
-  EncoderForwardKernel<<<Blocks(n), kThreads, 0, ctx.stream>>>(out, inp, wte,
-                                                               wpe, B * T, T, C);
+  EncoderForwardKernel<<<Blocks(n), kThreads, 0, ctx.stream>>>(
+      out, inp, wte, wpe, B * T, T, C);
 }
 
 void EncoderBackwardWpe(const Ctx& ctx, float* dwpe, const float* dout, int B,
@@ -538,14 +538,14 @@ cublasStatus_t MatmulForward(const Ctx& ctx, float* out, const float* inp,
                      ctx.stream>>>(out, bias, N, OC);
     beta = 1;
   }
-  return RowGemm(ctx, false, true, N, OC, C, 1.0f, inp, C, weight, C, beta,
-                 out, OC);
+  return RowGemm(ctx, false, true, N, OC, C, 1.0f, inp, C, weight, C, beta, out,
+                 OC);
 }
 
 cublasStatus_t MatmulBackward(const Ctx& ctx, float* dinp, float* dweight,
-                              float* dbias, const float* dout,
-                              const float* inp, const float* weight, int N,
-                              int C, int OC, float* scratch) {
+                              float* dbias, const float* dout, const float* inp,
+                              const float* weight, int N, int C, int OC,
+                              float* scratch) {
   if (dinp != nullptr) {
     const cublasStatus_t st = RowGemm(ctx, false, false, N, C, OC, 1.0f, dout,
                                       OC, weight, C, 1.0f, dinp, C);
@@ -577,11 +577,11 @@ cublasStatus_t AttentionForward(const Ctx& ctx, float* out, float* lse,
   const int rows = B * NH * T;
   const long long th = static_cast<long long>(T) * hs;
   const long long tt = static_cast<long long>(T) * T;
-  SplitHeadsKernel<<<Blocks(btc), kThreads, 0, ctx.stream>>>(q, k, v, inp, B,
-                                                             T, NH, hs);
+  SplitHeadsKernel<<<Blocks(btc), kThreads, 0, ctx.stream>>>(q, k, v, inp, B, T,
+                                                             NH, hs);
   cublasStatus_t st =
-      RowGemmBatched(ctx, false, true, T, T, hs, 1.0f / sqrtf(hs), q, hs, th,
-                     k, hs, th, 0.0f, s, T, tt, B * NH);
+      RowGemmBatched(ctx, false, true, T, T, hs, 1.0f / sqrtf(hs), q, hs, th, k,
+                     hs, th, 0.0f, s, T, tt, B * NH);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   CausalSoftmaxKernel<<<WarpRowBlocks(rows), kThreads, 0, ctx.stream>>>(
       s, lse, rows, T);
@@ -593,10 +593,9 @@ cublasStatus_t AttentionForward(const Ctx& ctx, float* out, float* lse,
   return CUBLAS_STATUS_SUCCESS;
 }
 
-cublasStatus_t AttentionBackward(const Ctx& ctx, float* dinp,
-                                 const float* dout, const float* inp,
-                                 const float* lse, int B, int T, int C, int NH,
-                                 float* workspace) {
+cublasStatus_t AttentionBackward(const Ctx& ctx, float* dinp, const float* dout,
+                                 const float* inp, const float* lse, int B,
+                                 int T, int C, int NH, float* workspace) {
   const int hs = C / NH;
   const size_t btc = static_cast<size_t>(B) * T * C;
   float *q = workspace, *k = q + btc, *v = k + btc, *dy = v + btc;
@@ -607,8 +606,8 @@ cublasStatus_t AttentionBackward(const Ctx& ctx, float* dinp,
   const long long th = static_cast<long long>(T) * hs;
   const long long tt = static_cast<long long>(T) * T;
   const float scale = 1.0f / sqrtf(hs);
-  SplitHeadsKernel<<<Blocks(btc), kThreads, 0, ctx.stream>>>(q, k, v, inp, B,
-                                                             T, NH, hs);
+  SplitHeadsKernel<<<Blocks(btc), kThreads, 0, ctx.stream>>>(q, k, v, inp, B, T,
+                                                             NH, hs);
   HeadsKernel<<<Blocks(btc), kThreads, 0, ctx.stream>>>(
       dy, const_cast<float*>(dout), B, T, NH, hs, true);
   cublasStatus_t st = RowGemmBatched(ctx, false, true, T, T, hs, scale, q, hs,
@@ -623,8 +622,8 @@ cublasStatus_t AttentionBackward(const Ctx& ctx, float* dinp,
   st = RowGemmBatched(ctx, false, true, T, T, hs, 1.0f, dy, hs, th, v, hs, th,
                       0.0f, dp, T, tt, batch);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
-  CausalSoftmaxBackwardKernel<<<WarpRowBlocks(rows), kThreads, 0,
-                                ctx.stream>>>(dp, p, rows, T);
+  CausalSoftmaxBackwardKernel<<<WarpRowBlocks(rows), kThreads, 0, ctx.stream>>>(
+      dp, p, rows, T);
   // dq = scale dS k, dk = scale dS^T q
   st = RowGemmBatched(ctx, false, false, T, hs, T, scale, dp, T, tt, k, hs, th,
                       0.0f, dq, hs, th, batch);

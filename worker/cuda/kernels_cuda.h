@@ -39,16 +39,15 @@ struct Ctx {
 // Gemm (cblas_sgemm's contract). With ctx.bf16, A and B (each as many rows
 // as it has, times its leading dimension) must fit the scratch buffers;
 // CUBLAS_STATUS_INVALID_VALUE otherwise.
-cublasStatus_t RowGemm(const Ctx& ctx, bool trans_a, bool trans_b, int M,
-                       int N, int K, float alpha, const float* A, int lda,
+cublasStatus_t RowGemm(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N,
+                       int K, float alpha, const float* A, int lda,
                        const float* B, int ldb, float beta, float* C, int ldc);
 // The same over `batch` matrices, each the last one's address + stride.
-cublasStatus_t RowGemmBatched(const Ctx& ctx, bool trans_a, bool trans_b,
-                              int M, int N, int K, float alpha, const float* A,
+cublasStatus_t RowGemmBatched(const Ctx& ctx, bool trans_a, bool trans_b, int M,
+                              int N, int K, float alpha, const float* A,
                               int lda, long long stride_a, const float* B,
-                              int ldb, long long stride_b, float beta,
-                              float* C, int ldc, long long stride_c,
-                              int batch);
+                              int ldb, long long stride_b, float beta, float* C,
+                              int ldc, long long stride_c, int batch);
 
 void EncoderForward(const Ctx& ctx, float* out, const int* inp,
                     const float* wte, const float* wpe, int B, int T, int C);
@@ -80,9 +79,9 @@ cublasStatus_t MatmulForward(const Ctx& ctx, float* out, const float* inp,
 // dinp += dout @ weight; dweight += dout^T @ inp; dbias += column sums of
 // dout. dinp, dbias may be null. scratch: LayerNormScratchFloats(OC).
 cublasStatus_t MatmulBackward(const Ctx& ctx, float* dinp, float* dweight,
-                              float* dbias, const float* dout,
-                              const float* inp, const float* weight, int N,
-                              int C, int OC, float* scratch);
+                              float* dbias, const float* dout, const float* inp,
+                              const float* weight, int N, int C, int OC,
+                              float* scratch);
 
 // Causal self-attention over qkv (B, T, 3C), as kernels_cpu.h's: out
 // (B, T, C), lse (B, NH, T). Batched products through cuBLAS and a softmax
@@ -92,10 +91,9 @@ cublasStatus_t AttentionForward(const Ctx& ctx, float* out, float* lse,
                                 const float* inp, int B, int T, int C, int NH,
                                 float* workspace);
 // dinp (B, T, 3C) += the gradient w.r.t. qkv given dout (B, T, C).
-cublasStatus_t AttentionBackward(const Ctx& ctx, float* dinp,
-                                 const float* dout, const float* inp,
-                                 const float* lse, int B, int T, int C, int NH,
-                                 float* workspace);
+cublasStatus_t AttentionBackward(const Ctx& ctx, float* dinp, const float* dout,
+                                 const float* inp, const float* lse, int B,
+                                 int T, int C, int NH, float* workspace);
 size_t AttentionWorkspaceFloats(int B, int T, int C, int NH);
 
 // out = gelu(inp) (tanh form); out may alias inp.
@@ -124,8 +122,7 @@ void FusedClassifier(const Ctx& ctx, float* logits, float* losses,
 // (L2), b1, one_minus_b1, b2, one_minus_b2, sqrt_bc2 = f(sqrt(1 - b2^t)),
 // eps, neg_step = f(-lr / (1 - b1^t)).
 struct AdamConstants {
-  float decay_mul, b1, one_minus_b1, b2, one_minus_b2, sqrt_bc2, eps,
-      neg_step;
+  float decay_mul, b1, one_minus_b1, b2, one_minus_b2, sqrt_bc2, eps, neg_step;
   bool adamw, decay;
 };
 void AdamStep(const Ctx& ctx, float* params, const float* grads, float* m,
