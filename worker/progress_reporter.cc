@@ -20,7 +20,12 @@ std::string FormatStepReport(const StepReport& r, int64_t rss_bytes) {
       static_cast<double>(r.grad_norm), r.tokens_per_s, r.samples_per_s,
       static_cast<long long>(r.model_state_bytes),
       static_cast<long long>(rss_bytes), static_cast<long long>(r.total_steps));
-  return buf;
+  std::string record = buf;
+  if (r.gpu_mem_bytes >= 0) {
+    record.pop_back();  // the closing brace
+    record += ", \"gpu_mem_bytes\": " + std::to_string(r.gpu_mem_bytes) + "}";
+  }
+  return record;
 }
 
 int64_t ResidentBytes() {

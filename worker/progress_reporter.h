@@ -22,7 +22,8 @@ struct StepReport {
   double tokens_per_s = 0;
   double samples_per_s = 0;
   int64_t model_state_bytes = 0;
-  int64_t total_steps = 0;  // 0: not known
+  int64_t total_steps = 0;     // 0: not known
+  int64_t gpu_mem_bytes = -1;  // the GPU allocator's peak; -1: on the CPU
 };
 
 // The record as one JSON object (no newline).

@@ -276,7 +276,9 @@ StatusOr<StepResult> Trainer::Run() {
         tokens_per_step * steps / dt,
         static_cast<double>(config_.batch.train_batch_size) * steps / dt,
         model_state_bytes(),
-        config_.train.steps};
+        config_.train.steps,
+        engine_->device_memory_bytes() > 0 ? engine_->device_memory_bytes()
+                                           : -1};
     progress_.Report(rep);
     // Under dslaunch the record is the console's to show (once); a line of
     // our own only where nobody receives it.

@@ -59,8 +59,8 @@ void FillCells(Row& row, double now, bool unicode, int64_t total) {
   std::optional<int64_t> step;
   double loss_sum = 0, tokens = 0, age = -1;
   int losses = 0;
-  int64_t rss = 0;
-  bool any_rss = false, any_tokens = false;
+  int64_t rss = 0, gpu = 0;
+  bool any_rss = false, any_tokens = false, any_gpu = false;
   const std::deque<double>* history = nullptr;
   for (const RankView* r : row.ranks) {
     numbers.push_back(r->rank);
@@ -68,6 +68,7 @@ void FillCells(Row& row, double now, bool unicode, int64_t total) {
     if (r->loss) loss_sum += *r->loss, ++losses;
     if (r->tokens_per_s) tokens += *r->tokens_per_s, any_tokens = true;
     if (r->rss_bytes >= 0) rss += r->rss_bytes, any_rss = true;
+    if (r->gpu_mem_bytes >= 0) gpu += r->gpu_mem_bytes, any_gpu = true;
     if (r->state == State::kRunning && r->last_record_at > 0)
       age = std::max(age, now - r->last_record_at);
     if (!history && !r->loss_history.empty()) history = &r->loss_history;
@@ -85,6 +86,7 @@ void FillCells(Row& row, double now, bool unicode, int64_t total) {
                any_tokens ? HumanCount(tokens) : "-",
                age >= 0 ? HumanDuration(age) : "-",
                any_rss ? HumanBytes(rss) : "-",
+               any_gpu ? HumanBytes(gpu) : "-",
                state};
 }
 
@@ -228,12 +230,26 @@ std::string RenderLiveTable(const RankBoard& board, double now,
   for (Row& row : rows) FillCells(row, now, style.unicode, total);
   const std::string more = Fit(
       rows, static_cast<size_t>(std::max(1, style.max_rows)), style.per_rank);
-  const std::vector<std::string> head = {
-      "node", style.per_rank ? "rank" : "ranks",
-      "step", "loss",
-      "",     "tok/s",
-      "seen", "mem",
-      ""};
+  std::vector<std::string> head = {"node", style.per_rank ? "rank" : "ranks",
+                                   "step", "loss",
+                                   "",     "tok/s",
+                                   "seen", "mem",
+                                   "gpu",  ""};
+  // No rank's value may push the state column out of view.
+  std::vector<size_t> max_widths = {24, 16, 24, 12, 12, 10, 8, 8, 8, 16};
+  std::vector<bool> right = {false, false, true, true, false,
+                             true,  true,  true, true, false};
+  // The GPU memory column only where some rank trains on a GPU.
+  constexpr size_t kGpuColumn = 8;
+  const bool gpu = std::any_of(
+      board.ranks().begin(), board.ranks().end(),
+      [](const auto& entry) { return entry.second.gpu_mem_bytes >= 0; });
+  if (!gpu) {
+    head.erase(head.begin() + kGpuColumn);
+    max_widths.erase(max_widths.begin() + kGpuColumn);
+    right.erase(right.begin() + kGpuColumn);
+    for (Row& row : rows) row.cells.erase(row.cells.begin() + kGpuColumn);
+  }
   std::vector<size_t> widths(head.size());
   for (size_t c = 0; c < head.size(); ++c)
     widths[c] = base::DisplayColumns(head[c]);
@@ -241,18 +257,15 @@ std::string RenderLiveTable(const RankBoard& board, double now,
     for (size_t c = 0; c < row.cells.size(); ++c)
       widths[c] = std::max(widths[c], base::DisplayColumns(row.cells[c]));
   }
-  // No rank's value may push the state column out of view.
-  static const size_t kMaxWidths[] = {24, 16, 24, 12, 12, 10, 8, 8, 16};
   for (size_t c = 0; c < widths.size(); ++c)
-    widths[c] = std::min(widths[c], kMaxWidths[c]);
+    widths[c] = std::min(widths[c], max_widths[c]);
   const size_t limit = static_cast<size_t>(std::max(1, style.width - 1));
   auto line = [&](const std::vector<std::string>& cells) {
     std::string out;
     for (size_t c = 0; c < cells.size(); ++c) {
       std::string cell = base::CutToColumns(cells[c], widths[c]);
-      const bool right = c == 2 || c == 3 || c == 5 || c == 6 || c == 7;
       const std::string pad(widths[c] - base::DisplayColumns(cell), ' ');
-      out += (c ? "  " : " ") + (right ? pad + cell : cell + pad);
+      out += (c ? "  " : " ") + (right[c] ? pad + cell : cell + pad);
     }
     while (!out.empty() && out.back() == ' ') out.pop_back();
     return base::CutToColumns(out, limit) + "\n";

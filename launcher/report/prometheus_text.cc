@@ -63,6 +63,11 @@ constexpr RankFamily kRankFamilies[] = {
      [](const RankView& r, double) {
        return r.rss_bytes >= 0 ? Value(r.rss_bytes) : std::nullopt;
      }},
+    {"dslaunch_rank_gpu_memory_bytes", "gauge",
+     "The GPU allocator's peak bytes the rank's last record reported.",
+     [](const RankView& r, double) {
+       return r.gpu_mem_bytes >= 0 ? Value(r.gpu_mem_bytes) : std::nullopt;
+     }},
     {"dslaunch_rank_running", "gauge", "1 while the rank runs.",
      [](const RankView& r, double) { return Flag(r.state == S::kRunning); }},
     {"dslaunch_rank_exited", "gauge", "1 once the rank has exited.",

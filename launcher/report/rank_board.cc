@@ -93,6 +93,8 @@ void RankBoard::Record(int rank, const nlohmann::ordered_json& record,
       }
     } else if (key == "tokens_per_s") {
       r->tokens_per_s = *number;
+    } else if (key == "gpu_mem_bytes") {
+      if (auto bytes = Count(value)) r->gpu_mem_bytes = *bytes;
     }
     if (r->scalars.size() < kMaxScalars && !key.empty() &&
         key.size() <= kMaxScalarName && key != "step" && key != "total_steps")

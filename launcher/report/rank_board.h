@@ -43,6 +43,8 @@ struct RankView {
   // records whose step advanced; 0 until two such records came.
   double step_time_s = 0;
   int64_t rss_bytes = -1;  // -1: not known
+  // A GPU rank's allocator peak, from its records' "gpu_mem_bytes" (-1: none).
+  int64_t gpu_mem_bytes = -1;
   int exit_code = 0;
   int signal = 0;
   bool oom_killed = false;
@@ -65,8 +67,8 @@ class RankBoard {
   void Reset(const Plan& plan);
 
   // A validated progress record (a JSON object). Known fields: "step",
-  // "total_steps", "loss", "tokens_per_s"; every number at the top
-  // level (and NaN, Infinity as the agent writes them) becomes a scalar.
+  // "total_steps", "loss", "tokens_per_s", "gpu_mem_bytes"; every number at the
+  // top level (and NaN, Infinity as the agent writes them) becomes a scalar.
   // Records of unknown ranks are ignored.
   void Record(int rank, const nlohmann::ordered_json& record, double time);
   void Started(int rank, int pid, double time);

@@ -29,6 +29,19 @@ TEST(ProgressReporter, RecordIsValidJsonAndTheLossRoundTrips) {
   EXPECT_EQ(parsed["rss_bytes"], 123456789);
 }
 
+TEST(ProgressReporter, GpuMemoryOnlyFromAGpuRank) {
+  StepReport r;
+  r.step = 3;
+  auto parsed = nlohmann::json::parse(FormatStepReport(r, 1));
+  EXPECT_FALSE(parsed.contains("gpu_mem_bytes"));
+  r.gpu_mem_bytes = int64_t{15} << 30;
+  const std::string json = FormatStepReport(r, 1);
+  ASSERT_TRUE(proto::ValidateProgressRecord(json).ok()) << json;
+  parsed = nlohmann::json::parse(json);
+  EXPECT_EQ(parsed["gpu_mem_bytes"], int64_t{15} << 30);
+  EXPECT_EQ(parsed["step"], 3);
+}
+
 TEST(ProgressReporter, WithoutALauncherReportingIsANoOp) {
   ::unsetenv("DSLAUNCH_PROGRESS");
   ProgressReporter reporter;

@@ -106,6 +106,31 @@ TEST(LiveTable, ShowsARowPerRankWhenAskedTo) {
             " node-b  7     12/20  3.0000  \u2584\u2584   1000  5.0s  1.0G");
 }
 
+// A GPU column only when some rank reports its GPU memory: a node's sum,
+// "-" for a node without.
+TEST(LiveTable, ShowsGpuMemoryOnlyWhereARankReportsIt) {
+  RankBoard board = Running();
+  for (int r = 0; r < 4; ++r) {
+    board.Record(r,
+                 json{{"step", 12},
+                      {"loss", 2.0},
+                      {"tokens_per_s", 1000.0},
+                      {"total_steps", 20},
+                      {"gpu_mem_bytes", int64_t{3} << 30}},
+                 1010);
+  }
+  const auto lines = Lines(RenderLiveTable(board, kNow, TableStyle{}));
+  ASSERT_GE(lines.size(), 3u);
+  // (node-a's third record widens the loss sparkline by one.)
+  EXPECT_EQ(lines[0],
+            " node    ranks   step    loss       tok/s  seen   mem    gpu");
+  EXPECT_TRUE(EndsWith(lines[1], "4.0G  12.0G")) << lines[1];
+  EXPECT_TRUE(EndsWith(lines[2], "4.0G      -")) << lines[2];
+  // Without any, the table is as before.
+  EXPECT_EQ(Lines(RenderLiveTable(Running(), kNow, TableStyle{}))[0],
+            " node    ranks   step    loss      tok/s  seen   mem");
+}
+
 TEST(LiveTable, ShowsTheSlowestStepMeanLossAndSummedTokensOfANode) {
   RankBoard board;
   board.Reset(MakePlan(1, 4));

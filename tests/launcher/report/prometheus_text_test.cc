@@ -40,6 +40,7 @@ TEST(PrometheusText, EveryFamilyHasHelpAndType) {
                              "dslaunch_rank_step_seconds",
                              "dslaunch_rank_last_seen_seconds",
                              "dslaunch_rank_rss_bytes",
+                             "dslaunch_rank_gpu_memory_bytes",
                              "dslaunch_rank_running",
                              "dslaunch_rank_exited",
                              "dslaunch_rank_exit_code",
@@ -81,6 +82,7 @@ TEST(PrometheusText, RanksWithoutAValueAreLeftOut) {
                   "host=\"node-a\"} 100\n"));
   // Not known yet: rss, step time, exit code.
   EXPECT_FALSE(Has(text, "dslaunch_rank_rss_bytes{"));
+  EXPECT_FALSE(Has(text, "dslaunch_rank_gpu_memory_bytes{"));
   EXPECT_FALSE(Has(text, "dslaunch_rank_step_seconds{"));
   EXPECT_FALSE(Has(text, "dslaunch_rank_exit_code{"));
   // Flags are there for every rank.
@@ -114,6 +116,9 @@ TEST(PrometheusText, ExitsStepTimesAndResources) {
   board.Record(0, Rec(1, 1), 11);
   board.Record(0, Rec(2, 1), 11.5);
   board.Stats(0, 1 << 20);
+  auto gpu = Rec(2, 1);
+  gpu["gpu_mem_bytes"] = int64_t{5} << 30;
+  board.Record(1, gpu, 11.5);
   board.Exited(1, 3, 0, false);
   board.Exited(2, 0, 9, true);
   board.MarkHung(0, true);
@@ -123,6 +128,9 @@ TEST(PrometheusText, ExitsStepTimesAndResources) {
   const std::string r2 = "{rank=\"2\",node=\"1\",host=\"node-b\"} ";
   EXPECT_TRUE(Has(text, "dslaunch_rank_step_seconds" + r0 + "0.5\n"));
   EXPECT_TRUE(Has(text, "dslaunch_rank_rss_bytes" + r0 + "1048576\n"));
+  EXPECT_TRUE(
+      Has(text, "dslaunch_rank_gpu_memory_bytes" + r1 + "5368709120\n"));
+  EXPECT_FALSE(Has(text, "dslaunch_rank_gpu_memory_bytes" + r0));
   EXPECT_TRUE(Has(text, "dslaunch_rank_hung" + r0 + "1\n"));
   EXPECT_TRUE(Has(text, "dslaunch_rank_exit_code" + r1 + "3\n"));
   EXPECT_TRUE(Has(text, "dslaunch_rank_exit_code" + r2 + "137\n"));

@@ -222,6 +222,11 @@ TEST(RankBoard, TracksStartExitAndMemory) {
   EXPECT_EQ(View(board, 1).pid, 4242);
   EXPECT_EQ(View(board, 1).started_at, 500.0);
   EXPECT_EQ(View(board, 1).rss_bytes, int64_t{3} << 30);
+  EXPECT_EQ(View(board, 1).gpu_mem_bytes, -1);
+  board.Record(1, json{{"step", 1}, {"gpu_mem_bytes", int64_t{7} << 30}}, 501);
+  EXPECT_EQ(View(board, 1).gpu_mem_bytes, int64_t{7} << 30);
+  board.Record(1, json{{"step", 2}, {"gpu_mem_bytes", -5}}, 502);  // kept
+  EXPECT_EQ(View(board, 1).gpu_mem_bytes, int64_t{7} << 30);
   board.MarkHung(1, true);
   board.Exited(1, 137, 9, true);
   const RankView& r = View(board, 1);
