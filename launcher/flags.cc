@@ -271,15 +271,16 @@ Status CheckIntegers(const CLI::App& app, const LaunchOptions& o) {
       CheckGivenInt(app, "--metrics_port", o.metrics_port, 1, 65535));
   RETURN_IF_ERROR(
       CheckGivenInt(app, "--max_restarts", o.max_restarts, 0, kMaxRestarts));
-  if (app.count("--max_restarts") && o.max_restarts > 0 &&
-      !StartModeNamed(o.launcher).agents_stay_between_generations) {
-    return InvalidArgument(
-        "--max_restarts is not supported with --launcher " + o.launcher +
-        " yet: its agents end with mpirun, and a generation would need a new "
-        "mpirun; use --launcher slurm or ssh");
-  }
   const bool elastic = o.plan.min_nodes != -1;
-  if (elastic && o.max_restarts == 0 && o.launcher != "join") {
+  if (elastic && StartModeNamed(o.launcher).each_generation_starts) {
+    return InvalidArgument(
+        "--num_nodes MIN:MAX is not supported with --launcher " + o.launcher +
+        ": each generation is " +
+        StartModeNamed(o.launcher).each_generation_starts +
+        " over every node of the job; give --num_nodes N");
+  }
+  if (elastic && o.max_restarts == 0 &&
+      !StartModeNamed(o.launcher).agents_join) {
     return InvalidArgument(
         "--num_nodes MIN:MAX needs --max_restarts N: the job runs on fewer "
         "nodes, or on spares, only in a generation after a failure");

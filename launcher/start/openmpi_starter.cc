@@ -154,8 +154,25 @@ std::unique_ptr<Starter> NewOpenMpiStarter(const StarterContext& context) {
 }
 
 void OpenMpiStarter::Start(const AgentBootstrap& boot, StartDone done) {
+  boot_ = boot;
   Status st = StartMpirun(boot);
   PostStartDone(io_, alive_, st, started_, std::move(done));
+}
+
+void OpenMpiStarter::StartAgain(int node_rank) {
+  again_.insert(node_rank);
+  MaybeStartAgain();
+}
+
+void OpenMpiStarter::MaybeStartAgain() {
+  if (again_.size() < hosts_.size() || pid_ > 0 || stopping_) return;
+  again_.clear();
+  Status st = StartMpirun(boot_);
+  if (st.ok()) return;
+  for (size_t n = 0; n < hosts_.size(); ++n) {
+    delegate_->OnAgentProcessExited(static_cast<int>(n),
+                                    "could not be started: " + st.message());
+  }
 }
 
 Status OpenMpiStarter::StartMpirun(const AgentBootstrap& boot) {
@@ -163,6 +180,8 @@ Status OpenMpiStarter::StartMpirun(const AgentBootstrap& boot) {
   // The agents dial back our address on the route to node 0, as under SLURM.
   ASSIGN_OR_RETURN(base::Route route, RouteToNode0(hosts_.at(0)));
   started_.master_addr = route.peer;
+  if (!hostfile_path_.empty()) ::unlink(hostfile_path_.c_str());  // the last
+  hostfile_path_.clear();
   const char* tmp = std::getenv("TMPDIR");
   std::string path =
       std::string(tmp && *tmp ? tmp : "/tmp") + "/dslaunch-mpirun-hosts-XXXXXX";
@@ -192,7 +211,9 @@ Status OpenMpiStarter::StartMpirun(const AgentBootstrap& boot) {
 void OpenMpiStarter::OnProcessOutput(pid_t pid, bool, std::string line, bool) {
   if (RelaySecretLine(delegate_, "mpirun", line, hosts_.size())) return;
   const MpirunEvent e = ParseMpirunLine(line, slots_);
-  if (stopping_) {
+  // Once the job stops, or a new mpirun is wanted or took over (a restart),
+  // what an mpirun says is its teardown.
+  if (stopping_ || pid != pid_ || !again_.empty()) {
     spdlog::info("[mpirun] {}", line);
   } else {
     delegate_->OnStarterOutput("mpirun", line);
@@ -203,6 +224,7 @@ void OpenMpiStarter::OnProcessOutput(pid_t pid, bool, std::string line, bool) {
 void OpenMpiStarter::OnProcessExited(pid_t pid, const base::ExitInfo& info) {
   pid_ = -1;
   exits_.ToolEnded(pid, info);
+  MaybeStartAgain();
 }
 
 void OpenMpiStarter::Kill(int) {

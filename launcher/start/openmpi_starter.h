@@ -18,14 +18,18 @@
 // it starts a rank) nor ever to us (we accept only the agents' secrets).
 // What mpirun says about a process that ended ("mpirun noticed that process
 // rank 3 ... exited on signal 9") names the node; once the job is stopping,
-// mpirun's own reports of the teardown go to the log only. Owned by the
-// Launcher; io_context thread only.
+// mpirun's own reports of the teardown go to the log only. A restarting job
+// (--max_restarts) runs each generation in a new mpirun over every node
+// (StartAgain), with a new hostfile and MPI key; what an ended generation's
+// mpirun still says then goes to the log too. Owned by the Launcher;
+// io_context thread only.
 #pragma once
 
 #include <sys/types.h>
 
 #include <boost/asio/io_context.hpp>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -85,9 +89,17 @@ class OpenMpiStarter : public Starter, private base::ProcessSet::Delegate {
   void Stopping() override { stopping_ = true; }
   bool SeesAgentProcesses() const override { return false; }
   bool AgentsMakeSecrets() const override { return true; }
+  // A restarting job's next generation is a new mpirun over every node
+  // (an MPI job's processes cannot start ranks twice): it starts once every
+  // node's agent is asked for again and the last mpirun has ended, with a
+  // new hostfile and MPI key.
+  bool CanStartAgain() const override { return true; }
+  void StartAgain(int node_rank) override;
 
  private:
   Status StartMpirun(const AgentBootstrap& boot);
+  // The new mpirun, when every node waits for it and the last one ended.
+  void MaybeStartAgain();
   void OnProcessOutput(pid_t pid, bool is_stderr, std::string line,
                        bool partial) override;
   void OnProcessExited(pid_t pid, const base::ExitInfo& info) override;
@@ -101,6 +113,8 @@ class OpenMpiStarter : public Starter, private base::ProcessSet::Delegate {
   std::string hostfile_path_;
   pid_t pid_ = -1;
   bool stopping_ = false;
+  AgentBootstrap boot_;  // for StartAgain
+  std::set<int> again_;  // nodes whose agents are asked for again
   Started started_;
   base::ProcessSet processes_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

@@ -38,7 +38,7 @@ StartMode OpenMpi() {
   m.allocation_hosts = AllocationHosts::kWhenInside;
   m.ranks_are_slurm_tasks_in_allocation = true;
   m.over_allocation = "mpirun runs over the allocation";
-  m.agents_stay_between_generations = false;
+  m.each_generation_starts = "a new mpirun";
   return m;
 }
 

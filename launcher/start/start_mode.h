@@ -37,9 +37,10 @@ struct StartMode {
   bool ranks_are_slurm_tasks_in_allocation = false;
   // A signal to an agent from outside is the scheduler ending the step.
   bool scheduler_signals_agents = false;
-  // Its agents can wait, connected, between generations (--max_restarts);
-  // not where the tool that started them ends with the ranks (mpirun).
-  bool agents_stay_between_generations = true;
+  // Null: its agents wait, connected, between generations (--max_restarts).
+  // Else every generation runs on new agents, all started at once by this
+  // ("a new mpirun": an MPI job's processes cannot start ranks twice).
+  const char* each_generation_starts = nullptr;
 
   bool RanksAreSlurmTasks(bool hosts_from_allocation) const {
     return ranks_are_slurm_tasks ||

@@ -114,6 +114,7 @@ void JobState::SetRanks(const Plan& plan) {
   for (const auto& node : plan.nodes) {
     DSL_CHECK(node.agent >= 0 && node.agent < static_cast<int>(nodes_.size()));
     nodes_[node.agent].member = true;
+    if (one_generation_agents_) nodes_[node.agent].spent = true;
     for (size_t i = 0; i < node.slots.size(); ++i)
       ranks_[node.first_rank + static_cast<int>(i)].node_rank = node.agent;
   }
@@ -215,7 +216,7 @@ std::vector<int> JobState::ReadyAgents() const {
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const NodeRecord& n = nodes_[i];
     if (n.idle && n.authenticated && !n.disconnected && n.lost_reason.empty() &&
-        n.excluded_until <= now)
+        n.excluded_until <= now && !n.spent)
       ready.push_back(static_cast<int>(i));
   }
   return ready;
@@ -275,6 +276,7 @@ Status JobState::NodeAuthenticated(int node) {
 void JobState::NodeRestarting(int node) {
   NodeRecord& n = nodes_.at(node);
   n.authenticated = n.disconnected = n.process_exited = n.done = false;
+  n.spent = false;  // a new agent
 }
 
 std::vector<std::string> JobState::MissingNodes() const {
@@ -418,10 +420,12 @@ JobState::Action JobState::NodeLost(int node, const std::string& why) {
   n.lost_reason = why;
   n.idle = false;
   const Clock::time_point now = Clock::now();
-  if (n.losses > 0 && now - n.lost_at < node_cooldown_)
-    n.excluded_until = now + node_cooldown_;  // flapping
-  ++n.losses;
-  n.lost_at = now;
+  if (!n.spent) {  // a spent agent's end is the start mode's way
+    if (n.losses > 0 && now - n.lost_at < node_cooldown_)
+      n.excluded_until = now + node_cooldown_;  // flapping
+    ++n.losses;
+    n.lost_at = now;
+  }
   if (!n.member) {
     spdlog::warn("node {} ({}), standing by, was lost: {}", node, hosts_[node],
                  why);

@@ -106,6 +106,9 @@ struct NodeRecord {
   bool disconnected = false;    // its control connection ended
   bool process_exited = false;  // the starter saw its agent process end
   bool done = false;  // its agent said AgentDone (every rank's end reported)
+  // Its agent ran a generation where agents run one each (mpirun's): it
+  // runs no other, and its end is no loss that counts for --node_cooldown.
+  bool spent = false;
   std::string lost_reason;  // set once when the node is lost
   std::string address;      // its agent's control connection's peer
   // Finished: nothing of it runs any more, as far as the launcher can tell.
@@ -140,6 +143,12 @@ class JobState {
   // `node_cooldown_s` of its last loss is excluded for that long.
   explicit JobState(const Plan& plan, int max_restarts = 0,
                     double node_cooldown_s = 600);
+  // Agents run one generation each (a start mode's each_generation_starts):
+  // a generation's members are spent (NodeRecord::spent) when it starts.
+  void SetAgentsRunOneGeneration() {
+    one_generation_agents_ = true;
+    for (auto& n : nodes_) n.spent = n.spent || n.member;
+  }
 
   Phase phase() const { return phase_; }
   const Outcome& outcome() const { return outcome_; }
@@ -180,7 +189,7 @@ class JobState {
   // Every node not lost has ended its ranks and waits.
   bool OthersIdle() const;
   // Agents that could run the next generation: connected, idle, not lost,
-  // not excluded by the cooldown. Ascending.
+  // not excluded by the cooldown, not spent. Ascending.
   std::vector<int> ReadyAgents() const;
   // A node that is not lost, not excluded, and stands by while the current
   // generation runs on fewer nodes than `max_nodes`: it could grow the job.
@@ -266,6 +275,7 @@ class JobState {
   bool NodeHasRunningRanks(int node) const;
   void SetRanks(const Plan& plan);
 
+  bool one_generation_agents_ = false;
   Phase phase_ = Phase::kStarting;
   Outcome outcome_;
   std::map<int, RankRecord> ranks_;

@@ -84,9 +84,12 @@ Job::Job(asio::io_context& io, const LaunchOptions& options, Plan plan,
                    StartNextGeneration(agents);
                  },
                  [this](const std::string& why) { Grow(why); },
-                 [this](int agent) { gate_.StartingAgain(agent); }}),
+                 [this](int agent) { gate_.StartingAgain(agent); },
+                 [this](int agent) { Retire(agent); }}),
       stop_(io, options, console, state_, pool_, restarts_,
             {[this] { StartTimedOut(); }, [this] { Ended(); }}) {
+  if (StartModeNamed(options.launcher).each_generation_starts)
+    state_.SetAgentsRunOneGeneration();
   if (StartModeNamed(options.launcher).agents_join) {
     join_.emplace(io, options, console, state_,
                   static_cast<int>(plan_.nodes.size()),
@@ -394,6 +397,15 @@ void Job::GiveUpRestart(const std::string& why) {
   // The waiting agents exit; those started again that have not come back
   // are killed (Abort).
   stop_.Act(JobState::Action::kAbortAll);
+}
+
+// An agent that ran its one generation (mpirun's) ends; the start mode
+// starts the next generation's agents once every such one has.
+void Job::Retire(int agent) {
+  spdlog::info("agent of node {} ran its generation; it ends", agent);
+  wire::Envelope env;
+  env.mutable_shutdown();
+  (void)links_->Send(agent, env);
 }
 
 void Job::Grow(const std::string& why) {

@@ -115,6 +115,7 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   // The next generation on `agents`: node ranks and ranks renumbered.
   void StartNextGeneration(const std::vector<int>& agents);
   void Grow(const std::string& why);
+  void Retire(int agent);
   void HandleStore(int node_rank, const wire::StoreRequest& request);
 
   const LaunchOptions& options_;

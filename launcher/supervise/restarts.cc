@@ -82,8 +82,26 @@ void Restarts::TickIn(Clock::duration d) {
   });
 }
 
+bool Restarts::RetireSpent() {
+  bool any = false;
+  for (size_t i = 0; i < state_.nodes().size(); ++i) {
+    const int n = static_cast<int>(i);
+    const NodeRecord& node = state_.node(n);
+    if (!node.spent || !node.lost_reason.empty()) continue;
+    any = true;
+    if (!node.authenticated || node.disconnected || retired_.count(n))
+      continue;
+    retired_[n] = Clock::now();
+    if (hooks_.retire) hooks_.retire(n);
+  }
+  return any;
+}
+
 void Restarts::ReviveLost(bool* may_return, bool* excluded) {
   const Clock::time_point now = Clock::now();
+  const char* starts = StartModeNamed(options_.launcher).each_generation_starts;
+  std::vector<std::string> revived;  // said once, where one run starts all
+  bool retry = false;
   for (size_t i = 0; i < state_.nodes().size(); ++i) {
     const int n = static_cast<int>(i);
     const NodeRecord& node = state_.node(n);
@@ -96,10 +114,19 @@ void Restarts::ReviveLost(bool* may_return, bool* excluded) {
     *may_return = true;
     if (!node.process_exited) {
       // Its link was cut but the agent may still run: it must end before
-      // another takes the node.
-      if (node.disconnected && !started_again_.count(n)) starter_->Kill(n);
+      // another takes the node. A spent one is ending on its own (it was
+      // told to, or its tool ends it): killed only if it has not in 10 s.
+      if (node.disconnected && !started_again_.count(n)) {
+        auto since = ending_since_.emplace(n, now).first->second;
+        if (!node.spent || now - since > Seconds(10)) {
+          ending_since_.erase(n);
+          starter_->Kill(n);
+        }
+      }
       continue;
     }
+    ending_since_.erase(n);
+    retired_.erase(n);
     auto last = started_again_.find(n);
     if (node.excluded_until > now ||
         (last != started_again_.end() && now - last->second < Seconds(5)))
@@ -110,7 +137,10 @@ void Restarts::ReviveLost(bool* may_return, bool* excluded) {
                                  ? "waiting for " + Who(n) + " to join again"
                                  : "starting the agent of " + Who(n) + " again";
     // Said once per loss; the retries every 5 s go to the log.
-    if (last == started_again_.end()) {
+    if (starts != nullptr) {
+      revived.push_back(Who(n));
+      retry = retry || last != started_again_.end();
+    } else if (last == started_again_.end()) {
       console_.Note(what);
     } else {
       spdlog::info("{} (its host did not answer)", what);
@@ -118,6 +148,14 @@ void Restarts::ReviveLost(bool* may_return, bool* excluded) {
     state_.NodeRestarting(n);
     if (hooks_.starting_again) hooks_.starting_again(n);
     starter_->StartAgain(n);
+  }
+  if (revived.empty()) return;
+  const std::string what = std::string("starting ") + starts +
+                           " for the next generation, on " + Join(revived);
+  if (retry) {
+    spdlog::info("{} (the last one did not start)", what);
+  } else {
+    console_.Note(what);
   }
 }
 
@@ -146,7 +184,9 @@ void Restarts::Tend() {
   if (!state_.restart_pending() && phase != Phase::kStarting &&
       phase != Phase::kRunning)
     return;  // the job ends
-  bool may_return = false, excluded = false;
+  // Spent agents on their way out come back as new ones.
+  bool may_return = state_.ReadyToRestart() && RetireSpent();
+  bool excluded = false;
   ReviveLost(&may_return, &excluded);
   if (!state_.restart_pending()) {
     if (state_.CanGrow(static_cast<int>(max_nodes_))) {

@@ -49,6 +49,9 @@ class Restarts {
     std::function<void(const std::string& why)> grow;
     // The agent is about to be started again.
     std::function<void(int agent)> starting_again;
+    // The agent ran its one generation (NodeRecord::spent) and waits: tell
+    // it to end, so that the start mode can start a new one.
+    std::function<void(int agent)> retire;
   };
 
   // `pool`: every agent of the job by index (hosts for messages);
@@ -76,6 +79,10 @@ class Restarts {
   // Starts lost agents again where due. Whether a lost node may still come
   // back (within the rejoin timeout), and whether one is excluded.
   void ReviveLost(bool* may_return, bool* excluded);
+  // Where agents run one generation each: once the restart is due, the
+  // spent ones still connected are told to end (each once). Whether any
+  // spent one is not lost yet (it will be, and comes back as a new one).
+  bool RetireSpent();
   // A restart is due: the next generation's agents, a wait, or the end.
   void Decide(bool may_return, bool excluded);
   // Agents that make their own secrets (pdsh, srun): whether one may be
@@ -103,6 +110,10 @@ class Restarts {
   size_t ready_seen_ = 0;
   std::map<int, Clock::time_point> started_again_;  // agent -> last attempt
   std::map<int, int> free_ports_;                   // agent -> port
+  std::map<int, Clock::time_point> retired_;        // agent -> told to end
+  // A spent agent disconnected whose process has not ended yet: since when
+  // (it gets some seconds to end on its own before it is killed).
+  std::map<int, Clock::time_point> ending_since_;
 };
 
 }  // namespace dslaunch::launcher

@@ -489,6 +489,21 @@ class OpenMpiAcrossNamespaces(ClusterTest):
         self.assertFalse([n for n in os.listdir(self.out) if n.startswith("mpi-")])
 
 
+    def test_a_restart_is_a_new_mpirun_across_the_nodes(self):
+        need_mpi(self)
+        p = self.run_mpi(self.mpirun_args(extra=("--max_restarts", "1")) +
+                         [SYSTEM_PY, MPI_RANK_PY, "fail_first", "3"], timeout=120)
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 0, err)
+        self.assertIn("exited with code 7", err)
+        self.assertIn("starting a new mpirun for the next generation", err)
+        self.assertIn("after 1 restart", err)
+        for rank in range(6):
+            with open(os.path.join(self.out, "mpi-%d.json" % rank)) as f:
+                r = json.load(f)
+            self.assertEqual((r["mpi_rank"], r["mpi_size"], r["sum"]), (rank, 6, 15))
+            self.assertEqual(r["env"]["DSLAUNCH_RESTART_COUNT"], "1")
+
 class DeepSpeedScriptAcrossNamespaces(ClusterTest):
     def test_a_deepspeed_script_in_a_venv_gets_deepspeeds_own_losses(self):
         deepspeed_env.need_deepspeed(self)

@@ -421,6 +421,25 @@ class OpenMpiInsideTheAllocation(SlurmTest):
         self.assertIn("stopped in consequence: 5 ranks", err)
 
 
+    def test_a_restart_is_a_new_mpirun_over_the_allocation(self):
+        need_mpi(self)
+        p = self.run_job(self.salloc(DSLAUNCH, "--launcher", "openmpi", "--no_local_rank",
+                                     "--max_restarts", "1", SYSTEM_PY, MPI_RANK_PY,
+                                     "fail_first", "4"), timeout=180)
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 0, err)
+        self.assertIn("rank 4 on %s exited with code 7" % CLUSTER["names"][2], err)
+        self.assertIn("starting a new mpirun for the next generation", err)
+        self.assertIn("after 1 restart", err)
+        for rank in range(6):
+            with open(os.path.join(self.out, "mpi-%d.json" % rank)) as f:
+                r = json.load(f)
+            self.assertEqual((r["mpi_rank"], r["mpi_size"], r["sum"]), (rank, 6, 15))
+            self.assertEqual(r["host"], CLUSTER["names"][rank // 2])
+            self.assertEqual(r["env"]["DSLAUNCH_RESTART_COUNT"], "1")
+            self.assertEqual(r["env"]["SLURM_PROCID"], str(rank))
+
+
 class SecretsInLongLivedEnvironments(SlurmTest):
     """srun (and, under --launcher openmpi, mpirun, the srun step it starts
     its daemons with, and the daemons) live as long as the job, and a rank

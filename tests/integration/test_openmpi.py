@@ -108,6 +108,40 @@ class OpenMpi(LaunchTest):
         self.assertNotIn("exiting improperly", err)
         self.assert_job_gone(self.results(1)[0]["env"]["DSLAUNCH_JOB_ID"])
 
+    def test_a_restart_is_a_new_mpirun_whose_world_is_whole(self):
+        p = self.run_job(self.dslaunch("fail_first", "1", extra=("--max_restarts", "2")),
+                         timeout=90, DSLAUNCH_PYTHON=SYSTEM_PY)
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 0, err)
+        self.assertIn("exited with code 7", err)
+        self.assertIn("starting a new mpirun for the next generation, on node 0 (localhost)",
+                      err)
+        self.assertIn("restart 1 of 2", err)
+        # The second generation's ranks are a whole MPI world of their own.
+        results = self.results(3)
+        for rank, r in enumerate(results):
+            self.assertEqual((r["mpi_rank"], r["mpi_size"], r["sum"]), (rank, 3, 3), r)
+            self.assertEqual(r["env"]["DSLAUNCH_RESTART_COUNT"], "1", r)
+        self.assert_job_gone(results[0]["env"]["DSLAUNCH_JOB_ID"])
+
+    def test_ranks_that_are_no_mpi_processes_restart_in_a_new_mpirun_too(self):
+        # mpirun never hears of a rank that does not MPI_Init: the ended
+        # generation's agents wait until they are told to end, then a new
+        # mpirun starts every node's agent again.
+        script = ('echo "gen ${DSLAUNCH_RESTART_COUNT:-0} rank $RANK"; '
+                  'if [ "${DSLAUNCH_RESTART_COUNT:-0}" = 0 ]; then '
+                  '[ "$RANK" = 1 ] && exit 7; sleep 30; fi')
+        p = self.run_job([DSLAUNCH, "--hostfile", self.hosts, "--launcher", "openmpi",
+                          "--max_restarts", "1", "--console", "lines", "bash", "-c", script],
+                         timeout=60)
+        out, err = p.stdout.decode(), p.stderr.decode()
+        self.assertEqual(p.returncode, 0, err)
+        self.assertIn("starting a new mpirun for the next generation", err)
+        self.assertIn("after 1 restart", err)
+        for rank in range(3):
+            self.assertIn("gen 1 rank %d" % rank, out)
+        self.assertLess(p.elapsed, 20)  # the first generation's sleeps were cut
+
     def test_ctrl_c_stops_every_rank_and_mpirun(self):
         job = self.start_job(self.dslaunch("sleep"), DSLAUNCH_PYTHON=SYSTEM_PY)
         self.read_until(job, "stdout", r"mpi rank \d of 3", count=3, timeout=30)

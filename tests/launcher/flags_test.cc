@@ -172,11 +172,17 @@ TEST(Flags, RestartFlagsAreCheckedAndNeverIgnored) {
   EXPECT_EQ(UsageError({"--restart_backoff", "2", "p"}),
             "--restart_backoff needs --max_restarts N: without it the job "
             "never restarts");
-  EXPECT_NE(UsageError({"--launcher", "openmpi", "--max_restarts", "1", "p"})
-                .find("--max_restarts is not supported with --launcher "
-                      "openmpi yet"),
+  // Under openmpi every generation is a new mpirun over every node: no
+  // elastic membership.
+  EXPECT_NE(UsageError({"--launcher", "openmpi", "--max_restarts", "1",
+                        "--num_nodes", "1:2", "p"})
+                .find("--num_nodes MIN:MAX is not supported with --launcher "
+                      "openmpi: each generation is a new mpirun"),
             std::string::npos);
   int exit_now = -1;
+  EXPECT_TRUE(
+      Parse({"--launcher", "openmpi", "--max_restarts", "1", "p"}, &exit_now)
+          .ok());
   auto o = Parse({"--max_restarts", "3", "--restart_backoff", "0.5", "p"},
                  &exit_now);
   ASSERT_TRUE(o.ok()) << o.status().message();

@@ -334,6 +334,48 @@ TEST(JobState, ANodeLostTwiceWithinTheCooldownIsExcluded) {
   EXPECT_GT(s.node(0).excluded_until, Clock::now() + std::chrono::seconds(590));
 }
 
+// Where agents run one generation each (mpirun's): the ended generation's
+// agents are not ready for the next one; their end is the start mode's way,
+// no loss for the cooldown; each new agent runs the next generation.
+TEST(JobState, AgentsThatRunOneGenerationAreReplacedWithoutStrikes) {
+  JobState s(OneNodeTwoRanks(), 3, /*node_cooldown_s=*/600);
+  s.SetAgentsRunOneGeneration();
+  EXPECT_TRUE(s.node(0).spent);
+  ASSERT_TRUE(s.NodeAuthenticated(0).ok());
+  EXPECT_TRUE(s.RankStarted(0, 0, 100).ok());
+  EXPECT_TRUE(s.RankStarted(0, 1, 101).ok());
+  EXPECT_EQ(*s.RankExited(0, 1, 3, 0, 1.0, ""), JobState::Action::kAbortAll);
+  StopGeneration(s);
+  ASSERT_TRUE(s.ReadyToRestart());
+  EXPECT_TRUE(s.ReadyAgents().empty());  // spent: it waits, runs nothing
+  for (int round = 0; round < 2; ++round) {
+    // It is told to end and does (its tool reports the end).
+    EXPECT_EQ(s.NodeDisconnected(0, "closed"), JobState::Action::kNone);
+    EXPECT_EQ(s.AgentProcessExited(0, "ended with mpirun"),
+              JobState::Action::kNone);
+    EXPECT_EQ(s.node(0).losses, 0);
+    EXPECT_EQ(s.node(0).excluded_until, Clock::time_point{});
+    EXPECT_FALSE(s.MaybeEnd());  // the restart waits for the new agent
+    s.NodeRestarting(0);
+    EXPECT_FALSE(s.node(0).spent);
+    ASSERT_TRUE(s.NodeAuthenticated(0).ok());
+    EXPECT_EQ(s.ReadyAgents(), std::vector<int>{0});
+    s.NextGeneration(OneNodeTwoRanks());
+    EXPECT_TRUE(s.node(0).spent);  // it runs this generation only
+    EXPECT_EQ(s.restarts(), round + 1);
+    EXPECT_TRUE(s.RankStarted(0, 0, 200).ok());
+    EXPECT_TRUE(s.RankStarted(0, 1, 201).ok());
+    if (round == 1) break;
+    EXPECT_EQ(*s.RankExited(0, 1, 3, 0, 2.0, ""), JobState::Action::kAbortAll);
+    StopGeneration(s);
+    ASSERT_TRUE(s.ReadyToRestart());
+    EXPECT_TRUE(s.ReadyAgents().empty());
+  }
+  EXPECT_TRUE(s.RankExited(0, 0, 0, 0, 3.0, "").ok());
+  EXPECT_EQ(*s.RankExited(0, 1, 0, 0, 3.0, ""), JobState::Action::kShutdownAll);
+  EXPECT_EQ(s.ExitStatus(), 0);
+}
+
 TEST(JobState, AGenerationEndBeforeTheRanksExitsOrWhileRunningIsRefused) {
   JobState s(OneNodeTwoRanks(), 3);
   ASSERT_TRUE(s.NodeAuthenticated(0).ok());
