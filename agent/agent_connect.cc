@@ -162,9 +162,7 @@ void Agent::MakeReadyFile() {
     return;
   }
   const std::string text =
-      state_ == State::kConnecting
-          ? "joined\n"
-          : "node " + std::to_string(job_.node_rank()) + "\n";
+      ReadyFileText(state_ == State::kConnecting ? -1 : job_.node_rank());
   (void)!::write(fd, text.data(), text.size());
   ::close(fd);
   ready_file_made_ = true;

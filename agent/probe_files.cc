@@ -11,6 +11,18 @@
 
 namespace dslaunch::agent {
 
+std::string ReadyFileText(int node_rank) {
+  return node_rank < 0 ? "joined\n"
+                       : "node " + std::to_string(node_rank) + "\n";
+}
+
+bool IsReadyFileText(const std::string& text) {
+  if (text == "joined\n") return true;
+  if (text.rfind("node ", 0) != 0 || text.size() < 7 || text.back() != '\n')
+    return false;
+  return text.find_first_not_of("0123456789", 5) == text.size() - 1;
+}
+
 bool LeftByAnAgent(const std::string& path) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
@@ -23,11 +35,7 @@ bool LeftByAnAgent(const std::string& path) {
   ::close(fd);
   if (n < 0) return false;
   const std::string text(buf, static_cast<size_t>(n));
-  if (text == "joined\n" || text == kAliveText) return true;
-  // "node N\n"
-  if (text.rfind("node ", 0) != 0 || text.back() != '\n' || text.size() < 7)
-    return false;
-  return text.find_first_not_of("0123456789", 5) == text.size() - 1;
+  return text == kAliveText || IsReadyFileText(text);
 }
 
 Status ClaimProbeFile(const std::string& flag, const std::string& path,

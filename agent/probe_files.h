@@ -19,6 +19,12 @@ namespace dslaunch::agent {
 // What the agent writes in each.
 inline constexpr char kAliveText[] = "dsagent alive\n";
 
+// What --ready_file holds: "joined\n" while a joining agent waits for its
+// node (node_rank < 0), "node N\n" once it has one; and whether `text` is
+// one of those.
+std::string ReadyFileText(int node_rank);
+bool IsReadyFileText(const std::string& text);
+
 // Whether `path` is a file an earlier agent of this user left: a regular
 // file (not a link), ours, small, holding what an agent writes ("joined",
 // "node N", kAliveText).

@@ -44,6 +44,10 @@ TEST_F(ProbeFiles, KnowsTheFilesAnAgentWritesAndNothingElse) {
   EXPECT_TRUE(LeftByAnAgent(File("a", "joined\n")));
   EXPECT_TRUE(LeftByAnAgent(File("b", "node 17\n")));
   EXPECT_TRUE(LeftByAnAgent(File("c", kAliveText)));
+  // What the agent writes is what is known: one spelling for both.
+  EXPECT_TRUE(LeftByAnAgent(File("r0", ReadyFileText(-1))));
+  EXPECT_TRUE(LeftByAnAgent(File("r1", ReadyFileText(0))));
+  EXPECT_TRUE(LeftByAnAgent(File("r2", ReadyFileText(123456))));
   EXPECT_FALSE(LeftByAnAgent(File("d", "node \n")));
   EXPECT_FALSE(LeftByAnAgent(File("e", "node 1x\n")));
   EXPECT_FALSE(LeftByAnAgent(File("f", "joined")));
