@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "base/host_info.h"
+#include "base/process_tree.h"  // ProcessStartTicks
 
 namespace dslaunch::agent {
 
@@ -61,6 +62,7 @@ wire::NodeFacts CollectNodeFacts() {
                           : static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN)));
   for (int g : DetectGpus()) facts.add_gpus(g);
   facts.set_agent_pid(::getpid());
+  facts.set_agent_start_ticks(base::ProcessStartTicks(::getpid()));
   facts.set_free_port(FindFreePort());
   return facts;
 }

@@ -18,11 +18,10 @@ namespace dslaunch::base {
 namespace {
 
 // {ppid, state} of a process from /proc/<pid>/stat; false when it is gone.
+std::string StatText(pid_t pid);
+
 bool ReadStat(pid_t pid, pid_t* ppid, char* state) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string stat = ss.str();
+  const std::string stat = StatText(pid);
   const size_t paren = stat.rfind(')');  // the name may hold ')' and spaces
   if (paren == std::string::npos || paren + 4 > stat.size()) return false;
   *state = stat[paren + 2];
@@ -30,7 +29,26 @@ bool ReadStat(pid_t pid, pid_t* ppid, char* state) {
   return true;
 }
 
+std::string StatText(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 }  // namespace
+
+uint64_t ProcessStartTicks(pid_t pid) {
+  const std::string stat = StatText(pid);
+  const size_t paren = stat.rfind(')');  // the name may hold ')' and spaces
+  if (paren == std::string::npos) return 0;
+  // After ") " come the fields from the 3rd on: the 22nd is the 20th there.
+  std::istringstream rest(stat.substr(paren + 1));
+  std::string field;
+  for (int i = 0; i < 20 && rest >> field; ++i) {
+  }
+  return rest ? std::strtoull(field.c_str(), nullptr, 10) : 0;
+}
 
 bool IsLiveProcess(pid_t pid) {
   pid_t ppid;

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>  // pid_t
 
+#include <cstdint>
 #include <set>
 #include <string>
 #include <vector>
@@ -15,6 +16,10 @@ namespace dslaunch::base {
 bool IsLiveProcess(pid_t pid);
 // The parent of `pid`, or -1 when it is gone.
 pid_t ParentOf(pid_t pid);
+// When `pid` started, in clock ticks after boot (/proc/<pid>/stat's 22nd
+// field): with the pid it names one process for good, since a pid reused
+// later starts later. 0 when it is gone.
+uint64_t ProcessStartTicks(pid_t pid);
 // The live (not zombie) descendants of `root`, parents before children,
 // leaving out the pids in `skip` and everything below them.
 std::vector<pid_t> LiveDescendants(pid_t root,

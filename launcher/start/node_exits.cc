@@ -53,13 +53,13 @@ int NodeExits::NodeOf(pid_t pid) const {
                                                            : -1;
 }
 
-void NodeExits::AgentIn(int node, int64_t pid) {
-  if (pid > 1) agent_pids_[node] = pid;
+void NodeExits::AgentIn(int node, const AgentProcess& agent) {
+  if (agent.pid > 1) agent_pids_[node] = agent;
 }
 
 void NodeExits::KillAgent(
     int node, base::ProcessSet& processes,
-    const std::function<base::ProcessSpec(int64_t pid)>& spec_for) {
+    const std::function<base::ProcessSpec(const AgentProcess&)>& spec_for) {
   auto it = agent_pids_.find(node);
   if (it == agent_pids_.end()) return;
   base::ProcessSpec spec = spec_for(it->second);

@@ -45,13 +45,14 @@ class NodeExits {
   int NodeOf(pid_t pid) const;
 
   // node's agent authenticated as process `pid` on its node.
-  void AgentIn(int node, int64_t pid);
+  void AgentIn(int node, const AgentProcess& agent);
   // Kills node's agent by its pid, once, with the run `spec_for(pid)` made
   // (KillAgentCommand inside the tool) through `processes`. The run outlives
   // the launcher: a job that ends now must not take the kill with it (the
   // tool's own timeout bounds it). Nothing when the pid is not known.
-  void KillAgent(int node, base::ProcessSet& processes,
-                 const std::function<base::ProcessSpec(int64_t pid)>& spec_for);
+  void KillAgent(
+      int node, base::ProcessSet& processes,
+      const std::function<base::ProcessSpec(const AgentProcess&)>& spec_for);
   // Output and end of a run: true when it is a kill run (taken here).
   bool KillerLine(pid_t pid, const std::string& line);
   bool KillerEnded(pid_t pid) { return killers_.erase(pid) > 0; }
@@ -64,9 +65,9 @@ class NodeExits {
   Starter::Delegate* delegate_;
   std::string tool_;
   std::map<pid_t, Run> runs_;
-  std::map<int, pid_t> latest_;        // node -> the run of its newest agent
-  std::map<int, int64_t> agent_pids_;  // node -> its agent's pid
-  std::map<pid_t, int> killers_;       // kill run -> its node
+  std::map<int, pid_t> latest_;  // node -> the run of its newest agent
+  std::map<int, AgentProcess> agent_pids_;  // node -> its agent
+  std::map<pid_t, int> killers_;            // kill run -> its node
 };
 
 }  // namespace dslaunch::launcher

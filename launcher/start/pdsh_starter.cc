@@ -323,16 +323,16 @@ void PdshStarter::OnProcessExited(pid_t pid, const base::ExitInfo& info) {
   exits_.ToolEnded(pid, info);
 }
 
-void PdshStarter::AgentIn(int node_rank, int64_t pid) {
-  exits_.AgentIn(node_rank, pid);
+void PdshStarter::AgentIn(int node_rank, const AgentProcess& agent) {
+  exits_.AgentIn(node_rank, agent);
 }
 
 void PdshStarter::Kill(int node_rank) {
   // An agent that authenticated: by pid, in a pdsh of its own (a frozen one
   // ends with neither its pdsh nor its ssh).
-  exits_.KillAgent(node_rank, processes_, [&](int64_t pid) {
+  exits_.KillAgent(node_rank, processes_, [&](const AgentProcess& agent) {
     return PdshSpec(settings_, {hosts_.at(static_cast<size_t>(node_rank))},
-                    KillAgentCommand(pid, job_id_));
+                    KillAgentCommand(agent, job_id_));
   });
   // A node of its own pdsh: that pdsh ends, and says so. In the first run
   // pdsh cannot end one node's command, and killing its ssh would only hide

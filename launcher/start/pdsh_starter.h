@@ -48,7 +48,7 @@ class PdshStarter : public Starter, private base::ProcessSet::Delegate {
   // (KillAgentCommand); a node of its own pdsh: that pdsh ends too. In the
   // first run the node's end is reported when pdsh reports it.
   void Kill(int node_rank) override;
-  void AgentIn(int node_rank, int64_t pid) override;
+  void AgentIn(int node_rank, const AgentProcess& agent) override;
   bool AgentsMakeSecrets() const override { return true; }
   // In a pdsh of its own (pdsh -w HOST).
   bool CanStartAgain() const override { return true; }

@@ -219,8 +219,8 @@ void SlurmStarter::OnProcessExited(pid_t pid, const base::ExitInfo& info) {
   exits_.ToolEnded(pid, info);
 }
 
-void SlurmStarter::AgentIn(int node_rank, int64_t pid) {
-  exits_.AgentIn(node_rank, pid);
+void SlurmStarter::AgentIn(int node_rank, const AgentProcess& agent) {
+  exits_.AgentIn(node_rank, agent);
 }
 
 // srun cannot end one task of a step. A step of the node's own ends; the
@@ -231,10 +231,10 @@ void SlurmStarter::AgentIn(int node_rank, int64_t pid) {
 void SlurmStarter::Kill(int node_rank) {
   // An agent that authenticated: by pid, in a step of its own on the node
   // (a frozen one ignores its step's end until SLURM's own kill).
-  exits_.KillAgent(node_rank, processes_, [&](int64_t pid) {
+  exits_.KillAgent(node_rank, processes_, [&](const AgentProcess& agent) {
     return StepSpec(
         StepArgv(settings_, {hosts_.at(static_cast<size_t>(node_rank))},
-                 {"/bin/sh", "-c", KillAgentCommand(pid, job_id_)}));
+                 {"/bin/sh", "-c", KillAgentCommand(agent, job_id_)}));
   });
   const pid_t pid = exits_.RunOf(node_rank);
   if (pid > 0 && (exits_.Alone(pid) || !settings_.agents_outlive_a_peer))

@@ -83,7 +83,7 @@ class SlurmStarter : public Starter, private base::ProcessSet::Delegate {
   // where the others' agents stay in it and srun reports the node's agent
   // when it has ended.
   void Kill(int node_rank) override;
-  void AgentIn(int node_rank, int64_t pid) override;
+  void AgentIn(int node_rank, const AgentProcess& agent) override;
   bool AgentsMakeSecrets() const override { return true; }
   // In a step of its own (srun --nodes=1 --nodelist=HOST --overlap).
   bool CanStartAgain() const override { return true; }

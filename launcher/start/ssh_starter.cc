@@ -261,16 +261,16 @@ void SshStarter::EnsureMonitor() {
   monitor_ = std::thread([this] { Monitor(); });
 }
 
-void SshStarter::AgentIn(int node_rank, int64_t pid) {
-  if (pid > 1) agent_pids_[node_rank] = pid;
+void SshStarter::AgentIn(int node_rank, const AgentProcess& agent) {
+  if (agent.pid > 1) agent_pids_[node_rank] = agent;
 }
 
 void SshStarter::Kill(int node_rank) {
   if (auto it = agent_pids_.find(node_rank); it != agent_pids_.end()) {
     // Not dropped when the job ends meanwhile: the destructor waits for it
     // (the SSH timeout bounds it).
-    asio::post(pool_, [this, node_rank, pid = it->second] {
-      KillByPid(node_rank, pid);
+    asio::post(pool_, [this, node_rank, agent = it->second] {
+      KillByPid(node_rank, agent);
     });
     agent_pids_.erase(it);  // once per agent
   }
@@ -289,7 +289,7 @@ void SshStarter::Kill(int node_rank) {
   });
 }
 
-void SshStarter::KillByPid(int node_rank, int64_t pid) {
+void SshStarter::KillByPid(int node_rank, const AgentProcess& agent) {
   if (!boot_.plan || static_cast<size_t>(node_rank) >= boot_.plan->nodes.size())
     return;
   const SshTarget target =
@@ -297,7 +297,7 @@ void SshStarter::KillByPid(int node_rank, int64_t pid) {
   SshConnection conn;
   SshFailure failure;
   if (conn.Open(target, &failure)) {
-    (void)conn.StartAndReadLine(KillAgentCommand(pid, boot_.job_id),
+    (void)conn.StartAndReadLine(KillAgentCommand(agent, boot_.job_id),
                                 target.timeout_s, &failure, true);
   }
   // Nothing to report: the agent's channel ending says that it ended.

@@ -64,7 +64,7 @@ class SshStarter : public Starter {
   // authenticated is also killed by pid over a second SSH connection (where
   // that pid still runs this job's agent).
   void Kill(int node_rank) override;
-  void AgentIn(int node_rank, int64_t pid) override;
+  void AgentIn(int node_rank, const AgentProcess& agent) override;
   // A new SSH session to the node, checked as in the preflight; the agent
   // gets the secret and the monitor thread takes its channel over.
   bool CanStartAgain() const override { return true; }
@@ -79,7 +79,7 @@ class SshStarter : public Starter {
   void Monitor();
   void PumpNode(Node& node);
   // Kills node_rank's agent `pid` over a new SSH connection (pool thread).
-  void KillByPid(int node_rank, int64_t pid);
+  void KillByPid(int node_rank, const AgentProcess& agent);
 
   boost::asio::io_context& io_;
   Delegate* delegate_;
@@ -96,7 +96,7 @@ class SshStarter : public Starter {
   std::mutex mu_;
   std::vector<std::unique_ptr<Node>> replacements_;
   bool monitoring_ = false;
-  std::map<int, int64_t> agent_pids_;  // io thread: node -> its agent's pid
+  std::map<int, AgentProcess> agent_pids_;  // io thread: node -> its agent
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

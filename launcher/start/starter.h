@@ -40,7 +40,12 @@ std::vector<std::string> AgentArgv(const AgentBootstrap& boot, int node_rank,
 // "<kAgentGone> PID" once no agent of the job is that pid: where a start
 // tool cannot end one node's agent (a frozen one; pdsh's first run, srun's
 // first step) or report its end, this does.
-std::string KillAgentCommand(int64_t pid, const std::string& job_id);
+struct AgentProcess {
+  int64_t pid = 0;
+  uint64_t start_ticks = 0;  // 0: not known (an older agent)
+};
+std::string KillAgentCommand(const AgentProcess& agent,
+                             const std::string& job_id);
 inline constexpr const char* kAgentGone = "dslaunch-agent-gone";
 // The agent next to this dslaunch binary.
 std::string DefaultAgentPath();
@@ -87,9 +92,9 @@ class Starter {
   virtual void Kill(int node_rank) = 0;
   // node_rank's agent authenticated, as process `pid` on its node (its
   // Hello): what Kill may aim at where the tool cannot end it.
-  virtual void AgentIn(int node_rank, int64_t pid) {
+  virtual void AgentIn(int node_rank, const AgentProcess& agent) {
     (void)node_rank;
-    (void)pid;
+    (void)agent;
   }
   // The job is stopping (a failure, a signal, its end): what the start tool
   // says from now on is about the teardown.

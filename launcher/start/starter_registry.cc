@@ -101,10 +101,19 @@ std::vector<std::string> AgentArgv(const AgentBootstrap& boot, int node_rank,
 // then waits (at most 5 s) for the agent to be gone and says so: where the
 // tool cannot report one node's agent's end (pdsh's first run, srun's first
 // step when SLURM's own daemon on the node died), that line is its end.
-std::string KillAgentCommand(int64_t pid, const std::string& job_id) {
-  const std::string p = std::to_string(pid);
-  const std::string ours =
+std::string KillAgentCommand(const AgentProcess& agent,
+                             const std::string& job_id) {
+  const std::string p = std::to_string(agent.pid);
+  const uint64_t start_ticks = agent.start_ticks;
+  // The job's agent, and (where its Hello said when it started) the very
+  // process: a pid reused later started later.
+  std::string ours =
       "grep -qzxF -- " + ShellQuote(job_id) + " /proc/" + p + "/cmdline";
+  if (start_ticks > 0) {
+    ours = "{ " + ours + " && [ \"$(sed 's/.*) //' /proc/" + p +
+           "/stat | cut -d' ' -f20)\" = " + std::to_string(start_ticks) +
+           " ]; }";
+  }
   return "if " + ours + " 2>/dev/null; then kill -KILL " + p +
          "; fi; i=0; while [ $i -lt 50 ] && " + ours +
          " 2>/dev/null; do sleep 0.1; i=$((i+1)); done; " + ours +

@@ -209,7 +209,8 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
     return;
   }
   state_.NodeAddress(node_rank, agent_addr);
-  starter_->AgentIn(node_rank, hello.facts().agent_pid());
+  starter_->AgentIn(node_rank, {hello.facts().agent_pid(),
+                                hello.facts().agent_start_ticks()});
   restarts_.NoteFreePort(node_rank, hello.facts().free_port());
   if (standby) {
     // A lost node's new agent, or a spare: it waits for a generation.

@@ -1,6 +1,9 @@
 #include "agent/node_facts.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "base/process_tree.h"
 
 namespace dslaunch::agent {
 namespace {
@@ -17,6 +20,9 @@ TEST(CollectNodeFacts, NamesTheHostAndItsCores) {
   EXPECT_FALSE(facts.hostname().empty());
   EXPECT_GT(facts.cpu_cores(), 0);
   EXPECT_GT(facts.agent_pid(), 0);
+  // What a kill by pid checks: this very process.
+  EXPECT_EQ(facts.agent_start_ticks(), base::ProcessStartTicks(::getpid()));
+  EXPECT_GT(facts.agent_start_ticks(), 0u);
 }
 
 }  // namespace

@@ -11,6 +11,8 @@
 #include <string>
 #include <thread>
 
+#include "base/process_tree.h"
+
 namespace dslaunch::launcher {
 namespace {
 
@@ -68,18 +70,35 @@ TEST(KillAgentCommand, KillsThePidOnlyWhileItRunsTheJobsAgentThenSaysItIsGone) {
   ASSERT_GT(agent, 0);
   const pid_t other = ChildWithWord("0123abcd-not");
   ASSERT_GT(other, 0);
-  EXPECT_EQ(Output(KillAgentCommand(agent, "0123abcd")),
+  const uint64_t started = base::ProcessStartTicks(agent);
+  ASSERT_GT(started, 0u);
+  EXPECT_EQ(Output(KillAgentCommand({agent, started}, "0123abcd")),
             std::string(kAgentGone) + " " + std::to_string(agent) + "\n");
   EXPECT_TRUE(KilledWithin1s(agent));
   // Not this job's agent: left alone, and no agent of the job is that pid.
-  EXPECT_EQ(Output(KillAgentCommand(other, "0123abcd")),
+  EXPECT_EQ(Output(KillAgentCommand({other, 0}, "0123abcd")),
             std::string(kAgentGone) + " " + std::to_string(other) + "\n");
   EXPECT_FALSE(KilledWithin1s(other)) << "another job's process lives";
 }
 
+// The pid names the job's agent but not the process the Hello came from (it
+// started at another time: the pid was reused): left alone.
+TEST(KillAgentCommand, LeavesAPidThatStartedAtAnotherTime) {
+  const pid_t agent = ChildWithWord("0123abcd");
+  ASSERT_GT(agent, 0);
+  const uint64_t started = base::ProcessStartTicks(agent);
+  ASSERT_GT(started, 0u);
+  EXPECT_EQ(Output(KillAgentCommand({agent, started + 1}, "0123abcd")),
+            std::string(kAgentGone) + " " + std::to_string(agent) + "\n");
+  EXPECT_FALSE(KilledWithin1s(agent)) << "a process that started later lives";
+}
+
 TEST(KillAgentCommand, QuotesTheJobId) {
-  const std::string c = KillAgentCommand(42, "a b");
+  const std::string c = KillAgentCommand({42, 7}, "a b");
   EXPECT_NE(c.find("grep -qzxF -- 'a b' /proc/42/cmdline"), std::string::npos)
+      << c;
+  EXPECT_NE(c.find("/proc/42/stat | cut -d' ' -f20)\" = 7 ]"),
+            std::string::npos)
       << c;
   EXPECT_NE(c.find("kill -KILL 42"), std::string::npos) << c;
 }
