@@ -5,7 +5,7 @@
 // Agent (agent/agent.h); io_context thread only.
 #include <limits.h>  // PATH_MAX
 #include <spdlog/spdlog.h>
-#include <stdlib.h>    // mkdtemp, getenv
+#include <stdlib.h>    // getenv
 #include <sys/stat.h>  // stat
 #include <unistd.h>    // environ, getcwd
 
@@ -16,6 +16,7 @@
 #include "agent/agent.h"
 #include "agent/env_contract.h"
 #include "agent/node_facts.h"  // InterfaceToward
+#include "agent/run_dirs.h"
 #include "base/exit_status.h"
 #include "base/host_info.h"  // UsableCores
 #include "base/unix_time.h"
@@ -53,12 +54,13 @@ void Agent::FailSpawn(const Status& st) {
 
 Status Agent::SetUpRunDir() {
   const char* tmp = std::getenv("TMPDIR");
-  std::string base = tmp && *tmp && std::strlen(tmp) < 60 ? tmp : "/tmp";
-  std::string tmpl = base + "/dsl-" + job_.job_id().substr(0, 8) + "-XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) {
-    return ErrnoStatus("cannot create run directory " + tmpl, errno);
-  }
-  run_dir_ = tmpl;
+  std::string parent = tmp && *tmp && std::strlen(tmp) < 60 ? tmp : "/tmp";
+  // What an agent of this job killed before its end left (this node's, or
+  // this pod's last container's).
+  if (const int n = RemoveDeadAgentsRunDirs(parent, job_.job_id()); n > 0)
+    spdlog::info("removed {} run director{} of agents gone", n,
+                 n == 1 ? "y" : "ies");
+  ASSIGN_OR_RETURN(run_dir_, MakeRunDir(parent, job_.job_id()));
   RETURN_IF_ERROR(store_.Listen(run_dir_ + "/store.sock"));
   for (const auto& r : job_.ranks()) {
     RETURN_IF_ERROR(progress_.Listen(

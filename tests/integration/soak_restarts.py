@@ -41,6 +41,7 @@ its seed and faults. Exit 0 when every run passed, 1 otherwise.
 The cluster tests (tests/cluster) run single faults through one_run().
 """
 import argparse
+import glob
 import json
 import os
 import random
@@ -500,6 +501,12 @@ class PodsSite:
         return [pid for pod in ["launcher", 0, 1, 2] for pid in self.pod_pids(pod)
                 if kind_of(pid)]
 
+    def stale_files(self):
+        """Agents' run directories left in a pod's TMPDIR (an agent killed
+        before its end leaves one; the next agent of the job removes it)."""
+        return sorted(path for pod in range(3)
+                      for path in glob.glob(self.pod_file(pod, "dsl-*")))
+
     def close(self):
         with self.lock:
             for agent in self.agents.values():
@@ -546,6 +553,9 @@ def one_run(site, work, whole, run, rng, faults=None):
                 (pid, (proc_stat(pid) or ("", 0, [b"?"]))[1:]) for pid in site.leftovers()],
                 "; the platform restarted: %s" % getattr(site, "restarts", None))
         time.sleep(0.05)
+    stale = getattr(site, "stale_files", list)()
+    if stale:
+        return False, done, "left behind: %s" % stale
     return True, done, "%d restart(s)" % restarts
 
 
