@@ -17,13 +17,6 @@ namespace dslaunch::launcher {
 
 namespace asio = boost::asio;
 
-static std::string Join(const std::vector<std::string>& parts,
-                        const std::string& sep) {
-  std::string out;
-  for (const auto& p : parts) out += (out.empty() ? "" : sep) + p;
-  return out;
-}
-
 static std::string WorkingDirectory() {
   char cwd[PATH_MAX] = {0};
   return ::getcwd(cwd, sizeof(cwd)) ? cwd : "";
@@ -52,13 +45,9 @@ Job::Job(asio::io_context& io, const LaunchOptions& options, Plan plan,
          std::string job_id, std::string secret)
     : options_(options),
       pool_(AgentPool(plan)),
-      plan_(std::move(plan)),
-      spec_(SpecParts(options, StartModeNamed(options.launcher),
-                      std::move(job_id), std::move(job_env),
-                      std::move(command))),
       console_(console),
       gate_(std::move(secret), options.master_port_given),
-      state_(plan_, options.max_restarts, options.node_cooldown_s),
+      state_(plan, options.max_restarts, options.node_cooldown_s),
       store_(io),
       watch_(io, options, console,
              {[this](const std::vector<int>& ranks, const std::string& why) {
@@ -67,6 +56,10 @@ Job::Job(asio::io_context& io, const LaunchOptions& options, Plan plan,
               [this](int rank, const std::string& why) {
                 forensics_.AbortForHang(rank, why);
               }}),
+      generations_(
+          options, console, state_, store_, watch_, std::move(plan),
+          SpecParts(options, StartModeNamed(options.launcher),
+                    std::move(job_id), std::move(job_env), std::move(command))),
       forensics_(io, options, console, state_,
                  {[this](int node, const wire::Envelope& msg) {
                     (void)links_->Send(node, msg);
@@ -76,23 +69,25 @@ Job::Job(asio::io_context& io, const LaunchOptions& options, Plan plan,
                   }}),
       traffic_(state_, console, forensics_),
       restarts_(io, options, console, state_, pool_,
-                plan_.min_nodes > 0 ? plan_.min_nodes
-                                    : static_cast<int>(plan_.nodes.size()),
-                static_cast<int>(plan_.nodes.size()),
+                generations_.plan().min_nodes > 0
+                    ? generations_.plan().min_nodes
+                    : static_cast<int>(generations_.plan().nodes.size()),
+                static_cast<int>(generations_.plan().nodes.size()),
                 {[this](const std::string& why) { GiveUpRestart(why); },
                  [this](const std::vector<int>& agents) {
-                   StartNextGeneration(agents);
+                   generations_.StartNext(agents, pool_, join_.has_value(),
+                                          restarts_.FreePort(agents.at(0)));
                  },
                  [this](const std::string& why) { Grow(why); },
                  [this](int agent) { gate_.StartingAgain(agent); },
-                 [this](int agent) { Retire(agent); }}),
+                 [this](int agent) { generations_.Retire(agent); }}),
       stop_(io, options, console, state_, pool_, restarts_,
             {[this] { StartTimedOut(); }, [this] { Ended(); }}) {
   if (StartModeNamed(options.launcher).each_generation_starts)
     state_.SetAgentsRunOneGeneration();
   if (StartModeNamed(options.launcher).agents_join) {
     join_.emplace(io, options, console, state_,
-                  static_cast<int>(plan_.nodes.size()),
+                  static_cast<int>(this->plan().nodes.size()),
                   [this](StatusOr<JoinedPlan> joined) {
                     StartJoinedJob(std::move(joined));
                   });
@@ -108,14 +103,15 @@ std::optional<std::string> Job::NodeSecret(int node_rank) const {
 void Job::Start(Starter* starter, AgentLinks* links, int control_port) {
   starter_ = starter;
   links_ = links;
+  generations_.SetLinks(links);
   restarts_.SetStarter(starter);
   gate_.Started(starter->AgentsMakeSecrets());
   state_.Launched();
   stop_.Start(starter, links);
   watch_.Start();
   if (join_) join_->Start(control_port, state_.launch_time());
-  AgentBootstrap boot{&pool_, &options_, spec_.job_id, gate_.job_secret(),
-                      control_port};
+  AgentBootstrap boot{&pool_, &options_, generations_.spec().job_id,
+                      gate_.job_secret(), control_port};
   starter_->Start(boot, [this](StatusOr<Starter::Started> started) {
     OnStarted(std::move(started));
   });
@@ -140,7 +136,7 @@ void Job::OnStarted(StatusOr<Starter::Started> started) {
   }
   if (state_.phase() != Phase::kStarting) return;  // interrupted meanwhile
   if (options_.plan.master_addr.empty() && !started->master_addr.empty())
-    plan_.master_addr = started->master_addr;
+    generations_.mutable_plan().master_addr = started->master_addr;
   spdlog::info("agents started on {} nodes", pool_.nodes.size());
 }
 
@@ -156,7 +152,7 @@ void Job::StartTimedOut() {
   }
   // Only spares were missing: the others wait no longer.
   if (state_.phase() == Phase::kStarting) {
-    for (int n : gate_.Release(state_)) SendJobSpec(n);
+    for (int n : gate_.Release(state_)) generations_.SendJobSpec(n);
   }
 }
 
@@ -227,11 +223,11 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
       spdlog::info("node {} ({}) stands by", node_rank,
                    pool_.nodes[node_rank].host);
     }
-    StandBy(node_rank);
+    generations_.StandBy(node_rank);
     // A spare in last: the first generation's JobSpecs waited for its
     // secret to be spent.
     if (state_.phase() == Phase::kStarting && !state_.restart_pending()) {
-      for (int n : gate_.Release(state_)) SendJobSpec(n);
+      for (int n : gate_.Release(state_)) generations_.SendJobSpec(n);
     }
     return TendRestart();
   }
@@ -254,7 +250,7 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
   if (join_) return join_->OnJoined(node_rank, hello, agent_addr);
   if (node_rank == 0 && !options_.plan.master_addr.empty()) {
     const std::string warning =
-        MasterAddrWarning(options_.plan.master_addr, plan_.nodes[0].host,
+        MasterAddrWarning(options_.plan.master_addr, plan().nodes[0].host,
                           agent_addr, AddressLookup::System());
     if (!warning.empty()) console_.Note(warning);
   }
@@ -262,61 +258,44 @@ void Job::OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
     gate_.SetMasterPortKnown();
     int port = hello.facts().free_port();
     if (port > 65535) port = 0;  // not a port: the default
-    if (port > 0) plan_.master_port = port;
-    console_.Note("MASTER_PORT " + std::to_string(plan_.master_port) + ": " +
+    if (port > 0) generations_.mutable_plan().master_port = port;
+    console_.Note("MASTER_PORT " + std::to_string(plan().master_port) + ": " +
                   (port > 0
-                       ? "a free port on node 0 (" + plan_.nodes[0].host + ")"
-                       : "node 0 (" + plan_.nodes[0].host +
+                       ? "a free port on node 0 (" + plan().nodes[0].host + ")"
+                       : "node 0 (" + plan().nodes[0].host +
                              ") reported no free port; the default") +
                   "; --master_port chooses another");
   }
-  for (int n : gate_.Admit(node_rank, state_)) SendJobSpec(n);
-}
-
-void Job::SendJobSpec(int agent) {
-  for (const NodePlan& node : plan_.nodes) {
-    if (node.agent != agent) continue;
-    wire::Envelope env;
-    *env.mutable_job_spec() = MakeJobSpec(plan_, spec_, node.node_rank);
-    (void)links_->Send(agent, env);
-    return;
-  }
-}
-
-void Job::StandBy(int agent) {
-  wire::Envelope env;
-  env.mutable_abort()->set_reason(
-      "no place in this generation; standing by for a later one");
-  env.mutable_abort()->set_restart(true);
-  (void)links_->Send(agent, env);
+  for (int n : gate_.Admit(node_rank, state_)) generations_.SendJobSpec(n);
 }
 
 // --launcher join: the plan is the agents' now.
 void Job::StartJoinedJob(StatusOr<JoinedPlan> joined) {
   if (!joined.ok()) return FailJoinedStart(joined.status());
   if (!joined->warning.empty()) console_.Note(joined->warning);
-  plan_ = std::move(joined->plan);
-  pool_ = AgentPool(plan_);
-  state_.Replan(plan_);
+  generations_.mutable_plan() = std::move(joined->plan);
+  const Plan& plan = generations_.plan();
+  pool_ = AgentPool(plan);
+  state_.Replan(plan);
   // Claims nobody took (--num_nodes MIN:MAX): lost, and waited for; an
   // agent that joins as one later grows the job.
-  for (const NodePlan& spare : plan_.spares) {
+  for (const NodePlan& spare : plan.spares) {
     stop_.Act(state_.NodeLost(spare.agent, "no agent joined as it"));
     stop_.Act(state_.AgentProcessExited(spare.agent, "did not join"));
   }
-  if (Status st = join_->PlanFinal(plan_); !st.ok()) return FailJoinedStart(st);
+  if (Status st = join_->PlanFinal(plan); !st.ok()) return FailJoinedStart(st);
   console_.Note(
-      (!plan_.spares.empty()
-           ? std::to_string(plan_.nodes.size()) + " of " +
+      (!plan.spares.empty()
+           ? std::to_string(plan.nodes.size()) + " of " +
                  std::to_string(pool_.nodes.size()) + " agents joined: "
-       : plan_.nodes.size() == 1
+       : plan.nodes.size() == 1
            ? std::string("the agent joined: ")
-           : "all " + std::to_string(plan_.nodes.size()) + " agents joined: ") +
-      Plural(static_cast<size_t>(plan_.world_size), "rank") + ", MASTER_ADDR " +
-      plan_.master_addr + ":" + std::to_string(plan_.master_port) +
-      " (node 0, " + plan_.nodes[0].host + ")");
+           : "all " + std::to_string(plan.nodes.size()) + " agents joined: ") +
+      Plural(static_cast<size_t>(plan.world_size), "rank") + ", MASTER_ADDR " +
+      plan.master_addr + ":" + std::to_string(plan.master_port) + " (node 0, " +
+      plan.nodes[0].host + ")");
   gate_.SetMasterPortKnown();
-  for (const NodePlan& node : plan_.nodes) SendJobSpec(node.agent);
+  for (const NodePlan& node : plan.nodes) generations_.SendJobSpec(node.agent);
 }
 
 void Job::FailJoinedStart(const Status& why) {
@@ -400,63 +379,8 @@ void Job::GiveUpRestart(const std::string& why) {
   stop_.Act(JobState::Action::kAbortAll);
 }
 
-// An agent that ran its one generation (mpirun's) ends; the start mode
-// starts the next generation's agents once every such one has.
-void Job::Retire(int agent) {
-  spdlog::info("agent of node {} ran its generation; it ends", agent);
-  wire::Envelope env;
-  env.mutable_shutdown();
-  (void)links_->Send(agent, env);
-}
-
 void Job::Grow(const std::string& why) {
   if (state_.Grow(why)) stop_.Act(JobState::Action::kAbortAll);
-}
-
-// A fresh rendezvous on the agents chosen: node ranks and ranks renumbered
-// densely in their order, MASTER_ADDR node 0's (unless --master_addr), a
-// MASTER_PORT node 0 found free now (unless --master_port), an empty store,
-// the restart count in every rank's environment.
-void Job::StartNextGeneration(const std::vector<int>& agents) {
-  const Outcome ended = state_.outcome();
-  const double stopped_s =
-      std::chrono::duration<double>(Clock::now() - state_.stop_time()).count();
-  const int node0 = agents.at(0);
-  std::string master_addr = plan_.master_addr;
-  if (options_.plan.master_addr.empty() &&
-      (plan_.nodes.empty() || plan_.nodes[0].agent != node0 || join_)) {
-    master_addr = join_ ? state_.node(node0).address : pool_.nodes[node0].host;
-  }
-  int master_port = plan_.master_port;
-  if (!options_.master_port_given && restarts_.FreePort(node0) > 0)
-    master_port = restarts_.FreePort(node0);
-  std::vector<int> agents_before;
-  for (const NodePlan& node : plan_.nodes) agents_before.push_back(node.agent);
-  const int world_before = plan_.world_size;
-  Plan next = GenerationPlan(pool_, agents, master_addr, master_port);
-  store_.Clear("the generation ended");
-  state_.NextGeneration(next);
-  plan_ = std::move(next);
-  watch_.NewGeneration();
-  spec_.restart_count = state_.restarts();
-  console_.NewGeneration(plan_, state_.restarts(), ended.reason,
-                         CauseName(ended.cause));
-  char took[32];
-  std::snprintf(took, sizeof(took), "%.2f", stopped_s);
-  std::string size;  // where it runs, when that changed
-  if (agents != agents_before) {
-    std::vector<std::string> hosts;
-    for (const NodePlan& node : plan_.nodes) hosts.push_back(node.host);
-    size = "; on " + Plural(plan_.nodes.size(), "node") + " (" +
-           Join(hosts, ", ") + "), " + Plural(plan_.world_size, "rank") +
-           (plan_.world_size != world_before
-                ? " (was " + std::to_string(world_before) + ")"
-                : "");
-  }
-  console_.Note(RestartName(state_, ended.cause == Outcome::Cause::kGrow, 0) +
-                " (" + took + " s after the stop began): " + ended.reason +
-                size + "; MASTER_PORT " + std::to_string(plan_.master_port));
-  for (const NodePlan& node : plan_.nodes) SendJobSpec(node.agent);
 }
 
 void Job::HandleStore(int node_rank, const wire::StoreRequest& request) {
@@ -529,9 +453,9 @@ void Job::HandleAgentSignalled(int node_rank, int sig) {
 
 int Job::Finish() {
   return PrintClosingReport(
-      {state_, plan_, state_.launch_time(), traffic_.malformed(),
+      {state_, plan(), state_.launch_time(), traffic_.malformed(),
        traffic_.dropped(), watch_.hangs(), forensics_.stacks(),
-       forensics_.oom(), forensics_.error_files(), spec_.env,
+       forensics_.oom(), forensics_.error_files(), generations_.spec().env,
        gate_.job_secret(), options_.log_dir},
       console_);
 }

@@ -31,6 +31,7 @@
 #include "launcher/state/job_state.h"
 #include "launcher/supervise/agent_gate.h"
 #include "launcher/supervise/control_server.h"
+#include "launcher/supervise/generations.h"
 #include "launcher/supervise/job_forensics.h"
 #include "launcher/supervise/job_stop.h"
 #include "launcher/supervise/job_watch.h"
@@ -71,10 +72,10 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   const JobState& state() const { return state_; }
   // The current generation's plan; every agent of the job (spares too),
   // by index: what the starter starts.
-  const Plan& plan() const { return plan_; }
+  const Plan& plan() const { return generations_.plan(); }
   const Plan& pool() const { return pool_; }
   int restarts() const { return state_.restarts(); }
-  const std::string& job_id() const { return spec_.job_id; }
+  const std::string& job_id() const { return generations_.spec().job_id; }
 
   // ControlServer::Delegate
   void OnAgentAuthenticated(int node_rank, const wire::Hello& hello,
@@ -113,15 +114,11 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   void HandleGenerationEnded(int node_rank, const wire::GenerationEnded& e);
   void GiveUpRestart(const std::string& why);
   // The next generation on `agents`: node ranks and ranks renumbered.
-  void StartNextGeneration(const std::vector<int>& agents);
   void Grow(const std::string& why);
-  void Retire(int agent);
   void HandleStore(int node_rank, const wire::StoreRequest& request);
 
   const LaunchOptions& options_;
   Plan pool_;
-  Plan plan_;
-  JobSpecParts spec_;  // what every node's JobSpec shares
   Console& console_;
   AgentGate gate_;  // each node's secret; when it gets its JobSpec
   JobState state_;
@@ -130,6 +127,7 @@ class Job : public ControlServer::Delegate, public Starter::Delegate {
   AgentLinks* links_ = nullptr;
   std::optional<JoinAssembly> join_;  // --launcher join only
   JobWatch watch_;
+  Generations generations_;  // the plan; JobSpecs; the next generation
   JobForensics forensics_;
   RankTraffic traffic_;  // output, progress, stats and stacks of ranks
   Restarts restarts_;
