@@ -70,8 +70,7 @@ int RunTrain(const TrainArgs& args) {
   auto asked = ParseDeviceKind(args.device);
   if (!asked.ok()) return Fail(asked.status());
   std::string note;
-  if (*asked == DeviceKind::kAuto &&
-      (config->zero.stage != 0 || config->fp16.enabled)) {
+  if (*asked == DeviceKind::kAuto && config->zero.stage != 0) {
     // What the GPU engine does not train yet stays on the CPU under auto.
     options.device = DeviceKind::kCpu;
   } else {

@@ -23,6 +23,8 @@ enum class DevicePrecision {
   kFp32,  // exact fp32 products (the mode that equals the CPU engine)
   kTf32,  // tensor cores on tf32 (10-bit mantissa) inputs, fp32 sums
   kBf16,  // tensor cores on bf16 inputs, fp32 sums (bf16.enabled)
+  kFp16,  // tensor cores on fp16 inputs, fp32 sums (fp16.enabled: the
+          // trainer scales the loss; overflows show as a non-finite norm)
 };
 
 // The model's shape and where each parameter kind's layer-0 instance starts

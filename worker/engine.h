@@ -74,8 +74,8 @@ struct EngineOptions {
 
 // The engine for config's stage on options.device, its parameters from
 // init_model or the GPT-2 init with train.seed. InvalidArgument for what
-// the device cannot train (fp16/bf16 on the CPU; stages 1-3 or fp16 on the
-// GPU so far).
+// the device cannot train (fp16/bf16 on the CPU; stages 1-3 on the GPU so
+// far).
 StatusOr<std::unique_ptr<Engine>> MakeEngine(const TrainConfig& config,
                                              Comm* comm,
                                              const EngineOptions& options);

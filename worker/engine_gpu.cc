@@ -46,7 +46,8 @@ class GpuEngine final : public Engine {
     // fp32 configs compute exact fp32 products unless DSL_CUDA_TF32=1 lets
     // the tensor cores round their inputs to tf32 (PyTorch's allow_tf32).
     const char* tf32 = std::getenv("DSL_CUDA_TF32");
-    o.precision = config.bf16 ? DevicePrecision::kBf16
+    o.precision = config.bf16           ? DevicePrecision::kBf16
+                  : config.fp16.enabled ? DevicePrecision::kFp16
                   : tf32 != nullptr && std::string(tf32) == "1"
                       ? DevicePrecision::kTf32
                       : DevicePrecision::kFp32;
@@ -154,10 +155,6 @@ StatusOr<std::unique_ptr<Engine>> MakeGpuEngine(const TrainConfig& config,
     return InvalidArgument(
         "zero_optimization.stage " + std::to_string(config.zero.stage) +
         ": the GPU engine trains stage 0 so far; use stage 0 or --device cpu");
-  }
-  if (config.fp16.enabled) {
-    return InvalidArgument(
-        "fp16: the GPU engine trains in fp32 or bf16 so far");
   }
   auto e = std::make_unique<GpuEngine>(comm);
   RETURN_IF_ERROR(e->Init(config, options));

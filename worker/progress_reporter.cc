@@ -21,11 +21,17 @@ std::string FormatStepReport(const StepReport& r, int64_t rss_bytes) {
       static_cast<long long>(r.model_state_bytes),
       static_cast<long long>(rss_bytes), static_cast<long long>(r.total_steps));
   std::string record = buf;
-  if (r.gpu_mem_bytes >= 0) {
-    record.pop_back();  // the closing brace
-    record += ", \"gpu_mem_bytes\": " + std::to_string(r.gpu_mem_bytes) + "}";
+  // Fields only some runs have, before the closing brace.
+  record.pop_back();
+  if (r.gpu_mem_bytes >= 0)
+    record += ", \"gpu_mem_bytes\": " + std::to_string(r.gpu_mem_bytes);
+  if (r.skipped_steps >= 0) {
+    char scale[32];
+    std::snprintf(scale, sizeof scale, "%.9g", r.loss_scale);
+    record += std::string(", \"loss_scale\": ") + scale +
+              ", \"skipped_steps\": " + std::to_string(r.skipped_steps);
   }
-  return record;
+  return record + "}";
 }
 
 int64_t ResidentBytes() {

@@ -24,6 +24,9 @@ struct StepReport {
   int64_t model_state_bytes = 0;
   int64_t total_steps = 0;     // 0: not known
   int64_t gpu_mem_bytes = -1;  // the GPU allocator's peak; -1: on the CPU
+  // fp16's loss scale and the steps it skipped so far (-1: not fp16).
+  double loss_scale = 0;
+  int64_t skipped_steps = -1;
 };
 
 // The record as one JSON object (no newline).

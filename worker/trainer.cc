@@ -34,7 +34,10 @@ Status Trainer::Init(const TrainOptions& options) {
   e.init_model = options.init_model;
   e.device = options.device;
   e.local_rank = options.local_rank;
-  ASSIGN_OR_RETURN(engine_, MakeEngine(config_, comm_.get(), e));
+  ASSIGN_OR_RETURN(engine_, options.make_engine
+                                ? options.make_engine(config_, comm_.get(), e)
+                                : MakeEngine(config_, comm_.get(), e));
+  if (config_.fp16.enabled) scaler_.emplace(config_.fp16);
   DataLoaderOptions d;
   d.pattern = config_.data.train;
   d.batch_size = config_.batch.micro_batch_per_gpu;
@@ -75,6 +78,9 @@ Status Trainer::MaybeResume() {
     RETURN_IF_ERROR(KeepGlobalBatch(dir, s.train_batch_size));
   RETURN_IF_ERROR(train_->Restore(s.loader));
   step_ = s.step;
+  // (What fp16 skipped before the checkpoint is not kept: its steps count
+  // as applied from here, and the loss scale starts over.)
+  applied_ = step_;
   if (comm_->rank() == 0) {
     std::printf("resumed from %s at step %lld\n", dir.c_str(),
                 static_cast<long long>(step_));
@@ -149,7 +155,7 @@ AdamParams Trainer::Adam(double lr) const {
   a.eps = config_.optimizer.eps;
   a.weight_decay = config_.optimizer.weight_decay;
   a.adamw_mode = config_.optimizer.decoupled_weight_decay();
-  a.step = step_;
+  a.step = applied_;
   return a;
 }
 
@@ -157,23 +163,36 @@ StatusOr<StepResult> Trainer::Step() {
   ++step_;
   RETURN_IF_ERROR(engine_->ZeroGrad());
   const int gas = config_.batch.gradient_accumulation_steps;
+  // fp16: the loss (so every gradient) times the scale, divided out below.
+  const double scale = scaler_ ? scaler_->scale() : 1.0;
+  const float grad_scale = scaler_ ? static_cast<float>(scale / gas)
+                                   : 1.0f / static_cast<float>(gas);
   float loss = 0;
   for (int micro = 0; micro < gas; ++micro) {
     ASSIGN_OR_RETURN(float l,
-                     engine_->TrainMicroBatch(train_->NextBatch(),
-                                              1.0f / static_cast<float>(gas)));
+                     engine_->TrainMicroBatch(train_->NextBatch(), grad_scale));
     loss += l;
   }
   loss /= static_cast<float>(gas);
   StepResult r;
   ASSIGN_OR_RETURN(r.grad_norm, engine_->FinishGradients());
-  const double clip = config_.gradient_clipping;
-  const float clip_scale = clip > 0 && r.grad_norm > clip
-                               ? static_cast<float>(clip / (r.grad_norm + 1e-6))
-                               : 1.0f;
-  r.lr =
-      LearningRate(config_, step_ - 1);  // DeepSpeed steps its scheduler after
-  RETURN_IF_ERROR(engine_->Update(Adam(r.lr), clip_scale));
+  if (scaler_) {
+    r.loss_scale = scale;
+    r.skipped = !std::isfinite(r.grad_norm);
+    RETURN_IF_ERROR(scaler_->Update(r.skipped));
+    if (!r.skipped) r.grad_norm = static_cast<float>(r.grad_norm / scale);
+  }
+  // DeepSpeed steps its scheduler after the update: this one runs with the
+  // rate of the steps applied before it.
+  r.lr = LearningRate(config_, applied_);
+  if (!r.skipped) {
+    const double clip = config_.gradient_clipping;
+    const double clip_scale =
+        clip > 0 && r.grad_norm > clip ? clip / (r.grad_norm + 1e-6) : 1.0;
+    ++applied_;
+    RETURN_IF_ERROR(
+        engine_->Update(Adam(r.lr), static_cast<float>(clip_scale / scale)));
+  }
   // The stop signal rides on the loss: every rank learns that some rank
   // got one at the same step, and all stop after it.
   float sums[2] = {loss, StopSignal() != 0 ? 1.0f : 0.0f};
@@ -209,6 +228,16 @@ std::string Trainer::GpuMemoryNote() const {
   char text[48];
   std::snprintf(text, sizeof text, "  gpu_mem %.2f GiB",
                 static_cast<double>(bytes) / (1 << 30));
+  return text;
+}
+
+// "  loss_scale 65536 skipped 3" under fp16, else nothing.
+std::string Trainer::ScaleNote() const {
+  if (!scaler_) return "";
+  char text[64];
+  std::snprintf(text, sizeof text, "  loss_scale %g skipped %lld",
+                scaler_->scale(),
+                static_cast<long long>(scaler_->skipped_steps()));
   return text;
 }
 
@@ -279,14 +308,18 @@ StatusOr<StepResult> Trainer::Run() {
         config_.train.steps,
         engine_->device_memory_bytes() > 0 ? engine_->device_memory_bytes()
                                            : -1};
+    if (scaler_) {
+      rep.loss_scale = scaler_->scale();
+      rep.skipped_steps = scaler_->skipped_steps();
+    }
     progress_.Report(rep);
     // Under dslaunch the record is the console's to show (once); a line of
     // our own only where nobody receives it.
     if (comm_->rank() == 0 && !progress_.connected()) {
       std::printf(
-          "step %6lld  loss %.6f  lr %.3e  grad_norm %.4f  %.0f tok/s%s\n",
+          "step %6lld  loss %.6f  lr %.3e  grad_norm %.4f  %.0f tok/s%s%s\n",
           static_cast<long long>(step_), last.loss, last.lr, last.grad_norm,
-          rep.tokens_per_s, GpuMemoryNote().c_str());
+          rep.tokens_per_s, GpuMemoryNote().c_str(), ScaleNote().c_str());
       std::fflush(stdout);
     }
     if (stopping) return last;  // its record is out; no evaluation now

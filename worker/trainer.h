@@ -8,7 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,7 @@
 #include "worker/data_loader.h"
 #include "worker/device_loader.h"
 #include "worker/engine.h"
+#include "worker/loss_scaler.h"
 #include "worker/progress_reporter.h"
 #include "worker/tensorboard_monitor.h"
 #include "worker/train_config.h"
@@ -30,6 +33,10 @@ struct TrainOptions {
   // LOCAL_RANK's among the visible ones (device_loader.h).
   DeviceKind device = DeviceKind::kCpu;
   int local_rank = 0;
+  // Makes the engine instead of MakeEngine (tests: an engine of their own).
+  std::function<StatusOr<std::unique_ptr<Engine>>(const TrainConfig&, Comm*,
+                                                  const EngineOptions&)>
+      make_engine = nullptr;
 };
 
 struct StepResult {
@@ -39,6 +46,10 @@ struct StepResult {
   // A rank got the stop signal (stop_signal.h) by this step's end: every
   // rank stops after it (Run saves a checkpoint of it first).
   int stop_signal = 0;
+  // fp16: the loss scale the step ran with; whether its gradients
+  // overflowed, so that no update was made (grad_norm is then not finite).
+  double loss_scale = 0;
+  bool skipped = false;
 };
 
 class Trainer {
@@ -70,6 +81,7 @@ class Trainer {
   Status KeepGlobalBatch(const std::string& dir, int64_t saved);
   Status Save();  // a checkpoint of this step
   std::string GpuMemoryNote() const;
+  std::string ScaleNote() const;
 
   TrainConfig config_;
   std::unique_ptr<Comm> comm_;
@@ -78,7 +90,11 @@ class Trainer {
   std::unique_ptr<DataLoader> val_;
   ProgressReporter progress_;
   std::unique_ptr<TensorBoardMonitor> tensorboard_;  // rank 0's, or inert
+  std::optional<LossScaler> scaler_;                 // fp16
   int64_t step_ = 0;
+  // Steps whose update was made (fp16 skips those that overflowed): what
+  // AdamW's bias correction and the LR schedule count, as in DeepSpeed.
+  int64_t applied_ = 0;
 };
 
 }  // namespace dslaunch::worker

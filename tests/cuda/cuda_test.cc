@@ -215,15 +215,15 @@ TEST_F(KernelsTest, MatmulBf16) {
   MatmulForwardReference(out.data(), x.data(), w.data(), nullptr, N, C2, OC);
   Dev<float> gx(x), gw(w), gout(N * OC);
   Dev<__nv_bfloat16> a(N * C2), b(OC * C2);
-  ctx_.bf16 = true;
-  ctx_.bf16_a = a.get();
-  ctx_.bf16_b = b.get();
-  ctx_.bf16_a_elems = N * C2;
-  ctx_.bf16_b_elems = OC * C2 - 1;  // one short: refused
+  ctx_.operands = CUDA_R_16BF;
+  ctx_.operand_a = a.get();
+  ctx_.operand_b = b.get();
+  ctx_.operand_a_elems = N * C2;
+  ctx_.operand_b_elems = OC * C2 - 1;  // one short: refused
   EXPECT_EQ(cuda::MatmulForward(ctx_, gout.get(), gx.get(), gw.get(), nullptr,
                                 N, C2, OC),
             CUBLAS_STATUS_INVALID_VALUE);
-  ctx_.bf16_b_elems = OC * C2;
+  ctx_.operand_b_elems = OC * C2;
   ASSERT_EQ(cuda::MatmulForward(ctx_, gout.get(), gx.get(), gw.get(), nullptr,
                                 N, C2, OC),
             CUBLAS_STATUS_SUCCESS);
@@ -231,6 +231,38 @@ TEST_F(KernelsTest, MatmulBf16) {
   std::printf("bf16 matmul relative error %.3g\n", err);
   EXPECT_LT(err, 1e-2);
   EXPECT_GT(err, 1e-3);  // tf32 operands would be within about 3e-4
+}
+
+// fp16 operands: 3 more mantissa bits than bf16 (an error near tf32's), and
+// past 65504 infinite, which is how the trainer's loss scaling sees an
+// overflow.
+TEST_F(KernelsTest, MatmulFp16) {
+  const int N = 256, C2 = 768, OC = 512;
+  auto x = Random(N * C2, rng_), w = Random(OC * C2, rng_);
+  std::vector<float> out(N * OC);
+  MatmulForwardReference(out.data(), x.data(), w.data(), nullptr, N, C2, OC);
+  Dev<float> gx(x), gw(w), gout(N * OC);
+  Dev<__half> a(N * C2), b(OC * C2);
+  ctx_.operands = CUDA_R_16F;
+  ctx_.operand_a = a.get();
+  ctx_.operand_b = b.get();
+  ctx_.operand_a_elems = N * C2;
+  ctx_.operand_b_elems = OC * C2;
+  ASSERT_EQ(cuda::MatmulForward(ctx_, gout.get(), gx.get(), gw.get(), nullptr,
+                                N, C2, OC),
+            CUBLAS_STATUS_SUCCESS);
+  const double err = RelErr(gout.Get(), out);
+  std::printf("fp16 matmul relative error %.3g\n", err);
+  EXPECT_LT(err, 1e-3);
+  EXPECT_GT(err, 1e-5);
+  x[5] = 1e5f;  // row 0 overflows fp16
+  Dev<float> gx2(x), gout2(N * OC);
+  ASSERT_EQ(cuda::MatmulForward(ctx_, gout2.get(), gx2.get(), gw.get(), nullptr,
+                                N, C2, OC),
+            CUBLAS_STATUS_SUCCESS);
+  const std::vector<float> o = gout2.Get();
+  EXPECT_FALSE(std::isfinite(o[0]));
+  EXPECT_TRUE(std::isfinite(o[OC]));  // row 1 does not
 }
 
 TEST_F(KernelsTest, Attention) {
@@ -505,6 +537,41 @@ TEST_F(CudaTrainerTest, Bf16StaysCloseToFp32) {
       bf16.losses.front(), bf16.losses.back(), fp32.losses.back(), d);
   EXPECT_LT(d, 2e-2);
   EXPECT_GT(d, 0.0f);  // it really computed in bf16
+}
+
+// fp16 with DeepSpeed's dynamic loss scaling, started too high on purpose
+// (2^24: the scaled gradients overflow fp16's 65504): the first steps are
+// skipped while the scale halves, then it trains like fp32.
+TEST_F(CudaTrainerTest, Fp16SkipsOverflowsAndTrains) {
+  const Run fp32 = Train(Config(1, 50), DeviceKind::kCuda);
+  const TrainConfig c =
+      Config(1, 50,
+             R"(, "fp16": {"enabled": true, "initial_scale_power": 24,
+                     "loss_scale_window": 100})");
+  LocalWorld w(1, std::chrono::seconds(120));
+  std::vector<StepResult> steps;
+  std::vector<Status> st = RunRanks(w, [&](Comm& comm) -> Status {
+    TrainOptions o;
+    o.quiet = true;
+    o.device = DeviceKind::kCuda;
+    ASSIGN_OR_RETURN(auto t, Trainer::Create(c, Borrow(comm), o));
+    while (t->step() < c.train.steps) {
+      ASSIGN_OR_RETURN(StepResult r, t->Step());
+      steps.push_back(r);
+    }
+    return Status::Ok();
+  });
+  ASSERT_TRUE(st[0].ok()) << st[0].ToString();
+  int skipped = 0;
+  for (const StepResult& r : steps) skipped += r.skipped ? 1 : 0;
+  std::printf(
+      "fp16: %d of 50 steps skipped, scale %g at the end, loss "
+      "%.6f (fp32 %.6f)\n",
+      skipped, steps.back().loss_scale, steps.back().loss, fp32.losses.back());
+  EXPECT_GE(skipped, 1);
+  EXPECT_LT(skipped, 20);
+  EXPECT_LT(steps.back().loss_scale, 16777216.0);
+  EXPECT_LT(steps.back().loss, steps.front().loss - 0.5f);  // it learns
 }
 
 TEST_F(CudaTrainerTest, ResumesBitForBit) {

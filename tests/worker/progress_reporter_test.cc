@@ -42,6 +42,21 @@ TEST(ProgressReporter, GpuMemoryOnlyFromAGpuRank) {
   EXPECT_EQ(parsed["step"], 3);
 }
 
+TEST(ProgressReporter, Fp16sScaleAndSkippedStepsOnlyUnderFp16) {
+  StepReport r;
+  EXPECT_FALSE(
+      nlohmann::json::parse(FormatStepReport(r, 1)).contains("skipped_steps"));
+  r.loss_scale = 32768;
+  r.skipped_steps = 3;
+  r.gpu_mem_bytes = 1024;
+  const std::string json = FormatStepReport(r, 1);
+  ASSERT_TRUE(proto::ValidateProgressRecord(json).ok()) << json;
+  auto parsed = nlohmann::json::parse(json);
+  EXPECT_EQ(parsed["loss_scale"], 32768);
+  EXPECT_EQ(parsed["skipped_steps"], 3);
+  EXPECT_EQ(parsed["gpu_mem_bytes"], 1024);
+}
+
 TEST(ProgressReporter, WithoutALauncherReportingIsANoOp) {
   ::unsetenv("DSLAUNCH_PROGRESS");
   ProgressReporter reporter;

@@ -155,9 +155,12 @@ class CudaEngine final : public DeviceEngine {
         ctx_.compute = CUBLAS_COMPUTE_32F_FAST_TF32;
         break;
       case DevicePrecision::kBf16:
-        // The linear layers on bf16 operands (scratch sized in Resize);
+      case DevicePrecision::kFp16:
+        // The linear layers on 16-bit operands (scratch sized in Resize);
         // attention's batched products on tf32.
-        ctx_.bf16 = true;
+        ctx_.operands = options_.precision == DevicePrecision::kBf16
+                            ? CUDA_R_16BF
+                            : CUDA_R_16F;
         ctx_.compute = CUBLAS_COMPUTE_32F_FAST_TF32;
         break;
     }
@@ -268,6 +271,8 @@ class CudaEngine final : public DeviceEngine {
         return "tf32";
       case DevicePrecision::kBf16:
         return "bf16";
+      case DevicePrecision::kFp16:
+        return "fp16";
     }
     return "?";
   }
@@ -397,20 +402,23 @@ class CudaEngine final : public DeviceEngine {
         return false;
       token_capacity_ = BT;
     }
-    if (ctx_.bf16) {
+    if (ctx_.operands != CUDA_R_32F) {
       // The largest operands: A the logits' gradient or the widest
       // activation; B the widest activation, the embedding or a weight.
       const size_t C = spec_.channels, Vp = spec_.padded_vocab_size;
       const size_t a = BT * std::max(Vp, 4 * C);
       const size_t b = std::max({BT * 4 * C, Vp * C, 4 * C * C});
-      if (a > ctx_.bf16_a_elems || b > ctx_.bf16_b_elems) {
-        Free(ctx_.bf16_a);
-        Free(ctx_.bf16_b);
-        ctx_.bf16_a = ctx_.bf16_b = nullptr;
-        ctx_.bf16_a_elems = ctx_.bf16_b_elems = 0;
-        if (!Alloc(&ctx_.bf16_a, a) || !Alloc(&ctx_.bf16_b, b)) return false;
-        ctx_.bf16_a_elems = a;
-        ctx_.bf16_b_elems = b;
+      if (a > ctx_.operand_a_elems || b > ctx_.operand_b_elems) {
+        Free(ctx_.operand_a);
+        Free(ctx_.operand_b);
+        ctx_.operand_a = ctx_.operand_b = nullptr;
+        ctx_.operand_a_elems = ctx_.operand_b_elems = 0;
+        uint16_t *pa = nullptr, *pb = nullptr;  // 2 bytes an element
+        if (!Alloc(&pa, a) || !Alloc(&pb, b)) return false;
+        ctx_.operand_a = pa;
+        ctx_.operand_b = pb;
+        ctx_.operand_a_elems = a;
+        ctx_.operand_b_elems = b;
       }
     }
     Carve(acts_, B, T);

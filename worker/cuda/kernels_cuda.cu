@@ -210,25 +210,59 @@ __global__ void GeluBackwardKernel(float* dinp, const float* inp,
   dinp[i] += grad * dout[i];
 }
 
+// Rounds one float to T (bf16 or fp16), two at a time.
+template <typename T>
+__device__ T Round(float x);
+template <>
+__device__ __nv_bfloat16 Round(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __half Round(float x) {
+  return __float2half_rn(x);
+}
+template <typename T2>
+__device__ T2 Round2(float a, float b);
+template <>
+__device__ __nv_bfloat162 Round2(float a, float b) {
+  return __floats2bfloat162_rn(a, b);
+}
+template <>
+__device__ __half2 Round2(float a, float b) {
+  return __floats2half2_rn(a, b);
+}
+
 // Four elements per thread (in must be 16-byte aligned), the tail one by
 // one.
-__global__ void ToBf16x4Kernel(__nv_bfloat16* out, const float* in, size_t n) {
+template <typename T, typename T2>
+__global__ void To16x4Kernel(T* out, const float* in, size_t n) {
   const size_t i =
       4 * (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x);
   if (i + 3 < n) {
     const float4 v = *reinterpret_cast<const float4*>(in + i);
-    *reinterpret_cast<__nv_bfloat162*>(out + i) =
-        __floats2bfloat162_rn(v.x, v.y);
-    *reinterpret_cast<__nv_bfloat162*>(out + i + 2) =
-        __floats2bfloat162_rn(v.z, v.w);
+    *reinterpret_cast<T2*>(out + i) = Round2<T2>(v.x, v.y);
+    *reinterpret_cast<T2*>(out + i + 2) = Round2<T2>(v.z, v.w);
   } else {
-    for (size_t j = i; j < n; j++) out[j] = __float2bfloat16_rn(in[j]);
+    for (size_t j = i; j < n; j++) out[j] = Round<T>(in[j]);
   }
 }
 
-__global__ void ToBf16Kernel(__nv_bfloat16* out, const float* in, size_t n) {
+template <typename T>
+__global__ void To16Kernel(T* out, const float* in, size_t n) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
-  if (i < n) out[i] = __float2bfloat16_rn(in[i]);
+  if (i < n) out[i] = Round<T>(in[i]);
+}
+
+template <typename T, typename T2>
+void LaunchTo16(const Ctx& ctx, T* out, const float* in, size_t n) {
+  const bool aligned = reinterpret_cast<uintptr_t>(in) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  if (aligned) {
+    To16x4Kernel<T, T2>
+        <<<Blocks((n + 3) / 4), kThreads, 0, ctx.stream>>>(out, in, n);
+  } else {
+    To16Kernel<T><<<Blocks(n), kThreads, 0, ctx.stream>>>(out, in, n);
+  }
 }
 
 __global__ void ResidualKernel(float* out, const float* a, const float* b,
@@ -458,7 +492,7 @@ cublasStatus_t RowGemm(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N,
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
   const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  if (!ctx.bf16) {
+  if (ctx.operands == CUDA_R_32F) {
     return cublasGemmEx(ctx.blas, op_b, op_a, N, M, K, &alpha, B, CUDA_R_32F,
                         ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc,
                         ctx.compute, CUBLAS_GEMM_DEFAULT);
@@ -467,12 +501,13 @@ cublasStatus_t RowGemm(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N,
   // when transposed).
   const size_t a_elems = static_cast<size_t>(trans_a ? K : M) * lda;
   const size_t b_elems = static_cast<size_t>(trans_b ? N : K) * ldb;
-  if (a_elems > ctx.bf16_a_elems || b_elems > ctx.bf16_b_elems)
+  if (a_elems > ctx.operand_a_elems || b_elems > ctx.operand_b_elems)
     return CUBLAS_STATUS_INVALID_VALUE;
-  ToBf16(ctx, ctx.bf16_a, A, a_elems);
-  ToBf16(ctx, ctx.bf16_b, B, b_elems);
-  return cublasGemmEx(ctx.blas, op_b, op_a, N, M, K, &alpha, ctx.bf16_b,
-                      CUDA_R_16BF, ldb, ctx.bf16_a, CUDA_R_16BF, lda, &beta, C,
+  To16Bit(ctx, ctx.operands, ctx.operand_a, A, a_elems);
+  To16Bit(ctx, ctx.operands, ctx.operand_b, B, b_elems);
+  return cublasGemmEx(ctx.blas, op_b, op_a, N, M, K, &alpha, ctx.operand_b,
+                      ctx.operands, ldb, ctx.operand_a, ctx.operands, lda,
+                      &beta, C,
                       CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
@@ -655,15 +690,14 @@ void Zero(const Ctx& ctx, float* p, size_t n) {
   cudaMemsetAsync(p, 0, n * sizeof(float), ctx.stream);
 }
 
-void ToBf16(const Ctx& ctx, __nv_bfloat16* out, const float* in, size_t n) {
+void To16Bit(const Ctx& ctx, cudaDataType_t type, void* out, const float* in,
+             size_t n) {
   if (n == 0) return;
-  const bool aligned = reinterpret_cast<uintptr_t>(in) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(out) % 8 == 0;
-  if (aligned) {
-    ToBf16x4Kernel<<<Blocks((n + 3) / 4), kThreads, 0, ctx.stream>>>(out, in,
-                                                                     n);
+  if (type == CUDA_R_16F) {
+    LaunchTo16<__half, __half2>(ctx, static_cast<__half*>(out), in, n);
   } else {
-    ToBf16Kernel<<<Blocks(n), kThreads, 0, ctx.stream>>>(out, in, n);
+    LaunchTo16<__nv_bfloat16, __nv_bfloat162>(
+        ctx, static_cast<__nv_bfloat16*>(out), in, n);
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -23,20 +24,21 @@ struct Ctx {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   // RowGemm: CUBLAS_COMPUTE_32F (exact fp32) or _32F_FAST_TF32, on fp32
-  // operands; or, with bf16 set, the operands rounded to bf16 into the two
-  // scratch buffers first and multiplied on the tensor cores with fp32
-  // sums (PyTorch's autocast to bf16 does the same rounding).
+  // operands; or, with `operands` CUDA_R_16BF or CUDA_R_16F, the operands
+  // rounded to bf16 or fp16 into the two scratch buffers first (2 bytes an
+  // element) and multiplied on the tensor cores with fp32 sums (PyTorch's
+  // autocast does the same rounding).
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-  bool bf16 = false;
-  __nv_bfloat16* bf16_a = nullptr;  // RowGemm's A, bf16_a_elems capacity
-  __nv_bfloat16* bf16_b = nullptr;  // RowGemm's B
-  size_t bf16_a_elems = 0, bf16_b_elems = 0;
+  cudaDataType_t operands = CUDA_R_32F;
+  void* operand_a = nullptr;  // RowGemm's A, operand_a_elems capacity
+  void* operand_b = nullptr;  // RowGemm's B
+  size_t operand_a_elems = 0, operand_b_elems = 0;
   // RowGemmBatched (attention's products) stays on fp32 operands with this.
   cublasComputeType_t batched_compute = CUBLAS_COMPUTE_32F;
 };
 
 // C[M,N] = alpha op(A) op(B) + beta C, row-major, as worker/kernels_cpu.h's
-// Gemm (cblas_sgemm's contract). With ctx.bf16, A and B (each as many rows
+// Gemm (cblas_sgemm's contract). With 16-bit operands, A and B (each as many rows
 // as it has, times its leading dimension) must fit the scratch buffers;
 // CUBLAS_STATUS_INVALID_VALUE otherwise.
 cublasStatus_t RowGemm(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N,
@@ -104,8 +106,10 @@ void GeluBackward(const Ctx& ctx, float* dinp, const float* inp,
 void ResidualForward(const Ctx& ctx, float* out, const float* inp1,
                      const float* inp2, size_t n);
 void Zero(const Ctx& ctx, float* p, size_t n);
-// out = in rounded to bf16 (nearest even).
-void ToBf16(const Ctx& ctx, __nv_bfloat16* out, const float* in, size_t n);
+// out = in rounded to bf16 or fp16 (type CUDA_R_16BF or CUDA_R_16F;
+// nearest even; fp16 overflows to infinity past 65504).
+void To16Bit(const Ctx& ctx, cudaDataType_t type, void* out, const float* in,
+             size_t n);
 
 // The classifier in one pass per row: losses[i] = -log softmax(logits[i])
 // [targets[i]] over the first V of Vp columns; with backward, WRITES
