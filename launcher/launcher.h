@@ -1,8 +1,9 @@
 // Launcher: the top object of dslaunch. It owns the process's one
 // io_context, the console, the control server, the start mode and the Job,
-// wires them together, and runs the loop until the job has ended (design
-// section 1: plan -> start -> supervise -> report). Run() is called once, on
-// the main thread; everything runs on that thread.
+// wires them together, and runs the loop until the job has ended: the plan
+// is made, the agents started, the job supervised, the report printed, in
+// that order (each stage's folder builds on the ones before). Run() is
+// called once, on the main thread; everything runs on that thread.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
