@@ -4,6 +4,7 @@ stage's formula. A tiny model on a tiny corpus, a few seconds."""
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import time
@@ -144,6 +145,53 @@ class Training(WorkerTest):
         self.assertAlmostEqual(size[1], 8 * psi + 8 * psi / n, delta=slack)
         self.assertAlmostEqual(size[2], 4 * psi + 12 * psi / n, delta=slack)
         self.assertAlmostEqual(size[3], 16 * psi / n, delta=slack)
+
+
+class Devices(WorkerTest):
+    """dsworker on machines without a GPU: the CPU binary needs no CUDA
+    library, --device auto trains on the CPU, --device cuda says why not;
+    its stdout goes out line by line into a pipe (under dslaunch the
+    header reaches the console when it is written, not at the exit)."""
+
+    def test_the_cpu_binary_loads_no_cuda_library(self):
+        p = subprocess.run(["ldd", DSWORKER], capture_output=True, timeout=30)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        for lib in ("libcuda", "libcudart", "libcublas", "libnccl", "libdsl_cuda"):
+            self.assertNotIn(lib, p.stdout.decode())
+
+    def test_cuda_without_a_gpu_says_why_and_auto_uses_the_cpu(self):
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # no GPU, whatever the machine
+        cfg = self.config(2, 0, steps=2)
+        p = subprocess.run([DSWORKER, "train", "--config", cfg, "--device", "cuda"],
+                           capture_output=True, timeout=120, env=env)
+        self.assertEqual(p.returncode, 69, p.stderr.decode())
+        self.assertRegex(p.stderr.decode(), r"--device cuda: (no CUDA GPU is visible|"
+                                            r"this dsworker was built without CUDA|"
+                                            r"cannot open the CUDA engine)")
+        p = subprocess.run([DSWORKER, "train", "--config", cfg, "--device", "auto"],
+                           capture_output=True, timeout=120, env=env)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        self.assertIn("train: ", p.stdout.decode())
+        self.assertNotIn("GPU", p.stdout.decode())
+        p = subprocess.run([DSWORKER, "train", "--config", cfg, "--device", "tpu"],
+                           capture_output=True, timeout=60)
+        self.assertEqual(p.returncode, 64, p.stderr.decode())
+        self.assertIn('--device: "tpu" is not one of auto, cpu, cuda', p.stderr.decode())
+
+    def test_stdout_is_written_line_by_line_into_a_pipe(self):
+        # No step line (each is flushed) for a long time: only the header.
+        cfg = self.config(2, 0, steps=100000, extra={"steps_per_print": 100000})
+        p = subprocess.Popen([DSWORKER, "train", "--config", cfg, "--device", "cpu"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            ready, _, _ = select.select([p.stdout], [], [], 10)
+            self.assertTrue(ready, "no line within 10 s: held in a buffer")
+            first = p.stdout.readline().decode()
+            self.assertTrue(first.startswith("train: "), first)
+            self.assertIsNone(p.poll(), "the line came only at the exit")
+        finally:
+            p.kill()
+            p.communicate()
 
 
 class PeerDeath(WorkerTest):
