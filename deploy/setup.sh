@@ -3,15 +3,19 @@
 #   deploy/setup.sh            build dependencies + build
 #   deploy/setup.sh --test     also what the test suite needs (PyTorch, OpenMPI, sshd)
 #   deploy/setup.sh --no-build only install packages
+#   deploy/setup.sh --programs build only dslaunch, dsagent and dsworker (and
+#                              the CUDA engine where nvcc is): what the demo runs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 want_tests=0
 build=1
+targets=()
 for arg in "$@"; do
   case "$arg" in
     --test) want_tests=1 ;;
     --no-build) build=0 ;;
+    --programs) targets=(dslaunch dsagent dsworker) ;;
     *) echo "setup.sh: unknown option $arg" >&2; exit 64 ;;
   esac
 done
@@ -111,5 +115,5 @@ fi
 
 if [ "$build" = 1 ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-  cmake --build build -j "$(nproc)"
+  cmake --build build -j "$(nproc)" ${targets[@]+--target "${targets[@]}"}
 fi

@@ -5,7 +5,9 @@
 # with live progress, then prints a sample from the trained model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash deploy/setup.sh
+# Only what the demo runs (dslaunch, dsagent, dsworker); examples/test.sh
+# builds the rest.
+bash deploy/setup.sh --programs
 mkdir -p data
 if [ ! -s data/kjv.txt ]; then
   # bible prints "Ge1:1 In the beginning ..."; keep the text only.
