@@ -180,4 +180,27 @@ std::vector<Status> RunRanks(LocalWorld& world,
   return results;
 }
 
+std::unique_ptr<Comm> Borrow(Comm& comm) {
+  struct Ref final : Comm {
+    explicit Ref(Comm& c) : c(c) {}
+    int rank() const override { return c.rank(); }
+    int size() const override { return c.size(); }
+    Status AllReduceSum(float* d, size_t n) override {
+      return c.AllReduceSum(d, n);
+    }
+    Status ReduceScatterSum(float* d, float* o, size_t k) override {
+      return c.ReduceScatterSum(d, o, k);
+    }
+    Status AllGather(const float* i, float* o, size_t k) override {
+      return c.AllGather(i, o, k);
+    }
+    Status Broadcast(float* d, size_t n, int root) override {
+      return c.Broadcast(d, n, root);
+    }
+    Status Barrier() override { return c.Barrier(); }
+    Comm& c;
+  };
+  return std::make_unique<Ref>(comm);
+}
+
 }  // namespace dslaunch::worker

@@ -88,4 +88,8 @@ struct LocalWorld::Call {
 std::vector<Status> RunRanks(LocalWorld& world,
                              const std::function<Status(Comm&)>& fn);
 
+// A Comm that forwards to `comm` without owning it: what a Trainer (which
+// owns its Comm) gets inside RunRanks, which owns the world's.
+std::unique_ptr<Comm> Borrow(Comm& comm);
+
 }  // namespace dslaunch::worker

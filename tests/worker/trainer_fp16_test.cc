@@ -124,27 +124,7 @@ TEST_F(TrainerFp16, SkipsOverflowedStepsAndCountsOnlyTheAppliedOnes) {
   std::vector<ScriptedEngine::Call> updates;  // copied before the engine goes
   std::vector<float> grad_scales;
   std::vector<Status> st = RunRanks(world, [&](Comm& comm) -> Status {
-    struct Ref : Comm {
-      explicit Ref(Comm& c) : c(c) {}
-      int rank() const override { return c.rank(); }
-      int size() const override { return c.size(); }
-      Status AllReduceSum(float* d, size_t n) override {
-        return c.AllReduceSum(d, n);
-      }
-      Status ReduceScatterSum(float* d, float* o, size_t k) override {
-        return c.ReduceScatterSum(d, o, k);
-      }
-      Status AllGather(const float* i, float* o, size_t k) override {
-        return c.AllGather(i, o, k);
-      }
-      Status Broadcast(float* d, size_t n, int root) override {
-        return c.Broadcast(d, n, root);
-      }
-      Status Barrier() override { return c.Barrier(); }
-      Comm& c;
-    };
-    ASSIGN_OR_RETURN(auto t,
-                     Trainer::Create(*config, std::make_unique<Ref>(comm), o));
+    ASSIGN_OR_RETURN(auto t, Trainer::Create(*config, Borrow(comm), o));
     while (t->step() < 6) {
       ASSIGN_OR_RETURN(StepResult r, t->Step());
       results.push_back(r);

@@ -110,31 +110,6 @@ class TrainerTest : public ::testing::Test {
       EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r].ToString();
   }
 
-  // Trainer owns its Comm; RunRanks owns the LocalWorld's. A forwarding
-  // Comm lets the Trainer hold one without taking it.
-  static std::unique_ptr<Comm> Borrow(Comm& c) {
-    struct Ref : Comm {
-      explicit Ref(Comm& c) : c(c) {}
-      int rank() const override { return c.rank(); }
-      int size() const override { return c.size(); }
-      Status AllReduceSum(float* d, size_t n) override {
-        return c.AllReduceSum(d, n);
-      }
-      Status ReduceScatterSum(float* d, float* o, size_t k) override {
-        return c.ReduceScatterSum(d, o, k);
-      }
-      Status AllGather(const float* i, float* o, size_t k) override {
-        return c.AllGather(i, o, k);
-      }
-      Status Broadcast(float* d, size_t n, int root) override {
-        return c.Broadcast(d, n, root);
-      }
-      Status Barrier() override { return c.Barrier(); }
-      Comm& c;
-    };
-    return std::make_unique<Ref>(c);
-  }
-
   std::string dir_;
 };
 
