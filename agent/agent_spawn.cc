@@ -23,6 +23,29 @@
 
 namespace dslaunch::agent {
 
+namespace {
+
+// dslaunch's Python files next to this dsagent: <its directory>/../share/
+// dslaunch/python, the build tree's layout and an install's; "" when they
+// are not there.
+std::string PythonDir() {
+  char exe[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) return "";
+  const std::filesystem::path bin =
+      std::filesystem::path(std::string(exe, static_cast<size_t>(n)))
+          .parent_path();
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::canonical(
+      bin.parent_path() / "share" / "dslaunch" / "python", ec);
+  if (ec ||
+      ::access((dir / "dslaunch_hook" / "sitecustomize.py").c_str(), R_OK) != 0)
+    return "";
+  return dir.string();
+}
+
+}  // namespace
+
 void Agent::RemoveRunDir() {
   if (run_dir_.empty()) return;
   std::error_code ec;
@@ -97,6 +120,8 @@ Status Agent::SpawnWorkers() {
   if (!socket_ifname.empty())
     spdlog::info("interface toward MASTER_ADDR {}: {}", job_.master_addr(),
                  socket_ifname);
+  const std::string python_dir =
+      job_.no_progress_hook() ? std::string() : PythonDir();
   for (const auto& r : job_.ranks()) {
     const std::string rank = std::to_string(r.rank());
     RankPaths paths{
@@ -104,6 +129,7 @@ Status Agent::SpawnWorkers() {
         .store_address = "unix:" + run_dir_ + "/store.sock",
         .error_file = run_dir_ + "/error-" + rank + ".json",
         .socket_ifname = socket_ifname,
+        .python_dir = python_dir,
     };
     std::vector<std::string> mpi_vars;
     if (mpi_) {

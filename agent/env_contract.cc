@@ -116,6 +116,11 @@ std::vector<std::string> BuildRankEnv(
         env[kv.substr(0, eq)] = kv.substr(eq + 1);
     }
   }
+  if (!paths.python_dir.empty()) {
+    std::string& path = env["PYTHONPATH"];
+    path = paths.python_dir + "/dslaunch_hook:" + paths.python_dir +
+           (path.empty() ? "" : ":" + path);
+  }
   if (!paths.socket_ifname.empty()) {
     for (const char* key : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"})
       env.try_emplace(key, paths.socket_ifname);

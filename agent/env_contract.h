@@ -22,6 +22,10 @@ struct RankPaths {
   // sets them (hostnames resolving to 127.0.1.1 and several NICs otherwise
   // make Gloo/NCCL pick the wrong one). Empty: left alone.
   std::string socket_ifname;
+  // The directory of dslaunch's Python files (dslaunch/, dslaunch_hook/):
+  // put first on PYTHONPATH, the hook's before the client's. Empty: left
+  // alone (no hook, --no_progress_hook).
+  std::string python_dir;
 };
 
 // The contract variables alone, for one rank of `job`.
@@ -32,7 +36,8 @@ std::map<std::string, std::string> ContractEnv(const wire::JobSpec& job,
 // The rank's whole environment as "K=V" strings: `base` (usually the agent's
 // environ) without what the agent's transport set (SSH_CLIENT,
 // SSH_CONNECTION, SSH_TTY, SSH_ORIGINAL_COMMAND, SSH_AUTH_SOCK, SHLVL), then
-// the job's env entries, then (slurm_task_env) the per-task SLURM variables
+// the job's env entries, then dslaunch's Python directory (python_dir) first
+// on PYTHONPATH, then (slurm_task_env) the per-task SLURM variables
 // (SLURM_PROCID = RANK, SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS, ...),
 // then the contract; later wins. `process_vars`, when given, are the MPI
 // runtime's variables of the process mpirun started for this rank (see

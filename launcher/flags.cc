@@ -85,6 +85,9 @@ static void AddOptions(CLI::App& app, LaunchOptions& o) {
                  "instead of the console");
   app.add_flag("--bind_cores_to_rank", o.bind_cores_to_rank,
                "bind each rank to its share of the node's cores");
+  app.add_flag("--no_progress_hook", o.no_progress_hook,
+               "Python ranks do not get the hook that reports DeepSpeed's "
+               "and the Hugging Face Trainer's progress");
   app.add_option("--bind_core_list", o.bind_core_list,
                  "cores to share out with --bind_cores_to_rank, e.g. "
                  "1,3-5,7 (default: the node's cores)");

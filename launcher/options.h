@@ -63,8 +63,9 @@ struct LaunchOptions {
   bool save_pid = false;          // /tmp/<pid>.deepspeed while we run
   std::string each_rank_log_dir;  // --enable_each_rank_log DIR
   bool bind_cores_to_rank = false;
-  std::string bind_core_list;   // "1,3-5,7"; empty = the node's cores
-  std::vector<int> bind_cores;  // ... parsed
+  bool no_progress_hook = false;  // --no_progress_hook
+  std::string bind_core_list;     // "1,3-5,7"; empty = the node's cores
+  std::vector<int> bind_cores;    // ... parsed
   bool dry_run = false;
   std::string log_level = "warn";
   double heartbeat_interval_s = 1;

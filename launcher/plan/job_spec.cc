@@ -39,6 +39,7 @@ wire::JobSpec MakeJobSpec(const Plan& plan, const JobSpecParts& parts,
   job.set_host(node.host);
   job.set_restart_count(parts.restart_count);
   job.set_max_restarts(parts.max_restarts);
+  job.set_no_progress_hook(parts.no_progress_hook);
   return job;
 }
 

@@ -28,6 +28,7 @@ struct JobSpecParts {
   bool slurm_task_env = false;
   int restart_count = 0;  // the generation
   int max_restarts = 0;
+  bool no_progress_hook = false;
 };
 
 // node_rank's JobSpec: its ranks (global, local, slot), the world, the

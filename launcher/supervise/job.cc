@@ -37,6 +37,7 @@ static JobSpecParts SpecParts(const LaunchOptions& o, const StartMode& mode,
   p.bind_cores = o.bind_cores;
   p.slurm_task_env = mode.RanksAreSlurmTasks(o.hosts_from_slurm);
   p.max_restarts = o.max_restarts;
+  p.no_progress_hook = o.no_progress_hook;
   return p;
 }
 

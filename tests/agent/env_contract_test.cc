@@ -137,6 +137,34 @@ TEST(BuildRankEnv, JobEnvOverridesBaseEnv) {
   EXPECT_EQ(env["EMPTY"], "");
 }
 
+// dslaunch's Python files first on PYTHONPATH: the hook's directory (its
+// sitecustomize), then the client's, then what the rank had (the job's
+// value over the node's); without a directory PYTHONPATH is left alone.
+TEST(BuildRankEnv, PutsDslaunchsPythonFilesFirstOnPythonpath) {
+  wire::JobSpec job = Node1Of3x2();
+  RankPaths paths = Paths();
+  paths.python_dir = "/opt/dsl/share/dslaunch/python";
+  const char* base[] = {"PYTHONPATH=/node/lib", nullptr};
+  auto env = AsMap(BuildRankEnv(job, job.ranks(0), paths, base));
+  EXPECT_EQ(env["PYTHONPATH"],
+            "/opt/dsl/share/dslaunch/python/dslaunch_hook:"
+            "/opt/dsl/share/dslaunch/python:/node/lib");
+  wire::EnvVar* var = job.add_env();
+  var->set_key("PYTHONPATH");
+  var->set_value("/job/lib");
+  env = AsMap(BuildRankEnv(job, job.ranks(0), paths, base));
+  EXPECT_EQ(env["PYTHONPATH"],
+            "/opt/dsl/share/dslaunch/python/dslaunch_hook:"
+            "/opt/dsl/share/dslaunch/python:/job/lib");
+  const char* none[] = {nullptr};
+  env = AsMap(BuildRankEnv(Node1Of3x2(), job.ranks(0), paths, none));
+  EXPECT_EQ(env["PYTHONPATH"],
+            "/opt/dsl/share/dslaunch/python/dslaunch_hook:"
+            "/opt/dsl/share/dslaunch/python");
+  env = AsMap(BuildRankEnv(job, job.ranks(0), Paths(), base));
+  EXPECT_EQ(env["PYTHONPATH"], "/job/lib");
+}
+
 TEST(BuildRankEnv, NamesTheInterfaceTowardTheMasterUnlessTheUserDid) {
   wire::JobSpec job = Node1Of3x2();
   RankPaths paths = Paths();
