@@ -99,7 +99,7 @@ say "## gpu tests ($(elapsed))"
    --gtest_output="xml:$OUT/cuda_tests.xml") >"$OUT/cuda_tests.log" 2>&1
 tests_rc=$?
 say "cuda_tests exit $tests_rc"
-grep -E '^\[  (PASSED|FAILED|SKIPPED) |^(fp32|bf16)|matmul relative|Failure|Expected|Which is|which is|  Actual|error' \
+grep -E '^\[  (PASSED|FAILED|SKIPPED) |^(fp32|bf16|fp16)|matmul relative|Failure|Expected|Which is|which is|  Actual|error' \
   "$OUT/cuda_tests.log" | head -60 | tee -a "$SUMMARY"
 
 # ---------------------------------------------------------------- benchmark
@@ -137,12 +137,13 @@ N = 124475904  # GPT-2 124M with the padded 50304-row embedding
 print('%.1f%%' % (100 * float('$1') * (6 * N + 6 * 12 * 768 * 1024) / ($2 * 1e12)))"; }
 
 declare -a ROWS
-run_dsworker() {  # mode (bf16, fp32, tf32), peak TFLOP/s of that mode
+run_dsworker() {  # mode (bf16, fp16, fp32, tf32), peak TFLOP/s of that mode
   local mode=$1 peak=$2 log=$OUT/bench_dsworker.log tps rc
   echo "### dsworker $mode" >>"$log"
   (cd "$WORK" && DSL_CUDA_TF32=$([[ $mode == tf32 ]] && echo 1 || echo 0) \
      timeout 240 "$DSW" train --config "$WORK/gpt2.json" --device cuda \
      --set "bf16.enabled=$([[ $mode == bf16 ]] && echo true || echo false)" \
+     --set "fp16.enabled=$([[ $mode == fp16 ]] && echo true || echo false)" \
      "${@:3}") >"$WORK/run.log" 2>&1
   rc=$?
   cat "$WORK/run.log" >>"$log"
@@ -153,6 +154,7 @@ run_dsworker() {  # mode (bf16, fp32, tf32), peak TFLOP/s of that mode
 }
 : >"$OUT/bench_dsworker.log"
 run_dsworker bf16 "$PEAK_TFLOPS"
+run_dsworker fp16 "$PEAK_TFLOPS"
 run_dsworker tf32 494.7
 run_dsworker fp32 66.9
 # Where the GPU time goes (DSL_CUDA_PROFILE: events between the parts of a
