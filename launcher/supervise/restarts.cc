@@ -89,8 +89,7 @@ bool Restarts::RetireSpent() {
     const NodeRecord& node = state_.node(n);
     if (!node.spent || !node.lost_reason.empty()) continue;
     any = true;
-    if (!node.authenticated || node.disconnected || retired_.count(n))
-      continue;
+    if (!node.authenticated || node.disconnected || retired_.count(n)) continue;
     retired_[n] = Clock::now();
     if (hooks_.retire) hooks_.retire(n);
   }

@@ -605,8 +605,8 @@ class CudaEngine final : public DeviceEngine {
     const int Vp = spec_.padded_vocab_size, L = spec_.num_layers;
     const float* dlogits = logits_;
     Mark(Profile::kHead);
-    if (!Blas(RowGemm(ctx_, false, false, N, C, Vp, 1.0f, dlogits, Vp,
-                      P(kWte), C, 0.0f, dbtc_, C),
+    if (!Blas(RowGemm(ctx_, false, false, N, C, Vp, 1.0f, dlogits, Vp, P(kWte),
+                      C, 0.0f, dbtc_, C),
               "dlnf") ||
         !Blas(RowGemm(ctx_, true, false, Vp, C, N, 1.0f, dlogits, Vp, lnf_, C,
                       1.0f, G(kWte), C),

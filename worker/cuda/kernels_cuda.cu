@@ -507,8 +507,8 @@ cublasStatus_t RowGemm(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N,
   To16Bit(ctx, ctx.operands, ctx.operand_b, B, b_elems);
   return cublasGemmEx(ctx.blas, op_b, op_a, N, M, K, &alpha, ctx.operand_b,
                       ctx.operands, ldb, ctx.operand_a, ctx.operands, lda,
-                      &beta, C,
-                      CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                      &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                      CUBLAS_GEMM_DEFAULT);
 }
 
 cublasStatus_t RowGemmBatched(const Ctx& ctx, bool trans_a, bool trans_b, int M,

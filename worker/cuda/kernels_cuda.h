@@ -38,8 +38,8 @@ struct Ctx {
 };
 
 // C[M,N] = alpha op(A) op(B) + beta C, row-major, as worker/kernels_cpu.h's
-// Gemm (cblas_sgemm's contract). With 16-bit operands, A and B (each as many rows
-// as it has, times its leading dimension) must fit the scratch buffers;
+// Gemm (cblas_sgemm's contract). With 16-bit operands, A and B (each as many
+// rows as it has, times its leading dimension) must fit the scratch buffers;
 // CUBLAS_STATUS_INVALID_VALUE otherwise.
 cublasStatus_t RowGemm(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N,
                        int K, float alpha, const float* A, int lda,
