@@ -28,13 +28,35 @@ ModelConfig ConfigModel(const TrainConfig& config) {
                            m.n_embd);
 }
 
+// ------------------------------------------------------------ on the CPU
+
+// What both CPU engines do alike: the Model's forward and backward pass.
+class CpuEngine : public Engine {
+ public:
+  const ModelConfig& model_config() const override { return model_->config(); }
+  size_t num_params() const override { return model_->layout().num_params(); }
+  StatusOr<float> TrainMicroBatch(const Batch& b, float grad_scale) override {
+    const float loss = model_->Forward(b.inputs.data(), b.targets.data(),
+                                       b.batch_size, b.seq_len);
+    model_->Backward(grad_scale);
+    return loss;
+  }
+  StatusOr<float> EvalBatch(const Batch& b) override {
+    return model_->Forward(b.inputs.data(), b.targets.data(), b.batch_size,
+                           b.seq_len);
+  }
+
+ protected:
+  std::unique_ptr<Model> model_;
+};
+
 // ------------------------------------------------------------ replicated
 
 // Stages 0 and 1 on the CPU: whole parameters and gradients on every rank
 // (padded so the gradients split evenly for the reduce-scatter); the moments
 // of [shard_begin_, + shard_size_): everything under stage 0, this rank's
 // piece under stage 1.
-class ReplicatedEngine final : public Engine {
+class ReplicatedEngine final : public CpuEngine {
  public:
   ReplicatedEngine(int stage, Comm* comm) : stage_(stage), comm_(comm) {}
 
@@ -55,22 +77,9 @@ class ReplicatedEngine final : public Engine {
     return Status::Ok();
   }
 
-  const ModelConfig& model_config() const override { return model_->config(); }
-  size_t num_params() const override { return model_->layout().num_params(); }
-
   Status ZeroGrad() override {
     model_->ZeroGrad();
     return Status::Ok();
-  }
-  StatusOr<float> TrainMicroBatch(const Batch& b, float grad_scale) override {
-    const float loss = model_->Forward(b.inputs.data(), b.targets.data(),
-                                       b.batch_size, b.seq_len);
-    model_->Backward(grad_scale);
-    return loss;
-  }
-  StatusOr<float> EvalBatch(const Batch& b) override {
-    return model_->Forward(b.inputs.data(), b.targets.data(), b.batch_size,
-                           b.seq_len);
   }
 
   StatusOr<float> FinishGradients() override {
@@ -174,7 +183,6 @@ class ReplicatedEngine final : public Engine {
 
   int stage_;
   Comm* comm_;
-  std::unique_ptr<Model> model_;
   size_t shard_begin_ = 0, shard_size_ = 0;
   std::vector<float> m_, v_;
   std::vector<float> gather_in_;  // stage 1: own updated piece
@@ -184,7 +192,7 @@ class ReplicatedEngine final : public Engine {
 
 // Stages 2 and 3 on the CPU: the Model reads its parameters and leaves its
 // gradients through ZeroState (its ParamSource), layer by layer.
-class ShardedEngine final : public Engine {
+class ShardedEngine final : public CpuEngine {
  public:
   explicit ShardedEngine(Comm* comm) : comm_(comm) {}
 
@@ -208,22 +216,9 @@ class ShardedEngine final : public Engine {
     return Status::Ok();
   }
 
-  const ModelConfig& model_config() const override { return model_->config(); }
-  size_t num_params() const override { return model_->layout().num_params(); }
-
   Status ZeroGrad() override {
     zero_->ZeroGrad();
     return Status::Ok();
-  }
-  StatusOr<float> TrainMicroBatch(const Batch& b, float grad_scale) override {
-    const float loss = model_->Forward(b.inputs.data(), b.targets.data(),
-                                       b.batch_size, b.seq_len);
-    model_->Backward(grad_scale);
-    return loss;
-  }
-  StatusOr<float> EvalBatch(const Batch& b) override {
-    return model_->Forward(b.inputs.data(), b.targets.data(), b.batch_size,
-                           b.seq_len);
   }
   // Reduced layer by layer during the backward pass already.
   StatusOr<float> FinishGradients() override {
@@ -277,7 +272,6 @@ class ShardedEngine final : public Engine {
 
  private:
   Comm* comm_;
-  std::unique_ptr<Model> model_;
   std::unique_ptr<ZeroState> zero_;
   std::vector<std::vector<float>> whole_;  // a checkpoint's gathered state
 };

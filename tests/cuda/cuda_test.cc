@@ -347,20 +347,9 @@ TEST_F(KernelsTest, AdamBitForBit) {
       const float scale = 0.75f;
       for (float& x : g) x *= scale;  // the CPU trainer clips in place first
       AdamStep(p.data(), g.data(), m.data(), v.data(), n, a, decay);
-      const double bc1 = 1.0 - std::pow(a.beta1, 7.0);
-      const double bc2 = 1.0 - std::pow(a.beta2, 7.0);
-      cuda::AdamConstants k{};
-      k.b1 = static_cast<float>(a.beta1);
-      k.one_minus_b1 = static_cast<float>(1.0 - a.beta1);
-      k.b2 = static_cast<float>(a.beta2);
-      k.one_minus_b2 = static_cast<float>(1.0 - a.beta2);
-      k.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
-      k.eps = static_cast<float>(a.eps);
-      k.neg_step = static_cast<float>(-a.lr / bc1);
-      k.adamw = adamw;
-      k.decay = decay;
-      k.decay_mul = adamw ? static_cast<float>(1.0 - a.lr * a.weight_decay)
-                          : static_cast<float>(a.weight_decay);
+      // The constants the engine makes for such a step.
+      const cuda::AdamConstants k = cuda::MakeAdamConstants(
+          a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, adamw, 7, decay);
       cuda::AdamStep(ctx_, gp.get(), gg.get(), gm.get(), gv.get(), n, k, scale);
       EXPECT_EQ(gp.Get(), p) << "adamw " << adamw << " decay " << decay;
       EXPECT_EQ(gm.Get(), m);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "worker/cuda/kernels_cuda.h"
+#include "worker/cuda/profile.h"
 #include "worker/device_engine.h"
 
 namespace dslaunch::worker::cuda {
@@ -40,77 +41,6 @@ enum Kind {
   kFcprojb,
   kLnfw,
   kLnfb,
-};
-
-// With DSL_CUDA_PROFILE=1: GPU time per part of the step, from events
-// recorded between the parts (the events cost a few microseconds each, so
-// only when asked), printed to stderr when the engine ends.
-class Profile {
- public:
-  enum Part {
-    kEmbedding,
-    kLayerNorm,
-    kMatmul,
-    kAttention,
-    kPointwise,
-    kHead,
-    kClassifier,
-    kOptimizer,
-    kParts
-  };
-  explicit Profile(bool on) : on_(on) {}
-  ~Profile() {
-    for (auto& m : marks_) cudaEventDestroy(m.first);
-    for (cudaEvent_t e : spare_) cudaEventDestroy(e);
-  }
-  // From here until the next Mark, the stream's work counts for `part`.
-  void Mark(cudaStream_t stream, Part part) {
-    if (!on_) return;
-    cudaEvent_t e;
-    if (spare_.empty()) {
-      cudaEventCreate(&e);
-    } else {
-      e = spare_.back();
-      spare_.pop_back();
-    }
-    cudaEventRecord(e, stream);
-    marks_.emplace_back(e, part);
-  }
-  // After a stream synchronisation: adds up the finished intervals.
-  void Collect() {
-    if (!on_ || marks_.size() < 2) return;
-    for (size_t i = 0; i + 1 < marks_.size(); i++) {
-      float ms = 0;
-      if (cudaEventElapsedTime(&ms, marks_[i].first, marks_[i + 1].first) ==
-          cudaSuccess)
-        ms_[marks_[i].second] += ms;
-      spare_.push_back(marks_[i].first);
-    }
-    marks_.erase(marks_.begin(), marks_.end() - 1);
-  }
-  void StepDone() { steps_++; }
-  void Print() const {
-    if (!on_ || steps_ == 0) return;
-    static const char* names[kParts] = {"embedding",  "layernorm", "matmul",
-                                        "attention",  "pointwise", "lm head",
-                                        "classifier", "optimizer"};
-    double total = 0;
-    for (double x : ms_) total += x;
-    std::fprintf(stderr,
-                 "dsworker: GPU time per step over %lld steps: %.2f ms\n",
-                 steps_, total / steps_);
-    for (int p = 0; p < kParts; p++) {
-      std::fprintf(stderr, "  %-11s %9.2f ms  %5.1f%%\n", names[p],
-                   ms_[p] / steps_, total > 0 ? 100 * ms_[p] / total : 0.0);
-    }
-  }
-
- private:
-  bool on_;
-  std::vector<std::pair<cudaEvent_t, Part>> marks_;
-  std::vector<cudaEvent_t> spare_;
-  double ms_[kParts] = {};
-  long long steps_ = 0;
 };
 
 class CudaEngine final : public DeviceEngine {
@@ -227,20 +157,9 @@ class CudaEngine final : public DeviceEngine {
   }
 
   bool AdamStep(const DeviceAdam& a, float grad_scale) override {
-    // The fp32 constants exactly as worker/cpu_adam.cc rounds them.
-    const double bc1 = 1.0 - std::pow(a.beta1, static_cast<double>(a.step));
-    const double bc2 = 1.0 - std::pow(a.beta2, static_cast<double>(a.step));
-    AdamConstants k{};
-    k.b1 = static_cast<float>(a.beta1);
-    k.one_minus_b1 = static_cast<float>(1.0 - a.beta1);
-    k.b2 = static_cast<float>(a.beta2);
-    k.one_minus_b2 = static_cast<float>(1.0 - a.beta2);
-    k.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
-    k.eps = static_cast<float>(a.eps);
-    k.neg_step = static_cast<float>(-a.lr / bc1);
-    k.adamw = a.adamw_mode;
-    k.decay_mul = a.adamw_mode ? static_cast<float>(1.0 - a.lr * a.weight_decay)
-                               : static_cast<float>(a.weight_decay);
+    AdamConstants k =
+        MakeAdamConstants(a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
+                          a.adamw_mode, a.step, /*decay=*/false);
     Mark(Profile::kOptimizer);
     for (const DeviceModelSpec::Segment& s : spec_.segments) {
       k.decay = s.decay && a.weight_decay != 0.0;

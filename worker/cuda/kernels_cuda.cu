@@ -334,17 +334,22 @@ __global__ void FusedClassifierKernel(float* logits, float* losses,
 
 // ------------------------------------------------------------ attention
 
+// Element i of a (B, NH, T, hs) head tensor: where it sits in a (B, T,
+// `width`) row-major tensor whose head h starts at column h * hs (width C
+// for an activation, 3C for the qkv one, whose q part comes first).
+__device__ size_t FlatIndex(size_t i, int T, int NH, int hs, int width) {
+  const size_t d = i % hs, t = (i / hs) % T, h = (i / (hs * size_t(T))) % NH;
+  const size_t b = i / (hs * size_t(T) * NH);
+  return (b * T + t) * width + h * hs + d;
+}
+
 // inp (B, T, 3C) -> q, k, v, each (B, NH, T, hs).
 __global__ void SplitHeadsKernel(float* q, float* k, float* v, const float* inp,
                                  int B, int T, int NH, int hs) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   const int C = NH * hs;
   if (i >= static_cast<size_t>(B) * T * C) return;
-  const int d = static_cast<int>(i % hs);
-  const int t = static_cast<int>((i / hs) % T);
-  const int h = static_cast<int>((i / (static_cast<size_t>(hs) * T)) % NH);
-  const int b = static_cast<int>(i / (static_cast<size_t>(hs) * T * NH));
-  const size_t src = (static_cast<size_t>(b) * T + t) * 3 * C + h * hs + d;
+  const size_t src = FlatIndex(i, T, NH, hs, 3 * C);
   q[i] = inp[src];
   k[i] = inp[src + C];
   v[i] = inp[src + 2 * C];
@@ -356,11 +361,7 @@ __global__ void HeadsKernel(float* heads, float* flat, int B, int T, int NH,
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   const int C = NH * hs;
   if (i >= static_cast<size_t>(B) * T * C) return;
-  const int d = static_cast<int>(i % hs);
-  const int t = static_cast<int>((i / hs) % T);
-  const int h = static_cast<int>((i / (static_cast<size_t>(hs) * T)) % NH);
-  const int b = static_cast<int>(i / (static_cast<size_t>(hs) * T * NH));
-  const size_t j = (static_cast<size_t>(b) * T + t) * C + h * hs + d;
+  const size_t j = FlatIndex(i, T, NH, hs, C);
   if (to_heads) {
     heads[i] = flat[j];
   } else {
@@ -375,11 +376,7 @@ __global__ void MergeHeadGradsKernel(float* dinp, const float* dq,
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   const int C = NH * hs;
   if (i >= static_cast<size_t>(B) * T * C) return;
-  const int d = static_cast<int>(i % hs);
-  const int t = static_cast<int>((i / hs) % T);
-  const int h = static_cast<int>((i / (static_cast<size_t>(hs) * T)) % NH);
-  const int b = static_cast<int>(i / (static_cast<size_t>(hs) * T * NH));
-  const size_t dst = (static_cast<size_t>(b) * T + t) * 3 * C + h * hs + d;
+  const size_t dst = FlatIndex(i, T, NH, hs, 3 * C);
   dinp[dst] += dq[i];
   dinp[dst + C] += dk[i];
   dinp[dst + 2 * C] += dv[i];
@@ -706,6 +703,26 @@ void FusedClassifier(const Ctx& ctx, float* logits, float* losses,
                      bool backward) {
   FusedClassifierKernel<<<N, kClassifierThreads, 0, ctx.stream>>>(
       logits, losses, targets, V, Vp, dloss, backward);
+}
+
+AdamConstants MakeAdamConstants(double lr, double beta1, double beta2,
+                                double eps, double weight_decay, bool adamw,
+                                int64_t step, bool decay) {
+  const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+  AdamConstants k{};
+  k.b1 = static_cast<float>(beta1);
+  k.one_minus_b1 = static_cast<float>(1.0 - beta1);
+  k.b2 = static_cast<float>(beta2);
+  k.one_minus_b2 = static_cast<float>(1.0 - beta2);
+  k.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
+  k.eps = static_cast<float>(eps);
+  k.neg_step = static_cast<float>(-lr / bc1);
+  k.adamw = adamw;
+  k.decay = decay;
+  k.decay_mul = adamw ? static_cast<float>(1.0 - lr * weight_decay)
+                      : static_cast<float>(weight_decay);
+  return k;
 }
 
 void AdamStep(const Ctx& ctx, float* params, const float* grads, float* m,

@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace dslaunch::worker::cuda {
 
@@ -129,6 +130,12 @@ struct AdamConstants {
   float decay_mul, b1, one_minus_b1, b2, one_minus_b2, sqrt_bc2, eps, neg_step;
   bool adamw, decay;
 };
+// The constants of step `step` (1-based), each rounded from double to fp32
+// once as worker/cpu_adam.cc rounds them; `decay` false for ranges that do
+// not decay.
+AdamConstants MakeAdamConstants(double lr, double beta1, double beta2,
+                                double eps, double weight_decay, bool adamw,
+                                int64_t step, bool decay);
 void AdamStep(const Ctx& ctx, float* params, const float* grads, float* m,
               float* v, size_t n, const AdamConstants& k, float grad_scale);
 
