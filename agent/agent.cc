@@ -73,10 +73,14 @@ Agent::Agent(AgentOptions options, AgentParts parts)
       monitor_(
           io_, [this](const wire::Envelope& env) { Send(env); },
           MonitorOptions(options_)),
-      store_(io_, [this](const wire::StoreRequest& r) {
-        wire::Envelope env;
-        *env.mutable_store_request() = r;
-        return link_->Send(env);
+      store_(io_,
+             [this](const wire::StoreRequest& r) {
+               wire::Envelope env;
+               *env.mutable_store_request() = r;
+               return link_->Send(env);
+             }),
+      horovod_(io_, [this](wire::StoreRequest r, StoreProxy::Answer a) {
+        store_.Submit(std::move(r), std::move(a));
       }) {
   link_->SetHandlers({
       .connected = [this] { OnConnected(); },
@@ -330,6 +334,7 @@ void Agent::OnLauncherLost(const std::string& why) {
   link_->Close(Unavailable(why));
   workers_->ResumeOutput();
   store_.ResumeReading();
+  horovod_.ResumeAccepting();
   if (state_ == State::kConnecting) {
     SetState(State::kExited);
     io_.stop();
@@ -372,6 +377,7 @@ void Agent::EndGeneration() {
   grace_timer_.cancel();
   progress_.Close();
   store_.Close();
+  horovod_.Close();
   RemoveRunDir();
   spawned_.clear();
   SetState(State::kIdle);
@@ -400,6 +406,7 @@ void Agent::Finish() {
   stdin_.close(ignored);
   progress_.Close();
   store_.Close();
+  horovod_.Close();
   if (link_->open()) {
     wire::Envelope env;
     env.mutable_agent_done();
@@ -472,12 +479,14 @@ void Agent::Flush() {
   if (Congested()) {
     workers_->PauseOutput();
     store_.PauseReading();
+    horovod_.PauseAccepting();
   }
 }
 
 void Agent::OnChannelDrained() {
   workers_->ResumeOutput();
   store_.ResumeReading();
+  horovod_.ResumeAccepting();
   if (!pending_progress_.empty()) ScheduleFlush();
 }
 

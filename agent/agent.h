@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/horovod_rendezvous.h"
 #include "agent/launcher_link.h"
 #include "agent/mpi_ranks.h"
 #include "agent/progress_server.h"
@@ -189,6 +190,7 @@ class Agent : public Ranks::Delegate, public ProgressServer::Delegate {
   ProgressServer progress_;
   RankMonitor monitor_;  // RankStats, stacks, OOM and error-file verdicts
   StoreProxy store_;
+  HorovodRendezvous horovod_;        // Horovod's Gloo workers' way into store_
   std::unique_ptr<MpiHolders> mpi_;  // --from_mpirun only
   // Output and progress collected since the last flush.
   wire::Envelope pending_logs_;

@@ -85,6 +85,8 @@ Status Agent::SetUpRunDir() {
                  n == 1 ? "y" : "ies");
   ASSIGN_OR_RETURN(run_dir_, MakeRunDir(parent, job_.job_id()));
   RETURN_IF_ERROR(store_.Listen(run_dir_ + "/store.sock"));
+  RETURN_IF_ERROR(horovod_.Listen());
+  horovod_.SetScopes(HorovodScopes(job_));
   for (const auto& r : job_.ranks()) {
     RETURN_IF_ERROR(progress_.Listen(
         r.rank(), run_dir_ + "/p" + std::to_string(r.rank()) + ".sock"));
@@ -130,6 +132,7 @@ Status Agent::SpawnWorkers() {
         .error_file = run_dir_ + "/error-" + rank + ".json",
         .socket_ifname = socket_ifname,
         .python_dir = python_dir,
+        .horovod_port = horovod_.port(),
     };
     std::vector<std::string> mpi_vars;
     if (mpi_) {

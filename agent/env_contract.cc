@@ -1,5 +1,7 @@
 #include "agent/env_contract.h"
 
+#include <algorithm>  // max
+
 #include "agent/mpi_ranks.h"  // IsMpiVariable
 #include "base/host_info.h"   // CpuListString
 
@@ -47,13 +49,43 @@ static std::map<std::string, std::string> SlurmTaskEnv(
   };
 }
 
+std::string HorovodHostname(const wire::JobSpec& job) {
+  return job.host().empty() ? "node" + std::to_string(job.node_rank())
+                            : job.host();
+}
+
+CrossPlace HorovodCross(const wire::JobSpec& job, int local_rank) {
+  // Without the nodes' counts every node is taken to have this one's.
+  if (job.node_rank_counts_size() != job.num_nodes())
+    return {job.node_rank(), std::max(job.num_nodes(), 1)};
+  CrossPlace place{0, 0};
+  for (int n = 0; n < job.num_nodes(); ++n) {
+    if (job.node_rank_counts(n) <= local_rank) continue;
+    if (n < job.node_rank()) ++place.rank;
+    ++place.size;
+  }
+  return place;
+}
+
+std::map<std::string, int> HorovodScopes(const wire::JobSpec& job) {
+  std::map<std::string, int> scopes{
+      {"global", job.world_size()},
+      {"local_" + HorovodHostname(job), job.ranks_size()}};
+  for (const auto& r : job.ranks()) {
+    scopes["cross_" + std::to_string(r.local_rank())] =
+        HorovodCross(job, r.local_rank()).size;
+  }
+  return scopes;
+}
+
 std::map<std::string, std::string> ContractEnv(const wire::JobSpec& job,
                                                const wire::RankSpec& rank,
                                                const RankPaths& paths) {
   const std::string local_size = std::to_string(job.ranks_size());
   const std::string node_rank = std::to_string(job.node_rank());
   const std::string num_nodes = std::to_string(job.num_nodes());
-  return {
+  const CrossPlace cross = HorovodCross(job, rank.local_rank());
+  std::map<std::string, std::string> env{
       {"RANK", std::to_string(rank.rank())},
       {"LOCAL_RANK", std::to_string(rank.local_rank())},
       {"WORLD_SIZE", std::to_string(job.world_size())},
@@ -79,7 +111,19 @@ std::map<std::string, std::string> ContractEnv(const wire::JobSpec& job,
       {"DSLAUNCH_JOB_ID", job.job_id()},
       {"DSLAUNCH_PROGRESS", paths.progress_socket},
       {"DSLAUNCH_STORE", paths.store_address},
+      {"HOROVOD_RANK", std::to_string(rank.rank())},
+      {"HOROVOD_SIZE", std::to_string(job.world_size())},
+      {"HOROVOD_LOCAL_RANK", std::to_string(rank.local_rank())},
+      {"HOROVOD_LOCAL_SIZE", local_size},
+      {"HOROVOD_CROSS_RANK", std::to_string(cross.rank)},
+      {"HOROVOD_CROSS_SIZE", std::to_string(cross.size)},
+      {"HOROVOD_HOSTNAME", HorovodHostname(job)},
   };
+  if (paths.horovod_port > 0) {
+    env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] = "127.0.0.1";
+    env["HOROVOD_GLOO_RENDEZVOUS_PORT"] = std::to_string(paths.horovod_port);
+  }
+  return env;
 }
 
 // What the agent's own transport put into its environment (sshd, the
@@ -122,8 +166,13 @@ std::vector<std::string> BuildRankEnv(
            (path.empty() ? "" : ":" + path);
   }
   if (!paths.socket_ifname.empty()) {
-    for (const char* key : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"})
+    for (const char* key :
+         {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE"})
       env.try_emplace(key, paths.socket_ifname);
+  }
+  if (paths.horovod_port > 0 && !process_vars) {
+    env.try_emplace("HOROVOD_CONTROLLER", "gloo");
+    env.try_emplace("HOROVOD_CPU_OPERATIONS", "gloo");
   }
   if (job.slurm_task_env()) {
     for (auto& [k, v] : SlurmTaskEnv(job, rank)) {

@@ -26,9 +26,27 @@ struct RankPaths {
   // put first on PYTHONPATH, the hook's before the client's. Empty: left
   // alone (no hook, --no_progress_hook).
   std::string python_dir;
+  // The node's Horovod rendezvous (HorovodRendezvous) on 127.0.0.1: the
+  // HOROVOD_GLOO_RENDEZVOUS_* variables. 0: none.
+  int horovod_port = 0;
 };
 
-// The contract variables alone, for one rank of `job`.
+// Horovod's view of the node, as horovodrun gives it: the host name its Gloo
+// workers meet under ("local_<host>"), and for the ranks at `local_rank` of
+// every node, this node's place among the nodes that have such a rank.
+struct CrossPlace {
+  int rank = 0;
+  int size = 1;
+};
+std::string HorovodHostname(const wire::JobSpec& job);
+CrossPlace HorovodCross(const wire::JobSpec& job, int local_rank);
+// The scopes hvd.init() meets in that this node's ranks use, with their
+// member counts: "global", "local_<host>", "cross_<local rank>".
+std::map<std::string, int> HorovodScopes(const wire::JobSpec& job);
+
+// The contract variables alone, for one rank of `job`: torchrun's,
+// DeepSpeed's, Horovod's rank placement (HOROVOD_RANK ... HOROVOD_HOSTNAME,
+// and the rendezvous when paths.horovod_port is set) and dslaunch's.
 std::map<std::string, std::string> ContractEnv(const wire::JobSpec& job,
                                                const wire::RankSpec& rank,
                                                const RankPaths& paths);
@@ -37,7 +55,11 @@ std::map<std::string, std::string> ContractEnv(const wire::JobSpec& job,
 // environ) without what the agent's transport set (SSH_CLIENT,
 // SSH_CONNECTION, SSH_TTY, SSH_ORIGINAL_COMMAND, SSH_AUTH_SOCK, SHLVL), then
 // the job's env entries, then dslaunch's Python directory (python_dir) first
-// on PYTHONPATH, then (slurm_task_env) the per-task SLURM variables
+// on PYTHONPATH, then, unless the job or the agent set them, the interface
+// (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, HOROVOD_GLOO_IFACE) and Horovod's
+// Gloo controller (HOROVOD_CONTROLLER and HOROVOD_CPU_OPERATIONS = gloo; not
+// for ranks mpirun started, where an MPI-built Horovod uses MPI), then
+// (slurm_task_env) the per-task SLURM variables
 // (SLURM_PROCID = RANK, SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS, ...),
 // then the contract; later wins. `process_vars`, when given, are the MPI
 // runtime's variables of the process mpirun started for this rank (see

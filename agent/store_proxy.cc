@@ -67,37 +67,46 @@ void StoreProxy::Accept() {
       });
 }
 
-void StoreProxy::HandleRequest(const std::shared_ptr<proto::Channel>& client,
-                               wire::StoreRequest request) {
+void StoreProxy::Submit(wire::StoreRequest request, Answer answer) {
+  const uint64_t client_id = request.id();
   const uint64_t id = next_id_++;
-  pending_[id] = Pending{client, request.id()};
   request.set_id(id);
+  pending_.emplace(id, std::move(answer));
   Status st = forward_(request);
   if (st.ok()) return;
-  const uint64_t client_id = pending_[id].client_id;
-  pending_.erase(id);
-  wire::Envelope reply;
-  auto* r = reply.mutable_store_response();
-  r->set_id(client_id);
-  r->set_ok(false);
-  r->set_error("store unreachable: " + st.message());
-  r->set_code(wire::StoreResponse::CLOSED);
-  (void)client->Send(reply);
+  auto it = pending_.find(id);
+  Answer failed = std::move(it->second);
+  pending_.erase(it);
+  wire::StoreResponse r;
+  r.set_id(client_id);
+  r.set_ok(false);
+  r.set_error("store unreachable: " + st.message());
+  r.set_code(wire::StoreResponse::CLOSED);
+  failed(r);
+}
+
+void StoreProxy::HandleRequest(const std::shared_ptr<proto::Channel>& client,
+                               wire::StoreRequest request) {
+  const uint64_t client_id = request.id();
+  std::weak_ptr<proto::Channel> weak = client;
+  Submit(std::move(request), [weak, client_id](const wire::StoreResponse& r) {
+    auto c = weak.lock();
+    if (!c) return;  // the rank went away meanwhile
+    wire::Envelope reply;
+    *reply.mutable_store_response() = r;
+    reply.mutable_store_response()->set_id(client_id);
+    (void)c->Send(reply);
+    // A rank that does not read its answers is not read either until it does.
+    if (c->congested()) c->PauseReading();
+  });
 }
 
 void StoreProxy::HandleResponse(const wire::StoreResponse& response) {
   auto it = pending_.find(response.id());
-  if (it == pending_.end()) return;  // the rank went away meanwhile
-  Pending p = it->second;
+  if (it == pending_.end()) return;  // closed meanwhile
+  Answer answer = std::move(it->second);
   pending_.erase(it);
-  auto client = p.client.lock();
-  if (!client) return;
-  wire::Envelope reply;
-  *reply.mutable_store_response() = response;
-  reply.mutable_store_response()->set_id(p.client_id);
-  (void)client->Send(reply);
-  // A rank that does not read its answers is not read either until it does.
-  if (client->congested()) client->PauseReading();
+  answer(response);
 }
 
 void StoreProxy::PauseReading() {

@@ -27,11 +27,18 @@ class StoreProxy {
  public:
   // Sends a request upstream (to the launcher).
   using Forward = std::function<Status(const wire::StoreRequest&)>;
+  // Gets the answer to one submitted request.
+  using Answer = std::function<void(const wire::StoreResponse&)>;
 
   StoreProxy(boost::asio::io_context& io, Forward forward);
   ~StoreProxy();
 
   Status Listen(const std::string& path);
+  // Forwards `request` under an id of the proxy's own; `answer` gets the
+  // launcher's response (its id is the request's), or a CLOSED error when the
+  // request cannot go out. Dropped unanswered by Close(). Other front ends of
+  // the store (the Horovod rendezvous) use this.
+  void Submit(wire::StoreRequest request, Answer answer);
   // A response from the launcher, for a request this proxy forwarded.
   void HandleResponse(const wire::StoreResponse& response);
   // Stop and start reading requests from every client (backpressure).
@@ -41,10 +48,6 @@ class StoreProxy {
   void Close();
 
  private:
-  struct Pending {
-    std::weak_ptr<proto::Channel> client;
-    uint64_t client_id = 0;
-  };
   void Accept();
   void HandleRequest(const std::shared_ptr<proto::Channel>& client,
                      wire::StoreRequest request);
@@ -54,7 +57,7 @@ class StoreProxy {
   boost::asio::local::stream_protocol::acceptor acceptor_;
   std::string path_;
   std::set<std::shared_ptr<proto::Channel>> clients_;
-  std::map<uint64_t, Pending> pending_;
+  std::map<uint64_t, Answer> pending_;
   uint64_t next_id_ = 1;
   bool paused_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

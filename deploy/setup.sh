@@ -113,6 +113,37 @@ if [ "$want_tests" = 1 ]; then
   fi
 fi
 
+# Horovod 0.28.1 built from PyPI's source over Debian's torch (PyTorch and
+# Gloo; no MPI, no GPU), once: tests/cluster/test_frameworks.py runs its
+# ranks under dslaunch as horovodrun --gloo would start them.
+if [ "$want_tests" = 1 ]; then
+  hvenv=${DSL_HOROVOD_VENV:-/opt/dslaunch-test/horovod-venv}
+  if ! "$hvenv/bin/python" -c "import horovod.torch, horovod; \
+assert horovod.__version__ == '0.28.1'" 2>/dev/null; then
+    echo "setup.sh: building Horovod 0.28.1 into $hvenv (about 15 min on 2 cores)"
+    /usr/bin/python3 -m venv --system-site-packages "$hvenv"
+    HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+    HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+    HOROVOD_CPU_OPERATIONS=GLOO CUDA_HOME= MAKEFLAGS="-j$(nproc)" \
+      "$hvenv/bin/pip" install -q --disable-pip-version-check --no-build-isolation \
+      "horovod==0.28.1"
+  fi
+fi
+
+# Hugging Face transformers and Accelerate from PyPI over Debian's torch
+# (1.13: transformers 4.35 and accelerate 0.25 are the last that run on it),
+# once: tests/cluster/test_frameworks.py.
+if [ "$want_tests" = 1 ]; then
+  hfvenv=${DSL_HF_VENV:-/opt/dslaunch-test/hf-venv}
+  if ! "$hfvenv/bin/python" -c "import transformers as t, accelerate as a; \
+assert (t.__version__, a.__version__) == ('4.35.2', '0.25.0')" 2>/dev/null; then
+    echo "setup.sh: installing transformers 4.35.2 and accelerate 0.25.0 into $hfvenv"
+    /usr/bin/python3 -m venv --system-site-packages "$hfvenv"
+    "$hfvenv/bin/pip" install -q --disable-pip-version-check \
+      "transformers==4.35.2" "accelerate==0.25.0"
+  fi
+fi
+
 if [ "$build" = 1 ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build build -j "$(nproc)" ${targets[@]+--target "${targets[@]}"}

@@ -25,6 +25,8 @@ wire::JobSpec MakeJobSpec(const Plan& plan, const JobSpecParts& parts,
   }
   job.set_node_rank(node_rank);
   job.set_num_nodes(static_cast<int>(plan.nodes.size()));
+  for (const NodePlan& n : plan.nodes)
+    job.add_node_rank_counts(static_cast<int>(n.slots.size()));
   job.set_world_size(plan.world_size);
   job.set_master_addr(plan.master_addr);
   job.set_master_port(plan.master_port);

@@ -8,7 +8,8 @@ When the script imports them, it attaches to
     over the step's wall time) and skipped_steps (fp16 overflows);
   - the Hugging Face Trainer (transformers.trainer.Trainer): a callback
     reports each log the Trainer makes (step: global_step, loss,
-    learning_rate as lr, and its other numbers).
+    learning_rate as lr, and its other numbers), but not the summary
+    train() logs at its end.
 Nothing is imported ahead of the script, and nothing else changes. Whatever
 fails in the hook is said once on stderr and the hook stands down; the
 script never sees an exception of ours."""
@@ -105,6 +106,10 @@ def _transformers_callback():
 
     class DslaunchProgress(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
+            # The summary train() logs at its end (train_runtime, train_loss,
+            # ...) is no step of its own: the last step was reported.
+            if logs and "train_runtime" in logs:
+                return
             try:
                 fields = {}
                 for k, v in (logs or {}).items():

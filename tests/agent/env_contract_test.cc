@@ -111,6 +111,94 @@ TEST(ContractEnv, CudaVisibleDevicesListsOneSlot) {
             "7");
 }
 
+// What horovodrun gives each rank, for node 1 of 3 (host "h2").
+TEST(ContractEnv, SetsHorovodsPlacementAndRendezvous) {
+  wire::JobSpec job = Node1Of3x2();
+  job.set_host("h2");
+  RankPaths paths = Paths();
+  paths.horovod_port = 40123;
+  auto env = ContractEnv(job, job.ranks(1), paths);
+  const std::map<std::string, std::string> expected = {
+      {"HOROVOD_RANK", "3"},
+      {"HOROVOD_SIZE", "6"},
+      {"HOROVOD_LOCAL_RANK", "1"},
+      {"HOROVOD_LOCAL_SIZE", "2"},
+      {"HOROVOD_CROSS_RANK", "1"},
+      {"HOROVOD_CROSS_SIZE", "3"},
+      {"HOROVOD_HOSTNAME", "h2"},
+      {"HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1"},
+      {"HOROVOD_GLOO_RENDEZVOUS_PORT", "40123"},
+  };
+  for (const auto& [key, value] : expected) {
+    ASSERT_EQ(env.count(key), 1u) << key;
+    EXPECT_EQ(env[key], value) << key;
+  }
+  // No rendezvous, no address for one.
+  EXPECT_EQ(ContractEnv(job, job.ranks(1), Paths())
+                .count("HOROVOD_GLOO_RENDEZVOUS_ADDR"),
+            0u);
+}
+
+// Nodes with 3, 1 and 2 ranks: the ranks at local rank 1 live on nodes 0
+// and 2 only, so node 2's is cross rank 1 of 2; local rank 2 is alone.
+TEST(ContractEnv, CountsCrossRanksAmongTheNodesThatHaveThem) {
+  wire::JobSpec job = Node1Of3x2();
+  job.set_node_rank(2);
+  job.set_world_size(6);
+  for (int n : {3, 1, 2}) job.add_node_rank_counts(n);
+  EXPECT_EQ(HorovodCross(job, 0).rank, 2);
+  EXPECT_EQ(HorovodCross(job, 0).size, 3);
+  EXPECT_EQ(HorovodCross(job, 1).rank, 1);
+  EXPECT_EQ(HorovodCross(job, 1).size, 2);
+  job.set_node_rank(0);
+  EXPECT_EQ(HorovodCross(job, 2).rank, 0);
+  EXPECT_EQ(HorovodCross(job, 2).size, 1);
+  // Without the counts (an older launcher) every node counts as this one.
+  job.clear_node_rank_counts();
+  EXPECT_EQ(HorovodCross(job, 1).rank, 0);
+  EXPECT_EQ(HorovodCross(job, 1).size, 3);
+}
+
+TEST(ContractEnv, NamesTheScopesHorovodMeetsIn) {
+  wire::JobSpec job = Node1Of3x2();
+  job.set_host("h2");
+  for (int n : {2, 2, 1}) job.add_node_rank_counts(n);
+  const std::map<std::string, int> expected = {
+      {"global", 6}, {"local_h2", 2}, {"cross_0", 3}, {"cross_1", 2}};
+  EXPECT_EQ(HorovodScopes(job), expected);
+  job.clear_host();
+  EXPECT_EQ(HorovodHostname(job), "node1");
+}
+
+TEST(BuildRankEnv, GivesHorovodGlooUnlessTheJobOrMpiSaysOtherwise) {
+  wire::JobSpec job = Node1Of3x2();
+  RankPaths paths = Paths();
+  paths.horovod_port = 40123;
+  paths.socket_ifname = "eth1";
+  const char* base[] = {"PATH=/bin", nullptr};
+  auto env = AsMap(BuildRankEnv(job, job.ranks(0), paths, base));
+  EXPECT_EQ(env["HOROVOD_CONTROLLER"], "gloo");
+  EXPECT_EQ(env["HOROVOD_CPU_OPERATIONS"], "gloo");
+  EXPECT_EQ(env["HOROVOD_GLOO_IFACE"], "eth1");
+  // The job's own choices stay.
+  for (const char* kv : {"HOROVOD_GLOO_IFACE=ib0", "HOROVOD_CONTROLLER=mpi"}) {
+    wire::EnvVar* var = job.add_env();
+    const std::string s(kv);
+    var->set_key(s.substr(0, s.find('=')));
+    var->set_value(s.substr(s.find('=') + 1));
+  }
+  env = AsMap(BuildRankEnv(job, job.ranks(0), paths, base));
+  EXPECT_EQ(env["HOROVOD_GLOO_IFACE"], "ib0");
+  EXPECT_EQ(env["HOROVOD_CONTROLLER"], "mpi");
+  // Ranks mpirun started: an MPI-built Horovod picks MPI by itself.
+  job.clear_env();
+  const std::vector<std::string> mpi = {"OMPI_COMM_WORLD_RANK=2"};
+  env = AsMap(BuildRankEnv(job, job.ranks(0), paths, base, &mpi));
+  EXPECT_EQ(env.count("HOROVOD_CONTROLLER"), 0u);
+  EXPECT_EQ(env.count("HOROVOD_CPU_OPERATIONS"), 0u);
+  EXPECT_EQ(env["HOROVOD_RANK"], "2");
+}
+
 TEST(BuildRankEnv, KeepsBaseEnvironmentAndAddsTheContract) {
   const wire::JobSpec job = Node1Of3x2();
   const char* base[] = {"PATH=/usr/bin:/bin", "HOME=/home/u", nullptr};

@@ -168,17 +168,21 @@ need_slurm_tools() {
 
 node_name() { echo "${TAG}n$1"; }
 
-# DIR/hosts (every node's and the login node's /etc/hosts), DIR/slurm.conf,
-# DIR/gres.conf and fake GPU device files for SLURM.
-write_slurm_config() {
-  local i d=$DIR/slurm
-  mkdir -p "$d/state" "$d/log" "$d/dev" "$d/munge"
+# DIR/hosts: every node's (and a SLURM cluster's login node's) /etc/hosts.
+write_hosts() {
+  local i
   {
     echo "127.0.0.1 localhost"
     echo "10.213.$X.253 ${TAG}c"
     echo "10.213.$X.254 ${TAG}login"
     for ((i = 1; i <= N; i++)); do echo "10.213.$X.$i $(node_name "$i")"; done
   } >"$DIR/hosts"
+}
+
+# DIR/slurm.conf, DIR/gres.conf and fake GPU device files for SLURM.
+write_slurm_config() {
+  local i d=$DIR/slurm
+  mkdir -p "$d/state" "$d/log" "$d/dev" "$d/munge"
   for ((i = 0; i < SLURM_GPUS; i++)); do mknod "$d/dev/nvidia$i" c 195 "$i"; done
   cat >"$DIR/slurm.conf" <<EOF
 # SLURM for test cluster $TAG, written by $PROG
@@ -388,10 +392,12 @@ EOF
 start_sshd() { # I
   local i=$1 d=$DIR/node$1 ns=${NODE_NS[$1]}
   if ((UTS)); then
-    # own UTS namespace too: `hostname` on node I says <tag>n<I>
+    # own UTS and mount namespaces too: `hostname` on node I says <tag>n<I>,
+    # and its /etc/hosts (DIR/hosts) resolves every node's name to its address
     # shellcheck disable=SC2016
-    ip netns exec "$ns" unshare --uts -- /bin/sh -c 'hostname "$0" && exec "$@"' "$ns" \
-      "$SSHD" -f "$d/sshd_config" -E "$d/sshd.log"
+    ip netns exec "$ns" unshare --uts --mount --propagation private -- \
+      /bin/sh -c 'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"' \
+      "$(node_name "$i")" "$DIR/hosts" "$SSHD" -f "$d/sshd_config" -E "$d/sshd.log"
   else
     ip netns exec "$ns" "$SSHD" -f "$d/sshd_config" -E "$d/sshd.log"
   fi
@@ -513,13 +519,16 @@ CLUSTER_PDSH_SSH_ARGS_APPEND="-F $DIR/ssh_config"
 EOF
 
   local end=$((SECONDS + UP_TIMEOUT)) failed=0 w
+  if ((SLURM || UTS)); then
+    write_hosts
+    echo "CLUSTER_HOSTS=\"$DIR/hosts\"" >>"$DIR/env"
+  fi
   if ((SLURM)); then
     write_slurm_config
     local names=()
     for ((i = 1; i <= N; i++)); do names+=("$(node_name "$i")"); done
     cat >>"$DIR/env" <<EOF
 CLUSTER_SLURM_CONF="$DIR/slurm.conf"
-CLUSTER_HOSTS="$DIR/hosts"
 CLUSTER_NODE_NAMES="${names[*]}"
 CLUSTER_CONTROLLER="10.213.$X.253"
 EOF
@@ -623,7 +632,8 @@ cmd_exec() {
       --mount="/proc/$pid/ns/mnt" -- "$@"
   fi
   if ((UTS)) && pid=$(sshd_pid "$i"); then
-    exec ip netns exec "${NODE_NS[i]}" nsenter --uts="/proc/$pid/ns/uts" -- "$@"
+    exec ip netns exec "${NODE_NS[i]}" nsenter --uts="/proc/$pid/ns/uts" \
+      --mount="/proc/$pid/ns/mnt" -- "$@"
   fi
   exec ip netns exec "${NODE_NS[i]}" "$@"
 }

@@ -66,7 +66,7 @@ class ClusterTest(LaunchTest):
 
     def tearDown(self):
         deadline = time.monotonic() + 10
-        for i in range(1, 5):
+        for i in range(1, len(CLUSTER["nodes"]) + 1):
             while self.node_pids(i):
                 if time.monotonic() > deadline:
                     left = self.node_pids(i)

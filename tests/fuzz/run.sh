@@ -7,7 +7,7 @@
 # whichever comes first; 0 seconds = no time limit), as in the long run of
 # docs/fuzzing.md; DSL_FUZZ_MAX_LEN=N caps input length below the
 # defaults below.
-# Targets: hostfile frames progress config (default: all). New inputs the
+# Targets: hostfile frames progress config horovod_http (default: all). New inputs the
 # fuzzer finds go to build-fuzz/fuzz-corpus/<target>/, never into the kept
 # corpus; reproducers of failures are written to build-fuzz/fuzz-artifacts/.
 set -euo pipefail
@@ -16,13 +16,15 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 seconds=${1:-20}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(hostfile frames progress config)
+[ ${#targets[@]} -gt 0 ] || targets=(hostfile frames progress config horovod_http)
 build=${DSL_FUZZ_BUILD:-$root/build-fuzz}
 jobs=${DSL_FUZZ_JOBS:-2}
 
-declare -A dict=([hostfile]=hostfile.dict [progress]=json.dict [config]=config.dict)
+declare -A dict=([hostfile]=hostfile.dict [progress]=json.dict [config]=config.dict
+  [horovod_http]=http.dict)
 # Progress records may be 64 KiB: longer inputs reach the size limit.
-declare -A max_len=([hostfile]=8192 [frames]=8192 [progress]=70000 [config]=8192)
+declare -A max_len=([hostfile]=8192 [frames]=8192 [progress]=70000 [config]=8192
+  [horovod_http]=8192)
 
 launcher=$(command -v ccache || true)
 if [ ! -f "$build/build.ninja" ]; then

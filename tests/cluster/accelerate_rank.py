@@ -1,0 +1,18 @@
+"""An Accelerate script (accelerate 0.33 on CPU): what Accelerator() says of
+the world, and a gather of every process index. Writes
+OUT_DIR/accelerate-<rank>.json."""
+import json
+import os
+
+import torch
+from accelerate import Accelerator
+
+acc = Accelerator(cpu=True)
+gathered = acc.gather(torch.tensor([acc.process_index]))
+out = {"process_index": acc.process_index, "num_processes": acc.num_processes,
+       "local_process_index": acc.local_process_index,
+       "is_main_process": acc.is_main_process,
+       "distributed_type": str(acc.distributed_type), "gathered": gathered.tolist()}
+with open(os.path.join(os.environ["OUT_DIR"], "accelerate-%d.json" % acc.process_index),
+          "w") as f:
+    json.dump(out, f)
