@@ -35,7 +35,8 @@ test_pkgs=(python3 python3-torch openmpi-bin libopenmpi-dev python3-mpi4py
   # A real DeepSpeed in a venv (tests/cluster/deepspeed_env.py): its CPU
   # launcher runs numactl, and its CPU comm op is built at first use.
   python3-venv python3-dev numactl pybind11-dev libtorch-dev
-  python3-yaml)  # tests/deploy (the Kubernetes manifests)
+  python3-yaml  # tests/deploy (the Kubernetes manifests)
+  mmdebstrap)  # tests/deploy/test_packages.py (a fresh Debian 12 for the .deb)
 
 pkgs=("${build_pkgs[@]}")
 if [ "$want_tests" = 1 ]; then pkgs+=("${test_pkgs[@]}"); fi

@@ -19,6 +19,10 @@ if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
     { echo "test.sh: nvcc is here but build/bin/libdsl_cuda.so was not built" >&2; exit 1; }
 fi
 phase_done "setup and build"
+# The Debian packages and the wheel, from that build (tests/deploy installs
+# and runs them).
+bash deploy/packages.sh
+phase_done "packages"
 ctest --test-dir build --output-on-failure -j 2 "$@"
 phase_done "ctest"
 
