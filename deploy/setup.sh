@@ -36,7 +36,8 @@ test_pkgs=(python3 python3-torch openmpi-bin libopenmpi-dev python3-mpi4py
   # launcher runs numactl, and its CPU comm op is built at first use.
   python3-venv python3-dev numactl pybind11-dev libtorch-dev
   python3-yaml  # tests/deploy (the Kubernetes manifests)
-  mmdebstrap)  # tests/deploy/test_packages.py (a fresh Debian 12 for the .deb)
+  mmdebstrap  # tests/deploy/test_packages.py (a fresh Debian 12 for the .deb)
+  podman runc)  # tests/pods/test_containers.py (deploy/Containerfile, for real)
 
 pkgs=("${build_pkgs[@]}")
 if [ "$want_tests" = 1 ]; then pkgs+=("${test_pkgs[@]}"); fi

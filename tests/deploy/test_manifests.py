@@ -4,7 +4,8 @@ Every YAML document under deploy/k8s and deploy/openshift parses; the join
 mode's contract is asserted field by field (Indexed Job, headless Service,
 the Secret as a file, GPUs, /dev/shm, readiness = joined, the launcher's
 flags, restricted-v2's securityContext); deploy/Containerfile runs as a
-non-root user and installs the libraries the binaries load; and every
+non-root user and installs dslaunch's Debian package, whose Depends cover
+the libraries the binaries load; and every
 document validates against the Kubernetes API's JSON schema with
 kubernetes-validate, from the venv that `deploy/setup.sh --test` makes, with
 the network blocked.
@@ -351,17 +352,20 @@ def containerfile_stages():
         word, _, rest = line.strip().partition(" ")
         if word.upper() == "FROM":
             stages.append((rest.strip(), []))
-        else:
+        elif stages:  # ARGs before the first FROM are the build's, no stage's
             stages[-1][1].append((word.upper(), " ".join(rest.split())))
     return stages
 
 
 class Containerfile(unittest.TestCase):
-    def test_builds_on_debian_12_and_runs_on_slim(self):
+    def test_compiles_on_debian_12_and_runs_on_slim(self):
         stages = containerfile_stages()
-        self.assertEqual(len(stages), 2)
-        self.assertEqual(stages[0][0], "debian:12 AS build")
-        self.assertEqual(stages[-1][0], "debian:12-slim")
+        froms = [f for f, _ in stages]
+        self.assertEqual(froms, ["${BASE} AS compiled", "scratch AS prebuilt",
+                                 "${DEBS} AS debs", "${SLIM}"])
+        text = (DEPLOY / "Containerfile").read_text()
+        for arg in ("DEBS=compiled", "BASE=debian:12", "SLIM=debian:12-slim"):
+            self.assertRegex(text, r"(?m)^ARG %s$" % re.escape(arg))
 
     def test_runs_as_a_numeric_non_root_user_in_group_0(self):
         _, runtime = containerfile_stages()[-1]
@@ -372,21 +376,32 @@ class Containerfile(unittest.TestCase):
         self.assertNotEqual(int(m.group(1)), 0)
         self.assertEqual(int(m.group(2)), 0)
 
-    def test_copies_the_three_binaries_and_no_sshd(self):
+    def test_installs_the_package_and_no_sshd_or_build_tools(self):
+        """The image installs dslaunch's .deb (apt adds what its Depends name,
+        which dpkg-shlibdeps computed from the programs) and nothing to build
+        or log in with; the compiled stage makes that .deb with CPack."""
+        stages = dict(containerfile_stages())
+        compiled = " ".join(r for w, r in stages["${BASE} AS compiled"] if w == "RUN")
+        self.assertIn("cpack -G DEB -B /debs", compiled)
+        self.assertIn("-DDSL_BUILD_TESTS=OFF", compiled)
         _, runtime = containerfile_stages()[-1]
-        copied = " ".join(rest for word, rest in runtime
-                          if word == "COPY" and rest.startswith("--from=build"))
-        for b in ("dslaunch", "dsagent", "dsworker"):
-            self.assertIn(f"/build/bin/{b}", copied)
-        self.assertNotRegex(" ".join(r for _, r in runtime), r"openssh|sshd|pdsh")
+        self.assertIn(("COPY", "--from=debs /debs/ /tmp/debs/"), runtime)
+        install = next(r for w, r in runtime if w == "RUN" and "apt-get install" in r)
+        wanted = [w for w in install.split("apt-get install", 1)[1].split("&&")[0].split()
+                  if not w.startswith("-")]
+        self.assertEqual(wanted, ["/tmp/debs/dslaunch_*.deb", "python3"])
+        self.assertNotRegex(" ".join(r for _, r in runtime),
+                            r"openssh|sshd|pdsh|build-essential|cmake")
 
-    def test_installs_every_library_the_binaries_load(self):
-        """ldd of build/bin/ against the runtime stage's packages and their
-        dependencies, plus debian:12-slim's own (required priority, apt)."""
+    def test_the_packages_depends_cover_every_library_the_binaries_load(self):
+        """ldd of build/bin/ against the .deb's Depends (deploy/packages.sh
+        made it from this build) and their dependencies, plus
+        debian:12-slim's own (required priority, apt)."""
         cache = BIN.parent / "CMakeCache.txt"
         bins = [BIN / b for b in ("dslaunch", "dsagent", "dsworker")]
-        if not all(b.exists() for b in bins) or not cache.exists():
-            self.skipTest(f"no build in {BIN.parent}")
+        deb = BIN.parent / "packages" / "deb" / "dslaunch_0.1.0_amd64.deb"
+        if not all(b.exists() for b in bins) or not cache.exists() or not deb.exists():
+            self.skipTest(f"no build and package in {BIN.parent}")
         config = cache.read_text()
         if re.search(r"^DSL_SANITIZE:STRING=.+$|^DSL_STATIC_LIBS:BOOL=OFF$", config, re.M):
             self.skipTest(f"{BIN.parent} is not the image's configuration")
@@ -400,17 +415,16 @@ class Containerfile(unittest.TestCase):
                 if not m.group(1).startswith("/usr/local/cuda"):  # image: DSL_CUDA=OFF
                     libs.add(m.group(1))
         owners = owner_packages(sorted(libs))
-        _, runtime = containerfile_stages()[-1]
-        install = next(r for w, r in runtime if w == "RUN" and "apt-get install" in r)
-        wanted = [w for w in install.split("apt-get install", 1)[1].split("&&")[0].split()
-                  if not w.startswith("-")]
+        depends = subprocess.run(["dpkg-deb", "-f", str(deb), "Depends"], capture_output=True,
+                                 text=True, check=True).stdout
+        wanted = [d.split()[0] for d in depends.split(",") if d.strip()]
         status = installed_packages()
         required = [p for p, (prio, _) in status.items() if prio == "required"]
         base = closure(required + ["apt"], status)
-        have = closure(wanted, status) | base
+        have = closure([w for w in wanted if w in status], status) | base
         for lib, pkg in owners.items():
             self.assertIsNotNone(pkg, f"{lib}: no Debian package owns it")
-            self.assertIn(pkg, have, f"{lib} ({pkg}) is not installed in the image")
+            self.assertIn(pkg, have, f"{lib} ({pkg}) is not among the package's Depends")
 
 
 def owner_packages(libs):
