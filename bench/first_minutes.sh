@@ -42,10 +42,11 @@ for way in "${ways[@]}"; do
   git -C "$root" archive --format=tar HEAD | (mkdir -p "$work/clone" && tar -x -C "$work/clone")
   cp "$wheel" "$work/"
   if [ "$way" = wheel ]; then
-    steps='apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
-      --no-install-recommends python3-venv bible-kjv bible-kjv-text >/dev/null &&
-      python3 -m venv /opt/venv && /opt/venv/bin/pip install -q --no-index /w/'"$(basename "$wheel")"' &&
-      . /opt/venv/bin/activate && bash examples/demo.sh'
+    steps="apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq"
+    steps+=" --no-install-recommends python3-venv bible-kjv bible-kjv-text >/dev/null"
+    steps+=" && python3 -m venv /opt/venv"
+    steps+=" && /opt/venv/bin/pip install -q --no-index /w/$(basename "$wheel")"
+    steps+=" && . /opt/venv/bin/activate && bash examples/demo.sh"
   else
     steps='bash examples/demo.sh'
   fi
