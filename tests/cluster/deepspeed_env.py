@@ -70,3 +70,16 @@ def check_same_losses(test, out, world, local_size):
             test.assertAlmostEqual(got, expected, delta=1e-5 * max(1.0, abs(expected)),
                                    msg="rank %d: %s vs deepspeed's %s"
                                    % (rank, record["losses"], want[rank]))
+
+
+def check_hook_records(test, out, logs, world):
+    """dslaunch's progress hook reported each rank's optimizer steps with the
+    losses the script computed itself (metrics.jsonl under --log_dir)."""
+    with open(os.path.join(logs, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f if '"step"' in line]
+    for rank, got in enumerate(read_losses(out, world)):
+        mine = [r for r in records if r["rank"] == rank]
+        test.assertEqual([r["step"] for r in mine], list(range(1, len(got["losses"]) + 1)))
+        for r, loss in zip(mine, got["losses"]):
+            test.assertAlmostEqual(r["loss"], loss, delta=1e-6 * max(1.0, abs(loss)))
+            test.assertGreater(r["lr"], 0)

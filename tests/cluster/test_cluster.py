@@ -517,10 +517,15 @@ class DeepSpeedScriptAcrossNamespaces(ClusterTest):
         # The nodes share one hostname, which resolves to loopback: each
         # agent gives its ranks GLOO_SOCKET_IFNAME (the interface toward
         # MASTER_ADDR), so none is set here.
-        p = self.run_job(argv + deepspeed_env.script_args(self.out), timeout=600,
-                         **deepspeed_env.activated())
+        logs = os.path.join(self.dir, "logs")
+        p = self.run_job(argv + ["--log_dir", logs] + deepspeed_env.script_args(self.out),
+                         timeout=600, **deepspeed_env.activated())
         self.assertEqual(p.returncode, 0, p.stderr.decode()[-3000:])
         deepspeed_env.check_same_losses(self, self.out, world=6, local_size=2)
+        # The unchanged script's steps, reported by the progress hook from
+        # every node.
+        deepspeed_env.check_hook_records(self, self.out, logs, world=6)
+        self.assertNotIn("progress hook", p.stderr.decode())
 
 
 class PyTorchAcrossNamespaces(ClusterTest):
