@@ -115,20 +115,20 @@ if [ "$want_tests" = 1 ]; then
   fi
 fi
 
-# Horovod 0.28.1 built from PyPI's source over Debian's torch (PyTorch and
-# Gloo; no MPI, no GPU), once: tests/cluster/test_frameworks.py runs its
-# ranks under dslaunch as horovodrun --gloo would start them.
+# Horovod 0.28.1 built from PyPI's source over Debian's torch (PyTorch, Gloo
+# and OpenMPI; no GPU), once: tests/cluster/test_frameworks.py runs its
+# ranks under dslaunch as horovodrun --gloo would start them, and under
+# --launcher openmpi. No wheel cache: one built without MPI must not come back.
 if [ "$want_tests" = 1 ]; then
   hvenv=${DSL_HOROVOD_VENV:-/opt/dslaunch-test/horovod-venv}
-  if ! "$hvenv/bin/python" -c "import horovod.torch, horovod; \
-assert horovod.__version__ == '0.28.1'" 2>/dev/null; then
-    echo "setup.sh: building Horovod 0.28.1 into $hvenv (about 15 min on 2 cores)"
-    /usr/bin/python3 -m venv --system-site-packages "$hvenv"
-    HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-    HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
-    HOROVOD_CPU_OPERATIONS=GLOO CUDA_HOME= MAKEFLAGS="-j$(nproc)" \
-      "$hvenv/bin/pip" install -q --disable-pip-version-check --no-build-isolation \
-      "horovod==0.28.1"
+  if ! "$hvenv/bin/python" -c "import horovod, horovod.torch as h; \
+assert horovod.__version__ == '0.28.1' and h.gloo_built() and h.mpi_built()" 2>/dev/null; then
+    echo "setup.sh: building Horovod 0.28.1 into $hvenv (a few minutes)"
+    /usr/bin/python3 -m venv --clear --system-site-packages "$hvenv"
+    HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
+    HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 CUDA_HOME= \
+    MAKEFLAGS="-j$(nproc)" "$hvenv/bin/pip" install -q --disable-pip-version-check \
+      --no-build-isolation --no-cache-dir "horovod==0.28.1"
   fi
 fi
 

@@ -53,6 +53,18 @@ class ClusterTest(LaunchTest):
         argv[argv.index("ssh")] = "pdsh"
         return argv
 
+    def mpirun_args(self, extra=(), **env):
+        argv = self.ssh_args(extra=extra, **env)
+        argv[argv.index("ssh")] = "openmpi"
+        # The nodes share one hostname (unless CLUSTER_UTS=1) and /dev/shm
+        # (only the network namespace differs): OpenMPI would take ranks of
+        # different nodes for neighbours and pair them over shared memory.
+        return argv + ["--launcher_args", "--mca btl tcp,self"]
+
+    def run_mpi(self, argv, **kw):
+        return self.run_job(argv, OMPI_MCA_plm_rsh_args="-F " + CLUSTER["CLUSTER_SSH_CONFIG"],
+                            **kw)
+
     def node_pids(self, i):
         """Live pids in node i's namespace, other than its sshd."""
         with open(os.path.join(CLUSTER["dir"], "node%d" % i, "sshd.pid")) as f:
@@ -435,18 +447,6 @@ class Pdsh(ClusterTest):
 class OpenMpiAcrossNamespaces(ClusterTest):
     """mpirun reaches the nodes over OpenSSH (the cluster's ssh_config) and
     starts its daemons there; the ranks are MPI processes of one world."""
-
-    def mpirun_args(self, extra=()):
-        argv = self.ssh_args(extra=extra)
-        argv[argv.index("ssh")] = "openmpi"
-        # The nodes share one hostname and /dev/shm (only the network
-        # namespace differs): OpenMPI would take ranks of different nodes for
-        # neighbours and pair them over shared memory.
-        return argv + ["--launcher_args", "--mca btl tcp,self"]
-
-    def run_mpi(self, argv, **kw):
-        return self.run_job(argv, OMPI_MCA_plm_rsh_args="-F " + CLUSTER["CLUSTER_SSH_CONFIG"],
-                            **kw)
 
     def test_mpi_world_equals_dslaunchs_across_three_nodes(self):
         need_mpi(self)

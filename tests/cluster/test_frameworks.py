@@ -1,9 +1,10 @@
 """Framework scripts run unchanged under dslaunch across the SSH cluster
 (cluster.sh: 3 nodes x 2 ranks, network namespaces with an sshd each):
-  - Horovod 0.28.1 built from PyPI's source (PyTorch, Gloo): ranks started as
-    horovodrun --gloo would start them meet through the agents' Horovod
-    rendezvous; hvd's world equals dslaunch's, an allreduce sums, a second
-    hvd.init() after hvd.shutdown() meets afresh, a failing rank ends the job;
+  - Horovod 0.28.1 built from PyPI's source (PyTorch, Gloo, OpenMPI): ranks
+    started as horovodrun --gloo would start them meet through the agents'
+    Horovod rendezvous; hvd's world equals dslaunch's, an allreduce sums, a
+    second hvd.init() after hvd.shutdown() meets afresh, a failing rank ends
+    the job; under --launcher openmpi the same Horovod uses MPI;
   - Accelerate: Accelerator() sees dslaunch's world;
   - a Hugging Face Trainer script: the progress hook reports its steps,
     losses and learning rates, equal to what the Trainer logged, in
@@ -22,6 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../
 import cluster_env  # noqa: E402
 import frameworks_env as fw  # noqa: E402
 import test_cluster  # noqa: E402
+from harness import need_mpi  # noqa: E402
 from test_cluster import ClusterTest  # noqa: E402
 from test_prometheus import free_port, parse_metrics  # noqa: E402
 from test_tensorboard import f32, need_tensorboard, read_runs  # noqa: E402
@@ -53,7 +55,8 @@ class HorovodAcrossNamespaces(ClusterTest):
             with open(os.path.join(self.out, "hvd-%d.json" % rank)) as f:
                 got = json.load(f)
             want = {"rank": rank, "size": WORLD, "local_rank": rank % 2, "local_size": 2,
-                    "cross_rank": rank // 2, "cross_size": 3, "sum": 21.0}
+                    "cross_rank": rank // 2, "cross_size": 3, "sum": 21.0,
+                    "mpi": False, "gloo": True}
             # The second hvd.init() met in the same scopes, cleared by the first's end.
             self.assertEqual(got["first"], want)
             self.assertEqual(got["second"], want)
@@ -71,6 +74,24 @@ class HorovodAcrossNamespaces(ClusterTest):
         self.assertIn("FAILED: rank 3 on %s (node 1, local rank 1" % CLUSTER["nodes"][1], err)
         self.assertIn("exited with code 3", err)
         self.assertLess(time.monotonic() - start, 120)
+
+
+class HorovodOverMpiAcrossNamespaces(ClusterTest):
+    def test_an_mpi_built_horovod_under_the_openmpi_launcher_uses_mpi(self):
+        """--launcher openmpi gives no Gloo controller: Horovod (built with
+        MPI and Gloo) picks MPI by itself, in the world mpirun made."""
+        fw.need_horovod(self, mpi=True)
+        need_mpi(self)
+        p = self.run_mpi(self.mpirun_args(HVD_REINIT="0") + [fw.script("hvd_rank.py")],
+                         timeout=300, **fw.activated(fw.HOROVOD_VENV))
+        self.assertEqual(p.returncode, 0, p.stderr.decode()[-3000:])
+        for rank in range(WORLD):
+            with open(os.path.join(self.out, "hvd-%d.json" % rank)) as f:
+                got = json.load(f)
+            self.assertEqual(got["first"], {
+                "rank": rank, "size": WORLD, "local_rank": rank % 2, "local_size": 2,
+                "cross_rank": rank // 2, "cross_size": 3, "sum": 21.0,
+                "mpi": True, "gloo": False})
 
 
 class AccelerateAcrossNamespaces(ClusterTest):
