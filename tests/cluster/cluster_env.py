@@ -1,9 +1,12 @@
 """Builds and tears down a cluster.sh cluster for a test module: up() returns
 its DIR/env as a dict (plus "dir"), skipping the module with the script's
 message when the machine cannot host one (exit 77; a failure under CI=1)."""
+import atexit
+import glob
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -42,3 +45,31 @@ def need_torch(test):
         if os.environ.get("CI"):
             test.fail("python3-torch is missing")
         test.skipTest("Debian's python3-torch is not installed")
+
+
+def install_wheel_if_asked():
+    """With DSL_CLUSTER_FROM_WHEEL=DIR (ctest sets it to the wheelhouse
+    deploy/packages.sh fills), installs the one wheel there into a fresh venv
+    and points DSL_BIN at the venv's bin/: the suite then runs the installed
+    programs, as a user's venv on a shared filesystem has them. Without a
+    wheel there the build's programs run, as said on stderr (an error under
+    CI=1). Call before importing harness."""
+    where = os.environ.get("DSL_CLUSTER_FROM_WHEEL")
+    if not where:
+        return None
+    wheels = glob.glob(os.path.join(where, "dslaunch-*.whl"))
+    if len(wheels) != 1:
+        msg = "no single dslaunch wheel in %s (deploy/packages.sh makes it)" % where
+        if os.environ.get("CI"):
+            raise RuntimeError(msg)
+        sys.stderr.write(msg + ": running the build's programs\n")
+        return None
+    tmp = tempfile.mkdtemp(prefix="dsl-wheel-venv-")
+    atexit.register(shutil.rmtree, tmp, True)
+    venv = os.path.join(tmp, "venv")
+    subprocess.run(["/usr/bin/python3", "-m", "venv", venv], check=True, timeout=120)
+    subprocess.run([os.path.join(venv, "bin", "pip"), "install", "-q", "--no-index",
+                    "--disable-pip-version-check", wheels[0]], check=True, timeout=300)
+    os.environ["DSL_BIN"] = os.path.join(venv, "bin")
+    sys.stderr.write("running the programs of %s, installed in %s\n" % (wheels[0], venv))
+    return venv

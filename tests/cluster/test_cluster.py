@@ -1,5 +1,6 @@
 """Cluster tests: 3 nodes (network namespaces with an sshd each, built by
-cluster.sh) x 2 ranks, started over SSH by dslaunch; a fourth node is the
+cluster.sh) x 2 ranks, started over SSH by dslaunch (under ctest, the
+programs of the wheel deploy/packages.sh made, installed into a fresh venv); a fourth node is the
 spare of the elastic tests and in no other test's hostfile. Needs root; skips itself
 with a message otherwise. Every test checks that nothing is left running on
 any node afterwards."""
@@ -15,9 +16,11 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../integration"))
-from harness import DSLAUNCH, MPI_RANK_PY, PY, RANK_PY, SYSTEM_PY, LaunchTest, need_mpi  # noqa: E402,E501
-
 import cluster_env  # noqa: E402
+
+# Under ctest, from the installed wheel (issue 22): see install_wheel_if_asked.
+cluster_env.install_wheel_if_asked()
+from harness import DSLAUNCH, MPI_RANK_PY, PY, RANK_PY, SYSTEM_PY, LaunchTest, need_mpi  # noqa: E402,E501,I100
 import deepspeed_env  # noqa: E402
 import soak_restarts  # noqa: E402
 from cluster_env import CLUSTER_SH  # noqa: E402
