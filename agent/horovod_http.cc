@@ -2,31 +2,14 @@
 
 #include <arpa/inet.h>  // htonl
 
-#include <cctype>
 #include <charconv>
 #include <sstream>
+
+#include "base/http_head.h"
 
 namespace dslaunch::agent {
 
 namespace {
-
-bool EqualsNoCase(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(a[i])) !=
-        std::tolower(static_cast<unsigned char>(b[i])))
-      return false;
-  }
-  return true;
-}
-
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t'))
-    s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t'))
-    s.remove_suffix(1);
-  return s;
-}
 
 // A path segment Horovod could have written: visible ASCII, no '/'.
 bool IsSegment(std::string_view s) {
@@ -46,53 +29,28 @@ HttpRequest Refuse(int status, std::string why) {
 
 }  // namespace
 
-HttpRequest ParseHorovodRequestHead(std::string_view head) {
-  const size_t eol = head.find("\r\n");
-  if (eol == std::string_view::npos) return Refuse(400, "no request line");
-  std::string_view line = head.substr(0, eol);
-  const size_t sp1 = line.find(' ');
-  const size_t sp2 =
-      sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
-  if (sp2 == std::string_view::npos || line.find(' ', sp2 + 1) != line.npos)
-    return Refuse(400, "malformed request line");
+HttpRequest ParseHorovodRequestHead(std::string_view text) {
+  const auto head = base::ParseHttpRequestHead(text);
+  if (!head) return Refuse(400, "a malformed request head");
   HttpRequest r;
-  r.method = std::string(line.substr(0, sp1));
-  const std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
-  const std::string_view version = line.substr(sp2 + 1);
-  if (version != "HTTP/1.1" && version != "HTTP/1.0")
-    return Refuse(400, "not HTTP/1.x");
+  r.method = std::string(head->method);
   if (r.method != "GET" && r.method != "PUT" && r.method != "DELETE")
     return Refuse(405, "method " + r.method + " not served");
   // "/scope/key", nothing more: what horovodrun's server takes.
-  if (target.size() < 4 || target[0] != '/')
-    return Refuse(400, "the path is not /scope/key");
+  const std::string_view target = head->target;
   const size_t slash = target.find('/', 1);
-  if (slash == std::string_view::npos)
+  if (slash == std::string_view::npos ||
+      !IsSegment(target.substr(1, slash - 1)) ||
+      !IsSegment(target.substr(slash + 1)))
     return Refuse(400, "the path is not /scope/key");
-  const std::string_view scope = target.substr(1, slash - 1);
-  const std::string_view key = target.substr(slash + 1);
-  if (!IsSegment(scope) || !IsSegment(key))
-    return Refuse(400, "the path is not /scope/key");
-  r.scope = std::string(scope);
-  r.key = std::string(key);
+  r.scope = std::string(target.substr(1, slash - 1));
+  r.key = std::string(target.substr(slash + 1));
 
   bool have_length = false;
-  size_t pos = eol + 2;
-  while (pos < head.size()) {
-    const size_t end = head.find("\r\n", pos);
-    if (end == std::string_view::npos)
-      return Refuse(400, "unterminated header");
-    const std::string_view field = head.substr(pos, end - pos);
-    pos = end + 2;
-    if (field.empty()) break;  // the blank line
-    const size_t colon = field.find(':');
-    if (colon == std::string_view::npos || colon == 0)
-      return Refuse(400, "malformed header");
-    const std::string_view name = field.substr(0, colon);
-    const std::string_view value = Trim(field.substr(colon + 1));
-    if (EqualsNoCase(name, "Transfer-Encoding"))
+  for (const auto& [name, value] : head->fields) {
+    if (base::EqualsNoCase(name, "Transfer-Encoding"))
       return Refuse(501, "Transfer-Encoding is not served");
-    if (!EqualsNoCase(name, "Content-Length")) continue;
+    if (!base::EqualsNoCase(name, "Content-Length")) continue;
     size_t n = 0;
     auto [ptr, ec] =
         std::from_chars(value.data(), value.data() + value.size(), n);

@@ -11,41 +11,14 @@
 #include <fstream>
 #include <sstream>
 
+#include "base/http_head.h"
+
 namespace dslaunch::agent {
 
 namespace asio = boost::asio;
 using Tcp = asio::ip::tcp;
 
 namespace {
-
-const char* Reason(int status) {
-  switch (status) {
-    case 200:
-      return "OK";
-    case 400:
-      return "Bad Request";
-    case 403:
-      return "Forbidden";
-    case 404:
-      return "Not Found";
-    case 405:
-      return "Method Not Allowed";
-    case 408:
-      return "Request Timeout";
-    case 411:
-      return "Length Required";
-    case 413:
-      return "Content Too Large";
-    case 431:
-      return "Request Header Fields Too Large";
-    case 501:
-      return "Not Implemented";
-    case 503:
-      return "Service Unavailable";
-    default:
-      return "Internal Server Error";
-  }
-}
 
 // Scopes horovod's own hvd.init() meets in; their keys are cleared when
 // every member said it finished (DELETE), as horovodrun's server does.
@@ -229,9 +202,7 @@ class HorovodRendezvous::Connection
   }
 
   void Answer(int status, const std::string& body) {
-    response_ = "HTTP/1.1 " + std::to_string(status) + " " + Reason(status) +
-                "\r\nContent-Length: " + std::to_string(body.size()) +
-                "\r\nConnection: close\r\n\r\n" + body;
+    response_ = base::HttpResponseHead(status, body.size()) + body;
     asio::async_write(
         socket_, asio::buffer(response_),
         [self = shared_from_this()](const boost::system::error_code&, size_t) {

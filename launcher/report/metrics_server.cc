@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "base/http_head.h"
+
 namespace dslaunch::launcher {
 
 namespace asio = boost::asio;
@@ -38,67 +40,22 @@ constexpr std::string_view kIndexPage =
     "<h1>dslaunch</h1><p><a href=\"/metrics\">Metrics</a></p>"
     "</body></html>\n";
 
-MetricsServer::Reply HttpResponse(int code, std::string_view reason,
-                                  std::string_view content_type,
+MetricsServer::Reply HttpResponse(int code, std::string_view content_type,
                                   std::shared_ptr<const std::string> body,
                                   bool head_only, std::string_view extra = "") {
-  std::string r = "HTTP/1.1 " + std::to_string(code) + " ";
-  r.append(reason).append("\r\nContent-Type: ").append(content_type);
-  r.append("\r\nContent-Length: ").append(std::to_string(body->size()));
-  r.append("\r\n").append(extra).append("Connection: close\r\n\r\n");
+  std::string fields = "Content-Type: " + std::string(content_type) + "\r\n";
+  fields.append(extra);
+  std::string r = base::HttpResponseHead(code, body->size(), fields);
   if (head_only) body = nullptr;
   return {std::move(r), std::move(body)};
 }
 
-MetricsServer::Reply PlainError(int code, std::string_view reason,
-                                bool head_only, std::string_view extra = "") {
-  return HttpResponse(
-      code, reason, "text/plain; charset=utf-8",
-      std::make_shared<const std::string>(std::string(reason) + "\n"),
-      head_only, extra);
-}
-
-std::vector<std::string_view> Split(std::string_view s, char sep) {
-  std::vector<std::string_view> parts;
-  for (size_t at = 0;;) {
-    const size_t next = s.find(sep, at);
-    parts.push_back(s.substr(at, next - at));
-    if (next == std::string_view::npos) return parts;
-    at = next + 1;
-  }
-}
-
-bool IsToken(std::string_view s) {
-  if (s.empty()) return false;
-  for (char c : s) {
-    if (c <= ' ' || c >= 0x7f || c == ':' || c == '"') return false;
-  }
-  return true;
-}
-
-// Checks the request line and header lines; on success sets method and path
-// (the target without its query).
-bool ParseHead(std::string_view head, std::string_view& method,
-               std::string_view& path) {
-  std::vector<std::string_view> lines = Split(head, '\n');
-  for (auto& line : lines) {
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-  }
-  const std::vector<std::string_view> start = Split(lines[0], ' ');
-  if (start.size() != 3 || !IsToken(start[0])) return false;
-  if (start[1].empty() || start[1][0] != '/') return false;
-  if (start[2] != "HTTP/1.0" && start[2] != "HTTP/1.1") return false;
-  for (size_t i = 1; i < lines.size(); ++i) {
-    if (lines[i].empty()) continue;  // the blank line(s) ending the head
-    const size_t colon = lines[i].find(':');
-    if (colon == std::string_view::npos ||
-        !IsToken(lines[i].substr(0, colon))) {
-      return false;
-    }
-  }
-  method = start[0];
-  path = start[1].substr(0, start[1].find('?'));
-  return true;
+MetricsServer::Reply PlainError(int code, bool head_only,
+                                std::string_view extra = "") {
+  return HttpResponse(code, "text/plain; charset=utf-8",
+                      std::make_shared<const std::string>(
+                          std::string(base::HttpReason(code)) + "\n"),
+                      head_only, extra);
 }
 
 // Where the head ends (just after the blank line), searching from `from`.
@@ -231,34 +188,37 @@ void MetricsServer::OnRead(const ConnectionPtr& c, size_t n) {
   if (end == std::string::npos || end > options_.max_head_bytes) {
     if (c->head.size() <= options_.max_head_bytes) return ReadHead(c);
     ++counts_.bad_requests;
-    return Respond(c,
-                   PlainError(431, "Request Header Fields Too Large", false));
+    return Respond(c, PlainError(431, false));
   }
   c->head.resize(end);
   Respond(c, Answer(c->head));
 }
 
 MetricsServer::Reply MetricsServer::Answer(const std::string& head) {
-  std::string_view method, path;
-  if (!ParseHead(head, method, path)) {
+  const auto request = base::ParseHttpRequestHead(head);
+  if (!request) {
     ++counts_.bad_requests;
-    return PlainError(400, "Bad Request", false);
+    return PlainError(400, false);
   }
+  const std::string_view method = request->method;
+  // The target without its query.
+  const std::string_view path =
+      request->target.substr(0, request->target.find('?'));
   const bool head_only = method == "HEAD";
   if (method != "GET" && !head_only) {
-    return PlainError(405, "Method Not Allowed", false, "Allow: GET, HEAD\r\n");
+    return PlainError(405, false, "Allow: GET, HEAD\r\n");
   }
   if (path == "/metrics") {
     auto text = render_();
     if (!text) text = std::make_shared<const std::string>();
-    return HttpResponse(200, "OK", kContentType, std::move(text), head_only);
+    return HttpResponse(200, kContentType, std::move(text), head_only);
   }
   if (path == "/") {
-    return HttpResponse(200, "OK", "text/html; charset=utf-8",
+    return HttpResponse(200, "text/html; charset=utf-8",
                         std::make_shared<const std::string>(kIndexPage),
                         head_only);
   }
-  return PlainError(404, "Not Found", head_only);
+  return PlainError(404, head_only);
 }
 
 void MetricsServer::Respond(const ConnectionPtr& c, Reply reply) {
