@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A newcomer's first minutes (issue 22): seconds from a fresh clone to the
 # demo's first training output (`bash examples/demo.sh`), in a fresh
-# debian:12-slim container (podman, runc, cgroupfs; the base made with
-# mmdebstrap, as tests/pods/test_containers.py makes it), 2 CPUs:
+# debian:12-slim container (podman, runc, cgroupfs; the base made by
+# tests/pods/podman_base.sh, as for tests/pods/test_containers.py), 2 CPUs:
 #   wheel   apt installs python3-venv and bible-kjv, pip installs dslaunch's
 #           wheel (build/packages/wheelhouse: deploy/packages.sh), and the
 #           demo runs the installed programs;
@@ -19,23 +19,8 @@ wheel=$(ls "$root"/build/packages/wheelhouse/dslaunch-*.whl 2>/dev/null | head -
 [ -n "$wheel" ] || { echo "first_minutes.sh: no wheel (run deploy/packages.sh)" >&2; exit 66; }
 work=$(mktemp -d /tmp/dsl-first-minutes.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-cat >"$work/containers.conf" <<'CONF'
-[containers]
-default_ulimits = []
-[engine]
-runtime = "runc"
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-CONF
+base=$("$root/tests/pods/podman_base.sh" "$work")
 export CONTAINERS_CONF=$work/containers.conf
-base=localhost/dsl-test-debian:12-slim
-if ! podman image exists "$base"; then
-  mmdebstrap --variant=minbase --format=tar --dpkgopt=path-exclude=/usr/share/man/* \
-    --dpkgopt=path-exclude=/usr/share/doc/* --dpkgopt=path-include=/usr/share/doc/*/copyright \
-    --dpkgopt=path-exclude=/usr/share/locale/* bookworm "$work/slim.tar" 2>/dev/null
-  podman import "$work/slim.tar" "$base" >/dev/null
-  rm -f "$work/slim.tar"
-fi
 printf '| way | first output (s) | first progress record (s) | demo done (s) |\n|---|---|---|---|\n'
 for way in "${ways[@]}"; do
   rm -rf "$work/clone"

@@ -55,6 +55,16 @@ std::map<std::string, std::string> AsMap(const std::vector<std::string>& kvs) {
   return out;
 }
 
+// Every variable of `expected` is in `env` with its value.
+void ExpectVariables(const std::map<std::string, std::string>& env,
+                     const std::map<std::string, std::string>& expected) {
+  for (const auto& [key, value] : expected) {
+    auto it = env.find(key);
+    ASSERT_NE(it, env.end()) << key;
+    EXPECT_EQ(it->second, value) << key;
+  }
+}
+
 TEST(ContractEnv, SetsEveryContractVariableForRankOnNode1Of3x2) {
   const wire::JobSpec job = Node1Of3x2();
   auto env = ContractEnv(job, job.ranks(1), Paths());
@@ -78,10 +88,7 @@ TEST(ContractEnv, SetsEveryContractVariableForRankOnNode1Of3x2) {
       {"DSLAUNCH_PROGRESS", "/tmp/dsl/progress-3.sock"},
       {"DSLAUNCH_STORE", "unix:/tmp/dsl/store.sock"},
   };
-  for (const auto& [key, value] : expected) {
-    ASSERT_EQ(env.count(key), 1u) << key;
-    EXPECT_EQ(env[key], value) << key;
-  }
+  ExpectVariables(env, expected);
 }
 
 TEST(ContractEnv, SetsTorchrunGroupAndRoleVariables) {
@@ -129,10 +136,7 @@ TEST(ContractEnv, SetsHorovodsPlacementAndRendezvous) {
       {"HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1"},
       {"HOROVOD_GLOO_RENDEZVOUS_PORT", "40123"},
   };
-  for (const auto& [key, value] : expected) {
-    ASSERT_EQ(env.count(key), 1u) << key;
-    EXPECT_EQ(env[key], value) << key;
-  }
+  ExpectVariables(env, expected);
   // No rendezvous, no address for one.
   EXPECT_EQ(ContractEnv(job, job.ranks(1), Paths())
                 .count("HOROVOD_GLOO_RENDEZVOUS_ADDR"),

@@ -47,6 +47,15 @@ def need_torch(test):
         test.skipTest("Debian's python3-torch is not installed")
 
 
+def install_wheel(wheel, venv):
+    """A fresh venv at `venv` with `wheel` installed from the file alone;
+    returns the venv's bin/."""
+    subprocess.run(["/usr/bin/python3", "-m", "venv", venv], check=True, timeout=120)
+    subprocess.run([os.path.join(venv, "bin", "pip"), "install", "-q", "--no-index",
+                    "--disable-pip-version-check", wheel], check=True, timeout=300)
+    return os.path.join(venv, "bin")
+
+
 def install_wheel_if_asked():
     """With DSL_CLUSTER_FROM_WHEEL=DIR (ctest sets it to the wheelhouse
     deploy/packages.sh fills), installs the one wheel there into a fresh venv
@@ -67,9 +76,6 @@ def install_wheel_if_asked():
     tmp = tempfile.mkdtemp(prefix="dsl-wheel-venv-")
     atexit.register(shutil.rmtree, tmp, True)
     venv = os.path.join(tmp, "venv")
-    subprocess.run(["/usr/bin/python3", "-m", "venv", venv], check=True, timeout=120)
-    subprocess.run([os.path.join(venv, "bin", "pip"), "install", "-q", "--no-index",
-                    "--disable-pip-version-check", wheels[0]], check=True, timeout=300)
-    os.environ["DSL_BIN"] = os.path.join(venv, "bin")
+    os.environ["DSL_BIN"] = install_wheel(wheels[0], venv)
     sys.stderr.write("running the programs of %s, installed in %s\n" % (wheels[0], venv))
     return venv

@@ -45,18 +45,31 @@ def tearDownModule():
     cluster_env.down(CLUSTER)
 
 
-class HorovodAcrossNamespaces(ClusterTest):
+def horovod_world(rank, mpi):
+    """What Horovod must say of rank `rank` of the 3 x 2 job (hvd_rank.py)."""
+    return {"rank": rank, "size": WORLD, "local_rank": rank % 2, "local_size": 2,
+            "cross_rank": rank // 2, "cross_size": 3, "sum": 21.0, "mpi": mpi,
+            "gloo": not mpi}
+
+
+class FrameworkTest(ClusterTest):
+    def rank_files(self, name):
+        """Each rank's OUT_DIR/<name>-<rank>.json, by rank."""
+        got = []
+        for rank in range(WORLD):
+            with open(os.path.join(self.out, "%s-%d.json" % (name, rank))) as f:
+                got.append(json.load(f))
+        return got
+
+
+class HorovodAcrossNamespaces(FrameworkTest):
     def test_horovods_world_is_dslaunchs_and_an_allreduce_sums(self):
         fw.need_horovod(self)
         p = self.run_job(self.ssh_args() + [fw.script("hvd_rank.py")], timeout=300,
                          **fw.activated(fw.HOROVOD_VENV))
         self.assertEqual(p.returncode, 0, p.stderr.decode()[-3000:])
-        for rank in range(WORLD):
-            with open(os.path.join(self.out, "hvd-%d.json" % rank)) as f:
-                got = json.load(f)
-            want = {"rank": rank, "size": WORLD, "local_rank": rank % 2, "local_size": 2,
-                    "cross_rank": rank // 2, "cross_size": 3, "sum": 21.0,
-                    "mpi": False, "gloo": True}
+        for rank, got in enumerate(self.rank_files("hvd")):
+            want = horovod_world(rank, mpi=False)
             # The second hvd.init() met in the same scopes, cleared by the first's end.
             self.assertEqual(got["first"], want)
             self.assertEqual(got["second"], want)
@@ -76,7 +89,7 @@ class HorovodAcrossNamespaces(ClusterTest):
         self.assertLess(time.monotonic() - start, 120)
 
 
-class HorovodOverMpiAcrossNamespaces(ClusterTest):
+class HorovodOverMpiAcrossNamespaces(FrameworkTest):
     def test_an_mpi_built_horovod_under_the_openmpi_launcher_uses_mpi(self):
         """--launcher openmpi gives no Gloo controller: Horovod (built with
         MPI and Gloo) picks MPI by itself, in the world mpirun made."""
@@ -85,24 +98,17 @@ class HorovodOverMpiAcrossNamespaces(ClusterTest):
         p = self.run_mpi(self.mpirun_args(HVD_REINIT="0") + [fw.script("hvd_rank.py")],
                          timeout=300, **fw.activated(fw.HOROVOD_VENV))
         self.assertEqual(p.returncode, 0, p.stderr.decode()[-3000:])
-        for rank in range(WORLD):
-            with open(os.path.join(self.out, "hvd-%d.json" % rank)) as f:
-                got = json.load(f)
-            self.assertEqual(got["first"], {
-                "rank": rank, "size": WORLD, "local_rank": rank % 2, "local_size": 2,
-                "cross_rank": rank // 2, "cross_size": 3, "sum": 21.0,
-                "mpi": True, "gloo": False})
+        for rank, got in enumerate(self.rank_files("hvd")):
+            self.assertEqual(got["first"], horovod_world(rank, mpi=True))
 
 
-class AccelerateAcrossNamespaces(ClusterTest):
+class AccelerateAcrossNamespaces(FrameworkTest):
     def test_an_accelerator_sees_dslaunchs_world(self):
         fw.need_hf(self)
         p = self.run_job(self.ssh_args() + [fw.script("accelerate_rank.py")], timeout=300,
                          **fw.activated(fw.HF_VENV))
         self.assertEqual(p.returncode, 0, p.stderr.decode()[-3000:])
-        for rank in range(WORLD):
-            with open(os.path.join(self.out, "accelerate-%d.json" % rank)) as f:
-                got = json.load(f)
+        for rank, got in enumerate(self.rank_files("accelerate")):
             self.assertEqual(got, {"process_index": rank, "num_processes": WORLD,
                                    "local_process_index": rank % 2,
                                    "is_main_process": rank == 0,
@@ -110,7 +116,7 @@ class AccelerateAcrossNamespaces(ClusterTest):
                                    "gathered": list(range(WORLD))})
 
 
-class HuggingFaceTrainerAcrossNamespaces(ClusterTest):
+class HuggingFaceTrainerAcrossNamespaces(FrameworkTest):
     STEPS = 6
 
     def scrape_last_steps(self, job, url, timeout=240):
@@ -154,9 +160,8 @@ class HuggingFaceTrainerAcrossNamespaces(ClusterTest):
         with open(os.path.join(logs, "metrics.jsonl")) as f:
             records = [json.loads(line) for line in f if '"step"' in line]
         runs = read_runs(self, *(os.path.join(tb, "rank-%d" % r) for r in range(WORLD)))
-        for rank in range(WORLD):
-            with open(os.path.join(self.out, "hf-%d.json" % rank)) as f:
-                logged = json.load(f)  # what the Trainer logged, by the script
+        trainer_logs = self.rank_files("hf")  # what the Trainer logged, by the script
+        for rank, logged in enumerate(trainer_logs):
             self.assertEqual([x["step"] for x in logged], list(range(1, self.STEPS + 1)))
             mine = [r for r in records if r["rank"] == rank]
             self.assertEqual([r["step"] for r in mine], [x["step"] for x in logged])
@@ -166,10 +171,9 @@ class HuggingFaceTrainerAcrossNamespaces(ClusterTest):
             run = runs[os.path.join(tb, "rank-%d" % rank)]
             self.assertEqual(run["loss"], [[x["step"], f32(x["loss"])] for x in logged])
         # The console's lines show rank 0's records as they came.
-        with open(os.path.join(self.out, "hf-0.json")) as f:
-            for x in json.load(f):
-                self.assertRegex(err, r":0 progress\] step %d  loss %s " % (
-                    x["step"], re.escape(repr(x["loss"]))))
+        for x in trainer_logs[0]:
+            self.assertRegex(err, r":0 progress\] step %d  loss %s " % (
+                x["step"], re.escape(repr(x["loss"]))))
 
 
 if __name__ == "__main__":

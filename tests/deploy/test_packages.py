@@ -16,10 +16,13 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
+import cluster_env  # noqa: E402
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 BIN = os.environ.get("DSL_BIN", os.path.join(ROOT, "build", "bin"))
 PACKAGES = os.environ.get("DSL_PACKAGES", os.path.join(os.path.dirname(BIN), "packages"))
@@ -62,13 +65,7 @@ class Wheel(unittest.TestCase):
     def install(self):
         """A fresh venv with the repaired wheel, installed from the file alone."""
         wheel = one(self, "wheelhouse/dslaunch-*.whl")
-        if not os.path.exists(os.path.join(self.venv, "bin", "dslaunch")):
-            p = run(["/usr/bin/python3", "-m", "venv", self.venv])
-            self.assertEqual(p.returncode, 0, p.stderr.decode())
-            p = run([os.path.join(self.venv, "bin", "pip"), "install", "-q", "--no-index",
-                     "--disable-pip-version-check", wheel], timeout=300)
-            self.assertEqual(p.returncode, 0, p.stderr.decode())
-        return os.path.join(self.venv, "bin")
+        return cluster_env.install_wheel(wheel, self.venv)
 
     def test_tagged_for_the_glibc_it_needs(self):
         wheel = one(self, "wheelhouse/dslaunch-*.whl")

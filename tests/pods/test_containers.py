@@ -52,25 +52,13 @@ def setUpModule():
         skip_or_fail("no Debian package in %s/deb (deploy/packages.sh)" % PACKAGES)
     STATE["dir"] = tempfile.mkdtemp(prefix="dsl-containers-")
     os.chmod(STATE["dir"], 0o755)
-    # podman as these machines run it: runc, cgroupfs, no default ulimits.
+    # podman as these machines run it, and the base image (podman_base.sh).
+    p = subprocess.run([os.path.join(HERE, "podman_base.sh"), STATE["dir"]],
+                       capture_output=True, timeout=900)
+    if p.returncode != 0:
+        raise RuntimeError("podman_base.sh: " + p.stderr.decode()[-2000:])
     STATE["conf"] = os.path.join(STATE["dir"], "containers.conf")
-    with open(STATE["conf"], "w") as f:
-        f.write('[containers]\ndefault_ulimits = []\n'
-                '[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\n'
-                'events_logger = "file"\n')
-    if podman("image", "exists", BASE, check=False).returncode != 0:
-        tar = os.path.join(STATE["dir"], "slim.tar")
-        # debian:12-slim's recipe: minbase, without docs, man pages and locales.
-        p = subprocess.run(["mmdebstrap", "--variant=minbase", "--format=tar",
-                            "--dpkgopt=path-exclude=/usr/share/man/*",
-                            "--dpkgopt=path-exclude=/usr/share/doc/*",
-                            "--dpkgopt=path-include=/usr/share/doc/*/copyright",
-                            "--dpkgopt=path-exclude=/usr/share/locale/*",
-                            "bookworm", tar], capture_output=True, timeout=600)
-        if p.returncode != 0:
-            raise RuntimeError("mmdebstrap: " + p.stderr.decode()[-2000:])
-        podman("import", tar, BASE, timeout=300)
-        os.unlink(tar)
+    assert p.stdout.decode().strip() == BASE, p.stdout
     p = podman("build", "-f", os.path.join(ROOT, "deploy", "Containerfile"),
                "--build-arg", "DEBS=prebuilt", "--build-arg", "BASE=" + BASE,
                "--build-arg", "SLIM=" + BASE, "-t", IMAGE, ROOT, timeout=900)
