@@ -47,10 +47,6 @@ std::string Agent::FormatSeconds(double s) {
   return buf;
 }
 
-std::chrono::milliseconds Agent::Seconds(double s) {
-  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
-}
-
 static RankMonitorOptions MonitorOptions(const AgentOptions& options) {
   RankMonitorOptions o;
   o.stacks.argv = options.stack_helper;
@@ -309,11 +305,12 @@ void Agent::StartHeartbeats() {
 void Agent::ArmHeartbeat() {
   const double interval = heartbeat_interval_s_;
   const double timeout = heartbeat_timeout_s_;
-  heartbeat_timer_.expires_after(Seconds(interval));
+  heartbeat_timer_.expires_after(base::Millis(interval));
   heartbeat_timer_.async_wait(
       [this, timeout](const boost::system::error_code& ec) {
         if (ec || state_ == State::kExited || !link_->open()) return;
-        if (std::chrono::steady_clock::now() - last_heard_ > Seconds(timeout)) {
+        if (std::chrono::steady_clock::now() - last_heard_ >
+            base::Millis(timeout)) {
           return OnLauncherLost("no heartbeat from the launcher for " +
                                 FormatSeconds(timeout) + " s");
         }
@@ -351,7 +348,7 @@ void Agent::Drain(bool kill_now, const std::string& why) {
     spdlog::info("draining: {}", proto::EscapeForLog(why, 1024));
     SetState(State::kDraining);
     const double grace = job_.kill_grace_s() > 0 ? job_.kill_grace_s() : 5.0;
-    grace_timer_.expires_after(Seconds(grace));
+    grace_timer_.expires_after(base::Millis(grace));
     grace_timer_.async_wait([this](const boost::system::error_code& ec) {
       if (ec) return;
       workers_->SignalAll(SIGKILL);

@@ -112,7 +112,6 @@ class Agent : public Ranks::Delegate, public ProgressServer::Delegate {
  private:
   // 600 -> "600", 0.5 -> "0.5".
   static std::string FormatSeconds(double s);
-  static std::chrono::milliseconds Seconds(double s);
   void SetState(State next);
   // agent_connect.cc
   void Connect();

@@ -15,6 +15,7 @@
 #include "agent/node_facts.h"
 #include "agent/probe_files.h"
 #include "base/host_info.h"  // JoinHostPort
+#include "base/unix_time.h"
 #include "proto/auth.h"
 #include "proto/version.h"
 
@@ -34,7 +35,7 @@ void Agent::Connect() {
 
 void Agent::ArmConnectTimer() {
   connect_timer_armed_ = true;
-  connect_timer_.expires_after(Seconds(options_.connect_timeout_s));
+  connect_timer_.expires_after(base::Millis(options_.connect_timeout_s));
   connect_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec) return;
     connect_timer_armed_ = false;

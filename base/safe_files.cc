@@ -43,10 +43,6 @@ class Fd {
   int fd_;
 };
 
-Status IoErrno(const std::string& what, int err) {
-  return IoError(what + ": " + std::strerror(err));
-}
-
 bool OursOrRoot(uid_t uid) { return uid == ::geteuid() || uid == 0; }
 
 std::string Joined(const std::string& dir, const std::string& name) {

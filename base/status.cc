@@ -19,6 +19,10 @@ Status ErrnoStatus(const std::string& what, int err) {
   return Status(StatusCode::kInternal, what + ": " + std::strerror(err));
 }
 
+Status IoErrno(const std::string& what, int err) {
+  return IoError(what + ": " + std::strerror(err));
+}
+
 void CheckFailed(const char* file, int line, const char* what) {
   std::fprintf(stderr, "%s:%d: check failed: %s\n", file, line, what);
   std::abort();

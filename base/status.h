@@ -68,6 +68,8 @@ inline Status IoError(std::string m) {
 }
 // errno-based failure of an OS call: "what: strerror(err)".
 Status ErrnoStatus(const std::string& what, int err);
+// The same as an I/O error (sysexits 74): a file could not be made or written.
+Status IoErrno(const std::string& what, int err);
 
 // Holds either a value or a non-OK Status.
 template <typename T>

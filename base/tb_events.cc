@@ -45,11 +45,6 @@ std::string HostName() {
   return host;
 }
 
-// Failures to make or write event files are I/O errors (sysexits 74).
-Status IoErrno(const std::string& what, int err) {
-  return IoError(what + ": " + std::strerror(err));
-}
-
 std::atomic<uint64_t> next_file_number{0};
 
 // Opens a new file in `dir`; the counter moves on past names that exist.

@@ -4,7 +4,9 @@
 // launcher's view of the ranks (hangs, "last seen"). Any thread.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 
 namespace dslaunch::base {
 
@@ -18,6 +20,14 @@ inline double SteadySeconds() {
   return std::chrono::duration<double>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+// A duration given in seconds (a flag, an option) as a timer's: whole
+// milliseconds, within [0, 10^9 s] (NaN is 0).
+inline std::chrono::milliseconds Millis(double seconds) {
+  if (!(seconds > 0)) return std::chrono::milliseconds(0);
+  return std::chrono::milliseconds(
+      static_cast<int64_t>(std::min(seconds, 1e9) * 1000));
 }
 
 }  // namespace dslaunch::base

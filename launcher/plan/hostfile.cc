@@ -15,32 +15,8 @@ namespace dslaunch::launcher {
 namespace {
 
 constexpr size_t kMaxHostNameLength = 253;
-constexpr size_t kMaxQuoted = 300;  // longer text is cut in messages
 constexpr char kWhitespace[] = " \t\r\f\v";
 constexpr char kExpectedKeys[] = "(expected slots=, max_slots=, port=, user=)";
-
-// Quotes `s` for a message: bytes outside printable ASCII as \xNN (no raw
-// control characters reach the terminal), cut after kMaxQuoted bytes.
-std::string Quote(std::string_view s) {
-  static const char kHex[] = "0123456789abcdef";
-  std::string out = "'";
-  for (size_t i = 0; i < s.size() && i < kMaxQuoted; ++i) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c < 0x7f) {
-      out.push_back(static_cast<char>(c));
-    } else {
-      out += {'\\', 'x', kHex[c >> 4], kHex[c & 15]};
-    }
-  }
-  return out + (s.size() > kMaxQuoted ? "'..." : "'");
-}
-
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out)
-    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
 
 bool IsDigits(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(),
@@ -79,9 +55,9 @@ Status CheckLine(std::string_view line) {
                      " bytes");
   }
   if (std::optional<size_t> column = ControlCharacterColumn(line)) {
-    return DataError("control character " + Quote(line.substr(*column - 1, 1)) +
-                     " in column " + std::to_string(*column) +
-                     " (is this a text file?)");
+    return DataError("control character " +
+                     Quoted(line.substr(*column - 1, 1)) + " in column " +
+                     std::to_string(*column) + " (is this a text file?)");
   }
   return Status::Ok();
 }
@@ -96,7 +72,7 @@ Status ValidateUser(std::string_view user) {
   };
   if (user.front() == '-' || user.size() > kMaxUserLength ||
       !std::all_of(user.begin(), user.end(), allowed)) {
-    return DataError("invalid user " + Quote(user) +
+    return DataError("invalid user " + Quoted(user) +
                      " (allowed: letters, digits, '.', '-', '_', '@'; not "
                      "starting with '-'; at most " +
                      std::to_string(kMaxUserLength) + " characters)");
@@ -137,21 +113,21 @@ Status ValidateHostName(std::string_view name) {
            c == '-' || c == '_';
   };
   if (name.empty() || !std::all_of(name.begin(), name.end(), allowed)) {
-    return DataError("invalid host name " + Quote(name) +
+    return DataError("invalid host name " + Quoted(name) +
                      " (allowed: letters, digits, '.', '-', '_')");
   }
   if (name.front() == '-' || name.front() == '.') {
-    return DataError("invalid host name " + Quote(name) +
+    return DataError("invalid host name " + Quoted(name) +
                      " (must not start with '-' or '.')");
   }
   if (name.size() > kMaxHostNameLength) {
-    return DataError("invalid host name " + Quote(name) +
+    return DataError("invalid host name " + Quoted(name) +
                      " (longer than 253 characters)");
   }
   bool numeric =
       name.find_first_not_of("0123456789.") == std::string_view::npos;
   if (numeric && !IsValidIpv4(name)) {
-    return DataError("invalid IPv4 address " + Quote(name));
+    return DataError("invalid IPv4 address " + Quoted(name));
   }
   return Status::Ok();
 }
@@ -168,12 +144,12 @@ Status ExpandRangeItem(std::string_view item, std::string_view range,
       dash == std::string_view::npos ? lo_text : item.substr(dash + 1);
   std::optional<long> lo = ParseNumber(lo_text);
   std::optional<long> hi = ParseNumber(hi_text);
-  std::string bad = "malformed range " + Quote(range) + ": ";
+  std::string bad = "malformed range " + Quoted(range) + ": ";
   if (!lo || !hi) {
-    return DataError(bad + Quote(item) + " is not a number or number range");
+    return DataError(bad + Quoted(item) + " is not a number or number range");
   }
   if (lo_text.size() > kMaxRangeDigits || hi_text.size() > kMaxRangeDigits) {
-    return DataError(bad + Quote(item) + " has more than " +
+    return DataError(bad + Quoted(item) + " has more than " +
                      std::to_string(kMaxRangeDigits) + " digits");
   }
   if (*lo > *hi) {
@@ -203,7 +179,7 @@ StatusOr<std::vector<std::string>> ExpandGroup(std::string_view items,
                                                std::string_view host,
                                                size_t room) {
   if (items.empty())
-    return DataError("malformed range " + Quote(host) + ": empty range");
+    return DataError("malformed range " + Quoted(host) + ": empty range");
   std::vector<std::string> numbers;
   while (true) {
     size_t comma = items.find(',');
@@ -222,14 +198,14 @@ StatusOr<std::vector<std::string>> ExpandHostRange(std::string_view host,
   if (host.find_first_of("[]") == std::string_view::npos)
     return std::vector<std::string>{std::string(host)};  // checked as a name
   const std::string_view whole = host;
-  const std::string bad = "malformed range " + Quote(host) + ": ";
+  const std::string bad = "malformed range " + Quoted(host) + ": ";
   std::vector<std::string> names = {""};
   // The longest name so far: past the limit on a host name, it is an error
   // before anything is multiplied (long names times many groups would
   // otherwise make megabytes of names that are all invalid).
   size_t longest = 0;
   auto too_long = [&] {
-    return DataError("invalid host name " + Quote(whole) +
+    return DataError("invalid host name " + Quoted(whole) +
                      " (its names are longer than " +
                      std::to_string(kMaxHostNameLength) + " characters)");
   };
@@ -278,7 +254,7 @@ StatusOr<std::vector<std::string>> ExpandHostlist(std::string_view list,
     if (i < list.size() && (list[i] != ',' || depth > 0)) continue;
     const std::string_view item = list.substr(start, i - start);
     if (item.empty()) {
-      return DataError("empty host name in host list " + Quote(list));
+      return DataError("empty host name in host list " + Quoted(list));
     }
     ASSIGN_OR_RETURN(std::vector<std::string> names,
                      ExpandHostRange(item, room - hosts.size()));
@@ -301,9 +277,9 @@ Status ApplyKey(std::string_view token, std::set<std::string>& seen,
   bool known =
       key == "slots" || key == "max_slots" || key == "port" || key == "user";
   if (eq == std::string_view::npos || !known) {
-    return DataError("unknown token " + Quote(token) + " " + kExpectedKeys);
+    return DataError("unknown token " + Quoted(token) + " " + kExpectedKeys);
   }
-  if (!seen.insert(key).second) return DataError(Quote(key) + " given twice");
+  if (!seen.insert(key).second) return DataError(Quoted(key) + " given twice");
   std::string_view value = token.substr(eq + 1);
   if (key == "user") {
     RETURN_IF_ERROR(ValidateUser(value));
@@ -314,7 +290,7 @@ Status ApplyKey(std::string_view token, std::set<std::string>& seen,
   std::optional<int> number = ParseIntIn(value, 1, max);
   if (!number) {
     return DataError(key + " must be an integer in 1.." + std::to_string(max) +
-                     ", got " + Quote(value));
+                     ", got " + Quoted(value));
   }
   if (key == "slots") entry.slots = *number;
   if (key == "max_slots") entry.max_slots = *number;
@@ -327,7 +303,7 @@ Status ApplyKey(std::string_view token, std::set<std::string>& seen,
 Status ParseTokens(const std::vector<std::string_view>& tokens, size_t room,
                    HostEntry& attrs, std::vector<std::string>& names) {
   if (tokens[0].find('=') != std::string_view::npos) {
-    return DataError("expected a host name before " + Quote(tokens[0]));
+    return DataError("expected a host name before " + Quoted(tokens[0]));
   }
   std::set<std::string> seen;
   for (size_t i = 1; i < tokens.size(); ++i) {
@@ -357,9 +333,9 @@ Status AddHosts(const std::vector<std::string>& names, const HostEntry& attrs,
                      " slots in the hostfile (the limit on ranks in a job)");
   }
   for (const std::string& name : names) {
-    auto [it, inserted] = first_line.emplace(Lower(name), attrs.line);
+    auto [it, inserted] = first_line.emplace(HostKey(name), attrs.line);
     if (!inserted) {
-      return DataError("duplicate host " + Quote(name) + " (first on line " +
+      return DataError("duplicate host " + Quoted(name) + " (first on line " +
                        std::to_string(it->second) + ")");
     }
     HostEntry entry = attrs;
@@ -430,6 +406,28 @@ StatusOr<Hostfile> LoadHostfile(const std::string& path) {
   }
   ::close(fd);
   return ParseHostfile(text, path);
+}
+
+std::string Quoted(std::string_view s) {
+  constexpr size_t kMaxQuoted = 300;  // longer text is cut
+  static const char kHex[] = "0123456789abcdef";
+  std::string out = "'";
+  for (size_t i = 0; i < s.size() && i < kMaxQuoted; ++i) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out += {'\\', 'x', kHex[c >> 4], kHex[c & 15]};
+    }
+  }
+  return out + (s.size() > kMaxQuoted ? "'..." : "'");
+}
+
+std::string HostKey(std::string_view host) {
+  std::string out(host);
+  for (char& c : out)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
 }
 
 }  // namespace dslaunch::launcher

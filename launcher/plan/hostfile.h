@@ -67,4 +67,11 @@ StatusOr<std::vector<std::string>> ExpandHostRange(std::string_view host,
 StatusOr<std::vector<std::string>> ExpandHostlist(std::string_view list,
                                                   size_t room = kMaxHosts);
 
+// A host name as hosts are matched (the hostfile's duplicates, --include,
+// --exclude): lower case, as DNS compares names.
+std::string HostKey(std::string_view host);
+// `s` quoted for an error message: bytes outside printable ASCII as \xNN (no
+// raw control characters reach the terminal), cut after 300 bytes.
+std::string Quoted(std::string_view s);
+
 }  // namespace dslaunch::launcher

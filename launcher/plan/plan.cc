@@ -1,7 +1,6 @@
 #include "launcher/plan/plan.h"
 
 #include <algorithm>      // find, max, sort
-#include <cctype>         // tolower
 #include <charconv>       // from_chars
 #include <unordered_map>  // host lookup
 #include <unordered_set>  // names seen in a spec
@@ -10,16 +9,6 @@
 
 namespace dslaunch::launcher {
 namespace {
-
-// Hosts are matched case-insensitively, as DNS and the hostfile parser do.
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out)
-    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
-std::string Quote(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 std::string Prefix(std::string_view flag) { return std::string(flag) + ": "; }
 
@@ -50,24 +39,24 @@ StatusOr<FilterTerm> ParseTerm(std::string_view term, std::string_view spec,
   size_t colon = term.find(':');
   FilterTerm result{std::string(term.substr(0, colon)), {}};
   if (result.host.empty()) {
-    return InvalidArgument(Prefix(flag) + "empty host name in " + Quote(spec));
+    return InvalidArgument(Prefix(flag) + "empty host name in " + Quoted(spec));
   }
   if (colon == std::string_view::npos) return result;
   std::string_view slots = term.substr(colon + 1);
   if (slots.empty()) {
     return InvalidArgument(Prefix(flag) + "no slot ids after ':' in " +
-                           Quote(term));
+                           Quoted(term));
   }
   for (std::string_view text : Split(slots, ',')) {
     std::optional<int> slot = ParseSlotId(text);
     if (!slot) {
-      return InvalidArgument(Prefix(flag) + Quote(text) + " in " + Quote(term) +
-                             " is not a slot id");
+      return InvalidArgument(Prefix(flag) + Quoted(text) + " in " +
+                             Quoted(term) + " is not a slot id");
     }
     if (std::find(result.slots.begin(), result.slots.end(), *slot) !=
         result.slots.end()) {
       return InvalidArgument(Prefix(flag) + "slot " + std::to_string(*slot) +
-                             " is given twice in " + Quote(term));
+                             " is given twice in " + Quoted(term));
     }
     result.slots.push_back(*slot);
   }
@@ -131,10 +120,10 @@ StatusOr<std::vector<size_t>> ResolveTerms(const Hostfile& hostfile,
                                            std::string_view flag) {
   std::unordered_map<std::string, size_t> index;
   for (size_t i = 0; i < hostfile.hosts.size(); ++i)
-    index[Lower(hostfile.hosts[i].host)] = i;
+    index[HostKey(hostfile.hosts[i].host)] = i;
   std::vector<size_t> resolved;
   for (const FilterTerm& term : terms) {
-    auto it = index.find(Lower(term.host));
+    auto it = index.find(HostKey(term.host));
     if (it == index.end()) {
       std::string where = hostfile.path.empty() ? "" : " " + hostfile.path;
       return InvalidArgument(Prefix(flag) + "host " + term.host +
@@ -250,9 +239,9 @@ StatusOr<std::vector<FilterTerm>> ParseFilterSpec(std::string_view spec,
   std::unordered_set<std::string> seen;
   for (std::string_view part : Split(spec, '@')) {
     ASSIGN_OR_RETURN(FilterTerm term, ParseTerm(part, spec, flag));
-    if (!seen.insert(Lower(term.host)).second) {
+    if (!seen.insert(HostKey(term.host)).second) {
       return InvalidArgument(Prefix(flag) + "host " + term.host +
-                             " is named twice in " + Quote(spec));
+                             " is named twice in " + Quoted(spec));
     }
     terms.push_back(std::move(term));
   }
@@ -355,7 +344,7 @@ Status ParseNumNodes(std::string_view text, int max_nodes,
     return InvalidArgument(
         "--num_nodes must be N or MIN:MAX (whole numbers), "
         "got " +
-        Quote(text.substr(0, 40)));
+        Quoted(text.substr(0, 40)));
   }
   if (colon == std::string_view::npos) min = max;
   if (min < 1 || max > max_nodes || min > max) {

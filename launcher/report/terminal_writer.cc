@@ -22,15 +22,6 @@ constexpr size_t kBatchBytes = 256u << 10;  // coalesced per write loop
 // With a footer, writes (and redraws) at most about this often.
 constexpr auto kFooterGather = std::chrono::milliseconds(20);
 
-struct Entry {
-  int fd;
-  int stream;  // index into Lane::dropped
-  bool note;   // the launcher's own message: never counted as dropped
-  std::string text;
-  bool release_footer = false;  // ReleaseFooter's mark, in order with text
-  int lines = 1;                // counted when dropped
-};
-
 int Index(TerminalWriter::Stream s) { return static_cast<int>(s); }
 
 }  // namespace
@@ -38,6 +29,16 @@ int Index(TerminalWriter::Stream s) { return static_cast<int>(s); }
 // One queue and the detached thread that empties it. Shared with that
 // thread, which may outlive the TerminalWriter when blocked in write().
 struct TerminalWriter::Lane {
+  // One write to make, or a mark in order with them.
+  struct Entry {
+    int fd;
+    int stream;  // index into dropped
+    bool note;   // the launcher's own message: never counted as dropped
+    std::string text;
+    bool release_footer = false;  // ReleaseFooter's mark, in order with text
+    int lines = 1;                // counted when dropped
+  };
+
   explicit Lane(size_t limit) : limit(limit) {}
   const size_t limit;
   std::mutex mu;
@@ -266,7 +267,7 @@ TerminalWriter::Result TerminalWriter::Write(Stream stream, std::string text,
   }
   lane.queued_bytes += text.size();
   lane.queue.push_back(
-      Entry{fds_[Index(stream)], Index(stream), false, std::move(text)});
+      Lane::Entry{fds_[Index(stream)], Index(stream), false, std::move(text)});
   lane.queue.back().lines = lines;
   lane.cv.notify_all();
   return resumed ? Result::kResumed : Result::kQueued;
@@ -281,7 +282,7 @@ bool TerminalWriter::WriteNote(Stream stream, std::string text) {
   }
   lane.queued_bytes += text.size();
   lane.queue.push_back(
-      Entry{fds_[Index(stream)], Index(stream), true, std::move(text)});
+      Lane::Entry{fds_[Index(stream)], Index(stream), true, std::move(text)});
   lane.cv.notify_all();
   return true;
 }
@@ -317,7 +318,7 @@ void TerminalWriter::ReleaseFooter(Stream stream) {
   Lane& lane = LaneOf(stream);
   std::lock_guard<std::mutex> lock(lane.mu);
   if (lane.footer_fd < 0) return;
-  Entry mark{lane.footer_fd, Index(stream), true, ""};
+  Lane::Entry mark{lane.footer_fd, Index(stream), true, ""};
   mark.release_footer = true;
   lane.queue.push_back(std::move(mark));
   lane.cv.notify_all();

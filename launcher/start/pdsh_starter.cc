@@ -11,6 +11,7 @@
 
 #include "base/exit_status.h"
 #include "base/host_info.h"
+#include "base/unix_time.h"
 #include "launcher/start/secret_relay.h"
 
 namespace dslaunch::launcher {
@@ -85,9 +86,7 @@ static Collector RunPdsh(const base::ProcessSpec& spec, double timeout_s) {
     c.error = pid.status().message();
     return c;
   }
-  auto deadline =
-      std::chrono::steady_clock::now() +
-      std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  auto deadline = std::chrono::steady_clock::now() + base::Millis(timeout_s);
   for (bool killed = false; !c.done;) {
     if (std::chrono::steady_clock::now() >= deadline) {
       if (killed) break;

@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "base/host_info.h"
+#include "base/unix_time.h"
 
 namespace dslaunch::launcher {
 
@@ -299,8 +300,7 @@ StatusOr<StartResult> SshConnection::StartAndReadLine(
   std::string out;
   char buf[4096];
   const auto deadline =
-      std::chrono::steady_clock::now() +
-      std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+      std::chrono::steady_clock::now() + base::Millis(timeout_s);
   while (true) {
     const int n = ssh_channel_read_timeout(channel_, buf, sizeof(buf), 0, 50);
     if (n > 0 && out.size() < kMaxRestBytes)

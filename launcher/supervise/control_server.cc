@@ -6,6 +6,7 @@
 #include <boost/asio/ip/v6_only.hpp>
 #include <cstdio>
 
+#include "base/unix_time.h"
 #include "proto/auth.h"
 #include "proto/progress.h"  // EscapeForLog
 #include "proto/version.h"
@@ -39,10 +40,6 @@ static proto::Channel::Limits PreAuthLimits() {
   l.soft_queue_bytes = 16 * 1024;
   l.hard_queue_bytes = 64 * 1024;
   return l;
-}
-
-static std::chrono::milliseconds Ms(double seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
 ControlServer::ControlServer(asio::io_context& io, Options options,
@@ -119,7 +116,7 @@ void ControlServer::OnAccepted(tcp::socket socket) {
           },
       .on_drain = nullptr,
   });
-  hs->timer.expires_after(Ms(options_.handshake_timeout_s));
+  hs->timer.expires_after(base::Millis(options_.handshake_timeout_s));
   hs->timer.async_wait([this, weak](const boost::system::error_code& ec) {
     auto hs = weak.lock();
     if (ec || !hs) return;
@@ -186,7 +183,8 @@ void ControlServer::RecordRejection(const std::string& reason,
   if (!detail.empty()) last_rejection_ = reason + " " + detail;
   if (summary_armed_) return;
   summary_armed_ = true;
-  summary_timer_.expires_after(Ms(options_.rejection_summary_interval_s));
+  summary_timer_.expires_after(
+      base::Millis(options_.rejection_summary_interval_s));
   summary_timer_.async_wait(
       [this, alive = alive_](const boost::system::error_code& ec) {
         if (!*alive || ec) return;
@@ -386,7 +384,7 @@ Status ControlServer::Send(int node_rank, const wire::Envelope& msg) {
 }
 
 void ControlServer::ArmHeartbeat() {
-  heartbeat_timer_.expires_after(Ms(options_.heartbeat_interval_s));
+  heartbeat_timer_.expires_after(base::Millis(options_.heartbeat_interval_s));
   heartbeat_timer_.async_wait([this, alive = alive_](
                                   const boost::system::error_code& ec) {
     if (ec || !*alive) return;
@@ -395,7 +393,7 @@ void ControlServer::ArmHeartbeat() {
     beat.mutable_heartbeat()->set_seq(++heartbeat_seq_);
     std::vector<std::shared_ptr<proto::Channel>> silent;
     for (auto& [node, link] : agents_) {
-      if (now - link.last_heard > Ms(options_.heartbeat_timeout_s)) {
+      if (now - link.last_heard > base::Millis(options_.heartbeat_timeout_s)) {
         silent.push_back(link.channel);
       } else {
         (void)link.channel->Send(beat);

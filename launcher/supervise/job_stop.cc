@@ -2,15 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include "base/unix_time.h"
+
 namespace dslaunch::launcher {
-
-namespace {
-
-std::chrono::milliseconds Ms(double seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-}
-
-}  // namespace
 
 JobStop::JobStop(boost::asio::io_context& io, const LaunchOptions& options,
                  Console& console, JobState& state, const Plan& pool,
@@ -32,7 +26,7 @@ void JobStop::Start(Starter* starter, AgentLinks* links) {
 }
 
 void JobStop::ArmStartTimer() {
-  start_timer_.expires_after(Ms(options_.start_timeout_s));
+  start_timer_.expires_after(base::Millis(options_.start_timeout_s));
   start_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec && state_.phase() == Phase::kStarting) hooks_.start_timed_out();
   });
@@ -113,7 +107,7 @@ void JobStop::ArmStopTimer() {
   stop_timer_armed_ = true;
   // Agents SIGKILL their workers after the grace period; one that still has
   // not finished well after that is killed itself.
-  stop_timer_.expires_after(Ms(options_.kill_grace_s + 5));
+  stop_timer_.expires_after(base::Millis(options_.kill_grace_s + 5));
   stop_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec) return;
     for (size_t n = 0; n < state_.nodes().size(); ++n) {

@@ -14,7 +14,7 @@ namespace {
 
 constexpr auto kTick = std::chrono::milliseconds(100);
 
-std::string Seconds(double s) {
+std::string Brief(double s) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), s < 100 ? "%.3g" : "%.0f", s);
   return buf;
@@ -80,11 +80,11 @@ void JobWatch::CheckHangs(double now) {
     const double since = reported ? r.last_record_at : r.started_at;
     const std::string what =
         Who(rank) + " (pid " + std::to_string(r.pid) + ") sent no progress " +
-        "record for " + Seconds(now - since) + " s while running" +
+        "record for " + Brief(now - since) + " s while running" +
         (reported ? " (last at step " +
                         (r.step ? std::to_string(*r.step) : "?") + ")"
                   : " (none since it started)") +
-        " (--hang_timeout " + Seconds(options_.hang_timeout_s) + ")";
+        " (--hang_timeout " + Brief(options_.hang_timeout_s) + ")";
     board.MarkHung(rank, true);
     hung_now_.insert(rank);
     hangs_[rank] = what;
@@ -109,10 +109,10 @@ void JobWatch::CheckStragglers() {
   for (int rank : slow) {
     if (!straggler_named_.insert(rank).second) continue;
     const RankView& r = board.ranks().at(rank);
-    console_.Note("STRAGGLER: " + Who(rank) + " takes " +
-                  Seconds(r.step_time_s) + " s per step against the job's " +
-                  "median " + Seconds(median) + " s (--straggler_k " +
-                  Seconds(options_.straggler_k) + "); said once");
+    console_.Note("STRAGGLER: " + Who(rank) + " takes " + Brief(r.step_time_s) +
+                  " s per step against the job's " + "median " + Brief(median) +
+                  " s (--straggler_k " + Brief(options_.straggler_k) +
+                  "); said once");
   }
 }
 

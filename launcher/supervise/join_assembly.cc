@@ -3,6 +3,7 @@
 #include <algorithm>  // max
 
 #include "base/host_info.h"  // CpuListString
+#include "base/unix_time.h"
 #include "proto/progress.h"  // EscapeForLog
 
 namespace dslaunch::launcher {
@@ -73,8 +74,7 @@ void JoinAssembly::OnJoined(int node_rank, const wire::Hello& hello,
   const int min = options_.plan.min_nodes;
   if (min <= 0 || joined_.size() < static_cast<size_t>(min)) return;
   // At least MIN: the job starts unless another agent joins meanwhile.
-  settle_.expires_after(std::chrono::milliseconds(
-      static_cast<int64_t>(options_.join_settle_s * 1000)));
+  settle_.expires_after(base::Millis(options_.join_settle_s));
   settle_.async_wait([this, min](const boost::system::error_code& ec) {
     if (ec || done_ || state_.phase() != Phase::kStarting ||
         joined_.size() < static_cast<size_t>(min))

@@ -4,16 +4,12 @@
 
 #include <algorithm>  // min
 
+#include "base/unix_time.h"
 #include "launcher/start/start_mode.h"
 
 namespace dslaunch::launcher {
 
 namespace {
-
-Clock::duration Seconds(double s) {
-  return std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(s));
-}
 
 std::string Join(const std::vector<std::string>& parts) {
   std::string out;
@@ -106,7 +102,7 @@ void Restarts::ReviveLost(bool* may_return, bool* excluded) {
     const NodeRecord& node = state_.node(n);
     if (node.lost_reason.empty()) continue;
     if (!starter_->CanStartAgain()) continue;
-    if (node.excluded_until > now + Seconds(options_.rejoin_timeout_s)) {
+    if (node.excluded_until > now + base::Millis(options_.rejoin_timeout_s)) {
       *excluded = true;
       continue;
     }
@@ -117,7 +113,7 @@ void Restarts::ReviveLost(bool* may_return, bool* excluded) {
       // told to, or its tool ends it): killed only if it has not in 10 s.
       if (node.disconnected && !started_again_.count(n)) {
         auto since = ending_since_.emplace(n, now).first->second;
-        if (!node.spent || now - since > Seconds(10)) {
+        if (!node.spent || now - since > base::Millis(10)) {
           ending_since_.erase(n);
           starter_->Kill(n);
         }
@@ -128,7 +124,7 @@ void Restarts::ReviveLost(bool* may_return, bool* excluded) {
     retired_.erase(n);
     auto last = started_again_.find(n);
     if (node.excluded_until > now ||
-        (last != started_again_.end() && now - last->second < Seconds(5)))
+        (last != started_again_.end() && now - last->second < base::Millis(5)))
       continue;
     if (starter_->AgentsMakeSecrets() && !SecretMayGoOut()) continue;
     started_again_[n] = now;
@@ -220,9 +216,9 @@ void Restarts::Decide(bool may_return, bool excluded) {
   ready_seen_ = ready.size();
   const bool enough = ready.size() >= min_nodes_;
   const Clock::time_point settled =
-      settle_since_ + Seconds(options_.join_settle_s);
+      settle_since_ + base::Millis(options_.join_settle_s);
   const Clock::time_point deadline =
-      wait_since_ + Seconds(options_.rejoin_timeout_s);
+      wait_since_ + base::Millis(options_.rejoin_timeout_s);
   const bool go = ready.size() >= max_nodes_ || (enough && !may_return) ||
                   (enough && now >= std::min(settled, deadline));
   if (!go) going_ = false;
@@ -236,7 +232,7 @@ void Restarts::Decide(bool may_return, bool excluded) {
     for (auto& [agent, since] : started_again_) {
       const NodeRecord& node = state_.node(agent);
       if (node.authenticated || node.process_exited ||
-          now - since < Seconds(options_.start_timeout_s))
+          now - since < base::Millis(options_.start_timeout_s))
         continue;
       console_.Note(Who(agent) +
                     ": its agent neither connected nor ended "
@@ -251,7 +247,7 @@ void Restarts::Decide(bool may_return, bool excluded) {
     if (backoff_armed_) return;
     backoff_armed_ = true;
     tick_.cancel();
-    backoff_.expires_after(Seconds(options_.restart_backoff_s));
+    backoff_.expires_after(base::Millis(options_.restart_backoff_s));
     backoff_.async_wait([this, ready](const boost::system::error_code& ec) {
       backoff_armed_ = false;
       if (ec || stopped_) return;

@@ -518,5 +518,17 @@ TEST(Hostfile, LoadOfDirectoryIsDataError) {
             "cannot read hostfile '/': Is a directory");
 }
 
+TEST(Quoted, EscapesWhatIsNotPrintableAsciiAndCutsLongText) {
+  EXPECT_EQ(Quoted("node-1"), "'node-1'");
+  EXPECT_EQ(Quoted("a\x1b[2Jb\n\xff"), "'a\\x1b[2Jb\\x0a\\xff'");
+  EXPECT_EQ(Quoted(std::string(400, 'x')),
+            "'" + std::string(300, 'x') + "'...");
+}
+
+TEST(HostKey, MatchesNamesAsDnsDoes) {
+  EXPECT_EQ(HostKey("GPU-A01.Example.ORG"), "gpu-a01.example.org");
+  EXPECT_EQ(HostKey(HostKey("Node")), HostKey("NODE"));
+}
+
 }  // namespace
 }  // namespace dslaunch::launcher
