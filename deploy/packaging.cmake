@@ -25,7 +25,7 @@ install(TARGETS dslaunch dsagent dsworker RUNTIME DESTINATION ${dsl_root}bin
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/
         DESTINATION ${dsl_root}share/dslaunch/python COMPONENT dslaunch
         PATTERN __pycache__ EXCLUDE)
-if(DSL_CUDA)
+if(DSL_WITH_CUDA)
   install(TARGETS dsl_cuda LIBRARY DESTINATION ${dsl_root}lib/dslaunch
           COMPONENT cuda)
 endif()
@@ -64,7 +64,7 @@ set(CPACK_DEBIAN_CUDA_PACKAGE_DEPENDS "dslaunch (= ${PROJECT_VERSION})")
 set(CPACK_DEBIAN_CUDA_PACKAGE_SUGGESTS "libcublas-13-0")
 set(CPACK_COMPONENT_CUDA_DESCRIPTION
     "dsworker's CUDA engine (libdsl_cuda.so), loaded when a run uses a GPU")
-if(DSL_CUDA)
+if(DSL_WITH_CUDA)
   set(CPACK_COMPONENTS_ALL dslaunch cuda)
 else()
   set(CPACK_COMPONENTS_ALL dslaunch)
