@@ -7,9 +7,10 @@
 #           wheel (build/packages/wheelhouse: deploy/packages.sh), and the
 #           demo runs the installed programs;
 #   source  (with --source) the demo builds what it runs first
-#           (deploy/setup.sh --programs: its packages, then about 10 minutes
+#           (deploy/setup.sh --programs: its packages, then about 3 minutes
 #           of compiling on 2 cores).
-# Prints a table: the first output, the first progress record, the end.
+# Prints a table: the first output, the build's first and last steps
+# (source only), the first progress record, the end.
 # Needs root, podman, runc, mmdebstrap and network access to Debian's mirror.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,7 +22,8 @@ work=$(mktemp -d /tmp/dsl-first-minutes.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 base=$("$root/tests/pods/podman_base.sh" "$work")
 export CONTAINERS_CONF=$work/containers.conf
-printf '| way | first output (s) | first progress record (s) | demo done (s) |\n|---|---|---|---|\n'
+printf '| way | first output (s) | first build step (s) | built (s) | first progress record (s) | demo done (s) |\n'
+printf '|---|---|---|---|---|---|\n'
 for way in "${ways[@]}"; do
   rm -rf "$work/clone"
   git -C "$root" archive --format=tar HEAD | (mkdir -p "$work/clone" && tar -x -C "$work/clone")
@@ -40,8 +42,12 @@ for way in "${ways[@]}"; do
     "start=\$(date +%s%N); ($steps) 2>&1 | while IFS= read -r l; do
        echo \"\$(( (\$(date +%s%N) - start) / 1000000 )) \$l\"; done" >"$work/$way.log" || true
   first=$(awk 'NR==1 {print $1/1000}' "$work/$way.log")
+  # The build's first and last steps (ninja's [i/n] lines).
+  packages=$(awk '$2 ~ /^\[1\// {print $1/1000; exit}' "$work/$way.log")
+  built=$(awk '$2 ~ /^\[[0-9]+\/[0-9]+\]$/ {split($2, a, /[\[\/\]]/); if (a[2] == a[3]) t = $1/1000} END {print t}' "$work/$way.log")
   progress=$(awk '/progress\]/ {print $1/1000; exit}' "$work/$way.log")
   done_at=$(awk '/^[0-9]+ logs: data\/logs/ {print $1/1000}' "$work/$way.log")
-  printf '| %s | %s | %s | %s |\n' "$way" "$first" "${progress:-none}" "${done_at:-failed}"
+  printf '| %s | %s | %s | %s | %s | %s |\n' "$way" "$first" "${packages:--}" "${built:--}" \
+    "${progress:-none}" "${done_at:-failed}"
   [ -n "$done_at" ] || tail -20 "$work/$way.log" >&2
 done

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 # The programs: $DSL_DEMO_BIN, else an installed dslaunch of this version
 # on the PATH (the wheel's commands in an active venv, or the Debian
 # package's), which starts training within a minute; else a build of only
-# what the demo runs (dslaunch, dsagent, dsworker: about 10 minutes on 2
+# what the demo runs (dslaunch, dsagent, dsworker: about 3 minutes on 2
 # cores; examples/test.sh builds the rest).
 version=$(sed -n 's/.*kVersion = "\(.*\)";/\1/p' proto/version.h)
 bin=${DSL_DEMO_BIN:-}
