@@ -22,6 +22,7 @@
 #      TORCH_STEPS (30)  TORCH_WARMUP (10)  SKIP_TORCH=1  SKIP_SANITIZER=1
 #      SANITIZE=1: memcheck even when the tests pass
 #      QUICK=1: PyTorch's compiled bf16 run only
+#      SKIP_ZERO=1  ZSTEPS steps of each ZeRO run (6)
 #      PEAK_TFLOPS dense bf16 peak for MFU (989.5, H100/H200 SXM)
 set -uo pipefail
 
@@ -30,7 +31,8 @@ BUNDLE=$ROOT/.gpu/bundle.tar.xz
 
 if [[ "${1:-}" == "--pack" ]]; then
   BUILD=${DSLAUNCH_BUILD:-$ROOT/build}
-  bins=("$BUILD/bin/dsworker" "$BUILD/bin/libdsl_cuda.so" "$BUILD/bin/cuda_tests")
+  bins=("$BUILD/bin/dsworker" "$BUILD/bin/libdsl_cuda.so" "$BUILD/bin/cuda_tests"
+        "$BUILD/bin/dslaunch" "$BUILD/bin/dsagent")
   for b in "${bins[@]}"; do
     [[ -f "$b" ]] || { echo "no $b: build with the CUDA engine first" >&2; exit 1; }
   done
@@ -167,6 +169,61 @@ for mode in bf16 tf32; do
   grep -A9 'GPU time per step' "$WORK/profile.log" | tee -a "$SUMMARY"
 done
 
+# ---------------------------------------------------------------- ZeRO
+# ZeRO stages 0-2 and the optimizer offloaded to the CPU, bf16: each rank's
+# step rate, GPU allocator peak and model state, from dslaunch's
+# metrics.jsonl, for one rank and for 2 ranks sharing the GPU (their
+# gradients reduced over Gloo through host memory).
+ZSTEPS=${ZSTEPS:-6}
+declare -a ZROWS
+run_zero() {  # label, ranks, dsworker --set KEY=VALUE...
+  local label=$1 world=$2 log=$OUT/bench_zero.log rc s
+  shift 2
+  local sets=(--set bf16.enabled=true --set "train.steps=$ZSTEPS")
+  for s in "$@"; do sets+=(--set "$s"); done
+  echo "### $label, $world rank(s)" >>"$log"
+  rm -rf "$WORK/zlogs"
+  echo "127.0.0.1 slots=$world" >"$WORK/hosts"
+  (cd "$WORK" && timeout 180 "$WORK/bin/dslaunch" --hostfile "$WORK/hosts" \
+     --log_dir "$WORK/zlogs" "$DSW" train --config "$WORK/gpt2.json" --device cuda \
+     "${sets[@]}") >"$WORK/zero.log" 2>&1
+  rc=$?
+  cat "$WORK/zero.log" >>"$log"
+  ZROWS+=("$($PY - "$WORK/zlogs/metrics.jsonl" "$label" "$world" "$rc" <<'EOF'
+import json, statistics, sys
+path, label, world, rc = sys.argv[1:]
+last, rates = {}, []
+try:
+    for line in open(path):
+        r = json.loads(line)
+        if "rank" in r and "step" in r:
+            last[r["rank"]] = r
+            if r["rank"] == 0 and r["step"] > 2:
+                rates.append(r.get("tokens_per_s", 0) * int(world))
+except OSError:
+    pass
+gib = lambda b: "%.2f" % (b / 2**30) if b is not None else "?"
+r0 = last.get(0, {})
+print("| %s | %s | %s | %s GiB | %s GiB | exit %s |" % (
+    label, world, "%.0f" % statistics.median(rates) if rates else "failed",
+    gib(r0.get("gpu_mem_bytes")), gib(r0.get("model_state_bytes")), rc))
+EOF
+)")
+  say "${ZROWS[-1]}"
+}
+if [[ -z "${SKIP_ZERO:-}" ]]; then
+  say ""
+  say "## ZeRO on the GPU, bf16, B $BATCH ($(elapsed))"
+  : >"$OUT/bench_zero.log"
+  run_zero "stage 2, offload_optimizer cpu" 1 zero_optimization.stage=2 \
+    zero_optimization.offload_optimizer.device=cpu
+  for st in 0 1 2; do
+    run_zero "stage $st" 2 "zero_optimization.stage=$st"
+  done
+  run_zero "stage 2, offload_optimizer cpu" 2 zero_optimization.stage=2 \
+    zero_optimization.offload_optimizer.device=cpu
+fi
+
 run_torch() {  # name, args...
   local name=$1 log=$OUT/bench_torch.log
   shift
@@ -193,6 +250,12 @@ fi
   echo "| engine | mode | tokens/s | MFU | GPU memory |"
   echo "|---|---|---|---|---|"
   printf '%s\n' "${ROWS[@]}"
+  if [[ ${#ZROWS[@]} -gt 0 ]]; then
+    echo ""
+    echo "| ZeRO (bf16) | ranks | tokens/s (all ranks) | rank 0 GPU peak | rank 0 model state | |"
+    echo "|---|---|---|---|---|---|"
+    printf '%s\n' "${ZROWS[@]}"
+  fi
 } | tee "$OUT/table.md" | tee -a "$SUMMARY"
 
 # ---------------------------------------------------------------- memcheck

@@ -70,8 +70,12 @@ int RunTrain(const TrainArgs& args) {
   auto asked = ParseDeviceKind(args.device);
   if (!asked.ok()) return Fail(asked.status());
   std::string note;
-  if (*asked == DeviceKind::kAuto && config->zero.stage != 0) {
-    // What the GPU engine does not train yet stays on the CPU under auto.
+  if (*asked == DeviceKind::kAuto &&
+      (config->zero.stage != 0 ||
+       config->zero.offload_optimizer != OffloadDevice::kNone)) {
+    // Stage 3 is not trained on the GPU; stages 1-2 and offload are with
+    // --device cuda, and come under auto once their GPU tests have run on a
+    // GPU (README, "On a GPU").
     options.device = DeviceKind::kCpu;
   } else {
     auto device = ResolveDevice(*asked, &note);

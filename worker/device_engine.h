@@ -47,6 +47,12 @@ struct DeviceEngineOptions {
   DeviceModelSpec model;
   int device = 0;  // CUDA ordinal within CUDA_VISIBLE_DEVICES
   DevicePrecision precision = DevicePrecision::kFp32;
+  // The part of the flat buffer whose AdamW moments live on the device and
+  // which AdamStep updates: everything by default; a rank's shard under
+  // ZeRO stage 1 or 2; nothing (count 0) when the optimizer is offloaded to
+  // the CPU. Cut at num_params.
+  size_t moments_begin = 0;
+  size_t moments_count = static_cast<size_t>(-1);
 };
 
 // One AdamW (or Adam with L2) step's constants, as worker/cpu_adam.h's
@@ -69,6 +75,7 @@ class DeviceEngine {
   virtual bool GetParams(float* host) = 0;
   virtual bool SetGrads(const float* host) = 0;
   virtual bool GetGrads(float* host) = 0;
+  // The moments of the device's part (moments_count floats each).
   virtual bool SetMoments(const float* m, const float* v) = 0;
   virtual bool GetMoments(float* m, float* v) = 0;
 
@@ -84,12 +91,13 @@ class DeviceEngine {
                          float* loss) = 0;
   // Sum of the squared gradients of the first num_params floats, in double.
   virtual bool GradSquaredSum(double* out) = 0;
-  // grads *= grad_scale, then one AdamW step over every segment.
+  // grads *= grad_scale, then one AdamW step over every segment, within
+  // the device's part of the buffer. Fails where that part is empty.
   virtual bool AdamStep(const DeviceAdam& adam, float grad_scale) = 0;
 
   // Peak bytes this engine has had allocated on the device.
   virtual int64_t peak_memory_bytes() const = 0;
-  // Parameters, gradients and moments on the device, in bytes.
+  // Parameters, gradients and the device's moments, in bytes.
   virtual int64_t state_bytes() const = 0;
 };
 

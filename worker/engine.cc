@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "worker/model.h"
-#include "worker/partition.h"
+#include "worker/replicated_state.h"
 #include "worker/zero_state.h"
 
 namespace dslaunch::worker {
@@ -52,10 +52,8 @@ class CpuEngine : public Engine {
 
 // ------------------------------------------------------------ replicated
 
-// Stages 0 and 1 on the CPU: whole parameters and gradients on every rank
-// (padded so the gradients split evenly for the reduce-scatter); the moments
-// of [shard_begin_, + shard_size_): everything under stage 0, this rank's
-// piece under stage 1.
+// Stages 0 and 1 on the CPU: whole parameters and gradients on every rank,
+// the optimizer's side in a ReplicatedState.
 class ReplicatedEngine final : public CpuEngine {
  public:
   ReplicatedEngine(int stage, Comm* comm) : stage_(stage), comm_(comm) {}
@@ -67,13 +65,7 @@ class ReplicatedEngine final : public CpuEngine {
       ASSIGN_OR_RETURN(model_, Model::Create(ConfigModel(config)));
       model_->InitParams(config.train.seed);
     }
-    const size_t n = num_params();
-    const Partition part = MakePartition(n, comm_->size());
-    model_->PadFlatBuffers(part.padded());
-    shard_begin_ = stage_ == 0 ? 0 : part.begin(comm_->rank());
-    shard_size_ = stage_ == 0 ? n : part.shard;
-    m_.assign(shard_size_, 0.0f);
-    v_.assign(shard_size_, 0.0f);
+    state_ = std::make_unique<ReplicatedState>(model_.get(), stage_, comm_);
     return Status::Ok();
   }
 
@@ -81,74 +73,16 @@ class ReplicatedEngine final : public CpuEngine {
     model_->ZeroGrad();
     return Status::Ok();
   }
-
   StatusOr<float> FinishGradients() override {
-    RETURN_IF_ERROR(ReduceGradients());
-    // The norm of the gradients this rank updates (stage 1: its piece,
-    // summed over ranks).
-    const float* g = model_->grads().data() + shard_begin_;
-    const size_t n = num_params();
-    const size_t real = std::min(shard_size_, n - std::min(shard_begin_, n));
-    double sum = 0;
-#pragma omp parallel for reduction(+ : sum)
-    for (size_t i = 0; i < real; ++i) sum += static_cast<double>(g[i]) * g[i];
-    if (stage_ > 0 && comm_->size() > 1) {
-      float partial = static_cast<float>(sum);
-      RETURN_IF_ERROR(comm_->AllReduceSum(&partial, 1));
-      sum = partial;
-    }
-    return static_cast<float>(std::sqrt(sum));
+    return state_->FinishGradients();
   }
-
   Status Update(const AdamParams& adam, float clip_scale) override {
-    float* p = model_->params().data();
-    float* g = model_->grads().data();
-    if (clip_scale != 1.0f) {
-      for (size_t i = 0; i < shard_size_; ++i)
-        g[shard_begin_ + i] *= clip_scale;
-    }
-    const size_t lo = shard_begin_, hi = shard_begin_ + shard_size_;
-    for (const DecaySegment& seg : model_->layout().DecaySegments()) {
-      const size_t b = std::max(lo, seg.range.begin),
-                   e = std::min(hi, seg.range.end);
-      if (b >= e) continue;
-      AdamStep(p + b, g + b, m_.data() + (b - lo), v_.data() + (b - lo), e - b,
-               adam, seg.decay);
-    }
-    if (stage_ == 1 && comm_->size() > 1) {
-      gather_in_.assign(p + shard_begin_,
-                        p + shard_begin_ + shard_size_);  // no realloc
-      RETURN_IF_ERROR(comm_->AllGather(gather_in_.data(), p, shard_size_));
-    }
-    return Status::Ok();
+    return state_->Update(adam, clip_scale);
   }
-
   StatusOr<RankShard> CheckpointRange(size_t begin, size_t count) override {
-    // The moments this rank holds start at shard_begin_ (0 for stage 0); a
-    // checkpoint's partition is this rank's stage-1 shard.
-    RankShard shard;
-    shard.begin = begin;
-    const size_t m_off = begin - shard_begin_;
-    shard.params =
-        std::span<const float>(model_->params().data() + begin, count);
-    shard.m = std::span<const float>(m_.data() + m_off, count);
-    shard.v = std::span<const float>(v_.data() + m_off, count);
-    return shard;
+    return state_->CheckpointRange(begin, count);
   }
-
-  Status Resume(const std::string& dir) override {
-    const size_t n = num_params();
-    RETURN_IF_ERROR(
-        ReadCheckpointRange(dir, "params", 0, model_->params().first(n)));
-    const size_t real =
-        shard_begin_ >= n ? 0 : std::min(shard_size_, n - shard_begin_);
-    std::fill(m_.begin(), m_.end(), 0.0f);
-    std::fill(v_.begin(), v_.end(), 0.0f);
-    RETURN_IF_ERROR(
-        ReadCheckpointRange(dir, "m", shard_begin_, std::span(m_).first(real)));
-    return ReadCheckpointRange(dir, "v", shard_begin_,
-                               std::span(v_).first(real));
-  }
+  Status Resume(const std::string& dir) override { return state_->Resume(dir); }
 
   StatusOr<std::vector<float>> WholeParams() override {
     auto p = model_->params().first(num_params());
@@ -158,34 +92,14 @@ class ReplicatedEngine final : public CpuEngine {
   int64_t state_bytes() const override {
     const int64_t n = static_cast<int64_t>(model_->params().size());
     return 4 * (n + static_cast<int64_t>(model_->grads().size())) +
-           4 * static_cast<int64_t>(m_.size() + v_.size());
+           state_->moment_bytes();
   }
   std::string Describe() const override { return ""; }
 
  private:
-  // Stage 0: every gradient averaged on every rank; stage 1: only this
-  // rank's piece of the reduced gradients is needed.
-  Status ReduceGradients() {
-    const int world = comm_->size();
-    if (world == 1) return Status::Ok();
-    float* g = model_->grads().data();
-    const float scale = 1.0f / static_cast<float>(world);
-    if (stage_ == 0) {
-      const size_t n = num_params();
-      RETURN_IF_ERROR(comm_->AllReduceSum(g, n));
-      for (size_t i = 0; i < n; ++i) g[i] *= scale;
-      return Status::Ok();
-    }
-    RETURN_IF_ERROR(comm_->ReduceScatterSum(g, g + shard_begin_, shard_size_));
-    for (size_t i = 0; i < shard_size_; ++i) g[shard_begin_ + i] *= scale;
-    return Status::Ok();
-  }
-
   int stage_;
   Comm* comm_;
-  size_t shard_begin_ = 0, shard_size_ = 0;
-  std::vector<float> m_, v_;
-  std::vector<float> gather_in_;  // stage 1: own updated piece
+  std::unique_ptr<ReplicatedState> state_;
 };
 
 // ------------------------------------------------------------ sharded

@@ -146,6 +146,9 @@ Status Trainer::Save() {
 }
 
 int64_t Trainer::model_state_bytes() const { return engine_->state_bytes(); }
+int64_t Trainer::device_memory_bytes() const {
+  return engine_->device_memory_bytes();
+}
 
 AdamParams Trainer::Adam(double lr) const {
   AdamParams a;

@@ -67,6 +67,8 @@ class Trainer {
   StatusOr<float> Evaluate(int batches);
   // Parameters, gradients and optimizer state this rank holds, in bytes.
   int64_t model_state_bytes() const;
+  // The GPU allocator's peak in bytes; 0 on the CPU.
+  int64_t device_memory_bytes() const;
   const ModelConfig& model_config() const { return engine_->model_config(); }
   int rank() const { return comm_->rank(); }
   // Every parameter in llm.c's order (gathered under stage 3); collective.

@@ -398,14 +398,16 @@ class CudaTrainerTest : public ::testing::Test {
   }
 
   // 2 layers, 4 heads, C 64, T 64, V 500; micro batch 4.
-  TrainConfig Config(int world, int64_t steps, const std::string& extra = "") {
+  TrainConfig Config(int world, int64_t steps, const std::string& extra = "",
+                     const std::string& zero = R"({"stage": 0})") {
     const std::string text =
         R"({"train_micro_batch_size_per_gpu": 4,
             "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
             "steps_per_print": 1000,
             "optimizer": {"type": "AdamW",
                           "params": {"lr": 0.003, "weight_decay": 0.1}},
-            "zero_optimization": {"stage": 0},
+            "zero_optimization": )" +
+        zero + R"(,
             "model": {"n_layer": 2, "n_head": 4, "n_embd": 64,
                       "seq_len": 64, "vocab_size": 500},
             "data": {"train": ")" +
@@ -418,8 +420,9 @@ class CudaTrainerTest : public ::testing::Test {
   }
 
   struct Run {
-    std::vector<float> losses;  // rank 0's, per step
-    std::vector<float> params;  // at the end, llm.c order
+    std::vector<float> losses;               // rank 0's, per step
+    std::vector<float> params;               // at the end, llm.c order
+    int64_t state_bytes = 0, gpu_bytes = 0;  // rank 0's model state, GPU peak
   };
 
   // config.train.steps steps on `world` ranks (threads) on `device`;
@@ -449,6 +452,8 @@ class CudaTrainerTest : public ::testing::Test {
       if (comm.rank() == 0) {
         out.losses = losses;
         out.params = params;
+        out.state_bytes = t->model_state_bytes();
+        out.gpu_bytes = t->device_memory_bytes();
       }
       return Status::Ok();
     });
@@ -575,6 +580,80 @@ TEST_F(CudaTrainerTest, TwoRanksShareOneGpu) {
   const Run cpu = Train(c, DeviceKind::kCpu, 2);
   const Run gpu = Train(c, DeviceKind::kCuda, 2);
   EXPECT_LT(MaxDiff(gpu.losses, cpu.losses), 1e-4);
+}
+
+// ZeRO stages 1 and 2 (the gradients reduce-scattered over Gloo, each
+// rank's optimizer on its shard) and the optimizer offloaded to the CPU
+// (offload_optimizer: the host's fp32 master parameters and moments, the
+// CPU's AdamW) train as the CPU engine does: 2 ranks sharing the GPU, 20
+// fp32 steps.
+TEST_F(CudaTrainerTest, ZeroStagesAndOffloadEqualTheCpuEngine) {
+  const Run cpu = Train(Config(2, 20), DeviceKind::kCpu, 2);
+  for (const char* zero :
+       {R"({"stage": 1})", R"({"stage": 2})",
+        R"({"stage": 0, "offload_optimizer": {"device": "cpu"}})",
+        R"({"stage": 1, "offload_optimizer": {"device": "cpu"}})",
+        R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})"}) {
+    SCOPED_TRACE(zero);
+    const Run gpu = Train(Config(2, 20, "", zero), DeviceKind::kCuda, 2);
+    ASSERT_EQ(gpu.losses.size(), 20u);
+    EXPECT_LT(MaxDiff(gpu.losses, cpu.losses), 1e-4);
+    EXPECT_LT(MaxDiff(gpu.params, cpu.params), 1e-3);
+  }
+}
+
+// One rank offloaded: the same as on the device, and bit for bit after a
+// resume (the master parameters and moments are the host's).
+TEST_F(CudaTrainerTest, OffloadOnOneRankResumesBitForBit) {
+  const std::string offload =
+      R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})";
+  const Run device = Train(Config(1, 20), DeviceKind::kCuda);
+  const std::string ck =
+      R"(, "checkpoint": {"dir": ")" + dir_ + R"(/ck", "every": 10})";
+  const Run whole =
+      Train(Config(1, 20, ck, offload), DeviceKind::kCuda, 1, true);
+  EXPECT_LT(MaxDiff(whole.losses, device.losses), 1e-4);
+  const Run resumed = Train(
+      Config(1, 20,
+             R"(, "checkpoint": {"dir": ")" + dir_ + R"(/ck2", "resume": ")" +
+                 dir_ + R"(/ck/step_00000010"})",
+             offload),
+      DeviceKind::kCuda, 1, true);
+  EXPECT_EQ(resumed.losses, whole.losses);
+  EXPECT_EQ(resumed.params, whole.params);
+}
+
+// The memory each rank keeps follows the law. The device holds fp32
+// parameters and gradients (8 bytes a parameter) and the AdamW moments of
+// its part (8 bytes a parameter of it): all of them under stage 0, its
+// shard under stages 1 and 2 (rank 0 of 2: the first half, padded to 16),
+// none offloaded. The GPU's allocator peak differs by exactly those bytes,
+// the activations being the same; the model state counts the host's
+// moments where they are offloaded.
+TEST_F(CudaTrainerTest, MemoryFollowsTheZeroLaw) {
+  const Run s0 = Train(Config(2, 1), DeviceKind::kCuda, 2);
+  const Run s1 =
+      Train(Config(2, 1, "", R"({"stage": 1})"), DeviceKind::kCuda, 2);
+  const Run s2 =
+      Train(Config(2, 1, "", R"({"stage": 2})"), DeviceKind::kCuda, 2);
+  const Run off =
+      Train(Config(2, 1, "",
+                   R"({"stage": 1, "offload_optimizer": {"device": "cpu"}})"),
+            DeviceKind::kCuda, 2);
+  const int64_t n = s0.state_bytes / 16;
+  const int64_t shard = (n / 2 + (n % 2) + 15) / 16 * 16;  // rank 0's
+  std::printf(
+      "2 ranks, %lld parameters: GPU peak stage 0 %lld, stage 1 %lld, "
+      "stage 2 %lld, stage 1 offloaded %lld bytes\n",
+      static_cast<long long>(n), static_cast<long long>(s0.gpu_bytes),
+      static_cast<long long>(s1.gpu_bytes),
+      static_cast<long long>(s2.gpu_bytes),
+      static_cast<long long>(off.gpu_bytes));
+  EXPECT_EQ(s0.gpu_bytes - s1.gpu_bytes, 8 * (n - shard));
+  EXPECT_EQ(s2.gpu_bytes, s1.gpu_bytes);  // whole gradients for backward
+  EXPECT_EQ(s0.gpu_bytes - off.gpu_bytes, 8 * n);
+  EXPECT_EQ(s1.state_bytes, 8 * n + 8 * shard);
+  EXPECT_EQ(off.state_bytes, 8 * n + 8 * shard);  // moments on the host
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 
 #include "worker/comm_local.h"
 #include "worker/data_loader.h"
+#include "worker/engine.h"
 #include "worker/param_layout.h"
 #include "worker/partition.h"
 
@@ -241,6 +242,31 @@ TEST_F(TrainerTest, ALostPeerIsAStatusFromStepOnEveryRank) {
                 std::string::npos)
           << st[r].message();
     }
+  }
+}
+
+// What the GPU engine cannot train is refused before any GPU is opened, so
+// this holds on machines without one: stage 3. Stage 2, with or without
+// the optimizer offloaded, gets as far as looking for the GPU.
+TEST_F(TrainerTest, TheGpuEngineRefusesStage3BeforeLookingForAGpu) {
+  LocalWorld w(1, std::chrono::seconds(5));
+  std::unique_ptr<Comm> comm = w.MakeComm(0);
+  EngineOptions o;
+  o.device = DeviceKind::kCuda;
+  auto e = MakeEngine(Config(1, 3, 1), comm.get(), o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("zero_optimization.stage 3"),
+            std::string::npos)
+      << e.status().message();
+  for (bool offload : {false, true}) {
+    TrainConfig c = Config(1, 2, 1);
+    if (offload) c.zero.offload_optimizer = OffloadDevice::kCpu;
+    auto got = MakeEngine(c, comm.get(), o);
+    if (got.ok()) continue;  // a GPU is here
+    EXPECT_EQ(got.status().message().find("zero_optimization.stage"),
+              std::string::npos)
+        << got.status().message();
   }
 }
 

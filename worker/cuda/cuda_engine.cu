@@ -96,28 +96,46 @@ class CudaEngine final : public DeviceEngine {
     }
     ctx_.batched_compute = ctx_.compute;
     const size_t n = spec_.num_params;
-    if (!Alloc(&params_, n) || !Alloc(&grads_, n) || !Alloc(&m_, n) ||
-        !Alloc(&v_, n) || !Alloc(&partials_, kSquaredSumBlocks)) {
+    moments_begin_ = std::min(options_.moments_begin, n);
+    moments_count_ = std::min(options_.moments_count, n - moments_begin_);
+    if (!Alloc(&params_, n) || !Alloc(&grads_, n) ||
+        !Alloc(&partials_, kSquaredSumBlocks)) {
+      return false;
+    }
+    if (moments_count_ > 0 &&
+        (!Alloc(&m_, moments_count_) || !Alloc(&v_, moments_count_))) {
       return false;
     }
     Zero(ctx_, grads_, n);
-    Zero(ctx_, m_, n);
-    Zero(ctx_, v_, n);
+    if (moments_count_ > 0) {
+      Zero(ctx_, m_, moments_count_);
+      Zero(ctx_, v_, moments_count_);
+    }
     return Sync("init");
   }
 
   std::string Describe() const override { return describe_; }
   const std::string& error() const override { return error_; }
 
-  bool SetParams(const float* host) override { return Up(params_, host); }
-  bool GetParams(float* host) override { return Down(host, params_); }
-  bool SetGrads(const float* host) override { return Up(grads_, host); }
-  bool GetGrads(float* host) override { return Down(host, grads_); }
+  bool SetParams(const float* host) override {
+    return Up(params_, host, spec_.num_params);
+  }
+  bool GetParams(float* host) override {
+    return Down(host, params_, spec_.num_params);
+  }
+  bool SetGrads(const float* host) override {
+    return Up(grads_, host, spec_.num_params);
+  }
+  bool GetGrads(float* host) override {
+    return Down(host, grads_, spec_.num_params);
+  }
   bool SetMoments(const float* m, const float* v) override {
-    return Up(m_, m) && Up(v_, v);
+    return moments_count_ == 0 ||
+           (Up(m_, m, moments_count_) && Up(v_, v, moments_count_));
   }
   bool GetMoments(float* m, float* v) override {
-    return Down(m, m_) && Down(v, v_);
+    return moments_count_ == 0 ||
+           (Down(m, m_, moments_count_) && Down(v, v_, moments_count_));
   }
   bool ZeroGrad() override {
     Zero(ctx_, grads_, spec_.num_params);
@@ -157,14 +175,21 @@ class CudaEngine final : public DeviceEngine {
   }
 
   bool AdamStep(const DeviceAdam& a, float grad_scale) override {
+    if (moments_count_ == 0) {
+      error_ = "AdamStep: the optimizer state is not on the GPU";
+      return false;
+    }
     AdamConstants k =
         MakeAdamConstants(a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
                           a.adamw_mode, a.step, /*decay=*/false);
     Mark(Profile::kOptimizer);
+    const size_t lo = moments_begin_, hi = moments_begin_ + moments_count_;
     for (const DeviceModelSpec::Segment& s : spec_.segments) {
+      const size_t b = std::max(lo, s.begin), e = std::min(hi, s.end);
+      if (b >= e) continue;
       k.decay = s.decay && a.weight_decay != 0.0;
-      cuda::AdamStep(ctx_, params_ + s.begin, grads_ + s.begin, m_ + s.begin,
-                     v_ + s.begin, s.end - s.begin, k, grad_scale);
+      cuda::AdamStep(ctx_, params_ + b, grads_ + b, m_ + (b - lo),
+                     v_ + (b - lo), e - b, k, grad_scale);
     }
     Mark(Profile::kPointwise);  // until the next step's first mark
     profile_.StepDone();
@@ -173,7 +198,7 @@ class CudaEngine final : public DeviceEngine {
 
   int64_t peak_memory_bytes() const override { return peak_bytes_; }
   int64_t state_bytes() const override {
-    return 16 * static_cast<int64_t>(spec_.num_params);
+    return 8 * static_cast<int64_t>(spec_.num_params + moments_count_);
   }
 
  private:
@@ -249,14 +274,14 @@ class CudaEngine final : public DeviceEngine {
 
   // On the engine's stream (a plain cudaMemcpy runs on the legacy stream,
   // which does not order against a non-blocking one), finished on return.
-  bool Up(float* dst, const float* host) {
-    return Cuda(cudaMemcpyAsync(dst, host, spec_.num_params * sizeof(float),
+  bool Up(float* dst, const float* host, size_t n) {
+    return Cuda(cudaMemcpyAsync(dst, host, n * sizeof(float),
                                 cudaMemcpyHostToDevice, ctx_.stream),
                 "copy to the GPU") &&
            Sync("copy to the GPU");
   }
-  bool Down(float* host, const float* src) {
-    return Cuda(cudaMemcpyAsync(host, src, spec_.num_params * sizeof(float),
+  bool Down(float* host, const float* src, size_t n) {
+    return Cuda(cudaMemcpyAsync(host, src, n * sizeof(float),
                                 cudaMemcpyDeviceToHost, ctx_.stream),
                 "copy from the GPU") &&
            Sync("copy from the GPU");
@@ -632,6 +657,7 @@ class CudaEngine final : public DeviceEngine {
   std::vector<std::pair<void*, int64_t>> allocations_;  // with their bytes
   int64_t allocated_bytes_ = 0, peak_bytes_ = 0;
   float *params_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
+  size_t moments_begin_ = 0, moments_count_ = 0;  // the device's part
   double* partials_ = nullptr;
   int B_ = 0, T_ = 0;
   float* acts_ = nullptr;
