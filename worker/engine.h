@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -82,9 +83,14 @@ StatusOr<std::unique_ptr<Engine>> MakeEngine(const TrainConfig& config,
                                              Comm* comm,
                                              const EngineOptions& options);
 
+// Makes the GPU engine's DeviceEngine: OpenCudaEngine (libdsl_cuda.so), or
+// in tests a stand-in on the CPU that drives the GPU engine's host side.
+using DeviceOpener = std::function<StatusOr<std::unique_ptr<DeviceEngine>>(
+    const DeviceEngineOptions&)>;
+
 // Defined in engine_gpu.cc.
-StatusOr<std::unique_ptr<Engine>> MakeGpuEngine(const TrainConfig& config,
-                                                Comm* comm,
-                                                const EngineOptions& options);
+StatusOr<std::unique_ptr<Engine>> MakeGpuEngine(
+    const TrainConfig& config, Comm* comm, const EngineOptions& options,
+    const DeviceOpener& open = OpenCudaEngine);
 
 }  // namespace dslaunch::worker

@@ -26,7 +26,8 @@ class GpuEngine final : public Engine {
  public:
   explicit GpuEngine(Comm* comm) : comm_(comm) {}
 
-  Status Init(const TrainConfig& config, const EngineOptions& options) {
+  Status Init(const TrainConfig& config, const EngineOptions& options,
+              const DeviceOpener& open) {
     if (!options.init_model.empty()) {
       ASSIGN_OR_RETURN(host_, ReadModelFile(options.init_model));
     } else {
@@ -68,7 +69,7 @@ class GpuEngine final : public Engine {
                   : tf32 != nullptr && std::string(tf32) == "1"
                       ? DevicePrecision::kTf32
                       : DevicePrecision::kFp32;
-    ASSIGN_OR_RETURN(dev_, OpenCudaEngine(o));
+    ASSIGN_OR_RETURN(dev_, open(o));
     return Push();
   }
 
@@ -184,7 +185,8 @@ class GpuEngine final : public Engine {
 
 StatusOr<std::unique_ptr<Engine>> MakeGpuEngine(const TrainConfig& config,
                                                 Comm* comm,
-                                                const EngineOptions& options) {
+                                                const EngineOptions& options,
+                                                const DeviceOpener& open) {
   if (config.zero.stage > 2) {
     return InvalidArgument(
         "zero_optimization.stage 3: the GPU engine trains stages 0-2 so far; "
@@ -192,7 +194,7 @@ StatusOr<std::unique_ptr<Engine>> MakeGpuEngine(const TrainConfig& config,
         "--device cpu");
   }
   auto e = std::make_unique<GpuEngine>(comm);
-  RETURN_IF_ERROR(e->Init(config, options));
+  RETURN_IF_ERROR(e->Init(config, options, open));
   return std::unique_ptr<Engine>(std::move(e));
 }
 
