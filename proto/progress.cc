@@ -2,7 +2,9 @@
 
 #include <unistd.h>  // close
 
-#include <cstdio>  // snprintf for escapes
+#include <charconv>  // to_chars: shortest floats
+#include <cmath>     // isfinite
+#include <cstdio>    // snprintf for escapes
 #include <limits>
 #include <nlohmann/json.hpp>  // parsing and re-serializing records
 
@@ -121,8 +123,64 @@ std::string AnnotateProgressRecord(std::string_view json, int rank,
   record["rank"] = rank;
   record["node"] = node;
   record["time"] = time;
-  return record.dump(-1, ' ', false,
-                     nlohmann::ordered_json::error_handler_t::replace);
+  return DumpJson(record);
+}
+
+namespace {
+
+void AppendJson(const nlohmann::ordered_json& v, std::string* out) {
+  using Type = nlohmann::ordered_json::value_t;
+  const auto dump = [](const nlohmann::ordered_json& x) {
+    return x.dump(-1, ' ', false,
+                  nlohmann::ordered_json::error_handler_t::replace);
+  };
+  switch (v.type()) {
+    case Type::object: {
+      out->push_back('{');
+      bool first = true;
+      for (const auto& [key, item] : v.items()) {
+        if (!first) out->push_back(',');
+        first = false;
+        *out += dump(nlohmann::ordered_json(key));
+        out->push_back(':');
+        AppendJson(item, out);
+      }
+      out->push_back('}');
+      return;
+    }
+    case Type::array: {
+      out->push_back('[');
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (i > 0) out->push_back(',');
+        AppendJson(v[i], out);
+      }
+      out->push_back(']');
+      return;
+    }
+    case Type::number_float: {
+      const double d = v.get<double>();
+      if (!std::isfinite(d)) {
+        *out += "null";  // as dump() writes it
+        return;
+      }
+      char buf[32];
+      const auto res = std::to_chars(buf, buf + sizeof buf, d);
+      const std::string_view text(buf, static_cast<size_t>(res.ptr - buf));
+      *out += text;
+      if (text.find_first_of(".e") == std::string_view::npos) *out += ".0";
+      return;
+    }
+    default:
+      *out += dump(v);
+  }
+}
+
+}  // namespace
+
+std::string DumpJson(const nlohmann::ordered_json& value) {
+  std::string out;
+  AppendJson(value, &out);
+  return out;
 }
 
 namespace {

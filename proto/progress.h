@@ -7,6 +7,7 @@
 // C++. Pure functions; ProgressClient is single-threaded.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -40,6 +41,11 @@ Status ValidateProgressRecord(std::string_view line);
 // or too large or deep, becomes an object holding only those three.
 std::string AnnotateProgressRecord(std::string_view json, int rank,
                                    const std::string& node, double time);
+// `value` serialized on one line as nlohmann's dump() does, but for floats
+// in their shortest form that reads back the same ("5.46473217", where
+// dump() writes 17 digits: "5.4647321700000004"); a whole float keeps
+// ".0". Invalid UTF-8 is replaced. REQUIRES: nesting already bounded.
+std::string DumpJson(const nlohmann::ordered_json& value);
 // Rank-supplied text made safe for a terminal: C0 controls except tab, DEL,
 // C1 controls (U+0080..U+009F, or such bytes outside valid UTF-8), the
 // bidirectional controls that reorder what a reader sees (U+061C, U+200E,

@@ -1,7 +1,9 @@
 // No floating-point contraction in this file: GCC would otherwise fuse a
 // multiply and an add into an FMA (even between intrinsics) in the AVX2 and
 // AVX-512 kernels only, and they would round differently from the scalar one.
-// Every fused multiply-add below is written out as one.
+// Every fused multiply-add below is written out as one. The pragma holds to
+// the end of the unit: worker/CMakeLists.txt keeps this file out of unity
+// builds.
 #if defined(__clang__)
 #pragma clang fp contract(off)
 #else

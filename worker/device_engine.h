@@ -17,6 +17,12 @@
 
 namespace dslaunch::worker {
 
+// The interface's version, raised with every change to this header:
+// dsworker opens only a libdsl_cuda.so that says the same (one from
+// another build could read past a buffer of another size).
+// 2: moments_begin/moments_count.
+constexpr int kDeviceEngineAbi = 2;
+
 // How the matrix products compute; activations, parameters, gradients and
 // optimizer state are fp32 in every mode.
 enum class DevicePrecision {
@@ -92,7 +98,8 @@ class DeviceEngine {
   // Sum of the squared gradients of the first num_params floats, in double.
   virtual bool GradSquaredSum(double* out) = 0;
   // grads *= grad_scale, then one AdamW step over every segment, within
-  // the device's part of the buffer. Fails where that part is empty.
+  // the device's part of the buffer (nothing where that part is empty: a
+  // rank whose shard is all padding, or an offloaded optimizer).
   virtual bool AdamStep(const DeviceAdam& adam, float grad_scale) = 0;
 
   // Peak bytes this engine has had allocated on the device.
@@ -109,3 +116,5 @@ extern "C" dslaunch::worker::DeviceEngine* dsl_cuda_create_engine(
     const dslaunch::worker::DeviceEngineOptions* options, std::string* error);
 // Visible CUDA devices (0 when there is no driver or no GPU).
 extern "C" int dsl_cuda_device_count();
+// kDeviceEngineAbi as the shared object was built.
+extern "C" int dsl_cuda_abi_version();

@@ -45,8 +45,21 @@ const Library& Cuda() {
           access(path.c_str(), F_OK) != 0)
         continue;
       lib.handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (lib.handle != nullptr) return;
-      errors += std::string(errors.empty() ? "" : "; ") + dlerror();
+      if (lib.handle == nullptr) {
+        errors += std::string(errors.empty() ? "" : "; ") + dlerror();
+        continue;
+      }
+      // One from another build may lay out DeviceEngineOptions otherwise.
+      auto abi = reinterpret_cast<int (*)()>(
+          dlsym(lib.handle, "dsl_cuda_abi_version"));
+      const int version = abi != nullptr ? abi() : 1;
+      if (version == kDeviceEngineAbi) return;
+      dlclose(lib.handle);
+      lib.handle = nullptr;
+      errors += std::string(errors.empty() ? "" : "; ") + path +
+                " is from another build of dslaunch (engine interface " +
+                std::to_string(version) + ", this dsworker's is " +
+                std::to_string(kDeviceEngineAbi) + ")";
     }
     lib.error = errors.empty()
                     ? "this dsworker was built without CUDA (no libdsl_cuda.so "

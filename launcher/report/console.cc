@@ -41,10 +41,7 @@ std::string ProgressSummary(std::string_view json) {
     }
     if (!out.empty()) out += "  ";
     const std::string text =
-        value.is_string()
-            ? value.get<std::string>()
-            : value.dump(-1, ' ', false,
-                         nlohmann::ordered_json::error_handler_t::replace);
+        value.is_string() ? value.get<std::string>() : proto::DumpJson(value);
     out += Clip(key, Console::kMaxProgressFieldBytes) + " " +
            Clip(text, Console::kMaxProgressFieldBytes);
   }
@@ -124,9 +121,7 @@ void Console::NewGeneration(const Plan& plan, int restart_count,
       {"cause", cause},     {"reason", why},
       {"nodes", hosts},     {"world_size", plan.world_size},
       {"time", now}};
-  metrics_->Append(
-      event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
-      "\n");
+  metrics_->Append(proto::DumpJson(event) + "\n");
 }
 
 void Console::SetView(const View& view) {

@@ -113,7 +113,7 @@ void Restarts::ReviveLost(bool* may_return, bool* excluded) {
       // told to, or its tool ends it): killed only if it has not in 10 s.
       if (node.disconnected && !started_again_.count(n)) {
         auto since = ending_since_.emplace(n, now).first->second;
-        if (!node.spent || now - since > base::Millis(10)) {
+        if (!node.spent || now - since > std::chrono::seconds(10)) {
           ending_since_.erase(n);
           starter_->Kill(n);
         }
@@ -124,7 +124,8 @@ void Restarts::ReviveLost(bool* may_return, bool* excluded) {
     retired_.erase(n);
     auto last = started_again_.find(n);
     if (node.excluded_until > now ||
-        (last != started_again_.end() && now - last->second < base::Millis(5)))
+        (last != started_again_.end() &&
+         now - last->second < std::chrono::seconds(5)))
       continue;
     if (starter_->AgentsMakeSecrets() && !SecretMayGoOut()) continue;
     started_again_[n] = now;

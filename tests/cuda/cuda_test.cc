@@ -607,12 +607,13 @@ TEST_F(CudaTrainerTest, ZeroStagesAndOffloadEqualTheCpuEngine) {
 TEST_F(CudaTrainerTest, OffloadOnOneRankResumesBitForBit) {
   const std::string offload =
       R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})";
-  const Run device = Train(Config(1, 20), DeviceKind::kCuda);
+  const Run device = Train(Config(1, 20), DeviceKind::kCuda, 1, true);
   const std::string ck =
       R"(, "checkpoint": {"dir": ")" + dir_ + R"(/ck", "every": 10})";
   const Run whole =
       Train(Config(1, 20, ck, offload), DeviceKind::kCuda, 1, true);
-  EXPECT_LT(MaxDiff(whole.losses, device.losses), 1e-4);
+  EXPECT_LT(MaxDiff(whole.losses, device.losses), 1e-4);  // the last step's
+  EXPECT_LT(MaxDiff(whole.params, device.params), 1e-3);
   const Run resumed = Train(
       Config(1, 20,
              R"(, "checkpoint": {"dir": ")" + dir_ + R"(/ck2", "resume": ")" +

@@ -39,6 +39,8 @@ class Configure(unittest.TestCase):
     def need_namespace(self):
         if os.geteuid() != 0 or shutil.which("unshare") is None:
             self.skipTest("needs root and unshare to hide the CUDA toolkit")
+        if shutil.which("nvcc", path=PLAIN_PATH):
+            self.skipTest("an nvcc in %s cannot be hidden" % shutil.which("nvcc", path=PLAIN_PATH))
 
     def test_without_nvcc_the_default_builds_without_the_cuda_engine(self):
         self.need_namespace()
@@ -56,6 +58,11 @@ class Configure(unittest.TestCase):
         r = configure(os.path.join(self.tmp, "b"), "-DDSL_CUDA=ON", hide_cuda=True)
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("DSL_CUDA=ON, but no nvcc was found", r.stdout + r.stderr)
+
+    def test_a_value_other_than_auto_on_or_off_is_refused(self):
+        r = configure(os.path.join(self.tmp, "b"), "-DDSL_CUDA=maybe", hide_cuda=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("DSL_CUDA=maybe: use AUTO, ON or OFF", r.stdout + r.stderr)
 
     def test_with_nvcc_the_default_builds_the_cuda_engine(self):
         if not (shutil.which("nvcc") or os.path.exists(os.path.join(CUDA, "bin", "nvcc"))):

@@ -84,6 +84,35 @@ TEST(AnnotateProgressRecord, KeepsTheRanksFieldOrderAndAppendsAnnotations) {
       R"({"step":3,"loss":2.5,"acc":0.5,"rank":1,"node":"n0","time":1.5})");
 }
 
+TEST(AnnotateProgressRecord, WritesFloatsInTheirShortestForm) {
+  // dsworker writes %.9g; nlohmann's dump() would write 17 digits back.
+  EXPECT_EQ(
+      AnnotateProgressRecord(
+          R"({"loss": 5.46473217, "lr": 0.00095, "big": 1e300, "whole": 2.0,
+                    "n": 7, "nested": {"a": [0.1, "x\u00e9", null, true]}})",
+          0, "n0", 1795856657.4774613),
+      R"({"loss":5.46473217,"lr":0.00095,"big":1e+300,"whole":2.0,"n":7,)"
+      R"("nested":{"a":[0.1,"x)"
+      "\xc3\xa9"
+      R"(",null,true]},"rank":0,"node":"n0","time":1795856657.4774613})");
+}
+
+TEST(DumpJson, ReadsBackTheSameNumbersAsDump) {
+  for (double d : {0.1, 1.0 / 3, 6.02214076e23, -2.5e-12, 5e-324, 1e308, 0.0,
+                   -0.0, 123456789012.0}) {
+    nlohmann::ordered_json v = {{"x", d}};
+    const auto back = nlohmann::json::parse(DumpJson(v));
+    EXPECT_EQ(back["x"].get<double>(), d) << DumpJson(v);
+    EXPECT_TRUE(back["x"].is_number_float()) << DumpJson(v);
+  }
+  nlohmann::ordered_json odd = {
+      {"inf", std::numeric_limits<double>::infinity()},
+      {"bad", std::string("\xff")}};
+  EXPECT_EQ(DumpJson(odd),
+            odd.dump(-1, ' ', false,
+                     nlohmann::ordered_json::error_handler_t::replace));
+}
+
 TEST(AnnotateProgressRecord, StaysOneLineForRecordsWithNewlinesInStrings) {
   const std::string out =
       AnnotateProgressRecord(R"({"msg": "a\nb"})", 0, "n", 1.0);

@@ -175,10 +175,7 @@ class CudaEngine final : public DeviceEngine {
   }
 
   bool AdamStep(const DeviceAdam& a, float grad_scale) override {
-    if (moments_count_ == 0) {
-      error_ = "AdamStep: the optimizer state is not on the GPU";
-      return false;
-    }
+    if (moments_count_ == 0) return true;  // nothing of the buffer is ours
     AdamConstants k =
         MakeAdamConstants(a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
                           a.adamw_mode, a.step, /*decay=*/false);
@@ -686,6 +683,10 @@ extern "C" dslaunch::worker::DeviceEngine* dsl_cuda_create_engine(
     return nullptr;
   }
   return engine.release();
+}
+
+extern "C" int dsl_cuda_abi_version() {
+  return dslaunch::worker::kDeviceEngineAbi;
 }
 
 extern "C" int dsl_cuda_device_count() {
