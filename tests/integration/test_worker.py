@@ -173,6 +173,18 @@ class Devices(WorkerTest):
         self.assertEqual(p.returncode, 0, p.stderr.decode())
         self.assertIn("train: ", p.stdout.decode())
         self.assertNotIn("GPU", p.stdout.decode())
+        # A libdsl_cuda.so of another build (here one without the engine
+        # interface's version at all) is refused, naming it.
+        stranger = next((p for p in ("/usr/lib/x86_64-linux-gnu/libz.so.1",
+                                     "/lib/x86_64-linux-gnu/libz.so.1")
+                         if os.path.exists(p)), None)
+        if stranger:
+            p = subprocess.run([DSWORKER, "train", "--config", cfg, "--device", "cuda"],
+                               capture_output=True, timeout=120,
+                               env=dict(env, DSL_CUDA_LIBRARY=stranger))
+            self.assertEqual(p.returncode, 69, p.stderr.decode())
+            self.assertIn(stranger + " is from another build of dslaunch (engine "
+                          "interface 1, this dsworker's is", p.stderr.decode())
         p = subprocess.run([DSWORKER, "train", "--config", cfg, "--device", "tpu"],
                            capture_output=True, timeout=60)
         self.assertEqual(p.returncode, 64, p.stderr.decode())
