@@ -52,17 +52,7 @@ def horovod_world(rank, mpi):
             "gloo": not mpi}
 
 
-class FrameworkTest(ClusterTest):
-    def rank_files(self, name):
-        """Each rank's OUT_DIR/<name>-<rank>.json, by rank."""
-        got = []
-        for rank in range(WORLD):
-            with open(os.path.join(self.out, "%s-%d.json" % (name, rank))) as f:
-                got.append(json.load(f))
-        return got
-
-
-class HorovodAcrossNamespaces(FrameworkTest):
+class HorovodAcrossNamespaces(ClusterTest):
     def test_horovods_world_is_dslaunchs_and_an_allreduce_sums(self):
         fw.need_horovod(self)
         p = self.run_job(self.ssh_args() + [fw.script("hvd_rank.py")], timeout=300,
@@ -89,7 +79,7 @@ class HorovodAcrossNamespaces(FrameworkTest):
         self.assertLess(time.monotonic() - start, 120)
 
 
-class HorovodOverMpiAcrossNamespaces(FrameworkTest):
+class HorovodOverMpiAcrossNamespaces(ClusterTest):
     def test_an_mpi_built_horovod_under_the_openmpi_launcher_uses_mpi(self):
         """--launcher openmpi gives no Gloo controller: Horovod (built with
         MPI and Gloo) picks MPI by itself, in the world mpirun made."""
@@ -102,7 +92,7 @@ class HorovodOverMpiAcrossNamespaces(FrameworkTest):
             self.assertEqual(got["first"], horovod_world(rank, mpi=True))
 
 
-class AccelerateAcrossNamespaces(FrameworkTest):
+class AccelerateAcrossNamespaces(ClusterTest):
     def test_an_accelerator_sees_dslaunchs_world(self):
         fw.need_hf(self)
         p = self.run_job(self.ssh_args() + [fw.script("accelerate_rank.py")], timeout=300,
@@ -116,7 +106,7 @@ class AccelerateAcrossNamespaces(FrameworkTest):
                                    "gathered": list(range(WORLD))})
 
 
-class HuggingFaceTrainerAcrossNamespaces(FrameworkTest):
+class HuggingFaceTrainerAcrossNamespaces(ClusterTest):
     STEPS = 6
 
     def scrape_last_steps(self, job, url, timeout=240):

@@ -87,13 +87,6 @@ class SlurmTest(LaunchTest):
             time.sleep(0.1)
         super().tearDown()
 
-    def rank_files(self, kind, world=6):
-        out = []
-        for rank in range(world):
-            with open(os.path.join(self.out, "%s-%d.json" % (kind, rank))) as f:
-                out.append(json.load(f))
-        return out
-
 
 class Placement(SlurmTest):
     def srun_task_env(self):

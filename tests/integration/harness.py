@@ -1,5 +1,6 @@
 """Shared helpers for the integration tests: run dslaunch on this machine with
 127.0.0.1-3 as three nodes, and check that nothing it started is left."""
+import json
 import os
 import re
 import select
@@ -44,6 +45,14 @@ class LaunchTest(unittest.TestCase):
     def tearDown(self):
         self.assert_no_leftovers()
         self.tmp.cleanup()
+
+    def rank_files(self, kind, world=6):
+        """Each rank's OUT_DIR/<kind>-<rank>.json, by rank."""
+        out = []
+        for rank in range(world):
+            with open(os.path.join(self.out, "%s-%d.json" % (kind, rank))) as f:
+                out.append(json.load(f))
+        return out
 
     def hostfile(self, nodes=3, slots=2):
         path = os.path.join(self.dir, "hosts.txt")

@@ -2,7 +2,7 @@
 // on the device or offloaded, checkpoints, resume) on machines without a
 // GPU: its DeviceEngine is a stand-in that computes on the CPU with the CPU
 // engine's own Model and AdamW, so every result must equal the CPU engine's
-// bit for bit. On a GPU, tests/cuda/cuda_test.cc runs the same configs on
+// bit for bit. On a GPU, tests/cuda/trainer_test.cc runs the same configs on
 // the CUDA engine against the CPU within stated tolerances.
 #include <gtest/gtest.h>
 #include <omp.h>     // omp_set_num_threads
