@@ -170,7 +170,7 @@ for mode in bf16 tf32; do
 done
 
 # ---------------------------------------------------------------- ZeRO
-# ZeRO stages 0-2 and the optimizer offloaded to the CPU, bf16: each rank's
+# ZeRO stages 0-3 and the optimizer offloaded to the CPU, bf16: each rank's
 # step rate, GPU allocator peak and model state, from dslaunch's
 # metrics.jsonl, for one rank and for 2 ranks sharing the GPU (their
 # gradients reduced over Gloo through host memory).
@@ -217,11 +217,13 @@ if [[ -z "${SKIP_ZERO:-}" ]]; then
   : >"$OUT/bench_zero.log"
   run_zero "stage 2, offload_optimizer cpu" 1 zero_optimization.stage=2 \
     zero_optimization.offload_optimizer.device=cpu
-  for st in 0 1 2; do
+  for st in 0 1 2 3; do
     run_zero "stage $st" 2 "zero_optimization.stage=$st"
   done
-  run_zero "stage 2, offload_optimizer cpu" 2 zero_optimization.stage=2 \
-    zero_optimization.offload_optimizer.device=cpu
+  for st in 2 3; do
+    run_zero "stage $st, offload_optimizer cpu" 2 "zero_optimization.stage=$st" \
+      zero_optimization.offload_optimizer.device=cpu
+  done
 fi
 
 run_torch() {  # name, args...

@@ -73,9 +73,9 @@ int RunTrain(const TrainArgs& args) {
   if (*asked == DeviceKind::kAuto &&
       (config->zero.stage != 0 ||
        config->zero.offload_optimizer != OffloadDevice::kNone)) {
-    // Stage 3 is not trained on the GPU; stages 1-2 and offload are with
-    // --device cuda, and come under auto once their GPU tests have run on a
-    // GPU (README, "On a GPU").
+    // Stages 1-3 and offload train on the GPU with --device cuda, and come
+    // under auto once their GPU tests have run on a GPU (README, "On a
+    // GPU").
     options.device = DeviceKind::kCpu;
   } else {
     auto device = ResolveDevice(*asked, &note);

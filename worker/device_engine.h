@@ -6,8 +6,9 @@
 // The interface carries only plain C++ types (no Status, no CUDA types), so
 // the shared object is built from worker/cuda/ and this header alone. Every
 // method that can fail returns false and leaves the reason in error().
-// Host buffers are whole flat parameter vectors in llm.c's order (kLlmc),
-// num_params floats; the engine keeps the same layout on the device.
+// Host buffers are flat parameter vectors in the spec's layout (llm.c's
+// order for stages 0 and 1, layer-major for 2 and 3), whole or the rank's
+// owned pieces; the engine keeps the same layout on the device.
 #pragma once
 
 #include <cstddef>
@@ -21,7 +22,9 @@ namespace dslaunch::worker {
 // dsworker opens only a libdsl_cuda.so that says the same (one from
 // another build could read past a buffer of another size).
 // 2: moments_begin/moments_count.
-constexpr int kDeviceEngineAbi = 2;
+// 3: AdamStep's segments; layer windows and hooks (ZeRO stages 2 and 3);
+//    the spec's per-kind layer stride and hook layer bounds.
+constexpr int kDeviceEngineAbi = 3;
 
 // How the matrix products compute; activations, parameters, gradients and
 // optimizer state are fp32 in every mode.
@@ -33,32 +36,78 @@ enum class DevicePrecision {
           // trainer scales the loss; overflows show as a non-finite norm)
 };
 
-// The model's shape and where each parameter kind's layer-0 instance starts
-// in the flat buffer (instance l of a per-layer kind follows at
-// offset + l * its size), as worker/param_layout.h computes them.
+// The model's shape and where each parameter tensor sits in the flat
+// buffer, as worker/param_layout.h computes it in either order: instance l
+// of kind k (by ParamKind) starts at offset[k] + l * stride[k], stride 0
+// for wte, wpe, lnfw and lnfb (llm.c's order: a per-layer kind's stride is
+// its size; layer-major: a block's size).
 struct DeviceModelSpec {
   int max_seq_len = 0, vocab_size = 0, padded_vocab_size = 0;
   int num_layers = 0, num_heads = 0, channels = 0;
   size_t num_params = 0;
-  size_t offset[16] = {};  // by ParamKind
-  // [begin, end) ranges of the flat buffer and whether AdamW decays them.
-  struct Segment {
-    size_t begin, end;
-    bool decay;
-  };
-  std::vector<Segment> segments;
+  size_t offset[16] = {};
+  size_t stride[16] = {};
+  // Layer-major only (windows below): hook layer h's parameters (-1: wte
+  // and wpe, 0..L-1: the blocks, L: lnfw and lnfb) are the flat range
+  // [layer_begin[h + 1], layer_begin[h + 2]); L + 3 entries.
+  std::vector<size_t> layer_begin;
+};
+
+// One contiguous run of AdamStep: `count` parameters at `param` in the
+// device's parameter buffer, their gradients at `grad` in its gradient
+// buffer and their moments at `moment` in the moment buffers.
+struct DeviceAdamSegment {
+  size_t param = 0, grad = 0, moment = 0, count = 0;
+  bool decay = false;
+};
+
+// Where a pass's gradients (and, under ZeRO stage 3, its parameters) live.
+enum class DeviceWindows {
+  // Whole parameters and gradients stay on the device (stages 0 and 1).
+  kNone,
+  // Stage 2: whole parameters; each hook layer's gradients only in a window
+  // for the pass, taken by the host from AfterBackward (TakeLayerGrads).
+  // The gradient buffer holds the rank's owned pieces (owned_count floats)
+  // for AdamStep.
+  kGrads,
+  // Stage 3: the parameters too: each layer's come into a window from
+  // BeforeForward/BeforeBackward (SetLayerParams), and the parameter
+  // buffer holds the owned pieces (owned_count floats).
+  kParamsAndGrads,
+};
+
+// ZeRO stages 2 and 3: called from inside TrainMicroBatch and EvalBatch on
+// the calling thread, around each hook layer with worker/model.h's
+// LayerHooks numbering, order and windows: BeforeForward(l) for
+// l = -1..L (evaluation too), BeforeBackward(l) and AfterBackward(l) for
+// l = L..-1. The device's work before a call is finished when the callee
+// copies (every copy synchronises), so a hook may call SetLayerParams and
+// TakeLayerGrads. false stops the pass; the engine's error() then names the
+// hook, and the caller knows why.
+class DeviceLayerHooks {
+ public:
+  virtual ~DeviceLayerHooks() = default;
+  virtual bool BeforeForward(int layer) = 0;
+  virtual bool BeforeBackward(int layer) = 0;
+  virtual bool AfterBackward(int layer) = 0;
 };
 
 struct DeviceEngineOptions {
   DeviceModelSpec model;
   int device = 0;  // CUDA ordinal within CUDA_VISIBLE_DEVICES
   DevicePrecision precision = DevicePrecision::kFp32;
-  // The part of the flat buffer whose AdamW moments live on the device and
-  // which AdamStep updates: everything by default; a rank's shard under
-  // ZeRO stage 1 or 2; nothing (count 0) when the optimizer is offloaded to
-  // the CPU. Cut at num_params.
-  size_t moments_begin = 0;
-  size_t moments_count = static_cast<size_t>(-1);
+  // What AdamStep updates, and the floats of each moment on the device:
+  // all of the buffer under stage 0, a rank's shard under stage 1, its
+  // owned pieces under stages 2 and 3; none (empty, 0) when the optimizer
+  // is offloaded to the CPU or the rank's part is all padding.
+  std::vector<DeviceAdamSegment> adam;
+  size_t moments_count = 0;
+  DeviceWindows windows = DeviceWindows::kNone;
+  // Under windows: the floats of the owned gradient buffer (and of the
+  // owned parameter buffer under kParamsAndGrads); 0 when the optimizer is
+  // offloaded (the host keeps them).
+  size_t owned_count = 0;
+  DeviceLayerHooks* hooks = nullptr;  // required under windows
 };
 
 // One AdamW (or Adam with L2) step's constants, as worker/cpu_adam.h's
@@ -76,14 +125,21 @@ class DeviceEngine {
   virtual std::string Describe() const = 0;
   virtual const std::string& error() const = 0;
 
-  // Whole buffers of num_params floats, host <-> device.
+  // Host <-> device copies of whole buffers. Parameters: num_params
+  // floats, owned_count under kParamsAndGrads. Gradients: num_params,
+  // owned_count under windows. Moments: moments_count each.
   virtual bool SetParams(const float* host) = 0;
   virtual bool GetParams(float* host) = 0;
   virtual bool SetGrads(const float* host) = 0;
   virtual bool GetGrads(float* host) = 0;
-  // The moments of the device's part (moments_count floats each).
   virtual bool SetMoments(const float* m, const float* v) = 0;
   virtual bool GetMoments(float* m, float* v) = 0;
+  // Under kParamsAndGrads, from a hook: layer's parameters (its whole
+  // layer-major range) into its window for the pass.
+  virtual bool SetLayerParams(int layer, const float* host) = 0;
+  // Under windows, from AfterBackward(layer): the layer's gradients of this
+  // pass (its whole range) to the host; its window is then zero again.
+  virtual bool TakeLayerGrads(int layer, float* host) = 0;
 
   virtual bool ZeroGrad() = 0;
   // Forward and backward over B x T tokens (row-major), adding the gradient
@@ -95,16 +151,16 @@ class DeviceEngine {
   // Forward only: the mean loss.
   virtual bool EvalBatch(const int* tokens, const int* targets, int B, int T,
                          float* loss) = 0;
-  // Sum of the squared gradients of the first num_params floats, in double.
+  // Sum of the squared gradients of the gradient buffer, in double.
   virtual bool GradSquaredSum(double* out) = 0;
-  // grads *= grad_scale, then one AdamW step over every segment, within
-  // the device's part of the buffer (nothing where that part is empty: a
-  // rank whose shard is all padding, or an offloaded optimizer).
+  // Over each of options.adam's segments: grads *= grad_scale, then one
+  // AdamW step (nothing without segments).
   virtual bool AdamStep(const DeviceAdam& adam, float grad_scale) = 0;
 
   // Peak bytes this engine has had allocated on the device.
   virtual int64_t peak_memory_bytes() const = 0;
-  // Parameters, gradients and the device's moments, in bytes.
+  // The parameter, gradient and moment buffers, in bytes (not the windows
+  // or activations).
   virtual int64_t state_bytes() const = 0;
 };
 

@@ -10,18 +10,6 @@
 namespace dslaunch::worker {
 namespace {
 
-// Checkpoints keep llm.c's order; stages 2 and 3 train in kLayerMajor.
-std::vector<float> Reorder(const ParamLayout& from, std::span<const float> src,
-                           const ParamLayout& to) {
-  std::vector<float> dst(to.num_params());
-  for (const TensorInfo& t : from.Tensors()) {
-    const ParamRange r = to.Range(t.kind, t.layer < 0 ? 0 : t.layer);
-    std::copy(src.begin() + t.range.begin, src.begin() + t.range.end,
-              dst.begin() + r.begin);
-  }
-  return dst;
-}
-
 ModelConfig ConfigModel(const TrainConfig& config) {
   const ModelSection& m = config.model;
   return ModelConfig::Make(m.seq_len, m.vocab_size, m.n_layer, m.n_head,
@@ -143,39 +131,11 @@ class ShardedEngine final : public CpuEngine {
   }
 
   StatusOr<RankShard> CheckpointRange(size_t begin, size_t count) override {
-    const ParamLayout llmc(model_->config(), ParamOrder::kLlmc);
-    whole_.clear();
-    for (auto which : {ZeroState::Which::kParams, ZeroState::Which::kM,
-                       ZeroState::Which::kV}) {
-      ASSIGN_OR_RETURN(std::vector<float> full, zero_->GatherAll(which));
-      whole_.push_back(Reorder(model_->layout(), full, llmc));
-    }
-    RankShard shard;
-    shard.begin = begin;
-    shard.params = std::span<const float>(whole_[0].data() + begin, count);
-    shard.m = std::span<const float>(whole_[1].data() + begin, count);
-    shard.v = std::span<const float>(whole_[2].data() + begin, count);
-    return shard;
+    return zero_->CheckpointRange(begin, count);
   }
-
-  Status Resume(const std::string& dir) override {
-    const size_t n = num_params();
-    const ParamLayout llmc(model_->config(), ParamOrder::kLlmc);
-    std::vector<std::vector<float>> parts;
-    for (const char* which : {"params", "m", "v"}) {
-      std::vector<float> full(n);
-      RETURN_IF_ERROR(ReadCheckpointRange(dir, which, 0, full));
-      parts.push_back(Reorder(llmc, full, model_->layout()));
-    }
-    zero_->LoadState(parts[0], parts[1], parts[2]);
-    return Status::Ok();
-  }
-
+  Status Resume(const std::string& dir) override { return zero_->Resume(dir); }
   StatusOr<std::vector<float>> WholeParams() override {
-    ASSIGN_OR_RETURN(std::vector<float> full,
-                     zero_->GatherAll(ZeroState::Which::kParams));
-    return Reorder(model_->layout(), full,
-                   ParamLayout(model_->config(), ParamOrder::kLlmc));
+    return zero_->WholeParams();
   }
 
   int64_t state_bytes() const override { return zero_->state_bytes(); }
@@ -187,7 +147,6 @@ class ShardedEngine final : public CpuEngine {
  private:
   Comm* comm_;
   std::unique_ptr<ZeroState> zero_;
-  std::vector<std::vector<float>> whole_;  // a checkpoint's gathered state
 };
 
 }  // namespace

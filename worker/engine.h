@@ -7,10 +7,12 @@
 //    (its moments only for that piece) and all-gathers the parameters.
 //  - sharded (engine.cc): stages 2 and 3 on the CPU through ZeroState
 //    (gradients, and under stage 3 parameters, in per-rank pieces).
-//  - GPU (engine_gpu.cc): stages 0-2 on a DeviceEngine (libdsl_cuda.so),
+//  - GPU (engine_gpu.cc): stages 0-3 on a DeviceEngine (libdsl_cuda.so),
 //    the gradients reduced across ranks through host memory, the optimizer
-//    on the device or offloaded to the CPU; a ReplicatedState
-//    (replicated_state.h) as the replicated engine's.
+//    on the device or offloaded to the CPU; the host side of stages 0 and 1
+//    a ReplicatedState (replicated_state.h) as the replicated engine's, of
+//    stages 2 and 3 a ZeroState as the sharded engine's, the device calling
+//    it around each layer.
 // Checkpoints are the same for all: llm.c's order, each rank writing its
 // range of the partition (worker/checkpoint.h), so any engine resumes any
 // other's at any world size.
@@ -77,8 +79,7 @@ struct EngineOptions {
 
 // The engine for config's stage on options.device, its parameters from
 // init_model or the GPT-2 init with train.seed. InvalidArgument for what
-// the device cannot train (fp16/bf16 on the CPU; stage 3 on the GPU so
-// far).
+// the device cannot train (fp16/bf16 on the CPU).
 StatusOr<std::unique_ptr<Engine>> MakeEngine(const TrainConfig& config,
                                              Comm* comm,
                                              const EngineOptions& options);

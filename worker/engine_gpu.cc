@@ -1,15 +1,21 @@
-// The GPU engine: ZeRO stages 0-2 on a DeviceEngine (worker/device_engine.h,
-// the CUDA one in libdsl_cuda.so), with the optimizer on the device or
-// offloaded to the CPU (offload_optimizer: {device: cpu}). The host keeps a
-// Model and a ReplicatedState for what passes through host memory: the
-// initial parameters, checkpoints, the gradients reduced across ranks over
-// Gloo when there are several, and, offloaded, the fp32 master parameters
-// and the AdamW moments the CPU updates.
-//
-// Stage 1 (and 2, which keeps stage 1's law here: the device holds whole
-// gradients for its backward pass) reduce-scatters the gradients; each rank
-// updates its shard, on the device where only that shard's moments are, or
-// on the host, and the parameters are all-gathered.
+// The GPU engines: a model on a DeviceEngine (worker/device_engine.h, the
+// CUDA one in libdsl_cuda.so), with the optimizer on the device or
+// offloaded to the CPU (offload_optimizer: {device: cpu}). What ranks
+// exchange passes through host memory (Gloo), so the host keeps the state
+// the CPU engine keeps for the same stage and the device computes:
+//  - stages 0 and 1 (GpuReplicatedEngine): the device holds whole
+//    parameters and gradients; a ReplicatedState (replicated_state.h)
+//    all-reduces or reduce-scatters the gradients on the host, and each
+//    rank updates its shard, on the device (only that shard's moments are
+//    there) or on the host, the parameters then all-gathered.
+//  - stages 2 and 3 (GpuShardedEngine): a ZeroState (zero_state.h) as the
+//    CPU engine's, the device in layer-major order with each layer's
+//    gradients only in a window for the pass (DeviceWindows), taken to the
+//    host after the layer's backward and reduce-scattered there in the
+//    buckets the CPU engine uses; under stage 3 each layer's parameters
+//    come into a window from the host just before the layer runs. The
+//    device keeps the owned pieces (gradients, moments, and under stage 3
+//    parameters) for its AdamW, or nothing of them when offloaded.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -18,65 +24,17 @@
 #include "worker/engine.h"
 #include "worker/model.h"
 #include "worker/replicated_state.h"
+#include "worker/zero_state.h"
 
 namespace dslaunch::worker {
 namespace {
 
-class GpuEngine final : public Engine {
+// What both GPU engines do alike: the device, its options and its passes.
+class GpuEngine : public Engine {
  public:
-  explicit GpuEngine(Comm* comm) : comm_(comm) {}
+  const ModelConfig& model_config() const override { return layout_->config(); }
+  size_t num_params() const override { return layout_->num_params(); }
 
-  Status Init(const TrainConfig& config, const EngineOptions& options,
-              const DeviceOpener& open) {
-    if (!options.init_model.empty()) {
-      ASSIGN_OR_RETURN(host_, ReadModelFile(options.init_model));
-    } else {
-      const ModelSection& m = config.model;
-      ASSIGN_OR_RETURN(
-          host_, Model::Create(ModelConfig::Make(
-                     m.seq_len, m.vocab_size, m.n_layer, m.n_head, m.n_embd)));
-      host_->InitParams(config.train.seed);
-    }
-    // Stage 2 keeps the law of stage 1 here: the device holds whole
-    // gradients for its backward pass either way.
-    stage_ = std::min(config.zero.stage, 1);
-    offload_ = config.zero.offload_optimizer == OffloadDevice::kCpu;
-    state_ = std::make_unique<ReplicatedState>(host_.get(), stage_, comm_);
-    const ParamLayout& layout = host_->layout();
-    const ModelConfig& mc = layout.config();
-    DeviceEngineOptions o;
-    DeviceModelSpec& s = o.model;
-    s.max_seq_len = mc.max_seq_len;
-    s.vocab_size = mc.vocab_size;
-    s.padded_vocab_size = mc.padded_vocab_size;
-    s.num_layers = mc.num_layers;
-    s.num_heads = mc.num_heads;
-    s.channels = mc.channels;
-    s.num_params = layout.num_params();
-    for (int k = 0; k < kNumParamKinds; ++k)
-      s.offset[k] = layout.Offset(static_cast<ParamKind>(k), 0);
-    for (const DecaySegment& seg : layout.DecaySegments())
-      s.segments.push_back({seg.range.begin, seg.range.end, seg.decay});
-    o.moments_begin = state_->shard_begin();
-    o.moments_count = offload_ ? 0 : state_->shard_real();
-    std::string why;
-    o.device = DeviceForLocalRank(options.local_rank, CudaDeviceCount(&why));
-    // fp32 configs compute exact fp32 products unless DSL_CUDA_TF32=1 lets
-    // the tensor cores round their inputs to tf32 (PyTorch's allow_tf32).
-    const char* tf32 = std::getenv("DSL_CUDA_TF32");
-    o.precision = config.bf16           ? DevicePrecision::kBf16
-                  : config.fp16.enabled ? DevicePrecision::kFp16
-                  : tf32 != nullptr && std::string(tf32) == "1"
-                      ? DevicePrecision::kTf32
-                      : DevicePrecision::kFp32;
-    ASSIGN_OR_RETURN(dev_, open(o));
-    return Push();
-  }
-
-  const ModelConfig& model_config() const override { return host_->config(); }
-  size_t num_params() const override { return host_->layout().num_params(); }
-
-  Status ZeroGrad() override { return Ok(dev_->ZeroGrad()); }
   StatusOr<float> TrainMicroBatch(const Batch& b, float grad_scale) override {
     float loss = 0;
     RETURN_IF_ERROR(
@@ -90,6 +48,119 @@ class GpuEngine final : public Engine {
                                        b.batch_size, b.seq_len, &loss)));
     return loss;
   }
+  int64_t device_memory_bytes() const override {
+    return dev_->peak_memory_bytes();
+  }
+
+ protected:
+  explicit GpuEngine(Comm* comm) : comm_(comm) {}
+
+  // The model's parameters in `order`: from options.init_model, or the
+  // GPT-2 init with train.seed (the layout then set, the parameters not).
+  StatusOr<std::unique_ptr<Model>> ReadOrCreate(const TrainConfig& config,
+                                                const EngineOptions& options,
+                                                ParamOrder order) {
+    std::unique_ptr<Model> model;
+    if (!options.init_model.empty()) {
+      ASSIGN_OR_RETURN(model, ReadModelFile(options.init_model, order));
+    } else {
+      const ModelSection& m = config.model;
+      ASSIGN_OR_RETURN(
+          model, Model::Create(ModelConfig::Make(m.seq_len, m.vocab_size,
+                                                 m.n_layer, m.n_head, m.n_embd),
+                               order));
+    }
+    layout_ = std::make_unique<ParamLayout>(model->layout());
+    return model;
+  }
+
+  // The options every mode shares: the spec of layout_, the GPU for this
+  // rank, the precision.
+  DeviceEngineOptions BaseOptions(const TrainConfig& config,
+                                  const EngineOptions& options) const {
+    const ParamLayout& layout = *layout_;
+    const ModelConfig& mc = layout.config();
+    DeviceEngineOptions o;
+    DeviceModelSpec& s = o.model;
+    s.max_seq_len = mc.max_seq_len;
+    s.vocab_size = mc.vocab_size;
+    s.padded_vocab_size = mc.padded_vocab_size;
+    s.num_layers = mc.num_layers;
+    s.num_heads = mc.num_heads;
+    s.channels = mc.channels;
+    s.num_params = layout.num_params();
+    for (int k = 0; k < kNumParamKinds; ++k) {
+      const auto kind = static_cast<ParamKind>(k);
+      s.offset[k] = layout.Offset(kind, 0);
+      // Instance 1's offset where there is one; any stride serves one layer.
+      s.stride[k] = !IsPerLayer(kind)   ? 0
+                    : mc.num_layers > 1 ? layout.Offset(kind, 1) - s.offset[k]
+                                        : layout.Size(kind);
+    }
+    if (layout.order() == ParamOrder::kLayerMajor) {
+      for (int l = -1; l <= mc.num_layers; ++l)
+        s.layer_begin.push_back(layout.LayerRanges(l).at(0).begin);
+      s.layer_begin.push_back(layout.num_params());
+    }
+    std::string why;
+    o.device = DeviceForLocalRank(options.local_rank, CudaDeviceCount(&why));
+    // fp32 configs compute exact fp32 products unless DSL_CUDA_TF32=1 lets
+    // the tensor cores round their inputs to tf32 (PyTorch's allow_tf32).
+    const char* tf32 = std::getenv("DSL_CUDA_TF32");
+    o.precision = config.bf16           ? DevicePrecision::kBf16
+                  : config.fp16.enabled ? DevicePrecision::kFp16
+                  : tf32 != nullptr && std::string(tf32) == "1"
+                      ? DevicePrecision::kTf32
+                      : DevicePrecision::kFp32;
+    return o;
+  }
+
+  Status Ok(bool ok) const {
+    if (ok) return Status::Ok();
+    return Internal("GPU: " + dev_->error());
+  }
+  static DeviceAdam ToDevice(const AdamParams& a) {
+    return {a.lr,           a.beta1,      a.beta2, a.eps,
+            a.weight_decay, a.adamw_mode, a.step};
+  }
+
+  Comm* comm_;
+  bool offload_ = false;
+  std::unique_ptr<ParamLayout> layout_;
+  std::unique_ptr<DeviceEngine> dev_;
+};
+
+// ------------------------------------------------------------ stages 0, 1
+
+class GpuReplicatedEngine final : public GpuEngine {
+ public:
+  explicit GpuReplicatedEngine(Comm* comm) : GpuEngine(comm) {}
+
+  Status Init(const TrainConfig& config, const EngineOptions& options,
+              const DeviceOpener& open) {
+    ASSIGN_OR_RETURN(host_, ReadOrCreate(config, options, ParamOrder::kLlmc));
+    if (options.init_model.empty()) host_->InitParams(config.train.seed);
+    // Stage 2 runs on GpuShardedEngine; 0 and 1 here.
+    stage_ = config.zero.stage;
+    offload_ = config.zero.offload_optimizer == OffloadDevice::kCpu;
+    state_ = std::make_unique<ReplicatedState>(host_.get(), stage_, comm_);
+    DeviceEngineOptions o = BaseOptions(config, options);
+    if (!offload_) {
+      // AdamW over this rank's shard, cut at the decay segments; the
+      // moments are the shard's only.
+      const size_t lo = state_->shard_begin(), hi = lo + state_->shard_real();
+      for (const DecaySegment& seg : layout_->DecaySegments()) {
+        const size_t b = std::max(lo, seg.range.begin),
+                     e = std::min(hi, seg.range.end);
+        if (b < e) o.adam.push_back({b, b, b - lo, e - b, seg.decay});
+      }
+      o.moments_count = state_->shard_real();
+    }
+    ASSIGN_OR_RETURN(dev_, open(o));
+    return Push();
+  }
+
+  Status ZeroGrad() override { return Ok(dev_->ZeroGrad()); }
 
   StatusOr<float> FinishGradients() override {
     if (!ThroughHost()) {
@@ -113,9 +184,7 @@ class GpuEngine final : public Engine {
       RETURN_IF_ERROR(state_->Update(a, clip_scale));
       return Ok(dev_->SetParams(host_->params().data()));
     }
-    RETURN_IF_ERROR(Ok(dev_->AdamStep(
-        {a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.adamw_mode, a.step},
-        clip_scale)));
+    RETURN_IF_ERROR(Ok(dev_->AdamStep(ToDevice(a), clip_scale)));
     if (stage_ == 0 || comm_->size() == 1) return Status::Ok();
     // Stage 1: each rank updated its shard; every rank needs all of them.
     float* p = host_->params().data();
@@ -144,19 +213,12 @@ class GpuEngine final : public Engine {
   int64_t state_bytes() const override {
     return dev_->state_bytes() + (offload_ ? state_->moment_bytes() : 0);
   }
-  int64_t device_memory_bytes() const override {
-    return dev_->peak_memory_bytes();
-  }
   std::string Describe() const override {
     return "GPU " + dev_->Describe() +
            (offload_ ? ", optimizer offloaded to the CPU" : "");
   }
 
  private:
-  Status Ok(bool ok) const {
-    if (ok) return Status::Ok();
-    return Internal("GPU: " + dev_->error());
-  }
   // Gradients pass through host memory: to be reduced over Gloo, or for the
   // host's optimizer.
   bool ThroughHost() const { return offload_ || comm_->size() > 1; }
@@ -173,12 +235,179 @@ class GpuEngine final : public Engine {
     return Ok(dev_->GetMoments(state_->m().data(), state_->v().data()));
   }
 
-  Comm* comm_;
   int stage_ = 0;
-  bool offload_ = false;
   std::unique_ptr<Model> host_;
   std::unique_ptr<ReplicatedState> state_;
-  std::unique_ptr<DeviceEngine> dev_;
+};
+
+// ------------------------------------------------------------ stages 2, 3
+
+class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
+ public:
+  explicit GpuShardedEngine(Comm* comm) : GpuEngine(comm) {}
+
+  Status Init(const TrainConfig& config, const EngineOptions& options,
+              const DeviceOpener& open) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                     ReadOrCreate(config, options, ParamOrder::kLayerMajor));
+    stage_ = config.zero.stage;
+    // offload_param keeps the parameter shards on the host, and so the
+    // optimizer that updates them: both offloaded.
+    offload_ =
+        config.zero.offload_optimizer == OffloadDevice::kCpu ||
+        (stage_ == 3 && config.zero.offload_param == OffloadDevice::kCpu);
+    zero_ = std::make_unique<ZeroState>(*layout_, stage_, comm_,
+                                        config.zero.reduce_bucket_size);
+    if (options.init_model.empty()) {
+      zero_->InitParams(config.train.seed);
+    } else {
+      zero_->LoadParams(model->params());
+    }
+    model.reset();  // the host's copy is the ZeroState's
+    hooks_ = zero_->Hooks();
+    DeviceEngineOptions o = BaseOptions(config, options);
+    o.windows =
+        stage_ == 3 ? DeviceWindows::kParamsAndGrads : DeviceWindows::kGrads;
+    o.hooks = this;
+    if (!offload_) {
+      for (const ZeroState::AdamRun& r : zero_->adam_runs())
+        o.adam.push_back({r.param, r.grad, r.moment, r.count, r.decay});
+      o.owned_count = o.moments_count = zero_->owned_floats();
+    }
+    ASSIGN_OR_RETURN(dev_, open(o));
+    return Push();
+  }
+
+  Status ZeroGrad() override {
+    zero_->ZeroGrad();
+    return Status::Ok();
+  }
+
+  // The pass ran the hooks, which reduced each bucket; a collective's error
+  // there stops the pass, and it is the one reported.
+  StatusOr<float> TrainMicroBatch(const Batch& b, float grad_scale) override {
+    StatusOr<float> loss = GpuEngine::TrainMicroBatch(b, grad_scale);
+    RETURN_IF_ERROR(zero_->status());
+    return loss;
+  }
+  StatusOr<float> EvalBatch(const Batch& b) override {
+    StatusOr<float> loss = GpuEngine::EvalBatch(b);
+    RETURN_IF_ERROR(zero_->status());
+    return loss;
+  }
+
+  StatusOr<float> FinishGradients() override {
+    ASSIGN_OR_RETURN(float norm, zero_->FinishGradients());
+    if (!offload_) {
+      RETURN_IF_ERROR(
+          Ok(dev_->SetGrads(zero_->Buffer(ZeroState::Which::kGrads).data())));
+    }
+    return norm;
+  }
+
+  Status Update(const AdamParams& a, float clip_scale) override {
+    float* params = zero_->Buffer(ZeroState::Which::kParams).data();
+    if (offload_) {
+      // AdamW on the host's owned pieces; under stage 2 the gathered whole
+      // back to the device (under stage 3 the next pass gathers them).
+      RETURN_IF_ERROR(zero_->Update(a, clip_scale));
+      return stage_ == 2 ? Ok(dev_->SetParams(params)) : Status::Ok();
+    }
+    RETURN_IF_ERROR(Ok(dev_->AdamStep(ToDevice(a), clip_scale)));
+    // The updated pieces to the host, which gathers them: into every
+    // rank's whole parameters now (stage 2), or layer by layer in the next
+    // pass (stage 3).
+    RETURN_IF_ERROR(Ok(dev_->GetParams(params)));
+    if (stage_ == 3) return Status::Ok();
+    if (comm_->size() == 1) return Status::Ok();
+    RETURN_IF_ERROR(zero_->GatherParams());
+    return Ok(dev_->SetParams(params));
+  }
+
+  StatusOr<RankShard> CheckpointRange(size_t begin, size_t count) override {
+    RETURN_IF_ERROR(PullMoments());
+    return zero_->CheckpointRange(begin, count);
+  }
+  Status Resume(const std::string& dir) override {
+    RETURN_IF_ERROR(zero_->Resume(dir));
+    return Push();
+  }
+  StatusOr<std::vector<float>> WholeParams() override {
+    return zero_->WholeParams();
+  }
+
+  // The device's buffers, and what only the host holds when offloaded: the
+  // owned gradients and moments, and under stage 3 the owned parameters.
+  // Either way the ZeRO law of the stage (zero_state.h).
+  int64_t state_bytes() const override {
+    int64_t host = 0;
+    if (offload_) {
+      host = 12 * static_cast<int64_t>(zero_->owned_floats());
+      if (stage_ == 3) host += 4 * static_cast<int64_t>(zero_->owned_floats());
+    }
+    return dev_->state_bytes() + host;
+  }
+  std::string Describe() const override {
+    const int n = zero_->num_buckets();
+    std::string s = "GPU " + dev_->Describe() + ", " + std::to_string(n) +
+                    " gradient bucket" + (n == 1 ? "" : "s");
+    if (offload_) {
+      s += stage_ == 3 ? ", parameter shards and optimizer on the CPU"
+                       : ", optimizer offloaded to the CPU";
+    }
+    return s;
+  }
+
+  // DeviceLayerHooks: the ZeroState's hooks, with the layer's windows
+  // moved between the host and the device around them.
+  bool BeforeForward(int layer) override {
+    hooks_.before_forward(layer);
+    return Supply(layer);
+  }
+  bool BeforeBackward(int layer) override {
+    hooks_.before_backward(layer);
+    // Layer -1's backward reads no parameters (and its window stays).
+    return layer == -1 || Supply(layer);
+  }
+  bool AfterBackward(int layer) override {
+    if (!dev_->TakeLayerGrads(layer, zero_->LayerGrads(layer))) return false;
+    hooks_.after_backward(layer);
+    return zero_->status().ok();
+  }
+
+ private:
+  // Stage 3: the layer's parameters, just gathered, into its window.
+  bool Supply(int layer) {
+    if (!zero_->status().ok()) return false;
+    return stage_ != 3 ||
+           dev_->SetLayerParams(layer, zero_->LayerParams(layer));
+  }
+  // The host's state to the device: the parameters it keeps (whole under
+  // stage 2, owned under stage 3 unless offloaded) and the moments.
+  Status Push() {
+    using W = ZeroState::Which;
+    if (stage_ == 2) {
+      RETURN_IF_ERROR(Ok(dev_->SetParams(zero_->Buffer(W::kParams).data())));
+    }
+    if (offload_) return Status::Ok();
+    if (stage_ == 3) {
+      RETURN_IF_ERROR(Ok(dev_->SetParams(zero_->Buffer(W::kParams).data())));
+    }
+    return Ok(dev_->SetMoments(zero_->Buffer(W::kM).data(),
+                               zero_->Buffer(W::kV).data()));
+  }
+  // The host has the parameters after every Update; the moments only the
+  // device updates.
+  Status PullMoments() {
+    using W = ZeroState::Which;
+    if (offload_) return Status::Ok();
+    return Ok(dev_->GetMoments(zero_->Buffer(W::kM).data(),
+                               zero_->Buffer(W::kV).data()));
+  }
+
+  int stage_ = 2;
+  std::unique_ptr<ZeroState> zero_;
+  LayerHooks hooks_;
 };
 
 }  // namespace
@@ -187,13 +416,12 @@ StatusOr<std::unique_ptr<Engine>> MakeGpuEngine(const TrainConfig& config,
                                                 Comm* comm,
                                                 const EngineOptions& options,
                                                 const DeviceOpener& open) {
-  if (config.zero.stage > 2) {
-    return InvalidArgument(
-        "zero_optimization.stage 3: the GPU engine trains stages 0-2 so far; "
-        "use stage 2 (with offload_optimizer for the most memory) or "
-        "--device cpu");
+  if (config.zero.stage >= 2) {
+    auto e = std::make_unique<GpuShardedEngine>(comm);
+    RETURN_IF_ERROR(e->Init(config, options, open));
+    return std::unique_ptr<Engine>(std::move(e));
   }
-  auto e = std::make_unique<GpuEngine>(comm);
+  auto e = std::make_unique<GpuReplicatedEngine>(comm);
   RETURN_IF_ERROR(e->Init(config, options, open));
   return std::unique_ptr<Engine>(std::move(e));
 }

@@ -4,7 +4,24 @@
 #include <cmath>
 #include <cstring>
 
+#include "worker/checkpoint.h"
+
 namespace dslaunch::worker {
+namespace {
+
+// Checkpoints keep llm.c's order; stages 2 and 3 train in kLayerMajor.
+std::vector<float> Reorder(const ParamLayout& from, std::span<const float> src,
+                           const ParamLayout& to) {
+  std::vector<float> dst(to.num_params());
+  for (const TensorInfo& t : from.Tensors()) {
+    const ParamRange r = to.Range(t.kind, t.layer < 0 ? 0 : t.layer);
+    std::copy(src.begin() + t.range.begin, src.begin() + t.range.end,
+              dst.begin() + r.begin);
+  }
+  return dst;
+}
+
+}  // namespace
 
 struct ZeroState::Layer {
   ParamRange range;               // in the layout
@@ -58,12 +75,23 @@ ZeroState::ZeroState(const ParamLayout& layout, int stage, Comm* comm,
   own_m_.assign(owned, 0.0f);
   own_v_.assign(owned, 0.0f);
   size_t at = 0;
+  const auto& segments = layout.DecaySegments();
   for (auto& l : layers_) {
     const size_t shard = l->part.shard;
     if (stage == 3) l->params = std::span(own_params_).subspan(at, shard);
     l->grads = std::span(own_grads_).subspan(at, shard);
     l->m = std::span(own_m_).subspan(at, shard);
     l->v = std::span(own_v_).subspan(at, shard);
+    // The owned piece [lo, hi) of the layout, cut at the decay segments.
+    const size_t lo = l->range.begin + l->own_begin, hi = lo + l->own;
+    for (const DecaySegment& seg : segments) {
+      const size_t b = std::max(lo, seg.range.begin),
+                   e = std::min(hi, seg.range.end);
+      if (b >= e) continue;
+      const size_t in_piece = at + (b - lo);
+      adam_runs_.push_back(
+          {stage == 2 ? b : in_piece, in_piece, in_piece, e - b, seg.decay});
+    }
     at += shard;
   }
   if (stage == 2) full_params_.assign(layout.num_params(), 0.0f);
@@ -238,22 +266,23 @@ StatusOr<float> ZeroState::FinishGradients() {
 }
 
 Status ZeroState::Update(const AdamParams& adam, float clip_scale) {
-  const auto& segments = layout_.DecaySegments();
-  for (auto& l : layers_) {
+  float* p = Buffer(Which::kParams).data();
+  for (const AdamRun& r : adam_runs_) {
+    float* g = own_grads_.data() + r.grad;
     if (clip_scale != 1.0f) {
-      for (size_t i = 0; i < l->own; ++i) l->grads[i] *= clip_scale;
+      for (size_t i = 0; i < r.count; ++i) g[i] *= clip_scale;
     }
-    const size_t lo = l->range.begin + l->own_begin, hi = lo + l->own;
-    float* p = stage_ == 2 ? full_params_.data() + lo : l->params.data();
-    for (const DecaySegment& seg : segments) {
-      const size_t b = std::max(lo, seg.range.begin),
-                   e = std::min(hi, seg.range.end);
-      if (b >= e) continue;
-      AdamStep(p + (b - lo), l->grads.data() + (b - lo), l->m.data() + (b - lo),
-               l->v.data() + (b - lo), e - b, adam, seg.decay);
-    }
-    if (stage_ != 2) continue;
+    AdamStep(p + r.param, g, own_m_.data() + r.moment, own_v_.data() + r.moment,
+             r.count, adam, r.decay);
+  }
+  return GatherParams();
+}
+
+Status ZeroState::GatherParams() {
+  if (stage_ != 2) return Status::Ok();
+  for (auto& l : layers_) {
     // Every rank takes every rank's updated piece of this layer.
+    const float* p = full_params_.data() + l->range.begin + l->own_begin;
     std::copy(p, p + l->own, staging_.begin());
     std::fill(staging_.begin() + l->own, staging_.begin() + l->part.shard,
               0.0f);
@@ -264,6 +293,20 @@ Status ZeroState::Update(const AdamParams& adam, float clip_scale) {
               full_params_.begin() + l->range.begin);
   }
   return Status::Ok();
+}
+
+std::span<float> ZeroState::Buffer(Which which) {
+  switch (which) {
+    case Which::kParams:
+      return stage_ == 2 ? std::span(full_params_) : std::span(own_params_);
+    case Which::kGrads:
+      return own_grads_;
+    case Which::kM:
+      return own_m_;
+    case Which::kV:
+      return own_v_;
+  }
+  return {};
 }
 
 int64_t ZeroState::state_bytes() const {
@@ -277,9 +320,10 @@ StatusOr<std::vector<float>> ZeroState::GatherAll(Which which) {
   std::vector<float> full(layout_.num_params());
   std::vector<float> window(std::max(emb_grads_.size(), block_grads_.size()));
   for (auto& l : layers_) {
-    const std::span<const float> piece = which == Which::kParams ? l->params
-                                         : which == Which::kM    ? l->m
-                                                                 : l->v;
+    const std::span<const float> piece = which == Which::kParams  ? l->params
+                                         : which == Which::kGrads ? l->grads
+                                         : which == Which::kM     ? l->m
+                                                                  : l->v;
     std::copy(piece.begin(), piece.begin() + l->own, staging_.begin());
     std::fill(staging_.begin() + l->own, staging_.begin() + l->part.shard,
               0.0f);
@@ -299,6 +343,39 @@ void ZeroState::LoadState(std::span<const float> params,
     std::copy(m.begin() + b, m.begin() + b + l->own, l->m.begin());
     std::copy(v.begin() + b, v.begin() + b + l->own, l->v.begin());
   }
+}
+
+StatusOr<RankShard> ZeroState::CheckpointRange(size_t begin, size_t count) {
+  const ParamLayout llmc(layout_.config(), ParamOrder::kLlmc);
+  whole_.clear();
+  for (Which which : {Which::kParams, Which::kM, Which::kV}) {
+    ASSIGN_OR_RETURN(std::vector<float> full, GatherAll(which));
+    whole_.push_back(Reorder(layout_, full, llmc));
+  }
+  RankShard shard;
+  shard.begin = begin;
+  shard.params = std::span<const float>(whole_[0].data() + begin, count);
+  shard.m = std::span<const float>(whole_[1].data() + begin, count);
+  shard.v = std::span<const float>(whole_[2].data() + begin, count);
+  return shard;
+}
+
+Status ZeroState::Resume(const std::string& dir) {
+  const ParamLayout llmc(layout_.config(), ParamOrder::kLlmc);
+  std::vector<std::vector<float>> parts;
+  for (const char* which : {"params", "m", "v"}) {
+    std::vector<float> full(layout_.num_params());
+    RETURN_IF_ERROR(ReadCheckpointRange(dir, which, 0, full));
+    parts.push_back(Reorder(llmc, full, layout_));
+  }
+  LoadState(parts[0], parts[1], parts[2]);
+  return Status::Ok();
+}
+
+StatusOr<std::vector<float>> ZeroState::WholeParams() {
+  ASSIGN_OR_RETURN(std::vector<float> full, GatherAll(Which::kParams));
+  return Reorder(layout_, full,
+                 ParamLayout(layout_.config(), ParamOrder::kLlmc));
 }
 
 }  // namespace dslaunch::worker

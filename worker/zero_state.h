@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "worker/comm.h"
@@ -23,6 +24,8 @@
 #include "worker/partition.h"
 
 namespace dslaunch::worker {
+
+struct RankShard;  // worker/checkpoint.h
 
 // Layers lo..hi of the blocks (0..L-1) and the final LayerNorm (L), whose
 // gradients are reduce-scattered together.
@@ -64,19 +67,45 @@ class ZeroState : public ParamSource {
   const Status& status() const { return status_; }
   // Averages the owned gradients over ranks and returns the global norm.
   StatusOr<float> FinishGradients();
-  // AdamW on the owned pieces (gradients scaled by clip_scale first); under
-  // stage 2 the updated pieces are then all-gathered into every rank's
-  // whole parameters.
+  // AdamW on the owned pieces (gradients scaled by clip_scale first), then
+  // GatherParams.
   Status Update(const AdamParams& adam, float clip_scale);
+  // Stage 2: every rank's updated pieces into every rank's whole
+  // parameters (collective); nothing under stage 3.
+  Status GatherParams();
+
+  // One contiguous run of the optimizer step, within one layer's owned
+  // piece and one weight-decay segment: `count` parameters at `param` in
+  // Buffer(kParams), their gradients at `grad` and moments at `moment` in
+  // the owned buffers. Update steps through these; the GPU engine hands
+  // them to its device.
+  struct AdamRun {
+    size_t param = 0, grad = 0, moment = 0, count = 0;
+    bool decay = false;
+  };
+  const std::vector<AdamRun>& adam_runs() const { return adam_runs_; }
   // Parameters, gradients and moments this rank keeps (not the windows).
   int64_t state_bytes() const;
   // Every rank's pieces gathered into whole buffers in layout order (for
   // checkpoints and export); collective, and holds one whole buffer.
-  enum class Which { kParams, kM, kV };
+  enum class Which { kParams, kGrads, kM, kV };
   StatusOr<std::vector<float>> GatherAll(Which which);
+  // The state buffers themselves: kParams the whole parameters (stage 2) or
+  // the owned pieces (stage 3); the others the owned pieces, every layer's
+  // in turn, each padded to its shard (owned_floats() floats).
+  std::span<float> Buffer(Which which);
+  size_t owned_floats() const { return own_grads_.size(); }
   // Takes this rank's pieces of whole parameters and moments (layout order).
   void LoadState(std::span<const float> params, std::span<const float> m,
                  std::span<const float> v);
+
+  // Checkpoints, which keep llm.c's order: parameters and moments of
+  // [begin, begin + count) of it (collective; valid until the next call);
+  // this rank's state from a complete checkpoint written at any world
+  // size by any engine; every parameter in llm.c's order (collective).
+  StatusOr<RankShard> CheckpointRange(size_t begin, size_t count);
+  Status Resume(const std::string& dir);
+  StatusOr<std::vector<float>> WholeParams();
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
 
@@ -108,6 +137,8 @@ class ZeroState : public ParamSource {
   std::vector<float> emb_grads_, block_grads_;    // gradient windows
   std::vector<float> rank_major_;  // a many-layer bucket, as it is sent
   std::vector<float> staging_;     // a rank's piece of a layer or bucket
+  std::vector<AdamRun> adam_runs_;
+  std::vector<std::vector<float>> whole_;  // a checkpoint's gathered state
   Status status_;
 };
 

@@ -4,8 +4,8 @@
 // identical; bf16 stays within 2e-2 of fp32; fp16's loss scaling skips
 // overflows; a GPU checkpoint resumes bit for bit; checkpoints move between
 // CPU and GPU; two ranks sharing one GPU equal two CPU ranks; ZeRO stages
-// 1-2 and the offloaded optimizer equal the CPU, and the GPU memory of each
-// follows the ZeRO law.
+// 1-3 and the offloaded optimizer and parameters equal the CPU, and the GPU
+// memory of each follows the ZeRO law.
 #include "worker/trainer.h"
 
 #include <gtest/gtest.h>
@@ -25,6 +25,8 @@
 #include "worker/comm_local.h"
 #include "worker/data_loader.h"
 #include "worker/device_loader.h"
+#include "worker/param_layout.h"
+#include "worker/partition.h"
 
 namespace dslaunch::worker {
 namespace {
@@ -240,18 +242,25 @@ TEST_F(CudaTrainerTest, TwoRanksShareOneGpu) {
   EXPECT_LT(MaxDiff(gpu.losses, cpu.losses), 1e-4);
 }
 
-// ZeRO stages 1 and 2 (the gradients reduce-scattered over Gloo, each
-// rank's optimizer on its shard) and the optimizer offloaded to the CPU
-// (offload_optimizer: the host's fp32 master parameters and moments, the
-// CPU's AdamW) train as the CPU engine does: 2 ranks sharing the GPU, 20
-// fp32 steps.
+// ZeRO stages 1-3 (the gradients reduce-scattered over Gloo, each rank's
+// optimizer on its shard; under stages 2 and 3 layer by layer from windows
+// during the backward pass, and under stage 3 each layer's parameters
+// gathered into a window before it runs), the optimizer offloaded to the
+// CPU (offload_optimizer: the host's fp32 master parameters and moments,
+// the CPU's AdamW) and stage 3's parameters offloaded train as the CPU
+// engine does: 2 ranks sharing the GPU, 20 fp32 steps. A small reduce
+// bucket makes stages 2 and 3 reduce in several.
 TEST_F(CudaTrainerTest, ZeroStagesAndOffloadEqualTheCpuEngine) {
   const Run cpu = Train(Config(2, 20), DeviceKind::kCpu, 2);
   for (const char* zero :
-       {R"({"stage": 1})", R"({"stage": 2})",
+       {R"({"stage": 1})", R"({"stage": 2, "reduce_bucket_size": 60000})",
+        R"({"stage": 3, "reduce_bucket_size": 60000})",
         R"({"stage": 0, "offload_optimizer": {"device": "cpu"}})",
         R"({"stage": 1, "offload_optimizer": {"device": "cpu"}})",
-        R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})"}) {
+        R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})",
+        R"({"stage": 3, "offload_optimizer": {"device": "cpu"}})",
+        R"({"stage": 3, "offload_optimizer": {"device": "cpu"},
+            "offload_param": {"device": "cpu"}})"}) {
     SCOPED_TRACE(zero);
     const Run gpu = Train(Config(2, 20, "", zero), DeviceKind::kCuda, 2);
     ASSERT_EQ(gpu.losses.size(), 20u);
@@ -282,37 +291,68 @@ TEST_F(CudaTrainerTest, OffloadOnOneRankResumesBitForBit) {
   EXPECT_EQ(resumed.params, whole.params);
 }
 
-// The memory each rank keeps follows the law. The device holds fp32
-// parameters and gradients (8 bytes a parameter) and the AdamW moments of
-// its part (8 bytes a parameter of it): all of them under stage 0, its
-// shard under stages 1 and 2 (rank 0 of 2: the first half, padded to 16),
-// none offloaded. The GPU's allocator peak differs by exactly those bytes,
-// the activations being the same; the model state counts the host's
-// moments where they are offloaded.
+// The memory each rank keeps follows the law, n parameters on 2 ranks.
+// The device holds, besides the same activations in every mode:
+//  - stage 0: fp32 parameters, gradients and both AdamW moments (16n);
+//  - stage 1: the moments of its shard only (8n + 8 shard);
+//  - stage 2: whole parameters, the owned pieces' gradients and moments
+//    (o floats: each layer's shard) and a gradient window for the
+//    embedding and one for the largest other layer (4n + 12o + 4w);
+//  - stage 3: the owned parameters too, and parameter windows as large
+//    (16o + 8w);
+//  - offloaded: none of the owned pieces or moments, which the host holds.
+// The allocator's peak differs between modes by exactly those bytes; the
+// model state (device and host) is each stage's law wherever it sits.
 TEST_F(CudaTrainerTest, MemoryFollowsTheZeroLaw) {
-  const Run s0 = Train(Config(2, 1), DeviceKind::kCuda, 2);
-  const Run s1 =
-      Train(Config(2, 1, "", R"({"stage": 1})"), DeviceKind::kCuda, 2);
-  const Run s2 =
-      Train(Config(2, 1, "", R"({"stage": 2})"), DeviceKind::kCuda, 2);
-  const Run off =
-      Train(Config(2, 1, "",
-                   R"({"stage": 1, "offload_optimizer": {"device": "cpu"}})"),
-            DeviceKind::kCuda, 2);
-  const int64_t n = s0.state_bytes / 16;
-  const int64_t shard = (n / 2 + (n % 2) + 15) / 16 * 16;  // rank 0's
+  auto run = [this](const char* zero) {
+    return Train(Config(2, 1, "", zero), DeviceKind::kCuda, 2);
+  };
+  const Run s0 = run(R"({"stage": 0})");
+  const Run s1 = run(R"({"stage": 1})");
+  const Run s2 = run(R"({"stage": 2})");
+  const Run s3 = run(R"({"stage": 3})");
+  const Run off1 =
+      run(R"({"stage": 1, "offload_optimizer": {"device": "cpu"}})");
+  const Run off2 =
+      run(R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})");
+  const Run off3 =
+      run(R"({"stage": 3, "offload_optimizer": {"device": "cpu"}})");
+  const ParamLayout layout(ModelConfig::Make(64, 500, 2, 4, 64),
+                           ParamOrder::kLayerMajor);
+  const auto n = static_cast<int64_t>(layout.num_params());
+  const auto shard = static_cast<int64_t>(MakePartition(n, 2).shard);
+  int64_t owned = 0, block = 0;
+  for (int l = -1; l <= 2; ++l) {
+    const auto size = static_cast<int64_t>(layout.LayerRanges(l).at(0).size());
+    owned += static_cast<int64_t>(MakePartition(size, 2).shard);
+    if (l >= 0) block = std::max(block, size);
+  }
+  const int64_t windows =
+      static_cast<int64_t>(layout.LayerRanges(-1).at(0).size()) + block;
   std::printf(
       "2 ranks, %lld parameters: GPU peak stage 0 %lld, stage 1 %lld, "
-      "stage 2 %lld, stage 1 offloaded %lld bytes\n",
+      "stage 2 %lld, stage 3 %lld; offloaded stage 1 %lld, stage 2 %lld, "
+      "stage 3 %lld bytes\n",
       static_cast<long long>(n), static_cast<long long>(s0.gpu_bytes),
       static_cast<long long>(s1.gpu_bytes),
       static_cast<long long>(s2.gpu_bytes),
-      static_cast<long long>(off.gpu_bytes));
+      static_cast<long long>(s3.gpu_bytes),
+      static_cast<long long>(off1.gpu_bytes),
+      static_cast<long long>(off2.gpu_bytes),
+      static_cast<long long>(off3.gpu_bytes));
   EXPECT_EQ(s0.gpu_bytes - s1.gpu_bytes, 8 * (n - shard));
-  EXPECT_EQ(s2.gpu_bytes, s1.gpu_bytes);  // whole gradients for backward
-  EXPECT_EQ(s0.gpu_bytes - off.gpu_bytes, 8 * n);
+  EXPECT_EQ(s1.gpu_bytes - s2.gpu_bytes,
+            (8 * n + 8 * shard) - (4 * n + 12 * owned + 4 * windows));
+  EXPECT_EQ(s2.gpu_bytes - s3.gpu_bytes, 4 * n - 4 * owned - 4 * windows);
+  EXPECT_EQ(s0.gpu_bytes - off1.gpu_bytes, 8 * n);
+  EXPECT_EQ(s2.gpu_bytes - off2.gpu_bytes, 12 * owned);
+  EXPECT_EQ(s3.gpu_bytes - off3.gpu_bytes, 16 * owned);
   EXPECT_EQ(s1.state_bytes, 8 * n + 8 * shard);
-  EXPECT_EQ(off.state_bytes, 8 * n + 8 * shard);  // moments on the host
+  EXPECT_EQ(off1.state_bytes, 8 * n + 8 * shard);  // moments on the host
+  EXPECT_EQ(s2.state_bytes, 4 * n + 12 * owned);
+  EXPECT_EQ(off2.state_bytes, 4 * n + 12 * owned);
+  EXPECT_EQ(s3.state_bytes, 16 * owned);
+  EXPECT_EQ(off3.state_bytes, 16 * owned);
 }
 
 }  // namespace

@@ -1,19 +1,22 @@
-// The GPU engine's host side (engine_gpu.cc: ZeRO stages 0-2, the optimizer
-// on the device or offloaded, checkpoints, resume) on machines without a
-// GPU: its DeviceEngine is a stand-in that computes on the CPU with the CPU
-// engine's own Model and AdamW, so every result must equal the CPU engine's
-// bit for bit. On a GPU, tests/cuda/trainer_test.cc runs the same configs on
-// the CUDA engine against the CPU within stated tolerances.
+// The GPU engines' host side (engine_gpu.cc: ZeRO stages 0-3, the
+// optimizer on the device or offloaded, the parameters offloaded under
+// stage 3, layer windows and hooks, checkpoints, resume) on machines without
+// a GPU: the DeviceEngine is a stand-in that computes on the CPU with the
+// CPU engine's own Model and AdamW, so every result must equal the CPU
+// engine's bit for bit. On a GPU, tests/cuda/trainer_test.cc runs the same
+// configs on the CUDA engine against the CPU within stated tolerances.
 #include <gtest/gtest.h>
 #include <omp.h>     // omp_set_num_threads
 #include <stdlib.h>  // mkdtemp
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -29,20 +32,36 @@
 namespace dslaunch::worker {
 namespace {
 
-// A DeviceEngine whose "device" is host memory: the CPU Model (llm.c's
-// order, as the CUDA engine keeps it) and the CPU's AdamW over the part of
-// the buffer the options give it moments for.
-class CpuStandIn final : public DeviceEngine {
+// A DeviceEngine whose "device" is host memory: the CPU Model, in the
+// spec's order, and the CPU's AdamW over the options' segments. Under
+// windows (ZeRO 2 and 3) the Model reads and writes through this stand-in
+// as its ParamSource, whose windows follow the CUDA engine's: one for the
+// embedding, one every other layer takes in turn, gradients taken by the
+// host from AfterBackward and zeroed.
+class CpuStandIn final : public DeviceEngine, ParamSource {
  public:
   static StatusOr<std::unique_ptr<DeviceEngine>> Open(
       const DeviceEngineOptions& o) {
     const DeviceModelSpec& s = o.model;
-    ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
-                     Model::Create(ModelConfig::Make(s.max_seq_len,
-                                                     s.vocab_size, s.num_layers,
-                                                     s.num_heads, s.channels)));
+    const bool windows = o.windows != DeviceWindows::kNone;
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<Model> model,
+        Model::Create(ModelConfig::Make(s.max_seq_len, s.vocab_size,
+                                        s.num_layers, s.num_heads, s.channels),
+                      windows ? ParamOrder::kLayerMajor : ParamOrder::kLlmc));
     if (model->layout().num_params() != s.num_params)
       return Internal("the spec's num_params differs from the model's");
+    for (int k = 0; k < kNumParamKinds; ++k) {
+      const auto kind = static_cast<ParamKind>(k);
+      for (int l = 0; l < (IsPerLayer(kind) ? s.num_layers : 1); ++l) {
+        if (model->layout().Offset(kind, l) != s.offset[k] + l * s.stride[k])
+          return Internal("the spec's offsets differ from the model's");
+      }
+    }
+    if (windows &&
+        (o.hooks == nullptr ||
+         s.layer_begin.size() != static_cast<size_t>(s.num_layers) + 3))
+      return Internal("windows without hooks or layer bounds");
     auto e = std::unique_ptr<CpuStandIn>(new CpuStandIn(o, std::move(model)));
     return std::unique_ptr<DeviceEngine>(std::move(e));
   }
@@ -50,93 +69,170 @@ class CpuStandIn final : public DeviceEngine {
   std::string Describe() const override { return "a CPU stand-in"; }
   const std::string& error() const override { return error_; }
 
-  bool SetParams(const float* host) override { return Copy(host, P(), n_); }
-  bool GetParams(float* host) override { return Copy(P(), host, n_); }
-  bool SetGrads(const float* host) override { return Copy(host, G(), n_); }
-  bool GetGrads(float* host) override { return Copy(G(), host, n_); }
+  bool SetParams(const float* host) override { return Copy(host, params_); }
+  bool GetParams(float* host) override { return Copy(params_, host); }
+  bool SetGrads(const float* host) override { return Copy(host, grads_); }
+  bool GetGrads(float* host) override { return Copy(grads_, host); }
   bool SetMoments(const float* m, const float* v) override {
-    return Copy(m, m_.data(), m_.size()) && Copy(v, v_.data(), v_.size());
+    return Copy(m, m_) && Copy(v, v_);
   }
   bool GetMoments(float* m, float* v) override {
-    return Copy(m_.data(), m, m_.size()) && Copy(v_.data(), v, v_.size());
+    return Copy(m_, m) && Copy(v_, v);
+  }
+  bool SetLayerParams(int layer, const float* host) override {
+    if (o_.windows != DeviceWindows::kParamsAndGrads) return false;
+    std::copy(host, host + LayerSize(layer), Window(param_windows_, layer));
+    return true;
+  }
+  bool TakeLayerGrads(int layer, float* host) override {
+    if (o_.windows == DeviceWindows::kNone) return false;
+    float* w = Window(grad_windows_, layer);
+    std::copy(w, w + LayerSize(layer), host);
+    std::fill(w, w + LayerSize(layer), 0.0f);
+    return true;
   }
   bool ZeroGrad() override {
-    model_->ZeroGrad();
+    std::fill(grads_.begin(), grads_.end(), 0.0f);
     return true;
   }
   bool TrainMicroBatch(const int* tokens, const int* targets, int B, int T,
                        float grad_scale, float* loss) override {
+    hooks_ok_ = true;
     *loss = model_->Forward(tokens, targets, B, T);
     model_->Backward(grad_scale);
-    return true;
+    return hooks_ok_;
   }
   bool EvalBatch(const int* tokens, const int* targets, int B, int T,
                  float* loss) override {
+    hooks_ok_ = true;
     *loss = model_->Forward(tokens, targets, B, T);
-    return true;
+    return hooks_ok_;
   }
   bool GradSquaredSum(double* out) override {
     double sum = 0;
-    for (size_t i = 0; i < n_; ++i) sum += static_cast<double>(G()[i]) * G()[i];
+    for (float g : grads_) sum += static_cast<double>(g) * g;
     *out = sum;
     return true;
   }
   bool AdamStep(const DeviceAdam& a, float grad_scale) override {
-    if (m_.empty()) return true;  // as the CUDA engine: nothing is ours
     const AdamParams p{a.lr,           a.beta1,      a.beta2, a.eps,
                        a.weight_decay, a.adamw_mode, a.step};
-    const size_t lo = begin_, hi = begin_ + m_.size();
-    for (size_t i = lo; i < hi && grad_scale != 1.0f; ++i) G()[i] *= grad_scale;
-    for (const DeviceModelSpec::Segment& s : segments_) {
-      const size_t b = std::max(lo, s.begin), e = std::min(hi, s.end);
-      if (b >= e) continue;
-      worker::AdamStep(P() + b, G() + b, m_.data() + (b - lo),
-                       v_.data() + (b - lo), e - b, p, s.decay);
+    for (const DeviceAdamSegment& s : o_.adam) {
+      float* g = grads_.data() + s.grad;
+      for (size_t i = 0; i < s.count && grad_scale != 1.0f; ++i)
+        g[i] *= grad_scale;
+      worker::AdamStep(params_.data() + s.param, g, m_.data() + s.moment,
+                       v_.data() + s.moment, s.count, p, s.decay);
     }
     return true;
   }
   int64_t peak_memory_bytes() const override { return state_bytes(); }
   int64_t state_bytes() const override {
-    return 8 * static_cast<int64_t>(n_ + m_.size());
+    return 4 * static_cast<int64_t>(params_.size() + grads_.size() + m_.size() +
+                                    v_.size());
   }
+
+  // ParamSource, under windows.
+  float* LayerParams(int layer) override {
+    if (o_.windows == DeviceWindows::kGrads)
+      return params_.data() + o_.model.layer_begin[layer + 1];
+    return Window(param_windows_, layer);
+  }
+  float* LayerGrads(int layer) override { return Window(grad_windows_, layer); }
 
  private:
   CpuStandIn(const DeviceEngineOptions& o, std::unique_ptr<Model> model)
-      : model_(std::move(model)),
-        n_(o.model.num_params),
-        segments_(o.model.segments) {
-    begin_ = std::min(o.moments_begin, n_);
-    const size_t count = std::min(o.moments_count, n_ - begin_);
-    m_.assign(count, 0.0f);
-    v_.assign(count, 0.0f);
+      : o_(o), model_(std::move(model)) {
+    const size_t n = o.model.num_params;
+    m_.assign(o.moments_count, 0.0f);
+    v_.assign(o.moments_count, 0.0f);
+    if (o.windows == DeviceWindows::kNone) {
+      params_ = model_->params().first(n);
+      grads_ = model_->grads().first(n);
+      return;
+    }
+    owned_params_.assign(
+        o.windows == DeviceWindows::kParamsAndGrads ? o.owned_count : n, 0.0f);
+    owned_grads_.assign(o.owned_count, 0.0f);
+    params_ = owned_params_;
+    grads_ = owned_grads_;
+    size_t block = 0;
+    for (int l = 0; l <= o.model.num_layers; ++l)
+      block = std::max(block, LayerSize(l));
+    for (auto* w : {&param_windows_, &grad_windows_}) {
+      (*w)[0].assign(LayerSize(-1), 0.0f);
+      (*w)[1].assign(block, 0.0f);
+    }
+    LayerHooks h;
+    h.before_forward = [this](int l) {
+      Call(&DeviceLayerHooks::BeforeForward, l);
+    };
+    h.before_backward = [this](int l) {
+      Call(&DeviceLayerHooks::BeforeBackward, l);
+    };
+    h.after_backward = [this](int l) {
+      Call(&DeviceLayerHooks::AfterBackward, l);
+    };
+    model_->set_hooks(std::move(h));
+    model_->set_param_source(this);
   }
-  float* P() { return model_->params().data(); }
-  float* G() { return model_->grads().data(); }
-  static bool Copy(const float* from, float* to, size_t n) {
-    std::copy(from, from + n, to);
+  void Call(bool (DeviceLayerHooks::*hook)(int), int layer) {
+    if (hooks_ok_) hooks_ok_ = (o_.hooks->*hook)(layer);
+  }
+  size_t LayerSize(int layer) const {
+    return o_.model.layer_begin[layer + 2] - o_.model.layer_begin[layer + 1];
+  }
+  static float* Window(std::array<std::vector<float>, 2>& w, int layer) {
+    return w[layer == -1 ? 0 : 1].data();
+  }
+  static bool Copy(const float* from, std::span<float> to) {
+    std::copy(from, from + to.size(), to.begin());
+    return true;
+  }
+  static bool Copy(std::span<const float> from, float* to) {
+    std::copy(from.begin(), from.end(), to);
     return true;
   }
 
+  DeviceEngineOptions o_;
   std::unique_ptr<Model> model_;
-  size_t n_;
-  std::vector<DeviceModelSpec::Segment> segments_;
-  size_t begin_ = 0;
-  std::vector<float> m_, v_;
+  std::span<float> params_, grads_;  // the model's, or the owned ones
+  std::vector<float> owned_params_, owned_grads_, m_, v_;
+  std::array<std::vector<float>, 2> param_windows_, grad_windows_;
+  bool hooks_ok_ = true;
   std::string error_;
 };
 
+// What a config offloads to the CPU.
+enum Offload { kNothing, kOptimizer, kParams };
+const char* Name(Offload o) {
+  return o == kNothing     ? ""
+         : o == kOptimizer ? ", optimizer offloaded"
+                           : ", parameters offloaded";
+}
+
+// The offload modes a stage takes: offload_param only under stage 3.
+std::vector<Offload> Offloads(int stage) {
+  if (stage == 3) return {kNothing, kOptimizer, kParams};
+  return {kNothing, kOptimizer};
+}
+
 class GpuEngineHostTest : public ::testing::Test {
  protected:
-  // 2 layers, 2 heads, C 16, T 8, V 67; micro batch 2; clipping on.
-  TrainConfig Config(int world, int stage, bool offload) {
+  // 2 layers, 2 heads, C 16, T 8, V 67; micro batch 2; clipping on; a
+  // reduce bucket of about one block, so that stages 2 and 3 reduce in
+  // several buckets.
+  TrainConfig Config(int world, int stage, Offload offload = kNothing) {
     const std::string text =
         R"({"train_micro_batch_size_per_gpu": 2,
             "gradient_accumulation_steps": 2, "gradient_clipping": 0.5,
             "optimizer": {"type": "AdamW",
                           "params": {"lr": 0.01, "weight_decay": 0.1}},
             "zero_optimization": {"stage": )" +
-        std::to_string(stage) +
-        (offload ? R"(, "offload_optimizer": {"device": "cpu"})" : "") +
+        std::to_string(stage) + R"(, "reduce_bucket_size": 4000)" +
+        (offload == kOptimizer ? R"(, "offload_optimizer": {"device": "cpu"})"
+         : offload == kParams  ? R"(, "offload_param": {"device": "cpu"})"
+                               : "") +
         R"(}, "model": {"n_layer": 2, "n_head": 2, "n_embd": 16,
                       "seq_len": 8, "vocab_size": 67},
             "data": {"train": "unused.bin"},
@@ -194,6 +290,7 @@ class GpuEngineHostTest : public ::testing::Test {
     std::vector<float> ck_m, ck_v;
     std::vector<float> norms;  // rank 0's
     int64_t state_bytes = 0;   // rank 0's
+    int64_t device_bytes = 0;  // rank 0's
   };
 
   // `steps` steps on `world` ranks, on the CPU engine or the GPU engine
@@ -238,6 +335,7 @@ class GpuEngineHostTest : public ::testing::Test {
         out.params = params;
         out.norms = norms;
         out.state_bytes = e->state_bytes();
+        out.device_bytes = e->device_memory_bytes();
       }
       return Status::Ok();
     });
@@ -255,63 +353,66 @@ class GpuEngineHostTest : public ::testing::Test {
   }
 };
 
-// The CPU engine whose bits the GPU engine's host side must give: the
-// replicated one at the same stage, stage 1 for stage 2 (the GPU keeps
-// stage 1's law there; the gradient norm, summed per shard, differs from
-// stage 0's in the last bits, and with clipping so do the parameters).
-int ReferenceStage(int stage) { return std::min(stage, 1); }
-
 TEST_F(GpuEngineHostTest, EveryStageAndOffloadEqualTheCpuEngineBitForBit) {
   for (int world : {1, 2}) {
-    for (int stage : {0, 1, 2}) {
-      const Result cpu =
-          Train(Config(world, ReferenceStage(stage), false), false, world);
+    for (int stage : {0, 1, 2, 3}) {
+      const Result cpu = Train(Config(world, stage), false, world);
       ASSERT_EQ(cpu.norms.size(), 4u);
-      for (bool offload : {false, true}) {
+      for (Offload offload : Offloads(stage)) {
         SCOPED_TRACE("world " + std::to_string(world) + ", stage " +
-                     std::to_string(stage) + (offload ? ", offloaded" : ""));
+                     std::to_string(stage) + Name(offload));
         const Result gpu = Train(Config(world, stage, offload), true, world);
         EXPECT_EQ(gpu.norms, cpu.norms);
         EXPECT_EQ(gpu.params, cpu.params);
         EXPECT_EQ(gpu.ck_params, cpu.ck_params);
         EXPECT_EQ(gpu.ck_m, cpu.ck_m);
         EXPECT_EQ(gpu.ck_v, cpu.ck_v);
+        // Each rank's whole state is the CPU engine's at the stage.
+        EXPECT_EQ(gpu.state_bytes, cpu.state_bytes);
       }
     }
   }
 }
 
-// The device holds parameters and gradients (8 bytes a parameter) and the
-// moments of its part (8 bytes a parameter of it): all under stage 0, its
-// shard under stages 1 and 2, none offloaded, where the host holds them.
-TEST_F(GpuEngineHostTest, StateBytesFollowTheZeroLaw) {
-  LocalWorld w(2, std::chrono::seconds(30));
-  std::vector<int64_t> bytes(8);
-  std::vector<Status> st = RunRanks(w, [&](Comm& comm) -> Status {
-    int i = 0;
-    for (int stage : {0, 1, 2}) {
-      for (bool offload : {false, true}) {
-        EngineOptions o;
-        o.device = DeviceKind::kCuda;
-        ASSIGN_OR_RETURN(auto e, MakeGpuEngine(Config(2, stage, offload), &comm,
-                                               o, CpuStandIn::Open));
-        if (comm.rank() == 0) bytes[i] = e->state_bytes();
-        ++i;
-      }
-    }
-    return Status::Ok();
-  });
-  ASSERT_TRUE(st[0].ok()) << st[0].ToString();
-  ASSERT_TRUE(st[1].ok()) << st[1].ToString();
+// What the device holds (the stand-in's peak is its buffers) per stage on
+// 2 ranks, n parameters: stage 0 parameters, gradients and both moments of
+// all of them (16n); stage 1 the moments of its shard only; stage 2 whole
+// parameters and the owned pieces' gradients and moments (4n + 12o, o the
+// owned floats: every layer's shard); stage 3 only owned pieces (16o).
+// Offloaded, the moments (and owned gradients, and under stage 3 the owned
+// parameters) are the host's instead.
+TEST_F(GpuEngineHostTest, DeviceStateFollowsTheZeroLaw) {
   const auto n = static_cast<int64_t>(
       ParamLayout(ModelConfig::Make(8, 67, 2, 2, 16)).num_params());
   const auto shard = static_cast<int64_t>(MakePartition(n, 2).shard);
-  EXPECT_EQ(bytes[0], 16 * n);             // stage 0
-  EXPECT_EQ(bytes[1], 16 * n);             // stage 0, the moments offloaded
-  EXPECT_EQ(bytes[2], 8 * n + 8 * shard);  // stage 1
-  EXPECT_EQ(bytes[3], 8 * n + 8 * shard);  // the shard's moments offloaded
-  EXPECT_EQ(bytes[4], 8 * n + 8 * shard);  // stage 2 keeps stage 1's law
-  EXPECT_EQ(bytes[5], 8 * n + 8 * shard);
+  const ParamLayout layer_major(ModelConfig::Make(8, 67, 2, 2, 16),
+                                ParamOrder::kLayerMajor);
+  int64_t owned = 0;
+  for (int l = -1; l <= 2; ++l) {
+    owned += static_cast<int64_t>(
+        MakePartition(layer_major.LayerRanges(l).at(0).size(), 2).shard);
+  }
+  ASSERT_LT(owned, n);  // the test model splits into real halves
+  struct Case {
+    int stage;
+    Offload offload;
+    int64_t device;
+  };
+  for (const Case& c : std::vector<Case>{{0, kNothing, 16 * n},
+                                         {0, kOptimizer, 8 * n},
+                                         {1, kNothing, 8 * n + 8 * shard},
+                                         {1, kOptimizer, 8 * n},
+                                         {2, kNothing, 4 * n + 12 * owned},
+                                         {2, kOptimizer, 4 * n},
+                                         {3, kNothing, 16 * owned},
+                                         {3, kOptimizer, 0},
+                                         {3, kParams, 0}}) {
+    SCOPED_TRACE("stage " + std::to_string(c.stage) + Name(c.offload));
+    TrainConfig config = Config(2, c.stage, c.offload);
+    config.train.steps = 1;
+    const Result r = Train(config, true, 2);
+    EXPECT_EQ(r.device_bytes, c.device);
+  }
 }
 
 // A checkpoint of the CPU engine after 2 steps resumes on the GPU engine in
@@ -320,31 +421,51 @@ TEST_F(GpuEngineHostTest, StateBytesFollowTheZeroLaw) {
 TEST_F(GpuEngineHostTest, CheckpointsMoveBetweenTheEngines) {
   std::string dir = ::testing::TempDir() + "dsl_gpu_host_XXXXXX";
   ASSERT_NE(::mkdtemp(dir.data()), nullptr);
-  auto two_steps = [this](int stage, bool offload) {
+  auto two_steps = [this](int stage, Offload offload) {
     TrainConfig c = Config(2, stage, offload);
     c.train.steps = 2;
     return c;
   };
-  for (int stage : {0, 1, 2}) {
-    const int ref = ReferenceStage(stage);
-    const Result straight = Train(Config(2, ref, false), false, 2);
+  for (int stage : {0, 1, 2, 3}) {
+    const Result straight = Train(Config(2, stage), false, 2);
     const std::string cpu_root = dir + "/cpu" + std::to_string(stage);
-    Train(two_steps(ref, false), false, 2, 0, "", cpu_root);
-    for (bool offload : {false, true}) {
-      SCOPED_TRACE("stage " + std::to_string(stage) +
-                   (offload ? ", offloaded" : ""));
+    Train(two_steps(stage, kNothing), false, 2, 0, "", cpu_root);
+    for (Offload offload : Offloads(stage)) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + Name(offload));
       const Result gpu = Train(Config(2, stage, offload), true, 2, 2,
                                cpu_root + "/step_00000002");
       EXPECT_EQ(gpu.params, straight.params);
-      const std::string gpu_root =
-          dir + "/gpu" + std::to_string(stage) + (offload ? "o" : "");
+      const std::string gpu_root = dir + "/gpu" + std::to_string(stage) +
+                                   std::to_string(static_cast<int>(offload));
       Train(two_steps(stage, offload), true, 2, 0, "", gpu_root);
-      const Result cpu = Train(Config(2, ref, false), false, 2, 2,
-                               gpu_root + "/step_00000002");
+      const Result cpu =
+          Train(Config(2, stage), false, 2, 2, gpu_root + "/step_00000002");
       EXPECT_EQ(cpu.params, straight.params);
     }
   }
   std::filesystem::remove_all(dir);
+}
+
+// A collective failing inside a layer hook (a peer's connection lost
+// during stage 3's first gather) stops the pass on every rank with the
+// collective's own error, not a device's.
+TEST_F(GpuEngineHostTest, AHookFailureStopsThePassWithItsReason) {
+  LocalWorld w(2, std::chrono::seconds(10));
+  w.FailAt(1, 1);
+  std::vector<Status> st = RunRanks(w, [&](Comm& comm) -> Status {
+    EngineOptions o;
+    o.device = DeviceKind::kCuda;
+    ASSIGN_OR_RETURN(auto e,
+                     MakeGpuEngine(Config(2, 3), &comm, o, CpuStandIn::Open));
+    RETURN_IF_ERROR(e->ZeroGrad());
+    return e->TrainMicroBatch(MakeBatch(comm.rank(), 0, 0), 1.0f).status();
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(st[r].ok()) << r;
+    EXPECT_EQ(st[r].code(), StatusCode::kUnavailable) << st[r].ToString();
+    EXPECT_EQ(st[r].message().find("GPU:"), std::string::npos)
+        << st[r].ToString();
+  }
 }
 
 }  // namespace

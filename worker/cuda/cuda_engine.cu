@@ -95,21 +95,33 @@ class CudaEngine final : public DeviceEngine {
         break;
     }
     ctx_.batched_compute = ctx_.compute;
+    if (!CheckOptions()) return false;
     const size_t n = spec_.num_params;
-    moments_begin_ = std::min(options_.moments_begin, n);
-    moments_count_ = std::min(options_.moments_count, n - moments_begin_);
-    if (!Alloc(&params_, n) || !Alloc(&grads_, n) ||
+    const bool windows = options_.windows != DeviceWindows::kNone;
+    param_count_ = options_.windows == DeviceWindows::kParamsAndGrads
+                       ? options_.owned_count
+                       : n;
+    grad_count_ = windows ? options_.owned_count : n;
+    moments_count_ = options_.moments_count;
+    if (!AllocZero(&params_, param_count_) ||
+        !AllocZero(&grads_, grad_count_) || !AllocZero(&m_, moments_count_) ||
+        !AllocZero(&v_, moments_count_) ||
         !Alloc(&partials_, kSquaredSumBlocks)) {
       return false;
     }
-    if (moments_count_ > 0 &&
-        (!Alloc(&m_, moments_count_) || !Alloc(&v_, moments_count_))) {
-      return false;
-    }
-    Zero(ctx_, grads_, n);
-    if (moments_count_ > 0) {
-      Zero(ctx_, m_, moments_count_);
-      Zero(ctx_, v_, moments_count_);
+    if (windows) {
+      // One window for the embedding (it stays from the head's backward to
+      // its own) and one every other layer takes in turn.
+      size_t block = 0;
+      for (int l = 0; l <= spec_.num_layers; ++l)
+        block = std::max(block, LayerSize(l));
+      if (!AllocZero(&grad_window_[0], LayerSize(-1)) ||
+          !AllocZero(&grad_window_[1], block))
+        return false;
+      if (options_.windows == DeviceWindows::kParamsAndGrads &&
+          (!AllocZero(&param_window_[0], LayerSize(-1)) ||
+           !AllocZero(&param_window_[1], block)))
+        return false;
     }
     return Sync("init");
   }
@@ -118,16 +130,16 @@ class CudaEngine final : public DeviceEngine {
   const std::string& error() const override { return error_; }
 
   bool SetParams(const float* host) override {
-    return Up(params_, host, spec_.num_params);
+    return Up(params_, host, param_count_);
   }
   bool GetParams(float* host) override {
-    return Down(host, params_, spec_.num_params);
+    return Down(host, params_, param_count_);
   }
   bool SetGrads(const float* host) override {
-    return Up(grads_, host, spec_.num_params);
+    return Up(grads_, host, grad_count_);
   }
   bool GetGrads(float* host) override {
-    return Down(host, grads_, spec_.num_params);
+    return Down(host, grads_, grad_count_);
   }
   bool SetMoments(const float* m, const float* v) override {
     return moments_count_ == 0 ||
@@ -137,8 +149,21 @@ class CudaEngine final : public DeviceEngine {
     return moments_count_ == 0 ||
            (Down(m, m_, moments_count_) && Down(v, v_, moments_count_));
   }
+  bool SetLayerParams(int layer, const float* host) override {
+    if (options_.windows != DeviceWindows::kParamsAndGrads || !IsLayer(layer))
+      return Fail("SetLayerParams without parameter windows");
+    return Up(ParamWindow(layer), host, LayerSize(layer));
+  }
+  bool TakeLayerGrads(int layer, float* host) override {
+    if (options_.windows == DeviceWindows::kNone || !IsLayer(layer))
+      return Fail("TakeLayerGrads without gradient windows");
+    float* w = GradWindow(layer);
+    if (!Down(host, w, LayerSize(layer))) return false;
+    Zero(ctx_, w, LayerSize(layer));
+    return Launched("zero a gradient window");
+  }
   bool ZeroGrad() override {
-    Zero(ctx_, grads_, spec_.num_params);
+    if (grad_count_ > 0) Zero(ctx_, grads_, grad_count_);
     return Launched("zero grad");
   }
 
@@ -160,7 +185,7 @@ class CudaEngine final : public DeviceEngine {
 
   bool GradSquaredSum(double* out) override {
     Mark(Profile::kOptimizer);
-    SquaredSumPartials(ctx_, grads_, spec_.num_params, partials_);
+    SquaredSumPartials(ctx_, grads_, grad_count_, partials_);
     double host[kSquaredSumBlocks];
     if (!Cuda(cudaMemcpyAsync(host, partials_, sizeof host,
                               cudaMemcpyDeviceToHost, ctx_.stream),
@@ -175,18 +200,15 @@ class CudaEngine final : public DeviceEngine {
   }
 
   bool AdamStep(const DeviceAdam& a, float grad_scale) override {
-    if (moments_count_ == 0) return true;  // nothing of the buffer is ours
+    if (options_.adam.empty()) return true;  // nothing here is ours
     AdamConstants k =
         MakeAdamConstants(a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
                           a.adamw_mode, a.step, /*decay=*/false);
     Mark(Profile::kOptimizer);
-    const size_t lo = moments_begin_, hi = moments_begin_ + moments_count_;
-    for (const DeviceModelSpec::Segment& s : spec_.segments) {
-      const size_t b = std::max(lo, s.begin), e = std::min(hi, s.end);
-      if (b >= e) continue;
+    for (const DeviceAdamSegment& s : options_.adam) {
       k.decay = s.decay && a.weight_decay != 0.0;
-      cuda::AdamStep(ctx_, params_ + b, grads_ + b, m_ + (b - lo),
-                     v_ + (b - lo), e - b, k, grad_scale);
+      cuda::AdamStep(ctx_, params_ + s.param, grads_ + s.grad, m_ + s.moment,
+                     v_ + s.moment, s.count, k, grad_scale);
     }
     Mark(Profile::kPointwise);  // until the next step's first mark
     profile_.StepDone();
@@ -195,7 +217,8 @@ class CudaEngine final : public DeviceEngine {
 
   int64_t peak_memory_bytes() const override { return peak_bytes_; }
   int64_t state_bytes() const override {
-    return 8 * static_cast<int64_t>(spec_.num_params + moments_count_);
+    return 4 * static_cast<int64_t>(param_count_ + grad_count_ +
+                                    2 * moments_count_);
   }
 
  private:
@@ -258,6 +281,14 @@ class CudaEngine final : public DeviceEngine {
     *p = static_cast<X*>(raw);
     return true;
   }
+  // n zeroed floats, or null for none.
+  bool AllocZero(float** p, size_t n) {
+    *p = nullptr;
+    if (n == 0) return true;
+    if (!Alloc(p, n)) return false;
+    Zero(ctx_, *p, n);
+    return true;
+  }
   void Free(void* p) {
     if (p == nullptr) return;
     cudaFree(p);
@@ -284,40 +315,88 @@ class CudaEngine final : public DeviceEngine {
            Sync("copy from the GPU");
   }
 
-  float* P(Kind k, int l = 0) { return params_ + Offset(k, l); }
-  float* G(Kind k, int l = 0) { return grads_ + Offset(k, l); }
+  // Instance l of kind k: in the whole buffers, or in the window of the
+  // hook layer that owns it.
+  float* P(Kind k, int l = 0) {
+    if (options_.windows != DeviceWindows::kParamsAndGrads)
+      return params_ + Offset(k, l);
+    const int h = HookLayer(k, l);
+    return ParamWindow(h) + (Offset(k, l) - LayerBegin(h));
+  }
+  float* G(Kind k, int l = 0) {
+    if (options_.windows == DeviceWindows::kNone) return grads_ + Offset(k, l);
+    const int h = HookLayer(k, l);
+    return GradWindow(h) + (Offset(k, l) - LayerBegin(h));
+  }
   size_t Offset(Kind k, int l) const {
-    const size_t C = spec_.channels;
-    size_t per_layer = 0;
-    switch (k) {
-      case kQkvw:
-        per_layer = 3 * C * C;
-        break;
-      case kQkvb:
-        per_layer = 3 * C;
-        break;
-      case kAttprojw:
-        per_layer = C * C;
-        break;
-      case kFcw:
-      case kFcprojw:
-        per_layer = 4 * C * C;
-        break;
-      case kFcb:
-        per_layer = 4 * C;
-        break;
-      case kLn1w:
-      case kLn1b:
-      case kAttprojb:
-      case kLn2w:
-      case kLn2b:
-      case kFcprojb:
-        per_layer = C;
-        break;
-      default:
-        per_layer = 0;  // wte, wpe, lnfw, lnfb
+    return spec_.offset[k] + static_cast<size_t>(l) * spec_.stride[k];
+  }
+  int HookLayer(Kind k, int l) const {
+    if (k == kWte || k == kWpe) return -1;
+    if (k == kLnfw || k == kLnfb) return spec_.num_layers;
+    return l;
+  }
+  bool IsLayer(int h) const { return h >= -1 && h <= spec_.num_layers; }
+  size_t LayerBegin(int h) const { return spec_.layer_begin[h + 1]; }
+  size_t LayerSize(int h) const {
+    return spec_.layer_begin[h + 2] - spec_.layer_begin[h + 1];
+  }
+  float* ParamWindow(int h) { return param_window_[h == -1 ? 0 : 1]; }
+  float* GradWindow(int h) { return grad_window_[h == -1 ? 0 : 1]; }
+
+  // The host's options make sense for this model: every Adam segment inside
+  // its buffers, windows with their layer bounds and hooks.
+  bool CheckOptions() {
+    const size_t n = spec_.num_params;
+    const int L = spec_.num_layers;
+    if (L < 1 || spec_.channels < 1) return Fail("an empty model spec");
+    for (int k = 0; k < 16; ++k) {
+      const size_t last = spec_.offset[k] + (L - 1) * spec_.stride[k];
+      if (spec_.offset[k] > n || last > n)
+        return Fail("a parameter offset past the buffer");
     }
-    return spec_.offset[k] + static_cast<size_t>(l) * per_layer;
+    const bool windows = options_.windows != DeviceWindows::kNone;
+    if (windows) {
+      const auto& b = spec_.layer_begin;
+      if (options_.hooks == nullptr || b.size() != static_cast<size_t>(L) + 3 ||
+          b.front() != 0 || b.back() != n ||
+          !std::is_sorted(b.begin(), b.end()))
+        return Fail("layer windows without hooks or layer bounds");
+    }
+    const size_t params = options_.windows == DeviceWindows::kParamsAndGrads
+                              ? options_.owned_count
+                              : n;
+    const size_t grads = windows ? options_.owned_count : n;
+    for (const DeviceAdamSegment& a : options_.adam) {
+      if (a.count > params || a.param > params - a.count || a.count > grads ||
+          a.grad > grads - a.count || a.count > options_.moments_count ||
+          a.moment > options_.moments_count - a.count)
+        return Fail("an optimizer segment past its buffers");
+    }
+    return true;
+  }
+
+  // Calls a layer hook; false stops the pass. error() is then what a copy
+  // inside the hook failed with, or the hook's failing (the host knows why).
+  template <typename Fn>
+  bool Hook(Fn hook, int layer, const char* what) {
+    if (options_.windows == DeviceWindows::kNone) return true;
+    error_.clear();
+    if ((options_.hooks->*hook)(layer)) return true;
+    if (error_.empty()) {
+      error_ = std::string("the host's hook ") + what + " layer " +
+               std::to_string(layer) + " failed";
+    }
+    return false;
+  }
+  bool BeforeForwardHook(int l) {
+    return Hook(&DeviceLayerHooks::BeforeForward, l, "before the forward of");
+  }
+  bool BeforeBackwardHook(int l) {
+    return Hook(&DeviceLayerHooks::BeforeBackward, l, "before the backward of");
+  }
+  bool AfterBackwardHook(int l) {
+    return Hook(&DeviceLayerHooks::AfterBackward, l, "after the backward of");
   }
 
   // Activations for B x T, grown (never shrunk) on demand; the buffers of
@@ -465,10 +544,12 @@ class CudaEngine final : public DeviceEngine {
 
   bool Forward() {
     const int C = spec_.channels;
+    if (!BeforeForwardHook(-1)) return false;
     Mark(Profile::kEmbedding);
     EncoderForward(ctx_, encoded_, tokens_, P(kWte), P(kWpe), B_, T_, C);
     for (int l = 0; l < spec_.num_layers; l++) {
-      if (!BlockForward(l, BlockInput(l))) return false;
+      if (!BeforeForwardHook(l) || !BlockForward(l, BlockInput(l)))
+        return false;
     }
     return Launched("forward");
   }
@@ -522,6 +603,7 @@ class CudaEngine final : public DeviceEngine {
   bool HeadForward(bool backward, float dloss) {
     const int N = B_ * T_, C = spec_.channels, V = spec_.vocab_size;
     const int Vp = spec_.padded_vocab_size;
+    if (!BeforeForwardHook(spec_.num_layers)) return false;
     Mark(Profile::kLayerNorm);
     LayerNormForward(ctx_, lnf_, lnf_mean_, lnf_rstd_,
                      BlockInput(spec_.num_layers), P(kLnfw), P(kLnfb), N, C);
@@ -545,6 +627,7 @@ class CudaEngine final : public DeviceEngine {
     const int N = B_ * T_, C = spec_.channels;
     const int Vp = spec_.padded_vocab_size, L = spec_.num_layers;
     const float* dlogits = logits_;
+    if (!BeforeBackwardHook(L)) return false;
     Mark(Profile::kHead);
     if (!Blas(RowGemm(ctx_, false, false, N, C, Vp, 1.0f, dlogits, Vp, P(kWte),
                       C, 0.0f, dbtc_, C),
@@ -560,14 +643,19 @@ class CudaEngine final : public DeviceEngine {
     cuda::LayerNormBackward(ctx_, dres_, G(kLnfw), G(kLnfb), dbtc_,
                             BlockInput(L), P(kLnfw), lnf_mean_, lnf_rstd_, N, C,
                             col_scratch_);
+    if (!AfterBackwardHook(L)) return false;
     for (int l = L - 1; l >= 0; l--) {
-      if (!BlockBackward(l, BlockInput(l))) return false;
+      if (!BeforeBackwardHook(l) || !BlockBackward(l, BlockInput(l)) ||
+          !AfterBackwardHook(l))
+        return false;
     }
+    if (!BeforeBackwardHook(-1)) return false;
     Mark(Profile::kEmbedding);
     EncoderBackwardWpe(ctx_, G(kWpe), dres_, B_, T_, C);
     EncoderBackwardWte(ctx_, G(kWte), dres_, groups_, groups_ + n_unique_,
                        groups_ + 2 * n_unique_ + 1, n_unique_, C);
-    return Launched("backward");
+    if (!Launched("backward")) return false;
+    return AfterBackwardHook(-1);
   }
 
   // As worker/model.cc's BlockBackward: dres carries d(loss)/d(res3) in and
@@ -653,8 +741,12 @@ class CudaEngine final : public DeviceEngine {
   std::string describe_, error_;
   std::vector<std::pair<void*, int64_t>> allocations_;  // with their bytes
   int64_t allocated_bytes_ = 0, peak_bytes_ = 0;
+  // The buffers (floats in each): whole, or the owned pieces under windows.
   float *params_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
-  size_t moments_begin_ = 0, moments_count_ = 0;  // the device's part
+  size_t param_count_ = 0, grad_count_ = 0, moments_count_ = 0;
+  // Under windows: the embedding's [0] and every other layer's [1].
+  float* param_window_[2] = {nullptr, nullptr};
+  float* grad_window_[2] = {nullptr, nullptr};
   double* partials_ = nullptr;
   int B_ = 0, T_ = 0;
   float* acts_ = nullptr;
