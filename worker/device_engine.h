@@ -23,7 +23,7 @@ namespace dslaunch::worker {
 // another build could read past a buffer of another size).
 // 2: moments_begin/moments_count.
 // 3: AdamStep's segments; layer windows and hooks (ZeRO stages 2 and 3);
-//    the spec's per-kind layer stride and hook layer bounds.
+//    the spec's per-kind layer stride and hook layer bounds; PinHost.
 constexpr int kDeviceEngineAbi = 3;
 
 // How the matrix products compute; activations, parameters, gradients and
@@ -156,6 +156,12 @@ class DeviceEngine {
   // Over each of options.adam's segments: grads *= grad_scale, then one
   // AdamW step (nothing without segments).
   virtual bool AdamStep(const DeviceAdam& adam, float grad_scale) = 0;
+
+  // Page-locks [p, p + bytes) of host memory the host copies to and from,
+  // so the copies run at the bus's speed, until the engine is destroyed
+  // (which must come before the memory is freed). Best effort: false
+  // leaves it pageable (a memlock limit, say), which only costs speed.
+  virtual bool PinHost(void* p, size_t bytes) = 0;
 
   // Peak bytes this engine has had allocated on the device.
   virtual int64_t peak_memory_bytes() const = 0;

@@ -19,6 +19,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "worker/device_engine.h"
 #include "worker/engine.h"
@@ -119,6 +122,18 @@ class GpuEngine : public Engine {
     if (ok) return Status::Ok();
     return Internal("GPU: " + dev_->error());
   }
+  // Page-locks the host buffers the device copies to and from (each
+  // derived engine's destructor drops dev_ first, which releases them).
+  void Pin(const std::vector<std::span<float>>& buffers) {
+    for (std::span<float> b : buffers) {
+      if (!dev_->PinHost(b.data(), b.size_bytes())) pinned_ = false;
+    }
+  }
+  // What Describe adds about the device and host memory.
+  std::string DescribeDevice() const {
+    return "GPU " + dev_->Describe() +
+           (pinned_ ? "" : ", host buffers pageable (page-locking failed)");
+  }
   static DeviceAdam ToDevice(const AdamParams& a) {
     return {a.lr,           a.beta1,      a.beta2, a.eps,
             a.weight_decay, a.adamw_mode, a.step};
@@ -126,6 +141,7 @@ class GpuEngine : public Engine {
 
   Comm* comm_;
   bool offload_ = false;
+  bool pinned_ = true;
   std::unique_ptr<ParamLayout> layout_;
   std::unique_ptr<DeviceEngine> dev_;
 };
@@ -135,6 +151,7 @@ class GpuEngine : public Engine {
 class GpuReplicatedEngine final : public GpuEngine {
  public:
   explicit GpuReplicatedEngine(Comm* comm) : GpuEngine(comm) {}
+  ~GpuReplicatedEngine() override { dev_.reset(); }
 
   Status Init(const TrainConfig& config, const EngineOptions& options,
               const DeviceOpener& open) {
@@ -157,6 +174,7 @@ class GpuReplicatedEngine final : public GpuEngine {
       o.moments_count = state_->shard_real();
     }
     ASSIGN_OR_RETURN(dev_, open(o));
+    Pin({host_->params(), host_->grads(), state_->m(), state_->v()});
     return Push();
   }
 
@@ -214,7 +232,7 @@ class GpuReplicatedEngine final : public GpuEngine {
     return dev_->state_bytes() + (offload_ ? state_->moment_bytes() : 0);
   }
   std::string Describe() const override {
-    return "GPU " + dev_->Describe() +
+    return DescribeDevice() +
            (offload_ ? ", optimizer offloaded to the CPU" : "");
   }
 
@@ -245,6 +263,7 @@ class GpuReplicatedEngine final : public GpuEngine {
 class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
  public:
   explicit GpuShardedEngine(Comm* comm) : GpuEngine(comm) {}
+  ~GpuShardedEngine() override { dev_.reset(); }
 
   Status Init(const TrainConfig& config, const EngineOptions& options,
               const DeviceOpener& open) {
@@ -275,6 +294,7 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
       o.owned_count = o.moments_count = zero_->owned_floats();
     }
     ASSIGN_OR_RETURN(dev_, open(o));
+    Pin(zero_->buffers());
     return Push();
   }
 
@@ -349,7 +369,7 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
   }
   std::string Describe() const override {
     const int n = zero_->num_buckets();
-    std::string s = "GPU " + dev_->Describe() + ", " + std::to_string(n) +
+    std::string s = DescribeDevice() + ", " + std::to_string(n) +
                     " gradient bucket" + (n == 1 ? "" : "s");
     if (offload_) {
       s += stage_ == 3 ? ", parameter shards and optimizer on the CPU"

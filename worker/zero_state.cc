@@ -295,6 +295,16 @@ Status ZeroState::GatherParams() {
   return Status::Ok();
 }
 
+std::vector<std::span<float>> ZeroState::buffers() {
+  std::vector<std::span<float>> all;
+  for (std::vector<float>* b :
+       {&full_params_, &own_params_, &own_grads_, &own_m_, &own_v_,
+        &emb_params_, &block_params_, &emb_grads_, &block_grads_}) {
+    if (!b->empty()) all.emplace_back(*b);
+  }
+  return all;
+}
+
 std::span<float> ZeroState::Buffer(Which which) {
   switch (which) {
     case Which::kParams:

@@ -95,6 +95,9 @@ class ZeroState : public ParamSource {
   // in turn, each padded to its shard (owned_floats() floats).
   std::span<float> Buffer(Which which);
   size_t owned_floats() const { return own_grads_.size(); }
+  // Every buffer this holds (state and windows), for a device engine that
+  // copies to and from them to pin; allocated once, they never move.
+  std::vector<std::span<float>> buffers();
   // Takes this rank's pieces of whole parameters and moments (layout order).
   void LoadState(std::span<const float> params, std::span<const float> m,
                  std::span<const float> v);

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -69,6 +70,10 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   std::string Describe() const override { return "a CPU stand-in"; }
   const std::string& error() const override { return error_; }
 
+  // Copies from and to host memory the engine did not pin, in every
+  // stand-in of this process.
+  static std::atomic<int64_t> unpinned_copies;
+
   bool SetParams(const float* host) override { return Copy(host, params_); }
   bool GetParams(float* host) override { return Copy(params_, host); }
   bool SetGrads(const float* host) override { return Copy(host, grads_); }
@@ -81,12 +86,14 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   }
   bool SetLayerParams(int layer, const float* host) override {
     if (o_.windows != DeviceWindows::kParamsAndGrads) return false;
+    Check(host, LayerSize(layer));
     std::copy(host, host + LayerSize(layer), Window(param_windows_, layer));
     return true;
   }
   bool TakeLayerGrads(int layer, float* host) override {
     if (o_.windows == DeviceWindows::kNone) return false;
     float* w = Window(grad_windows_, layer);
+    Check(host, LayerSize(layer));
     std::copy(w, w + LayerSize(layer), host);
     std::fill(w, w + LayerSize(layer), 0.0f);
     return true;
@@ -124,6 +131,11 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
       worker::AdamStep(params_.data() + s.param, g, m_.data() + s.moment,
                        v_.data() + s.moment, s.count, p, s.decay);
     }
+    return true;
+  }
+  // Records what the engine pins: every copy must be inside it.
+  bool PinHost(void* p, size_t bytes) override {
+    pinned_.push_back({static_cast<const char*>(p), bytes});
     return true;
   }
   int64_t peak_memory_bytes() const override { return state_bytes(); }
@@ -185,11 +197,21 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   static float* Window(std::array<std::vector<float>, 2>& w, int layer) {
     return w[layer == -1 ? 0 : 1].data();
   }
-  static bool Copy(const float* from, std::span<float> to) {
+  void Check(const float* host, size_t n) {
+    const auto* b = reinterpret_cast<const char*>(host);
+    const size_t bytes = n * sizeof(float);
+    for (const auto& [p, size] : pinned_) {
+      if (b >= p && b + bytes <= p + size) return;
+    }
+    if (n > 0) ++unpinned_copies;
+  }
+  bool Copy(const float* from, std::span<float> to) {
+    Check(from, to.size());
     std::copy(from, from + to.size(), to.begin());
     return true;
   }
-  static bool Copy(std::span<const float> from, float* to) {
+  bool Copy(std::span<const float> from, float* to) {
+    Check(to, from.size());
     std::copy(from.begin(), from.end(), to);
     return true;
   }
@@ -200,8 +222,11 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   std::vector<float> owned_params_, owned_grads_, m_, v_;
   std::array<std::vector<float>, 2> param_windows_, grad_windows_;
   bool hooks_ok_ = true;
+  std::vector<std::pair<const char*, size_t>> pinned_;
   std::string error_;
 };
+
+std::atomic<int64_t> CpuStandIn::unpinned_copies{0};
 
 // What a config offloads to the CPU.
 enum Offload { kNothing, kOptimizer, kParams };
@@ -369,6 +394,8 @@ TEST_F(GpuEngineHostTest, EveryStageAndOffloadEqualTheCpuEngineBitForBit) {
         EXPECT_EQ(gpu.ck_v, cpu.ck_v);
         // Each rank's whole state is the CPU engine's at the stage.
         EXPECT_EQ(gpu.state_bytes, cpu.state_bytes);
+        // And every copy between host and device used pinned memory.
+        EXPECT_EQ(CpuStandIn::unpinned_copies.exchange(0), 0);
       }
     }
   }

@@ -54,6 +54,7 @@ class CudaEngine final : public DeviceEngine {
     if (ctx_.stream != nullptr) cudaStreamSynchronize(ctx_.stream);
     profile_.Collect();
     profile_.Print();
+    for (void* p : pinned_) cudaHostUnregister(p);
     for (const auto& a : allocations_) cudaFree(a.first);
     if (ctx_.blas != nullptr) cublasDestroy(ctx_.blas);
     if (ctx_.stream != nullptr) cudaStreamDestroy(ctx_.stream);
@@ -213,6 +214,16 @@ class CudaEngine final : public DeviceEngine {
     Mark(Profile::kPointwise);  // until the next step's first mark
     profile_.StepDone();
     return Launched("adam step");
+  }
+
+  bool PinHost(void* p, size_t bytes) override {
+    if (p == nullptr || bytes == 0) return true;
+    if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) != cudaSuccess) {
+      cudaGetLastError();  // clear it: pageable memory works, slower
+      return false;
+    }
+    pinned_.push_back(p);
+    return true;
   }
 
   int64_t peak_memory_bytes() const override { return peak_bytes_; }
@@ -740,6 +751,7 @@ class CudaEngine final : public DeviceEngine {
   Profile profile_;
   std::string describe_, error_;
   std::vector<std::pair<void*, int64_t>> allocations_;  // with their bytes
+  std::vector<void*> pinned_;  // host memory PinHost registered
   int64_t allocated_bytes_ = 0, peak_bytes_ = 0;
   // The buffers (floats in each): whole, or the owned pieces under windows.
   float *params_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
