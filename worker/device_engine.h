@@ -23,8 +23,9 @@ namespace dslaunch::worker {
 // another build could read past a buffer of another size).
 // 2: moments_begin/moments_count.
 // 3: AdamStep's segments; layer windows and hooks (ZeRO stages 2 and 3);
-//    the spec's per-kind layer stride and hook layer bounds; PinHost.
-constexpr int kDeviceEngineAbi = 3;
+//    the spec's per-kind layer stride and hook layer bounds.
+// 4: PinHost.
+constexpr int kDeviceEngineAbi = 4;
 
 // How the matrix products compute; activations, parameters, gradients and
 // optimizer state are fp32 in every mode.
@@ -109,6 +110,86 @@ struct DeviceEngineOptions {
   size_t owned_count = 0;
   DeviceLayerHooks* hooks = nullptr;  // required under windows
 };
+
+// The hook layer holding instance `layer` of kind k (by ParamKind): -1 for
+// wte and wpe, L for lnfw and lnfb, `layer` for a block's.
+inline int DeviceHookLayer(const DeviceModelSpec& s, int k, int layer) {
+  if (k == 0 || k == 1) return -1;
+  if (k == 14 || k == 15) return s.num_layers;
+  return layer;
+}
+
+// Floats in one instance of kind k (by ParamKind).
+inline size_t DeviceKindSize(const DeviceModelSpec& s, int k) {
+  const size_t C = static_cast<size_t>(s.channels);
+  switch (k) {
+    case 0:  // wte
+      return static_cast<size_t>(s.padded_vocab_size) * C;
+    case 1:  // wpe
+      return static_cast<size_t>(s.max_seq_len) * C;
+    case 4:  // qkvw
+      return 3 * C * C;
+    case 5:  // qkvb
+      return 3 * C;
+    case 6:  // attprojw
+      return C * C;
+    case 10:  // fcw
+    case 12:  // fcprojw
+      return 4 * C * C;
+    case 11:  // fcb
+      return 4 * C;
+    default:  // the LayerNorms' weights and biases, attprojb, fcprojb
+      return C;
+  }
+}
+
+// What is wrong with options for their model, or "": every tensor inside
+// the buffer and, under windows, inside its hook layer's range; windows
+// with hooks and sorted layer bounds; every Adam segment inside the
+// buffers it names. Device engines refuse options that fail this.
+inline std::string CheckDeviceOptions(const DeviceEngineOptions& o) {
+  const DeviceModelSpec& s = o.model;
+  const size_t n = s.num_params;
+  const int L = s.num_layers;
+  if (L < 1 || s.channels < 1 || s.num_heads < 1 || s.max_seq_len < 1 ||
+      s.vocab_size < 1 || s.padded_vocab_size < s.vocab_size)
+    return "an empty model spec";
+  const bool windows = o.windows != DeviceWindows::kNone;
+  const auto& b = s.layer_begin;
+  if (windows) {
+    if (o.hooks == nullptr) return "layer windows without hooks";
+    if (b.size() != static_cast<size_t>(L) + 3 || b.front() != 0 ||
+        b.back() != n)
+      return "layer windows without the layer bounds";
+    for (size_t i = 1; i < b.size(); ++i) {
+      if (b[i] < b[i - 1]) return "layer bounds out of order";
+    }
+  }
+  for (int k = 0; k < 16; ++k) {
+    const int instances = DeviceHookLayer(s, k, 0) == 0 ? L : 1;
+    for (int l = 0; l < instances; ++l) {
+      const size_t size = DeviceKindSize(s, k);
+      if (s.stride[k] != 0 && static_cast<size_t>(l) > (n / s.stride[k]))
+        return "a parameter tensor past the buffer";
+      const size_t at = s.offset[k] + static_cast<size_t>(l) * s.stride[k];
+      if (at > n || size > n - at) return "a parameter tensor past the buffer";
+      if (!windows) continue;
+      const int h = DeviceHookLayer(s, k, l);
+      if (at < b[h + 1] || at + size > b[h + 2])
+        return "a parameter tensor outside its layer's window";
+    }
+  }
+  const size_t params =
+      o.windows == DeviceWindows::kParamsAndGrads ? o.owned_count : n;
+  const size_t grads = windows ? o.owned_count : n;
+  for (const DeviceAdamSegment& a : o.adam) {
+    if (a.count > params || a.param > params - a.count || a.count > grads ||
+        a.grad > grads - a.count || a.count > o.moments_count ||
+        a.moment > o.moments_count - a.count)
+      return "an optimizer segment past its buffers";
+  }
+  return "";
+}
 
 // One AdamW (or Adam with L2) step's constants, as worker/cpu_adam.h's
 // AdamParams (doubles; the engine rounds them to fp32 the same way).

@@ -59,10 +59,9 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
           return Internal("the spec's offsets differ from the model's");
       }
     }
-    if (windows &&
-        (o.hooks == nullptr ||
-         s.layer_begin.size() != static_cast<size_t>(s.num_layers) + 3))
-      return Internal("windows without hooks or layer bounds");
+    // As the CUDA engine does, and the options must pass.
+    if (std::string why = CheckDeviceOptions(o); !why.empty())
+      return Internal("engine options: " + why);
     auto e = std::unique_ptr<CpuStandIn>(new CpuStandIn(o, std::move(model)));
     return std::unique_ptr<DeviceEngine>(std::move(e));
   }
@@ -493,6 +492,67 @@ TEST_F(GpuEngineHostTest, AHookFailureStopsThePassWithItsReason) {
     EXPECT_EQ(st[r].message().find("GPU:"), std::string::npos)
         << st[r].ToString();
   }
+}
+
+// The engine options MakeGpuEngine builds pass CheckDeviceOptions in every
+// stage (the stand-in, like the CUDA engine, refuses those that do not),
+// and the check finds what a broken host side would send: a segment past
+// its buffer, a tensor outside its layer's window (llm.c's order under
+// windows), windows without hooks or bounds.
+TEST(DeviceOptions, TheCheckRefusesWhatWouldReachPastABuffer) {
+  DeviceEngineOptions seen;
+  auto capture = [&seen](const DeviceEngineOptions& o)
+      -> StatusOr<std::unique_ptr<DeviceEngine>> {
+    seen = o;
+    return CpuStandIn::Open(o);
+  };
+  LocalWorld w(1, std::chrono::seconds(10));
+  std::unique_ptr<Comm> comm = w.MakeComm(0);
+  EngineOptions eo;
+  eo.device = DeviceKind::kCuda;
+  const std::string base =
+      R"({"train_micro_batch_size_per_gpu": 2,
+          "model": {"n_layer": 2, "n_head": 2, "n_embd": 16, "seq_len": 8,
+                    "vocab_size": 67},
+          "data": {"train": "unused.bin"}, "zero_optimization": {"stage": )";
+  std::vector<DeviceEngineOptions> good;
+  for (int stage : {0, 1, 2, 3}) {
+    auto c = ParseTrainConfig(base + std::to_string(stage) + "}}", "t.json", 1);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    auto e = MakeGpuEngine(*c, comm.get(), eo, capture);
+    ASSERT_TRUE(e.ok()) << stage << ": " << e.status().ToString();
+    EXPECT_EQ(CheckDeviceOptions(seen), "") << stage;
+    good.push_back(seen);
+  }
+  // Stage 0's options (llm.c's order, whole buffers); stage 3's (windows).
+  DeviceEngineOptions o = good[0];
+  o.adam.back().count += 1;
+  EXPECT_EQ(CheckDeviceOptions(o), "an optimizer segment past its buffers");
+  o = good[0];
+  o.model.offset[2] = o.model.num_params - 1;  // ln1w
+  EXPECT_EQ(CheckDeviceOptions(o), "a parameter tensor past the buffer");
+  o = good[3];
+  o.hooks = nullptr;
+  EXPECT_EQ(CheckDeviceOptions(o), "layer windows without hooks");
+  o = good[3];
+  o.model.layer_begin.pop_back();
+  EXPECT_EQ(CheckDeviceOptions(o), "layer windows without the layer bounds");
+  o = good[3];
+  std::swap(o.model.layer_begin[1], o.model.layer_begin[2]);
+  EXPECT_EQ(CheckDeviceOptions(o), "layer bounds out of order");
+  o = good[0];  // llm.c's order under stage 3's windows
+  o.windows = good[3].windows;
+  o.hooks = good[3].hooks;
+  o.model.layer_begin = good[3].model.layer_begin;
+  o.adam.clear();
+  EXPECT_EQ(CheckDeviceOptions(o),
+            "a parameter tensor outside its layer's window");
+  o = good[3];
+  o.owned_count -= 1;
+  EXPECT_EQ(CheckDeviceOptions(o), "an optimizer segment past its buffers");
+  o = good[0];
+  o.model.num_layers = 0;
+  EXPECT_EQ(CheckDeviceOptions(o), "an empty model spec");
 }
 
 }  // namespace

@@ -113,15 +113,12 @@ class CudaEngine final : public DeviceEngine {
     if (windows) {
       // One window for the embedding (it stays from the head's backward to
       // its own) and one every other layer takes in turn.
-      size_t block = 0;
-      for (int l = 0; l <= spec_.num_layers; ++l)
-        block = std::max(block, LayerSize(l));
-      if (!AllocZero(&grad_window_[0], LayerSize(-1)) ||
-          !AllocZero(&grad_window_[1], block))
+      if (!AllocZero(&grad_window_[0], WindowFloats(-1)) ||
+          !AllocZero(&grad_window_[1], WindowFloats(0)))
         return false;
       if (options_.windows == DeviceWindows::kParamsAndGrads &&
-          (!AllocZero(&param_window_[0], LayerSize(-1)) ||
-           !AllocZero(&param_window_[1], block)))
+          (!AllocZero(&param_window_[0], WindowFloats(-1)) ||
+           !AllocZero(&param_window_[1], WindowFloats(0))))
         return false;
     }
     return Sync("init");
@@ -164,6 +161,7 @@ class CudaEngine final : public DeviceEngine {
     return Launched("zero a gradient window");
   }
   bool ZeroGrad() override {
+    profile_.StepDone();  // a step starts
     if (grad_count_ > 0) Zero(ctx_, grads_, grad_count_);
     return Launched("zero grad");
   }
@@ -171,9 +169,16 @@ class CudaEngine final : public DeviceEngine {
   bool TrainMicroBatch(const int* tokens, const int* targets, int B, int T,
                        float grad_scale, float* loss) override {
     if (!Load(tokens, targets, B, T, /*groups=*/true)) return false;
+    // A pass that stopped in a hook may have left gradients in a window.
+    if (windows_dirty_) {
+      for (int h : {-1, 0}) Zero(ctx_, GradWindow(h), WindowFloats(h));
+      windows_dirty_ = false;
+    }
+    windows_dirty_ = options_.windows != DeviceWindows::kNone;
     if (!Forward() || !HeadForward(/*backward=*/true, grad_scale / (B * T)))
       return false;
     if (!Backward()) return false;
+    windows_dirty_ = false;
     return MeanLoss(loss);
   }
 
@@ -212,15 +217,17 @@ class CudaEngine final : public DeviceEngine {
                      v_ + s.moment, s.count, k, grad_scale);
     }
     Mark(Profile::kPointwise);  // until the next step's first mark
-    profile_.StepDone();
     return Launched("adam step");
   }
 
   bool PinHost(void* p, size_t bytes) override {
     if (p == nullptr || bytes == 0) return true;
-    if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) != cudaSuccess) {
+    const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+    if (e != cudaSuccess) {
       cudaGetLastError();  // clear it: pageable memory works, slower
-      return false;
+      // A small buffer sharing a page with one pinned before: that page is
+      // locked already, and the buffer's copies are too small to matter.
+      return e == cudaErrorHostMemoryAlreadyRegistered;
     }
     pinned_.push_back(p);
     return true;
@@ -342,11 +349,7 @@ class CudaEngine final : public DeviceEngine {
   size_t Offset(Kind k, int l) const {
     return spec_.offset[k] + static_cast<size_t>(l) * spec_.stride[k];
   }
-  int HookLayer(Kind k, int l) const {
-    if (k == kWte || k == kWpe) return -1;
-    if (k == kLnfw || k == kLnfb) return spec_.num_layers;
-    return l;
-  }
+  int HookLayer(Kind k, int l) const { return DeviceHookLayer(spec_, k, l); }
   bool IsLayer(int h) const { return h >= -1 && h <= spec_.num_layers; }
   size_t LayerBegin(int h) const { return spec_.layer_begin[h + 1]; }
   size_t LayerSize(int h) const {
@@ -354,37 +357,18 @@ class CudaEngine final : public DeviceEngine {
   }
   float* ParamWindow(int h) { return param_window_[h == -1 ? 0 : 1]; }
   float* GradWindow(int h) { return grad_window_[h == -1 ? 0 : 1]; }
-
-  // The host's options make sense for this model: every Adam segment inside
-  // its buffers, windows with their layer bounds and hooks.
+  // The embedding's window (h -1) or the one every other layer takes.
+  size_t WindowFloats(int h) const {
+    if (h == -1) return LayerSize(-1);
+    size_t block = 0;
+    for (int l = 0; l <= spec_.num_layers; ++l)
+      block = std::max(block, LayerSize(l));
+    return block;
+  }
+  // The host's options make sense for this model (device_engine.h).
   bool CheckOptions() {
-    const size_t n = spec_.num_params;
-    const int L = spec_.num_layers;
-    if (L < 1 || spec_.channels < 1) return Fail("an empty model spec");
-    for (int k = 0; k < 16; ++k) {
-      const size_t last = spec_.offset[k] + (L - 1) * spec_.stride[k];
-      if (spec_.offset[k] > n || last > n)
-        return Fail("a parameter offset past the buffer");
-    }
-    const bool windows = options_.windows != DeviceWindows::kNone;
-    if (windows) {
-      const auto& b = spec_.layer_begin;
-      if (options_.hooks == nullptr || b.size() != static_cast<size_t>(L) + 3 ||
-          b.front() != 0 || b.back() != n ||
-          !std::is_sorted(b.begin(), b.end()))
-        return Fail("layer windows without hooks or layer bounds");
-    }
-    const size_t params = options_.windows == DeviceWindows::kParamsAndGrads
-                              ? options_.owned_count
-                              : n;
-    const size_t grads = windows ? options_.owned_count : n;
-    for (const DeviceAdamSegment& a : options_.adam) {
-      if (a.count > params || a.param > params - a.count || a.count > grads ||
-          a.grad > grads - a.count || a.count > options_.moments_count ||
-          a.moment > options_.moments_count - a.count)
-        return Fail("an optimizer segment past its buffers");
-    }
-    return true;
+    const std::string why = CheckDeviceOptions(options_);
+    return why.empty() || Fail("engine options: " + why);
   }
 
   // Calls a layer hook; false stops the pass. error() is then what a copy
@@ -392,6 +376,7 @@ class CudaEngine final : public DeviceEngine {
   template <typename Fn>
   bool Hook(Fn hook, int layer, const char* what) {
     if (options_.windows == DeviceWindows::kNone) return true;
+    Mark(Profile::kHost);
     error_.clear();
     if ((options_.hooks->*hook)(layer)) return true;
     if (error_.empty()) {
@@ -759,6 +744,7 @@ class CudaEngine final : public DeviceEngine {
   // Under windows: the embedding's [0] and every other layer's [1].
   float* param_window_[2] = {nullptr, nullptr};
   float* grad_window_[2] = {nullptr, nullptr};
+  bool windows_dirty_ = false;  // a pass under windows began, not ended
   double* partials_ = nullptr;
   int B_ = 0, T_ = 0;
   float* acts_ = nullptr;

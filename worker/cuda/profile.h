@@ -24,6 +24,7 @@ class Profile {
     kHead,
     kClassifier,
     kOptimizer,
+    kHost,  // the host's layer hooks (ZeRO 2/3): copies and collectives
     kParts
   };
   explicit Profile(bool on) : on_(on) {}
@@ -59,9 +60,9 @@ class Profile {
   void StepDone() { steps_++; }
   void Print() const {
     if (!on_ || steps_ == 0) return;
-    static const char* names[kParts] = {"embedding",  "layernorm", "matmul",
-                                        "attention",  "pointwise", "lm head",
-                                        "classifier", "optimizer"};
+    static const char* names[kParts] = {
+        "embedding", "layernorm",  "matmul",    "attention", "pointwise",
+        "lm head",   "classifier", "optimizer", "host hooks"};
     double total = 0;
     for (double x : ms_) total += x;
     std::fprintf(stderr,
