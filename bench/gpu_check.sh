@@ -139,12 +139,13 @@ N = 124475904  # GPT-2 124M with the padded 50304-row embedding
 print('%.1f%%' % (100 * float('$1') * (6 * N + 6 * 12 * 768 * 1024) / ($2 * 1e12)))"; }
 
 declare -a ROWS
-run_dsworker() {  # mode (bf16, fp16, fp32, tf32), peak TFLOP/s of that mode
+run_dsworker() {  # mode (bf16, bf16+fused, fp16, fp32, tf32), peak TFLOP/s of that mode
   local mode=$1 peak=$2 log=$OUT/bench_dsworker.log tps rc
   echo "### dsworker $mode" >>"$log"
   (cd "$WORK" && DSL_CUDA_TF32=$([[ $mode == tf32 ]] && echo 1 || echo 0) \
+     DSL_CUDA_ATTENTION=$([[ $mode == *fused* ]] && echo fused || echo batched) \
      timeout 240 "$DSW" train --config "$WORK/gpt2.json" --device cuda \
-     --set "bf16.enabled=$([[ $mode == bf16 ]] && echo true || echo false)" \
+     --set "bf16.enabled=$([[ $mode == bf16* ]] && echo true || echo false)" \
      --set "fp16.enabled=$([[ $mode == fp16 ]] && echo true || echo false)" \
      "${@:3}") >"$WORK/run.log" 2>&1
   rc=$?
@@ -156,17 +157,19 @@ run_dsworker() {  # mode (bf16, fp16, fp32, tf32), peak TFLOP/s of that mode
 }
 : >"$OUT/bench_dsworker.log"
 run_dsworker bf16 "$PEAK_TFLOPS"
+run_dsworker bf16+fused "$PEAK_TFLOPS"  # the fused attention kernels
 run_dsworker fp16 "$PEAK_TFLOPS"
 run_dsworker tf32 494.7
 run_dsworker fp32 66.9
 # Where the GPU time goes (DSL_CUDA_PROFILE: events between the parts of a
 # step; a separate short run, so the timings above carry no events).
-for mode in bf16 tf32; do
+for mode in bf16 bf16+fused tf32; do
   (cd "$WORK" && DSL_CUDA_PROFILE=1 DSL_CUDA_TF32=$([[ $mode == tf32 ]] && echo 1 || echo 0) \
+     DSL_CUDA_ATTENTION=$([[ $mode == *fused* ]] && echo fused || echo batched) \
      timeout 120 "$DSW" train --config "$WORK/gpt2.json" --device cuda --set train.steps=6 \
-     --set "bf16.enabled=$([[ $mode == bf16 ]] && echo true || echo false)") >"$WORK/profile.log" 2>&1
+     --set "bf16.enabled=$([[ $mode == bf16* ]] && echo true || echo false)") >"$WORK/profile.log" 2>&1
   say "profile $mode (6 steps, the first with its start-up):"
-  grep -A9 'GPU time per step' "$WORK/profile.log" | tee -a "$SUMMARY"
+  grep -A10 'GPU time per step' "$WORK/profile.log" | tee -a "$SUMMARY"
 done
 
 # ---------------------------------------------------------------- ZeRO

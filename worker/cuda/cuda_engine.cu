@@ -96,6 +96,15 @@ class CudaEngine final : public DeviceEngine {
         break;
     }
     ctx_.batched_compute = ctx_.compute;
+    // The fused attention kernels (bf16 operands) in the 16-bit modes when
+    // DSL_CUDA_ATTENTION=fused asks, until their GPU tests have run on a
+    // GPU (README, "On a GPU"); the batched products otherwise.
+    const char* attention = std::getenv("DSL_CUDA_ATTENTION");
+    ctx_.fused_attention =
+        ctx_.operands != CUDA_R_32F && attention != nullptr &&
+        std::string(attention) == "fused" &&
+        FlashAttentionSupported(spec_.channels, spec_.num_heads);
+    if (ctx_.fused_attention) describe_ += ", fused attention";
     if (!CheckOptions()) return false;
     const size_t n = spec_.num_params;
     const bool windows = options_.windows != DeviceWindows::kNone;
@@ -481,7 +490,7 @@ class CudaEngine final : public DeviceEngine {
     dbtc_ = take(BT * C);
     dqkv_ = take(3 * BT * C);
     d4_ = take(4 * BT * C);
-    attn_ws_ = take(AttentionWorkspaceFloats(B, T, C, NH));
+    attn_ws_ = take(AttentionWorkspaceFloats(ctx_, B, T, C, NH));
     col_scratch_ = take(LayerNormScratchFloats(4 * C));
     return used;
   }
@@ -695,8 +704,8 @@ class CudaEngine final : public DeviceEngine {
     Mark(Profile::kPointwise);
     Zero(ctx_, dqkv_, 3 * NC);
     Mark(Profile::kAttention);
-    if (!Blas(AttentionBackward(ctx_, dqkv_, dbtc_, a.qkv, a.lse, B_, T_, C,
-                                spec_.num_heads, attn_ws_),
+    if (!Blas(AttentionBackward(ctx_, dqkv_, dbtc_, a.qkv, a.atty, a.lse, B_,
+                                T_, C, spec_.num_heads, attn_ws_),
               "attention backward"))
       return false;
     Mark(Profile::kPointwise);

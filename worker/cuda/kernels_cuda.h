@@ -36,6 +36,9 @@ struct Ctx {
   size_t operand_a_elems = 0, operand_b_elems = 0;
   // RowGemmBatched (attention's products) stays on fp32 operands with this.
   cublasComputeType_t batched_compute = CUBLAS_COMPUTE_32F;
+  // Attention by the fused kernels (flash_attention.cu, bf16 operands)
+  // where the head size allows; else the batched products.
+  bool fused_attention = false;
 };
 
 // C[M,N] = alpha op(A) op(B) + beta C, row-major, as worker/kernels_cpu.h's
@@ -87,17 +90,35 @@ cublasStatus_t MatmulBackward(const Ctx& ctx, float* dinp, float* dweight,
                               float* scratch);
 
 // Causal self-attention over qkv (B, T, 3C), as kernels_cpu.h's: out
-// (B, T, C), lse (B, NH, T). Batched products through cuBLAS and a softmax
-// kernel; the (B, NH, T, T) scores live only in the workspace.
-// workspace: AttentionWorkspaceFloats(B, T, C, NH) floats.
+// (B, T, C), lse (B, NH, T). With ctx.fused_attention and a head size
+// FlashAttentionSupported takes, the fused kernels below; else batched
+// products through cuBLAS and a softmax kernel, the (B, NH, T, T) scores
+// only in the workspace. workspace: AttentionWorkspaceFloats(ctx, ...).
 cublasStatus_t AttentionForward(const Ctx& ctx, float* out, float* lse,
                                 const float* inp, int B, int T, int C, int NH,
                                 float* workspace);
-// dinp (B, T, 3C) += the gradient w.r.t. qkv given dout (B, T, C).
+// dinp (B, T, 3C) += the gradient w.r.t. qkv given dout (B, T, C); out is
+// what AttentionForward wrote.
 cublasStatus_t AttentionBackward(const Ctx& ctx, float* dinp, const float* dout,
-                                 const float* inp, const float* lse, int B,
-                                 int T, int C, int NH, float* workspace);
-size_t AttentionWorkspaceFloats(int B, int T, int C, int NH);
+                                 const float* inp, const float* out,
+                                 const float* lse, int B, int T, int C, int NH,
+                                 float* workspace);
+size_t AttentionWorkspaceFloats(const Ctx& ctx, int B, int T, int C, int NH);
+
+// The fused causal attention (flash_attention.cu): the scores never leave
+// the chip, the masked half is skipped, the products run on bf16 operands
+// with fp32 sums, and no atomics (the same bits every run). Head sizes 16,
+// 32, 64 and 128. The backward pass's workspace:
+// FlashAttentionWorkspaceFloats(B, T, NH) floats.
+bool FlashAttentionSupported(int C, int NH);
+size_t FlashAttentionWorkspaceFloats(int B, int T, int NH);
+cudaError_t FlashAttentionForward(const Ctx& ctx, float* out, float* lse,
+                                  const float* inp, int B, int T, int C,
+                                  int NH);
+cudaError_t FlashAttentionBackward(const Ctx& ctx, float* dinp,
+                                   const float* dout, const float* inp,
+                                   const float* out, const float* lse, int B,
+                                   int T, int C, int NH, float* workspace);
 
 // out = gelu(inp) (tanh form); out may alias inp.
 void GeluForward(const Ctx& ctx, float* out, const float* inp, size_t n);
