@@ -85,11 +85,17 @@ done
 if [[ -z "$CUBLAS_DIR" ]]; then
   CUBLAS_DIR=$(dirname "$(find / -name 'libcublas.so.13' -not -path '/proc/*' 2>/dev/null | head -1)" 2>/dev/null)
 fi
-export LD_LIBRARY_PATH=$WORK/lib:$WORK/bin${CUBLAS_DIR:+:$CUBLAS_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# NCCL (dsworker opens libnccl.so.2 itself): the toolkit's, else PyTorch's.
+NCCL_DIR=$CUBLAS_DIR
+if [[ ! -e "$NCCL_DIR/libnccl.so.2" ]]; then
+  NCCL_DIR=$($PY -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+fi
+[[ -e "$NCCL_DIR/libnccl.so.2" ]] || NCCL_DIR=$(dirname "$(find / -name 'libnccl.so.2' -not -path '/proc/*' 2>/dev/null | head -1)" 2>/dev/null)
+export LD_LIBRARY_PATH=$WORK/lib:$WORK/bin${CUBLAS_DIR:+:$CUBLAS_DIR}${NCCL_DIR:+:$NCCL_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 say "# dsworker GPU check, $(date -u +%FT%TZ)"
 say "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1)"
-say "cublas: ${CUBLAS_DIR:-not found}; nvcc: $(nvcc --version 2>/dev/null | tail -1)"
+say "cublas: ${CUBLAS_DIR:-not found}; nccl: ${NCCL_DIR:-not found}; nvcc: $(nvcc --version 2>/dev/null | tail -1)"
 say "torch: $($PY -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>&1 | tail -1)"
 say "cpu cores: $(nproc)"
 ldd "$DSW" "$WORK/bin/libdsl_cuda.so" | grep 'not found' | tee -a "$SUMMARY"
@@ -101,7 +107,7 @@ say "## gpu tests ($(elapsed))"
    --gtest_output="xml:$OUT/cuda_tests.xml") >"$OUT/cuda_tests.log" 2>&1
 tests_rc=$?
 say "cuda_tests exit $tests_rc"
-grep -E '^\[  (PASSED|FAILED|SKIPPED) |^(fp32|bf16|fp16)|matmul relative|Failure|Expected|Which is|which is|  Actual|error' \
+grep -E '^\[  (PASSED|FAILED|SKIPPED) |^(fp32|bf16|fp16|fused attention|nccl|2 ranks)|matmul relative|Failure|Expected|Which is|which is|  Actual|error' \
   "$OUT/cuda_tests.log" | head -60 | tee -a "$SUMMARY"
 
 # ---------------------------------------------------------------- benchmark
@@ -169,7 +175,7 @@ for mode in bf16 bf16+fused tf32; do
      timeout 120 "$DSW" train --config "$WORK/gpt2.json" --device cuda --set train.steps=6 \
      --set "bf16.enabled=$([[ $mode == bf16* ]] && echo true || echo false)") >"$WORK/profile.log" 2>&1
   say "profile $mode (6 steps, the first with its start-up):"
-  grep -A10 'GPU time per step' "$WORK/profile.log" | tee -a "$SUMMARY"
+  grep -A11 'GPU time per step' "$WORK/profile.log" | tee -a "$SUMMARY"
 done
 
 # ---------------------------------------------------------------- ZeRO

@@ -25,7 +25,9 @@ namespace dslaunch::worker {
 // 3: AdamStep's segments; layer windows and hooks (ZeRO stages 2 and 3);
 //    the spec's per-kind layer stride and hook layer bounds.
 // 4: PinHost.
-constexpr int kDeviceEngineAbi = 4;
+// 5: collectives among the ranks' GPUs (NCCL); padded_floats;
+//    GradSquaredSum over a range.
+constexpr int kDeviceEngineAbi = 5;
 
 // How the matrix products compute; activations, parameters, gradients and
 // optimizer state are fp32 in every mode.
@@ -109,6 +111,10 @@ struct DeviceEngineOptions {
   // offloaded (the host keeps them).
   size_t owned_count = 0;
   DeviceLayerHooks* hooks = nullptr;  // required under windows
+  // Without windows: the parameter and gradient buffers hold this many
+  // floats when more than num_params (zeros past it), so that collectives
+  // split them evenly across ranks.
+  size_t padded_floats = 0;
 };
 
 // The hook layer holding instance `layer` of kind k (by ParamKind): -1 for
@@ -232,11 +238,31 @@ class DeviceEngine {
   // Forward only: the mean loss.
   virtual bool EvalBatch(const int* tokens, const int* targets, int B, int T,
                          float* loss) = 0;
-  // Sum of the squared gradients of the gradient buffer, in double.
-  virtual bool GradSquaredSum(double* out) = 0;
+  // Sum of the squared gradients [begin, begin + count) of the gradient
+  // buffer, in double.
+  virtual bool GradSquaredSum(size_t begin, size_t count, double* out) = 0;
   // Over each of options.adam's segments: grads *= grad_scale, then one
   // AdamW step (nothing without segments).
   virtual bool AdamStep(const DeviceAdam& adam, float grad_scale) = 0;
+
+  // Collectives among the ranks' GPUs, one GPU a rank (NCCL, loaded on
+  // first use), on the whole parameter and gradient buffers (padded_floats)
+  // without windows. CollectivesIdentity loads NCCL and names this GPU
+  // uniquely on its machine (its PCI bus id), false where NCCL cannot load;
+  // rank 0 makes a CollectivesId (opaque bytes) which every rank passes to
+  // CollectivesJoin. A collective waits at most timeout_s, then aborts the
+  // communicator and fails (a peer gone or stuck).
+  virtual bool CollectivesIdentity(std::string* identity) = 0;
+  virtual bool CollectivesId(std::string* id) = 0;
+  virtual bool CollectivesJoin(const std::string& id, int rank, int world,
+                               double timeout_s) = 0;
+  // The gradients summed over ranks, then times scale.
+  virtual bool AllReduceGrads(float scale) = 0;
+  // Rank r's chunk [r * chunk, (r + 1) * chunk) of the gradients summed over
+  // ranks, in place, then times scale (the other chunks are clobbered).
+  virtual bool ReduceScatterGrads(size_t chunk, int rank, float scale) = 0;
+  // Every rank's chunk of the parameters into every rank's buffer.
+  virtual bool AllGatherParams(size_t chunk, int rank) = 0;
 
   // Page-locks [p, p + bytes) of host memory the host copies to and from,
   // so the copies run at the bus's speed, until the engine is destroyed

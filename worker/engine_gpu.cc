@@ -19,10 +19,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "base/host_info.h"
 #include "worker/device_engine.h"
 #include "worker/engine.h"
 #include "worker/model.h"
@@ -173,18 +175,23 @@ class GpuReplicatedEngine final : public GpuEngine {
       }
       o.moments_count = state_->shard_real();
     }
+    // Padded as the host's, so that collectives split them evenly.
+    o.padded_floats = host_->params().size();
     ASSIGN_OR_RETURN(dev_, open(o));
     Pin({host_->params(), host_->grads(), state_->m(), state_->v()});
-    return Push();
+    RETURN_IF_ERROR(Push());
+    if (comm_->size() > 1 && !offload_) return SetUpCollectives();
+    return Status::Ok();
   }
 
   Status ZeroGrad() override { return Ok(dev_->ZeroGrad()); }
 
   StatusOr<float> FinishGradients() override {
+    if (nccl_) return FinishOnTheGpus();
     if (!ThroughHost()) {
       // One rank, the optimizer on the device: nothing leaves it.
       double squares = 0;
-      RETURN_IF_ERROR(Ok(dev_->GradSquaredSum(&squares)));
+      RETURN_IF_ERROR(Ok(dev_->GradSquaredSum(0, num_params(), &squares)));
       return static_cast<float>(std::sqrt(squares));
     }
     float* g = host_->grads().data();
@@ -205,6 +212,9 @@ class GpuReplicatedEngine final : public GpuEngine {
     RETURN_IF_ERROR(Ok(dev_->AdamStep(ToDevice(a), clip_scale)));
     if (stage_ == 0 || comm_->size() == 1) return Status::Ok();
     // Stage 1: each rank updated its shard; every rank needs all of them.
+    if (nccl_) {
+      return Ok(dev_->AllGatherParams(state_->shard_size(), comm_->rank()));
+    }
     float* p = host_->params().data();
     RETURN_IF_ERROR(Ok(dev_->GetParams(p)));
     RETURN_IF_ERROR(state_->GatherParams());
@@ -233,10 +243,101 @@ class GpuReplicatedEngine final : public GpuEngine {
   }
   std::string Describe() const override {
     return DescribeDevice() +
-           (offload_ ? ", optimizer offloaded to the CPU" : "");
+           (offload_ ? ", optimizer offloaded to the CPU" : "") +
+           (collectives_.empty() ? "" : ", collectives " + collectives_);
   }
 
  private:
+  // Several ranks, the optimizer on the GPUs: NCCL among them where every
+  // rank has a GPU of its own and NCCL loads on every rank (DSL_NCCL=0
+  // turns it off); else Gloo through host memory. The ranks decide
+  // together, over Gloo, and say why in Describe.
+  Status SetUpCollectives() {
+    const char* env = std::getenv("DSL_NCCL");
+    if (env != nullptr && std::string(env) == "0") {
+      collectives_ = "Gloo through host memory (DSL_NCCL=0)";
+      return Status::Ok();
+    }
+    std::string identity;
+    const bool loads = dev_->CollectivesIdentity(&identity);
+    const std::string why = loads ? "" : dev_->error();
+    // Each rank's GPU, named by its machine and bus id, as a 64-bit hash.
+    uint64_t hash = 1469598103934665603ull;  // FNV-1a
+    for (char c : base::LocalHostname() + "/" + identity)
+      hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    const int world = comm_->size(), rank = comm_->rank();
+    float mine[3] = {loads ? 1.0f : 0.0f, 0, 0};
+    std::memcpy(&mine[1], &hash, sizeof hash);  // bits, not values
+    std::vector<float> all(3 * static_cast<size_t>(world));
+    RETURN_IF_ERROR(comm_->AllGather(mine, all.data(), 3));
+    std::vector<uint64_t> gpus;
+    bool everywhere = true;
+    for (int r = 0; r < world; ++r) {
+      everywhere = everywhere && all[3 * r] == 1.0f;
+      uint64_t h;
+      std::memcpy(&h, &all[3 * r + 1], sizeof h);
+      gpus.push_back(h);
+    }
+    std::sort(gpus.begin(), gpus.end());
+    if (!everywhere) {
+      collectives_ =
+          "Gloo through host memory (" +
+          (loads ? std::string("NCCL is missing on another rank") : why) + ")";
+      return Status::Ok();
+    }
+    if (std::adjacent_find(gpus.begin(), gpus.end()) != gpus.end()) {
+      collectives_ = "Gloo through host memory (ranks share a GPU)";
+      return Status::Ok();
+    }
+    // Rank 0's unique id to every rank, with whether it made one.
+    constexpr size_t kIdFloats = 32;  // NCCL's 128 bytes
+    std::vector<float> message(1 + kIdFloats, 0.0f);
+    std::string id;
+    if (rank == 0 && dev_->CollectivesId(&id) &&
+        id.size() <= kIdFloats * sizeof(float)) {
+      message[0] = 1.0f;
+      std::memcpy(&message[1], id.data(), id.size());
+    }
+    const std::string rank0_error = rank == 0 ? dev_->error() : "";
+    RETURN_IF_ERROR(comm_->Broadcast(message.data(), message.size(), 0));
+    if (message[0] != 1.0f) {
+      collectives_ =
+          "Gloo through host memory (rank 0 could not make an "
+          "NCCL id" +
+          (rank0_error.empty() ? "" : ": " + rank0_error) + ")";
+      return Status::Ok();
+    }
+    id.assign(reinterpret_cast<const char*>(&message[1]),
+              kIdFloats * sizeof(float));
+    const char* timeout = std::getenv("DSL_NCCL_TIMEOUT");
+    const double timeout_s =
+        timeout != nullptr && std::atof(timeout) > 0 ? std::atof(timeout) : 300;
+    RETURN_IF_ERROR(Ok(dev_->CollectivesJoin(id, rank, world, timeout_s)));
+    nccl_ = true;
+    collectives_ = "NCCL";
+    return Status::Ok();
+  }
+
+  // The gradients reduced on the GPUs (all of them, or this rank's shard)
+  // and averaged; the global norm of what this rank updates, as
+  // ReplicatedState::FinishGradients computes it.
+  StatusOr<float> FinishOnTheGpus() {
+    const float scale = 1.0f / static_cast<float>(comm_->size());
+    double squares = 0;
+    if (stage_ == 0) {
+      RETURN_IF_ERROR(Ok(dev_->AllReduceGrads(scale)));
+      RETURN_IF_ERROR(Ok(dev_->GradSquaredSum(0, num_params(), &squares)));
+      return static_cast<float>(std::sqrt(squares));
+    }
+    RETURN_IF_ERROR(Ok(
+        dev_->ReduceScatterGrads(state_->shard_size(), comm_->rank(), scale)));
+    RETURN_IF_ERROR(Ok(dev_->GradSquaredSum(state_->shard_begin(),
+                                            state_->shard_real(), &squares)));
+    float partial = static_cast<float>(squares);
+    RETURN_IF_ERROR(comm_->AllReduceSum(&partial, 1));
+    return static_cast<float>(std::sqrt(static_cast<double>(partial)));
+  }
+
   // Gradients pass through host memory: to be reduced over Gloo, or for the
   // host's optimizer.
   bool ThroughHost() const { return offload_ || comm_->size() > 1; }
@@ -254,6 +355,8 @@ class GpuReplicatedEngine final : public GpuEngine {
   }
 
   int stage_ = 0;
+  bool nccl_ = false;        // the collectives run on the GPUs
+  std::string collectives_;  // which and why, for Describe; "" on one rank
   std::unique_ptr<Model> host_;
   std::unique_ptr<ReplicatedState> state_;
 };

@@ -9,15 +9,18 @@
 //    sum over K products averages those errors to a few 1e-3).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "worker/cpu_adam.h"
 #include "worker/cuda/kernels_cuda.h"
+#include "worker/cuda/nccl_comm.h"
 #include "worker/device_loader.h"
 #include "worker/kernels_cpu.h"
 
@@ -280,22 +283,22 @@ TEST_F(KernelsTest, Attention) {
 }
 
 // The fused attention (flash_attention.cu) against the CPU's, for every
-// head size it takes and T not a multiple of its 64-row tiles: within 2e-2
-// forward and 4e-2 backward (its products round Q, K, V, dout and the
-// probabilities to bf16, 2^-9 relative each, a few 1e-3 in a sum; the
-// softmax's exponent carries the scores' error into the probabilities, and
-// the backward pass's P (dP - D) subtracts nearby values). A wrong mask or
-// index is off by the size of the values themselves.
+// head size it takes and T not a multiple of its 64-row tiles. Its products
+// round Q, K, V, dout and the probabilities to bf16 (2^-9 relative each),
+// which a model of the kernels in numpy puts at 2.8e-3 for the output,
+// 2e-4 for the log-sum-exp and 3.7e-3 for the gradient; the limits are
+// 1e-2, 2e-3 and 1.5e-2, while a wrong mask or a dropped tile is off by
+// 2e-2 to 0.4. The gradient is compared as what was added to dinp.
 // Two runs give the same bits (no atomics). A head size it does not take
 // (the fixture's 24) falls back to the batched products, which are exact.
 TEST_F(KernelsTest, FusedAttention) {
   ctx_.fused_attention = true;
   ctx_.batched_compute = CUBLAS_COMPUTE_32F;
-  EXPECT_FALSE(cuda::FlashAttentionSupported(C, NH));
+  EXPECT_FALSE(cuda::FlashAttentionSupported(B, C, NH));
   for (int hs : {16, 32, 64, 128}) {
     SCOPED_TRACE("head size " + std::to_string(hs));
     const int b = 2, t = 150, nh = 3, c = nh * hs, n = b * t;
-    ASSERT_TRUE(cuda::FlashAttentionSupported(c, nh));
+    ASSERT_TRUE(cuda::FlashAttentionSupported(b, c, nh));
     auto qkv = Random(static_cast<size_t>(n) * 3 * c, rng_, -2, 2);
     std::vector<float> out(static_cast<size_t>(n) * c), lse(b * nh * t);
     AttentionForward(out.data(), lse.data(), qkv.data(), b, t, c, nh);
@@ -307,22 +310,27 @@ TEST_F(KernelsTest, FusedAttention) {
                                      b, t, c, nh, ws.get()),
               CUBLAS_STATUS_SUCCESS);
     const std::vector<float> fwd = gout.Get();
-    EXPECT_LT(RelErr(fwd, out), 2e-2);
-    EXPECT_LT(RelErr(glse.Get(), lse), 2e-2);
+    EXPECT_LT(RelErr(fwd, out), 1e-2);
+    EXPECT_LT(RelErr(glse.Get(), lse), 2e-3);
 
-    auto dout = Random(out.size(), rng_), dinp = Random(qkv.size(), rng_);
+    auto dout = Random(out.size(), rng_), dinp0 = Random(qkv.size(), rng_);
+    std::vector<float> dinp = dinp0;
     AttentionBackward(dinp.data(), dout.data(), qkv.data(), lse.data(), b, t, c,
                       nh);
+    auto added = [&dinp0](std::vector<float> x) {
+      for (size_t i = 0; i < x.size(); ++i) x[i] -= dinp0[i];
+      return x;
+    };
     std::vector<std::vector<float>> runs;
     for (int run = 0; run < 2; ++run) {
-      Dev<float> gdout(dout), gdinp(dinp);
+      Dev<float> gdout(dout), gdinp(dinp0);
       ASSERT_EQ(cuda::AttentionBackward(ctx_, gdinp.get(), gdout.get(),
                                         gqkv.get(), gout.get(), glse.get(), b,
                                         t, c, nh, ws.get()),
                 CUBLAS_STATUS_SUCCESS);
       runs.push_back(gdinp.Get());
     }
-    EXPECT_LT(RelErr(runs[0], dinp), 4e-2);
+    EXPECT_LT(RelErr(added(runs[0]), added(dinp)), 1.5e-2);
     EXPECT_EQ(runs[0], runs[1]);
     // The forward pass again: the same bits.
     ASSERT_EQ(cuda::AttentionForward(ctx_, gout.get(), glse.get(), gqkv.get(),
@@ -424,6 +432,51 @@ TEST_F(KernelsTest, SquaredSum) {
   double got = 0;
   for (double x : partials.Get()) got += x;
   EXPECT_NEAR(got, want, want * 1e-12);
+}
+
+// NCCL through cuda::NcclComm on this GPU, one rank (its collectives are
+// copies, so the numbers come back unchanged): loading, the unique id, the
+// non-blocking communicator and the waits on the stream. A communicator of
+// 2 whose second rank never comes fails at its deadline, aborted, instead
+// of hanging. Skipped where NCCL cannot load (the engine then takes Gloo).
+TEST(NcclComm, OneRankWorksAndAMissingPeerFailsAtTheDeadline) {
+  std::string why;
+  if (!HaveGpu(&why)) GTEST_SKIP() << "no GPU: " << why;
+  cuda::NcclComm probe;
+  if (!probe.Load()) GTEST_SKIP() << probe.error();
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::string id;
+  ASSERT_TRUE(probe.UniqueId(&id)) << probe.error();
+  ASSERT_EQ(id.size(), 128u);
+  {
+    cuda::NcclComm one;
+    ASSERT_TRUE(one.Join(id, 0, 1, 60)) << one.error();
+    std::vector<float> x(1000);
+    std::iota(x.begin(), x.end(), -500.0f);
+    Dev<float> d(x);
+    ASSERT_TRUE(one.AllReduceSum(d.get(), x.size(), stream)) << one.error();
+    EXPECT_EQ(d.Get(), x);
+    ASSERT_TRUE(one.ReduceScatterSum(d.get(), x.size(), 0, stream))
+        << one.error();
+    ASSERT_TRUE(one.AllGather(d.get(), x.size(), 0, stream)) << one.error();
+    EXPECT_EQ(d.Get(), x);
+  }
+  std::string id2;
+  ASSERT_TRUE(probe.UniqueId(&id2)) << probe.error();
+  cuda::NcclComm lonely;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(lonely.Join(id2, 0, 2, 3));
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  std::printf("nccl: a missing peer failed the join after %.1f s: %s\n", took,
+              lonely.error().c_str());
+  EXPECT_NE(lonely.error().find("did not finish"), std::string::npos)
+      << lonely.error();
+  EXPECT_LT(took, 30.0);
+  cudaStreamDestroy(stream);
 }
 
 }  // namespace

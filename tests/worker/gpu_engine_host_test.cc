@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -43,6 +44,17 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
  public:
   static StatusOr<std::unique_ptr<DeviceEngine>> Open(
       const DeviceEngineOptions& o) {
+    return OpenWith(o, nullptr, "");
+  }
+  // An opener whose stand-ins have collectives over `comm` (NCCL's part),
+  // their GPUs named `gpu` + the rank ("" for one GPU every rank shares).
+  static DeviceOpener WithCollectives(Comm* comm, std::string gpu) {
+    return [comm, gpu](const DeviceEngineOptions& o) {
+      return OpenWith(o, comm, gpu);
+    };
+  }
+  static StatusOr<std::unique_ptr<DeviceEngine>> OpenWith(
+      const DeviceEngineOptions& o, Comm* comm, const std::string& gpu) {
     const DeviceModelSpec& s = o.model;
     const bool windows = o.windows != DeviceWindows::kNone;
     ASSIGN_OR_RETURN(
@@ -63,6 +75,10 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
     if (std::string why = CheckDeviceOptions(o); !why.empty())
       return Internal("engine options: " + why);
     auto e = std::unique_ptr<CpuStandIn>(new CpuStandIn(o, std::move(model)));
+    e->comm_ = comm;
+    e->gpu_ = gpu.empty() || comm == nullptr
+                  ? "shared"
+                  : gpu + std::to_string(comm->rank());
     return std::unique_ptr<DeviceEngine>(std::move(e));
   }
 
@@ -114,10 +130,56 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
     *loss = model_->Forward(tokens, targets, B, T);
     return hooks_ok_;
   }
-  bool GradSquaredSum(double* out) override {
+  bool GradSquaredSum(size_t begin, size_t count, double* out) override {
     double sum = 0;
-    for (float g : grads_) sum += static_cast<double>(g) * g;
+    for (float g : grads_.subspan(begin, count))
+      sum += static_cast<double>(g) * g;
     *out = sum;
+    return true;
+  }
+
+  // NCCL's part, through the host Comm as ReplicatedState's are (so the
+  // results equal the CPU engine's bit for bit).
+  static std::atomic<int64_t> collectives;  // run, in this process
+  bool CollectivesIdentity(std::string* identity) override {
+    if (comm_ == nullptr) {
+      error_ = "no collectives in this stand-in";
+      return false;
+    }
+    *identity = gpu_;
+    return true;
+  }
+  bool CollectivesId(std::string* id) override {
+    id->assign(128, 'x');
+    return true;
+  }
+  bool CollectivesJoin(const std::string& id, int rank, int world,
+                       double) override {
+    joined_ = id == std::string(128, 'x') && rank == comm_->rank() &&
+              world == comm_->size();
+    return joined_;
+  }
+  bool AllReduceGrads(float scale) override {
+    if (!joined_ || !comm_->AllReduceSum(grads_.data(), grads_.size()).ok())
+      return false;
+    ++collectives;
+    for (size_t i = 0; i < o_.model.num_params; ++i) grads_[i] *= scale;
+    return true;
+  }
+  bool ReduceScatterGrads(size_t chunk, int rank, float scale) override {
+    float* g = grads_.data();
+    if (!joined_ || !comm_->ReduceScatterSum(g, g + rank * chunk, chunk).ok())
+      return false;
+    ++collectives;
+    for (size_t i = 0; i < chunk; ++i) g[rank * chunk + i] *= scale;
+    return true;
+  }
+  bool AllGatherParams(size_t chunk, int rank) override {
+    std::vector<float> mine(params_.begin() + rank * chunk,
+                            params_.begin() + (rank + 1) * chunk);
+    if (!joined_ || !comm_->AllGather(mine.data(), params_.data(), chunk).ok())
+      return false;
+    ++collectives;
     return true;
   }
   bool AdamStep(const DeviceAdam& a, float grad_scale) override {
@@ -158,8 +220,10 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
     m_.assign(o.moments_count, 0.0f);
     v_.assign(o.moments_count, 0.0f);
     if (o.windows == DeviceWindows::kNone) {
-      params_ = model_->params().first(n);
-      grads_ = model_->grads().first(n);
+      // Padded as the CUDA engine's buffers are.
+      if (o.padded_floats > n) model_->PadFlatBuffers(o.padded_floats);
+      params_ = model_->params();
+      grads_ = model_->grads();
       return;
     }
     owned_params_.assign(
@@ -222,10 +286,14 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   std::array<std::vector<float>, 2> param_windows_, grad_windows_;
   bool hooks_ok_ = true;
   std::vector<std::pair<const char*, size_t>> pinned_;
+  Comm* comm_ = nullptr;
+  std::string gpu_;
+  bool joined_ = false;
   std::string error_;
 };
 
 std::atomic<int64_t> CpuStandIn::unpinned_copies{0};
+std::atomic<int64_t> CpuStandIn::collectives{0};
 
 // What a config offloads to the CPU.
 enum Offload { kNothing, kOptimizer, kParams };
@@ -315,7 +383,12 @@ class GpuEngineHostTest : public ::testing::Test {
     std::vector<float> norms;  // rank 0's
     int64_t state_bytes = 0;   // rank 0's
     int64_t device_bytes = 0;  // rank 0's
+    std::string describe;      // rank 0's
   };
+
+  // With a value, the stand-ins have collectives (CpuStandIn::
+  // WithCollectives) and their GPUs are named so.
+  std::optional<std::string> gpus_;
 
   // `steps` steps on `world` ranks, on the CPU engine or the GPU engine
   // over the stand-in; resumed from `resume` (a checkpoint directory) at
@@ -331,7 +404,10 @@ class GpuEngineHostTest : public ::testing::Test {
       std::unique_ptr<Engine> e;
       if (gpu) {
         o.device = DeviceKind::kCuda;
-        ASSIGN_OR_RETURN(e, MakeGpuEngine(c, &comm, o, CpuStandIn::Open));
+        ASSIGN_OR_RETURN(
+            e, MakeGpuEngine(c, &comm, o,
+                             gpus_ ? CpuStandIn::WithCollectives(&comm, *gpus_)
+                                   : DeviceOpener(CpuStandIn::Open)));
       } else {
         ASSIGN_OR_RETURN(e, MakeEngine(c, &comm, o));
       }
@@ -360,6 +436,7 @@ class GpuEngineHostTest : public ::testing::Test {
         out.norms = norms;
         out.state_bytes = e->state_bytes();
         out.device_bytes = e->device_memory_bytes();
+        out.describe = e->Describe();
       }
       return Status::Ok();
     });
@@ -491,6 +568,41 @@ TEST_F(GpuEngineHostTest, AHookFailureStopsThePassWithItsReason) {
     EXPECT_EQ(st[r].code(), StatusCode::kUnavailable) << st[r].ToString();
     EXPECT_EQ(st[r].message().find("GPU:"), std::string::npos)
         << st[r].ToString();
+  }
+}
+
+// Stages 0 and 1 with the optimizer on the GPUs and a GPU per rank reduce
+// and gather on the GPUs (NCCL's part, here the stand-in's over the host
+// Comm): the CPU engine's bits, the collectives run by the device, and
+// the summary line says so. Ranks sharing a GPU, or DSL_NCCL=0, take the
+// host's Gloo path, with the same bits and the reason said.
+TEST_F(GpuEngineHostTest, CollectivesRunOnTheGpusWhenEachRankHasOne) {
+  struct Case {
+    std::string gpus;  // "" : one GPU the ranks share
+    bool nccl_off;
+    bool on_gpus;
+    const char* says;
+  };
+  for (int stage : {0, 1}) {
+    const Result cpu = Train(Config(2, stage), false, 2);
+    for (const Case& c : std::vector<Case>{
+             {"gpu", false, true, "collectives NCCL"},
+             {"", false, false, "Gloo through host memory (ranks share a GPU)"},
+             {"gpu", true, false, "Gloo through host memory (DSL_NCCL=0)"}}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + ", " + c.says);
+      if (c.nccl_off) ::setenv("DSL_NCCL", "0", 1);
+      gpus_ = c.gpus;
+      CpuStandIn::collectives = 0;
+      const Result gpu = Train(Config(2, stage), true, 2);
+      gpus_.reset();
+      ::unsetenv("DSL_NCCL");
+      EXPECT_EQ(gpu.norms, cpu.norms);
+      EXPECT_EQ(gpu.params, cpu.params);
+      EXPECT_EQ(gpu.ck_m, cpu.ck_m);
+      EXPECT_EQ(gpu.ck_v, cpu.ck_v);
+      EXPECT_EQ(CpuStandIn::collectives.load() > 0, c.on_gpus);
+      EXPECT_NE(gpu.describe.find(c.says), std::string::npos) << gpu.describe;
+    }
   }
 }
 

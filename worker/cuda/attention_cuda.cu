@@ -125,14 +125,14 @@ cublasStatus_t RowGemmBatched(const Ctx& ctx, bool trans_a, bool trans_b, int M,
 
 namespace {
 
-bool Fused(const Ctx& ctx, int C, int NH) {
-  return ctx.fused_attention && FlashAttentionSupported(C, NH);
+bool Fused(const Ctx& ctx, int B, int C, int NH) {
+  return ctx.fused_attention && FlashAttentionSupported(B, C, NH);
 }
 
 }  // namespace
 
 size_t AttentionWorkspaceFloats(const Ctx& ctx, int B, int T, int C, int NH) {
-  if (Fused(ctx, C, NH)) return FlashAttentionWorkspaceFloats(B, T, NH);
+  if (Fused(ctx, B, C, NH)) return FlashAttentionWorkspaceFloats(B, T, NH);
   const size_t btc = static_cast<size_t>(B) * T * C;
   const size_t scores = static_cast<size_t>(B) * NH * T * T;
   return 7 * btc + 2 * scores;
@@ -141,7 +141,7 @@ size_t AttentionWorkspaceFloats(const Ctx& ctx, int B, int T, int C, int NH) {
 cublasStatus_t AttentionForward(const Ctx& ctx, float* out, float* lse,
                                 const float* inp, int B, int T, int C, int NH,
                                 float* workspace) {
-  if (Fused(ctx, C, NH)) {
+  if (Fused(ctx, B, C, NH)) {
     return FlashAttentionForward(ctx, out, lse, inp, B, T, C, NH) == cudaSuccess
                ? CUBLAS_STATUS_SUCCESS
                : CUBLAS_STATUS_EXECUTION_FAILED;
@@ -173,7 +173,7 @@ cublasStatus_t AttentionBackward(const Ctx& ctx, float* dinp, const float* dout,
                                  const float* inp, const float* out,
                                  const float* lse, int B, int T, int C, int NH,
                                  float* workspace) {
-  if (Fused(ctx, C, NH)) {
+  if (Fused(ctx, B, C, NH)) {
     return FlashAttentionBackward(ctx, dinp, dout, inp, out, lse, B, T, C, NH,
                                   workspace) == cudaSuccess
                ? CUBLAS_STATUS_SUCCESS

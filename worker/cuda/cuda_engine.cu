@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "worker/cuda/kernels_cuda.h"
+#include "worker/cuda/nccl_comm.h"
 #include "worker/cuda/profile.h"
 #include "worker/device_engine.h"
 
@@ -103,15 +104,16 @@ class CudaEngine final : public DeviceEngine {
     ctx_.fused_attention =
         ctx_.operands != CUDA_R_32F && attention != nullptr &&
         std::string(attention) == "fused" &&
-        FlashAttentionSupported(spec_.channels, spec_.num_heads);
+        FlashAttentionSupported(1, spec_.channels, spec_.num_heads);
     if (ctx_.fused_attention) describe_ += ", fused attention";
     if (!CheckOptions()) return false;
     const size_t n = spec_.num_params;
     const bool windows = options_.windows != DeviceWindows::kNone;
+    const size_t whole = std::max(n, options_.padded_floats);
     param_count_ = options_.windows == DeviceWindows::kParamsAndGrads
                        ? options_.owned_count
-                       : n;
-    grad_count_ = windows ? options_.owned_count : n;
+                       : whole;
+    grad_count_ = windows ? options_.owned_count : whole;
     moments_count_ = options_.moments_count;
     if (!AllocZero(&params_, param_count_) ||
         !AllocZero(&grads_, grad_count_) || !AllocZero(&m_, moments_count_) ||
@@ -198,9 +200,11 @@ class CudaEngine final : public DeviceEngine {
     return MeanLoss(loss);
   }
 
-  bool GradSquaredSum(double* out) override {
+  bool GradSquaredSum(size_t begin, size_t count, double* out) override {
+    if (begin > grad_count_ || count > grad_count_ - begin)
+      return Fail("GradSquaredSum past the gradients");
     Mark(Profile::kOptimizer);
-    SquaredSumPartials(ctx_, grads_, grad_count_, partials_);
+    SquaredSumPartials(ctx_, grads_ + begin, count, partials_);
     double host[kSquaredSumBlocks];
     if (!Cuda(cudaMemcpyAsync(host, partials_, sizeof host,
                               cudaMemcpyDeviceToHost, ctx_.stream),
@@ -227,6 +231,48 @@ class CudaEngine final : public DeviceEngine {
     }
     Mark(Profile::kPointwise);  // until the next step's first mark
     return Launched("adam step");
+  }
+
+  bool CollectivesIdentity(std::string* identity) override {
+    if (!nccl_.Load()) return Fail(nccl_.error());
+    char bus[64] = {};
+    if (!Cuda(cudaDeviceGetPCIBusId(bus, sizeof bus, options_.device),
+              "cudaDeviceGetPCIBusId"))
+      return false;
+    *identity = bus;
+    return true;
+  }
+  bool CollectivesId(std::string* id) override {
+    return nccl_.UniqueId(id) || Fail(nccl_.error());
+  }
+  bool CollectivesJoin(const std::string& id, int rank, int world,
+                       double timeout_s) override {
+    if (options_.windows != DeviceWindows::kNone)
+      return Fail("collectives on the GPU are for whole buffers");
+    return nccl_.Join(id, rank, world, timeout_s) || Fail(nccl_.error());
+  }
+  bool AllReduceGrads(float scale) override {
+    Mark(Profile::kCollectives);
+    if (!nccl_.AllReduceSum(grads_, grad_count_, ctx_.stream))
+      return Fail(nccl_.error());
+    Scale(ctx_, grads_, spec_.num_params, scale);
+    return Launched("scale the gradients");
+  }
+  bool ReduceScatterGrads(size_t chunk, int rank, float scale) override {
+    if ((static_cast<size_t>(rank) + 1) * chunk > grad_count_)
+      return Fail("ReduceScatterGrads past the gradients");
+    Mark(Profile::kCollectives);
+    if (!nccl_.ReduceScatterSum(grads_, chunk, rank, ctx_.stream))
+      return Fail(nccl_.error());
+    Scale(ctx_, grads_ + rank * chunk, chunk, scale);
+    return Launched("scale the gradients");
+  }
+  bool AllGatherParams(size_t chunk, int rank) override {
+    if ((static_cast<size_t>(rank) + 1) * chunk > param_count_)
+      return Fail("AllGatherParams past the parameters");
+    Mark(Profile::kCollectives);
+    return nccl_.AllGather(params_, chunk, rank, ctx_.stream) ||
+           Fail(nccl_.error());
   }
 
   bool PinHost(void* p, size_t bytes) override {
@@ -746,6 +792,7 @@ class CudaEngine final : public DeviceEngine {
   std::string describe_, error_;
   std::vector<std::pair<void*, int64_t>> allocations_;  // with their bytes
   std::vector<void*> pinned_;  // host memory PinHost registered
+  NcclComm nccl_;
   int64_t allocated_bytes_ = 0, peak_bytes_ = 0;
   // The buffers (floats in each): whole, or the owned pieces under windows.
   float *params_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;

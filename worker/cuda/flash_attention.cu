@@ -17,6 +17,7 @@
 #include <cuda_bf16.h>
 #include <mma.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "worker/cuda/kernels_cuda.h"
@@ -413,6 +414,7 @@ cudaError_t Backward(const Ctx& ctx, float* dinp, const float* dout,
                      const float* inp, const float* out, const float* lse,
                      int B, int T, int NH, float* dd) {
   const size_t rows = static_cast<size_t>(B) * NH * T;
+  if (rows == 0) return cudaSuccess;
   RowDotKernel<<<launch::Blocks(rows), launch::kThreads, 0, ctx.stream>>>(
       dd, dout, out, B, T, NH, HS);
   const size_t smem = BackwardSmem<HS>();
@@ -430,10 +432,33 @@ cudaError_t Backward(const Ctx& ctx, float* dinp, const float* dout,
 
 }  // namespace
 
-bool FlashAttentionSupported(int C, int NH) {
-  if (NH < 1 || C % NH != 0) return false;
-  const int hs = C / NH;
-  return hs == 16 || hs == 32 || hs == 64 || hs == 128;
+bool FlashAttentionSupported(int B, int C, int NH) {
+  if (B < 1 || NH < 1 || C % NH != 0 || B * NH > 65535) return false;
+  size_t smem = 0;
+  switch (C / NH) {
+    case 16:
+      smem = std::max(ForwardSmem<16>(), BackwardSmem<16>());
+      break;
+    case 32:
+      smem = std::max(ForwardSmem<32>(), BackwardSmem<32>());
+      break;
+    case 64:
+      smem = std::max(ForwardSmem<64>(), BackwardSmem<64>());
+      break;
+    case 128:
+      smem = std::max(ForwardSmem<128>(), BackwardSmem<128>());
+      break;
+    default:
+      return false;
+  }
+  int device = 0, optin = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                             device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return smem <= static_cast<size_t>(optin);
 }
 
 size_t FlashAttentionWorkspaceFloats(int B, int T, int NH) {

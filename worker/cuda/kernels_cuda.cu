@@ -483,6 +483,18 @@ void Zero(const Ctx& ctx, float* p, size_t n) {
   cudaMemsetAsync(p, 0, n * sizeof(float), ctx.stream);
 }
 
+namespace {
+__global__ void ScaleKernel(float* p, size_t n, float s) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) p[i] *= s;
+}
+}  // namespace
+
+void Scale(const Ctx& ctx, float* p, size_t n, float s) {
+  if (n == 0) return;
+  ScaleKernel<<<Blocks(n), kThreads, 0, ctx.stream>>>(p, n, s);
+}
+
 void To16Bit(const Ctx& ctx, cudaDataType_t type, void* out, const float* in,
              size_t n) {
   if (n == 0) return;

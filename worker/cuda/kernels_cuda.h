@@ -108,9 +108,10 @@ size_t AttentionWorkspaceFloats(const Ctx& ctx, int B, int T, int C, int NH);
 // The fused causal attention (flash_attention.cu): the scores never leave
 // the chip, the masked half is skipped, the products run on bf16 operands
 // with fp32 sums, and no atomics (the same bits every run). Head sizes 16,
-// 32, 64 and 128. The backward pass's workspace:
+// 32, 64 and 128, B * NH up to 65535, on a GPU whose blocks may take the
+// kernels' shared memory (up to 121 KiB). The backward pass's workspace:
 // FlashAttentionWorkspaceFloats(B, T, NH) floats.
-bool FlashAttentionSupported(int C, int NH);
+bool FlashAttentionSupported(int B, int C, int NH);
 size_t FlashAttentionWorkspaceFloats(int B, int T, int NH);
 cudaError_t FlashAttentionForward(const Ctx& ctx, float* out, float* lse,
                                   const float* inp, int B, int T, int C,
@@ -128,6 +129,8 @@ void GeluBackward(const Ctx& ctx, float* dinp, const float* inp,
 void ResidualForward(const Ctx& ctx, float* out, const float* inp1,
                      const float* inp2, size_t n);
 void Zero(const Ctx& ctx, float* p, size_t n);
+// p *= s (the same rounding as the CPU's p[i] *= s).
+void Scale(const Ctx& ctx, float* p, size_t n, float s);
 // out = in rounded to bf16 or fp16 (type CUDA_R_16BF or CUDA_R_16F;
 // nearest even; fp16 overflows to infinity past 65504).
 void To16Bit(const Ctx& ctx, cudaDataType_t type, void* out, const float* in,

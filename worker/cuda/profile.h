@@ -24,7 +24,8 @@ class Profile {
     kHead,
     kClassifier,
     kOptimizer,
-    kHost,  // the host's layer hooks (ZeRO 2/3): copies and collectives
+    kHost,         // the host's layer hooks (ZeRO 2/3): copies and collectives
+    kCollectives,  // NCCL
     kParts
   };
   explicit Profile(bool on) : on_(on) {}
@@ -61,8 +62,8 @@ class Profile {
   void Print() const {
     if (!on_ || steps_ == 0) return;
     static const char* names[kParts] = {
-        "embedding", "layernorm",  "matmul",    "attention", "pointwise",
-        "lm head",   "classifier", "optimizer", "host hooks"};
+        "embedding", "layernorm",  "matmul",    "attention",  "pointwise",
+        "lm head",   "classifier", "optimizer", "host hooks", "nccl"};
     double total = 0;
     for (double x : ms_) total += x;
     std::fprintf(stderr,
