@@ -240,13 +240,50 @@ __global__ void RowDotKernel(float* d, const float* dout, const float* out,
   d[i] = sum;
 }
 
+// Both backward kernels' shared memory: the query rows and their dout, a
+// key tile, the queries' log-sum-exp and D, and each warp's scratch.
 template <int HS>
-size_t BackwardSmem() {
-  return 4 * Align(kTile * kLdh<HS> * sizeof(bf16)) +
-         2 * Align(kTile * sizeof(float)) +
-         kWarps * (2 * Align(16 * kLds * sizeof(float)) +
-                   2 * Align(16 * kLdp * sizeof(bf16)));
-}
+struct BackwardTiles {
+  bf16 *qs, *dos, *ks, *vs;
+  float *lse, *d;
+  float *s, *dp;  // this warp's (16, 64) products
+  bf16 *p, *ds;   // this warp's probabilities and scores' gradient
+  __device__ BackwardTiles(unsigned char* smem, int warp) {
+    Carver cv{smem};
+    qs = cv.Take<bf16>(kTile * kLdh<HS>);
+    dos = cv.Take<bf16>(kTile * kLdh<HS>);
+    ks = cv.Take<bf16>(kTile * kLdh<HS>);
+    vs = cv.Take<bf16>(kTile * kLdh<HS>);
+    lse = cv.Take<float>(kTile);
+    d = cv.Take<float>(kTile);
+    for (int w = 0; w < kWarps; ++w) {
+      float* sw = cv.Take<float>(16 * kLds);
+      float* dpw = cv.Take<float>(16 * kLds);
+      bf16* pw = cv.Take<bf16>(16 * kLdp);
+      bf16* dsw = cv.Take<bf16>(16 * kLdp);
+      if (w == warp) s = sw, dp = dpw, p = pw, ds = dsw;
+    }
+  }
+  static size_t Bytes() {
+    return 4 * Align(kTile * kLdh<HS> * sizeof(bf16)) +
+           2 * Align(kTile * sizeof(float)) +
+           kWarps * (2 * Align(16 * kLds * sizeof(float)) +
+                     2 * Align(16 * kLdp * sizeof(bf16)));
+  }
+  // The query rows q0.. of head h, their dout, log-sum-exp and D; a row
+  // past T gets probability 0 from an infinite log-sum-exp.
+  __device__ void LoadQueries(const float* base, const float* dbase,
+                              const float* lse_g, const float* dd, int bh,
+                              int q0, int T, int C, int h) {
+    LoadTile<HS>(qs, base, 3 * C, 0, q0, T, h);
+    LoadRows<HS>(dos, dbase, C, q0, T, h);
+    for (int i = threadIdx.x; i < kTile; i += kThreads) {
+      const int t = q0 + i;
+      lse[i] = t < T ? lse_g[static_cast<size_t>(bh) * T + t] : INFINITY;
+      d[i] = t < T ? dd[static_cast<size_t>(bh) * T + t] : 0.0f;
+    }
+  }
+};
 
 // The probabilities and the scores' gradient of a warp's 16 x 64 tile:
 // rows `row0 + r` and columns `col0 + c` are (query, key) when by_query,
@@ -279,26 +316,11 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(128) unsigned char smem[];
   const int C = NH * HS, bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int k0 = blockIdx.x * kTile, warp = threadIdx.x / 32;
-  Carver cv{smem};
-  bf16* ks = cv.Take<bf16>(kTile * kLdh<HS>);
-  bf16* vs = cv.Take<bf16>(kTile * kLdh<HS>);
-  bf16* qs = cv.Take<bf16>(kTile * kLdh<HS>);
-  bf16* dos = cv.Take<bf16>(kTile * kLdh<HS>);
-  float* lse_s = cv.Take<float>(kTile);
-  float* d_s = cv.Take<float>(kTile);
-  float *s = nullptr, *dp = nullptr;
-  bf16 *pt = nullptr, *dst = nullptr;
-  for (int w = 0; w < kWarps; ++w) {
-    float* sw = cv.Take<float>(16 * kLds);
-    float* dpw = cv.Take<float>(16 * kLds);
-    bf16* pw = cv.Take<bf16>(16 * kLdp);
-    bf16* dsw = cv.Take<bf16>(16 * kLdp);
-    if (w == warp) s = sw, dp = dpw, pt = pw, dst = dsw;
-  }
+  BackwardTiles<HS> t(smem, warp);
   const float* base = inp + static_cast<size_t>(b) * T * 3 * C;
   const float* dbase = dout + static_cast<size_t>(b) * T * C;
-  LoadTile<HS>(ks, base, 3 * C, 1, k0, T, h);
-  LoadTile<HS>(vs, base, 3 * C, 2, k0, T, h);
+  LoadTile<HS>(t.ks, base, 3 * C, 1, k0, T, h);
+  LoadTile<HS>(t.vs, base, 3 * C, 2, k0, T, h);
   FragC dk[HS / 16], dv[HS / 16];
   for (int dt = 0; dt < HS / 16; ++dt) {
     wmma::fill_fragment(dk[dt], 0.0f);
@@ -308,30 +330,23 @@ __global__ void __launch_bounds__(kThreads)
   for (int qt = blockIdx.x; qt < tiles; ++qt) {
     const int q0 = qt * kTile;
     __syncthreads();
-    LoadTile<HS>(qs, base, 3 * C, 0, q0, T, h);
-    LoadRows<HS>(dos, dbase, C, q0, T, h);
-    for (int i = threadIdx.x; i < kTile; i += kThreads) {
-      const int t = q0 + i;
-      // A row past T gets probability 0 from an infinite log-sum-exp.
-      lse_s[i] = t < T ? lse[static_cast<size_t>(bh) * T + t] : INFINITY;
-      d_s[i] = t < T ? dd[static_cast<size_t>(bh) * T + t] : 0.0f;
-    }
+    t.LoadQueries(base, dbase, lse, dd, bh, q0, T, C, h);
     __syncthreads();
-    const bf16* kw = ks + warp * 16 * kLdh<HS>;
-    const bf16* vw = vs + warp * 16 * kLdh<HS>;
-    RowsTimesRowsT<HS>(s, kw, qs);    // (keys, queries) scores
-    RowsTimesRowsT<HS>(dp, vw, dos);  // (keys, queries) dout . v
+    const bf16* kw = t.ks + warp * 16 * kLdh<HS>;
+    const bf16* vw = t.vs + warp * 16 * kLdh<HS>;
+    RowsTimesRowsT<HS>(t.s, kw, t.qs);    // (keys, queries) scores
+    RowsTimesRowsT<HS>(t.dp, vw, t.dos);  // (keys, queries) dout . v
     __syncwarp();
-    ProbsAndGrads(pt, dst, s, dp, lse_s, d_s, k0 + warp * 16, q0,
+    ProbsAndGrads(t.p, t.ds, t.s, t.dp, t.lse, t.d, k0 + warp * 16, q0,
                   /*by_query=*/false, scale);
     __syncwarp();
-    AccumulateTimes<HS>(dv, pt, dos);
-    AccumulateTimes<HS>(dk, dst, qs);
+    AccumulateTimes<HS>(dv, t.p, t.dos);
+    AccumulateTimes<HS>(dk, t.ds, t.qs);
   }
   __syncwarp();
   float* row = dinp + static_cast<size_t>(b) * T * 3 * C + h * HS;
-  AddOut<HS>(row + C, 3 * C, k0 + warp * 16, T, dk, s);
-  AddOut<HS>(row + 2 * C, 3 * C, k0 + warp * 16, T, dv, s);
+  AddOut<HS>(row + C, 3 * C, k0 + warp * 16, T, dk, t.s);
+  AddOut<HS>(row + 2 * C, 3 * C, k0 + warp * 16, T, dv, t.s);
 }
 
 // Grid (query tiles, B * NH): dQ of 64 queries over the key tiles up to the
@@ -344,50 +359,29 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(128) unsigned char smem[];
   const int C = NH * HS, bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int q0 = blockIdx.x * kTile, warp = threadIdx.x / 32;
-  Carver cv{smem};
-  bf16* qs = cv.Take<bf16>(kTile * kLdh<HS>);
-  bf16* dos = cv.Take<bf16>(kTile * kLdh<HS>);
-  bf16* ks = cv.Take<bf16>(kTile * kLdh<HS>);
-  bf16* vs = cv.Take<bf16>(kTile * kLdh<HS>);
-  float* lse_s = cv.Take<float>(kTile);
-  float* d_s = cv.Take<float>(kTile);
-  float *s = nullptr, *dp = nullptr;
-  bf16* ds = nullptr;
-  for (int w = 0; w < kWarps; ++w) {
-    float* sw = cv.Take<float>(16 * kLds);
-    float* dpw = cv.Take<float>(16 * kLds);
-    cv.Take<bf16>(16 * kLdp);  // as the other kernel's layout: unused
-    bf16* dsw = cv.Take<bf16>(16 * kLdp);
-    if (w == warp) s = sw, dp = dpw, ds = dsw;
-  }
+  BackwardTiles<HS> t(smem, warp);
   const float* base = inp + static_cast<size_t>(b) * T * 3 * C;
   const float* dbase = dout + static_cast<size_t>(b) * T * C;
-  LoadTile<HS>(qs, base, 3 * C, 0, q0, T, h);
-  LoadRows<HS>(dos, dbase, C, q0, T, h);
-  for (int i = threadIdx.x; i < kTile; i += kThreads) {
-    const int t = q0 + i;
-    lse_s[i] = t < T ? lse[static_cast<size_t>(bh) * T + t] : INFINITY;
-    d_s[i] = t < T ? dd[static_cast<size_t>(bh) * T + t] : 0.0f;
-  }
+  t.LoadQueries(base, dbase, lse, dd, bh, q0, T, C, h);
   FragC dq[HS / 16];
   for (int dt = 0; dt < HS / 16; ++dt) wmma::fill_fragment(dq[dt], 0.0f);
   for (int kt = 0; kt <= static_cast<int>(blockIdx.x); ++kt) {
     const int k0 = kt * kTile;
     __syncthreads();
-    LoadTile<HS>(ks, base, 3 * C, 1, k0, T, h);
-    LoadTile<HS>(vs, base, 3 * C, 2, k0, T, h);
+    LoadTile<HS>(t.ks, base, 3 * C, 1, k0, T, h);
+    LoadTile<HS>(t.vs, base, 3 * C, 2, k0, T, h);
     __syncthreads();
-    RowsTimesRowsT<HS>(s, qs + warp * 16 * kLdh<HS>, ks);    // (q, k)
-    RowsTimesRowsT<HS>(dp, dos + warp * 16 * kLdh<HS>, vs);  // (q, k)
+    RowsTimesRowsT<HS>(t.s, t.qs + warp * 16 * kLdh<HS>, t.ks);    // (q, k)
+    RowsTimesRowsT<HS>(t.dp, t.dos + warp * 16 * kLdh<HS>, t.vs);  // (q, k)
     __syncwarp();
-    ProbsAndGrads(nullptr, ds, s, dp, lse_s + warp * 16, d_s + warp * 16,
+    ProbsAndGrads(nullptr, t.ds, t.s, t.dp, t.lse + warp * 16, t.d + warp * 16,
                   q0 + warp * 16, k0, /*by_query=*/true, scale);
     __syncwarp();
-    AccumulateTimes<HS>(dq, ds, ks);
+    AccumulateTimes<HS>(dq, t.ds, t.ks);
   }
   __syncwarp();
   float* row = dinp + static_cast<size_t>(b) * T * 3 * C + h * HS;
-  AddOut<HS>(row, 3 * C, q0 + warp * 16, T, dq, s);
+  AddOut<HS>(row, 3 * C, q0 + warp * 16, T, dq, t.s);
 }
 
 template <typename Kernel>
@@ -417,7 +411,7 @@ cudaError_t Backward(const Ctx& ctx, float* dinp, const float* dout,
   if (rows == 0) return cudaSuccess;
   RowDotKernel<<<launch::Blocks(rows), launch::kThreads, 0, ctx.stream>>>(
       dd, dout, out, B, T, NH, HS);
-  const size_t smem = BackwardSmem<HS>();
+  const size_t smem = BackwardTiles<HS>::Bytes();
   cudaError_t e = AllowSmem(FlashBackwardKvKernel<HS>, smem);
   if (e == cudaSuccess) e = AllowSmem(FlashBackwardQKernel<HS>, smem);
   if (e != cudaSuccess) return e;
@@ -437,16 +431,16 @@ bool FlashAttentionSupported(int B, int C, int NH) {
   size_t smem = 0;
   switch (C / NH) {
     case 16:
-      smem = std::max(ForwardSmem<16>(), BackwardSmem<16>());
+      smem = std::max(ForwardSmem<16>(), BackwardTiles<16>::Bytes());
       break;
     case 32:
-      smem = std::max(ForwardSmem<32>(), BackwardSmem<32>());
+      smem = std::max(ForwardSmem<32>(), BackwardTiles<32>::Bytes());
       break;
     case 64:
-      smem = std::max(ForwardSmem<64>(), BackwardSmem<64>());
+      smem = std::max(ForwardSmem<64>(), BackwardTiles<64>::Bytes());
       break;
     case 128:
-      smem = std::max(ForwardSmem<128>(), BackwardSmem<128>());
+      smem = std::max(ForwardSmem<128>(), BackwardTiles<128>::Bytes());
       break;
     default:
       return false;
