@@ -212,9 +212,10 @@ class DeviceEngine {
   virtual std::string Describe() const = 0;
   virtual const std::string& error() const = 0;
 
-  // Host <-> device copies of whole buffers. Parameters: num_params
-  // floats, owned_count under kParamsAndGrads. Gradients: num_params,
-  // owned_count under windows. Moments: moments_count each.
+  // Host <-> device copies of whole buffers. Parameters: num_params floats
+  // (padded_floats when more), owned_count under kParamsAndGrads.
+  // Gradients: the same, owned_count under windows. Moments: moments_count
+  // each.
   virtual bool SetParams(const float* host) = 0;
   virtual bool GetParams(float* host) = 0;
   virtual bool SetGrads(const float* host) = 0;
@@ -247,15 +248,19 @@ class DeviceEngine {
 
   // Collectives among the ranks' GPUs, one GPU a rank (NCCL, loaded on
   // first use), on the whole parameter and gradient buffers (padded_floats)
-  // without windows. CollectivesIdentity loads NCCL and names this GPU
-  // uniquely on its machine (its PCI bus id), false where NCCL cannot load;
-  // rank 0 makes a CollectivesId (opaque bytes) which every rank passes to
-  // CollectivesJoin. A collective waits at most timeout_s, then aborts the
-  // communicator and fails (a peer gone or stuck).
+  // without windows. CollectivesIdentity loads NCCL and names this GPU (its
+  // UUID), false where NCCL cannot load; rank 0 makes a CollectivesId
+  // (opaque bytes) which every rank passes to CollectivesJoin, which starts
+  // joining and returns; CollectivesWait waits until every rank has joined.
+  // Every wait, there and in the collectives, lasts at most timeout_s, then
+  // aborts the communicator and fails (a peer gone or stuck).
+  // CollectivesLeave aborts it (the ranks fall back together).
   virtual bool CollectivesIdentity(std::string* identity) = 0;
   virtual bool CollectivesId(std::string* id) = 0;
   virtual bool CollectivesJoin(const std::string& id, int rank, int world,
                                double timeout_s) = 0;
+  virtual bool CollectivesWait() = 0;
+  virtual void CollectivesLeave() = 0;
   // The gradients summed over ranks, then times scale.
   virtual bool AllReduceGrads(float scale) = 0;
   // Rank r's chunk [r * chunk, (r + 1) * chunk) of the gradients summed over

@@ -24,7 +24,6 @@
 #include <string>
 #include <vector>
 
-#include "base/host_info.h"
 #include "worker/device_engine.h"
 #include "worker/engine.h"
 #include "worker/model.h"
@@ -250,45 +249,38 @@ class GpuReplicatedEngine final : public GpuEngine {
  private:
   // Several ranks, the optimizer on the GPUs: NCCL among them where every
   // rank has a GPU of its own and NCCL loads on every rank (DSL_NCCL=0
-  // turns it off); else Gloo through host memory. The ranks decide
-  // together, over Gloo, and say why in Describe.
+  // turns it off); else Gloo through host memory. The ranks decide each
+  // step together, by votes over Gloo, so they never part ways, and say
+  // why in Describe.
   Status SetUpCollectives() {
     const char* env = std::getenv("DSL_NCCL");
-    if (env != nullptr && std::string(env) == "0") {
-      collectives_ = "Gloo through host memory (DSL_NCCL=0)";
-      return Status::Ok();
-    }
-    std::string identity;
-    const bool loads = dev_->CollectivesIdentity(&identity);
-    const std::string why = loads ? "" : dev_->error();
-    // Each rank's GPU, named by its machine and bus id, as a 64-bit hash.
+    const bool off = env != nullptr && std::string(env) == "0";
+    std::string identity, why = "DSL_NCCL=0";
+    const bool loads = !off && dev_->CollectivesIdentity(&identity);
+    if (!off && !loads) why = dev_->error();
+    // Each rank's GPU by its UUID, as a 64-bit hash: equal ones are shared.
     uint64_t hash = 1469598103934665603ull;  // FNV-1a
-    for (char c : base::LocalHostname() + "/" + identity)
+    for (char c : identity)
       hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
     const int world = comm_->size(), rank = comm_->rank();
     float mine[3] = {loads ? 1.0f : 0.0f, 0, 0};
     std::memcpy(&mine[1], &hash, sizeof hash);  // bits, not values
-    std::vector<float> all(3 * static_cast<size_t>(world));
-    RETURN_IF_ERROR(comm_->AllGather(mine, all.data(), 3));
+    std::vector<float> votes(3 * static_cast<size_t>(world));
+    RETURN_IF_ERROR(comm_->AllGather(mine, votes.data(), 3));
     std::vector<uint64_t> gpus;
     bool everywhere = true;
     for (int r = 0; r < world; ++r) {
-      everywhere = everywhere && all[3 * r] == 1.0f;
+      everywhere = everywhere && votes[3 * r] == 1.0f;
       uint64_t h;
-      std::memcpy(&h, &all[3 * r + 1], sizeof h);
+      std::memcpy(&h, &votes[3 * r + 1], sizeof h);
       gpus.push_back(h);
     }
     std::sort(gpus.begin(), gpus.end());
     if (!everywhere) {
-      collectives_ =
-          "Gloo through host memory (" +
-          (loads ? std::string("NCCL is missing on another rank") : why) + ")";
-      return Status::Ok();
+      return Gloo(loads ? "NCCL is off or missing on another rank" : why);
     }
-    if (std::adjacent_find(gpus.begin(), gpus.end()) != gpus.end()) {
-      collectives_ = "Gloo through host memory (ranks share a GPU)";
-      return Status::Ok();
-    }
+    if (std::adjacent_find(gpus.begin(), gpus.end()) != gpus.end())
+      return Gloo("ranks share a GPU");
     // Rank 0's unique id to every rank, with whether it made one.
     constexpr size_t kIdFloats = 32;  // NCCL's 128 bytes
     std::vector<float> message(1 + kIdFloats, 0.0f);
@@ -301,20 +293,41 @@ class GpuReplicatedEngine final : public GpuEngine {
     const std::string rank0_error = rank == 0 ? dev_->error() : "";
     RETURN_IF_ERROR(comm_->Broadcast(message.data(), message.size(), 0));
     if (message[0] != 1.0f) {
-      collectives_ =
-          "Gloo through host memory (rank 0 could not make an "
-          "NCCL id" +
-          (rank0_error.empty() ? "" : ": " + rank0_error) + ")";
-      return Status::Ok();
+      return Gloo("rank 0 could not make an NCCL id" +
+                  (rank0_error.empty() ? "" : ": " + rank0_error));
     }
     id.assign(reinterpret_cast<const char*>(&message[1]),
               kIdFloats * sizeof(float));
     const char* timeout = std::getenv("DSL_NCCL_TIMEOUT");
     const double timeout_s =
         timeout != nullptr && std::atof(timeout) > 0 ? std::atof(timeout) : 300;
-    RETURN_IF_ERROR(Ok(dev_->CollectivesJoin(id, rank, world, timeout_s)));
+    // Every rank starts joining, and says whether it could, before any
+    // waits for the others: one that cannot does not leave the rest
+    // waiting out the deadline.
+    bool ok = dev_->CollectivesJoin(id, rank, world, timeout_s);
+    ASSIGN_OR_RETURN(bool all, Everyone(ok));
+    if (all) {
+      ok = dev_->CollectivesWait();
+      ASSIGN_OR_RETURN(all, Everyone(ok));
+    }
+    if (!all) {
+      const std::string mine_why = ok ? "" : dev_->error();
+      dev_->CollectivesLeave();
+      return Gloo("NCCL's communicator failed " +
+                  (ok ? std::string("on another rank") : ": " + mine_why));
+    }
     nccl_ = true;
     collectives_ = "NCCL";
+    return Status::Ok();
+  }
+  // Whether every rank says yes.
+  StatusOr<bool> Everyone(bool yes) {
+    float no = yes ? 0.0f : 1.0f;
+    RETURN_IF_ERROR(comm_->AllReduceSum(&no, 1));
+    return no == 0.0f;
+  }
+  Status Gloo(const std::string& why) {
+    collectives_ = "Gloo through host memory (" + why + ")";
     return Status::Ok();
   }
 

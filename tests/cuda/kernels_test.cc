@@ -447,6 +447,7 @@ TEST(NcclComm, OneRankWorksAndAMissingPeerFailsAtTheDeadline) {
   {
     cuda::NcclComm one;
     ASSERT_TRUE(one.Join(id, 0, 1, 60)) << one.error();
+    ASSERT_TRUE(one.Ready()) << one.error();
     std::vector<float> x(1000);
     std::iota(x.begin(), x.end(), -500.0f);
     Dev<float> d(x);
@@ -456,12 +457,15 @@ TEST(NcclComm, OneRankWorksAndAMissingPeerFailsAtTheDeadline) {
         << one.error();
     ASSERT_TRUE(one.AllGather(d.get(), x.size(), 0, stream)) << one.error();
     EXPECT_EQ(d.Get(), x);
+    one.Close();  // finalized and destroyed within the deadline
+    EXPECT_FALSE(one.joined());
   }
   std::string id2;
   ASSERT_TRUE(probe.UniqueId(&id2)) << probe.error();
   cuda::NcclComm lonely;
   const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_FALSE(lonely.Join(id2, 0, 2, 3));
+  ASSERT_TRUE(lonely.Join(id2, 0, 2, 3)) << lonely.error();  // starts
+  EXPECT_FALSE(lonely.Ready());
   const double took =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
           .count();
@@ -470,6 +474,7 @@ TEST(NcclComm, OneRankWorksAndAMissingPeerFailsAtTheDeadline) {
   EXPECT_NE(lonely.error().find("did not finish"), std::string::npos)
       << lonely.error();
   EXPECT_LT(took, 30.0);
+  EXPECT_FALSE(lonely.joined());  // aborted
   cudaStreamDestroy(stream);
 }
 

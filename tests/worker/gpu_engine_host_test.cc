@@ -141,24 +141,35 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   // NCCL's part, through the host Comm as ReplicatedState's are (so the
   // results equal the CPU engine's bit for bit).
   static std::atomic<int64_t> collectives;  // run, in this process
+  // What fails, to reach the engine's fallbacks: the rank whose NCCL does
+  // not load, rank 0's id, the rank that cannot start joining (-1: none).
+  static std::atomic<int> no_nccl_rank, bad_join_rank;
+  static std::atomic<bool> no_id;
   bool CollectivesIdentity(std::string* identity) override {
-    if (comm_ == nullptr) {
-      error_ = "no collectives in this stand-in";
+    if (comm_ == nullptr || comm_->rank() == no_nccl_rank) {
+      error_ = "no NCCL in this stand-in";
       return false;
     }
     *identity = gpu_;
     return true;
   }
   bool CollectivesId(std::string* id) override {
+    if (no_id) {
+      error_ = "no id in this stand-in";
+      return false;
+    }
     id->assign(128, 'x');
     return true;
   }
   bool CollectivesJoin(const std::string& id, int rank, int world,
                        double) override {
     joined_ = id == std::string(128, 'x') && rank == comm_->rank() &&
-              world == comm_->size();
+              world == comm_->size() && rank != bad_join_rank;
+    if (!joined_) error_ = "this stand-in could not join";
     return joined_;
   }
+  bool CollectivesWait() override { return joined_; }
+  void CollectivesLeave() override { joined_ = false; }
   bool AllReduceGrads(float scale) override {
     if (!joined_ || !comm_->AllReduceSum(grads_.data(), grads_.size()).ok())
       return false;
@@ -294,6 +305,9 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
 
 std::atomic<int64_t> CpuStandIn::unpinned_copies{0};
 std::atomic<int64_t> CpuStandIn::collectives{0};
+std::atomic<int> CpuStandIn::no_nccl_rank{-1};
+std::atomic<int> CpuStandIn::bad_join_rank{-1};
+std::atomic<bool> CpuStandIn::no_id{false};
 
 // What a config offloads to the CPU.
 enum Offload { kNothing, kOptimizer, kParams };
@@ -574,28 +588,42 @@ TEST_F(GpuEngineHostTest, AHookFailureStopsThePassWithItsReason) {
 // Stages 0 and 1 with the optimizer on the GPUs and a GPU per rank reduce
 // and gather on the GPUs (NCCL's part, here the stand-in's over the host
 // Comm): the CPU engine's bits, the collectives run by the device, and
-// the summary line says so. Ranks sharing a GPU, or DSL_NCCL=0, take the
-// host's Gloo path, with the same bits and the reason said.
+// the summary line says so. Ranks sharing a GPU, DSL_NCCL=0, NCCL missing
+// on one rank, no id on rank 0 or one rank unable to join: every rank takes
+// the host's Gloo path together, with the same bits and the reason said.
 TEST_F(GpuEngineHostTest, CollectivesRunOnTheGpusWhenEachRankHasOne) {
+  enum Trouble { kNone, kOff, kNoNcclOnRank1, kNoId, kRank1CannotJoin };
   struct Case {
     std::string gpus;  // "" : one GPU the ranks share
-    bool nccl_off;
+    Trouble trouble;
     bool on_gpus;
-    const char* says;
+    const char* says;  // in rank 0's summary
   };
   for (int stage : {0, 1}) {
     const Result cpu = Train(Config(2, stage), false, 2);
     for (const Case& c : std::vector<Case>{
-             {"gpu", false, true, "collectives NCCL"},
-             {"", false, false, "Gloo through host memory (ranks share a GPU)"},
-             {"gpu", true, false, "Gloo through host memory (DSL_NCCL=0)"}}) {
+             {"gpu", kNone, true, "collectives NCCL"},
+             {"", kNone, false, "Gloo through host memory (ranks share a GPU)"},
+             {"gpu", kOff, false, "Gloo through host memory (DSL_NCCL=0)"},
+             {"gpu", kNoNcclOnRank1, false,
+              "(NCCL is off or missing on another rank)"},
+             {"gpu", kNoId, false,
+              "(rank 0 could not make an NCCL id: no id in this stand-in)"},
+             {"gpu", kRank1CannotJoin, false,
+              "(NCCL's communicator failed on another rank)"}}) {
       SCOPED_TRACE("stage " + std::to_string(stage) + ", " + c.says);
-      if (c.nccl_off) ::setenv("DSL_NCCL", "0", 1);
+      if (c.trouble == kOff) ::setenv("DSL_NCCL", "0", 1);
+      CpuStandIn::no_nccl_rank = c.trouble == kNoNcclOnRank1 ? 1 : -1;
+      CpuStandIn::no_id = c.trouble == kNoId;
+      CpuStandIn::bad_join_rank = c.trouble == kRank1CannotJoin ? 1 : -1;
       gpus_ = c.gpus;
       CpuStandIn::collectives = 0;
       const Result gpu = Train(Config(2, stage), true, 2);
       gpus_.reset();
       ::unsetenv("DSL_NCCL");
+      CpuStandIn::no_nccl_rank = -1;
+      CpuStandIn::no_id = false;
+      CpuStandIn::bad_join_rank = -1;
       EXPECT_EQ(gpu.norms, cpu.norms);
       EXPECT_EQ(gpu.params, cpu.params);
       EXPECT_EQ(gpu.ck_m, cpu.ck_m);

@@ -53,6 +53,7 @@ class CudaEngine final : public DeviceEngine {
                  std::string(std::getenv("DSL_CUDA_PROFILE")) == "1") {}
   ~CudaEngine() override {
     if (ctx_.stream != nullptr) cudaStreamSynchronize(ctx_.stream);
+    nccl_.Close();  // before the buffers and the stream go
     profile_.Collect();
     profile_.Print();
     for (void* p : pinned_) cudaHostUnregister(p);
@@ -235,11 +236,12 @@ class CudaEngine final : public DeviceEngine {
 
   bool CollectivesIdentity(std::string* identity) override {
     if (!nccl_.Load()) return Fail(nccl_.error());
-    char bus[64] = {};
-    if (!Cuda(cudaDeviceGetPCIBusId(bus, sizeof bus, options_.device),
-              "cudaDeviceGetPCIBusId"))
+    cudaDeviceProp prop{};
+    if (!Cuda(cudaGetDeviceProperties(&prop, options_.device),
+              "cudaGetDeviceProperties"))
       return false;
-    *identity = bus;
+    // The UUID: the same GPU seen from two containers is one.
+    identity->assign(prop.uuid.bytes, sizeof prop.uuid.bytes);
     return true;
   }
   bool CollectivesId(std::string* id) override {
@@ -251,6 +253,10 @@ class CudaEngine final : public DeviceEngine {
       return Fail("collectives on the GPU are for whole buffers");
     return nccl_.Join(id, rank, world, timeout_s) || Fail(nccl_.error());
   }
+  bool CollectivesWait() override {
+    return nccl_.Ready() || Fail(nccl_.error());
+  }
+  void CollectivesLeave() override { nccl_.Abort(); }
   bool AllReduceGrads(float scale) override {
     Mark(Profile::kCollectives);
     if (!nccl_.AllReduceSum(grads_, grad_count_, ctx_.stream))

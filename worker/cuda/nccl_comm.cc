@@ -26,6 +26,7 @@ struct Api {
   ncclResult_t (*all_gather)(const void*, void*, size_t, ncclDataType_t,
                              ncclComm_t, cudaStream_t);
   ncclResult_t (*abort)(ncclComm_t);
+  ncclResult_t (*finalize)(ncclComm_t);
   ncclResult_t (*destroy)(ncclComm_t);
   const char* (*error_string)(ncclResult_t);
 };
@@ -53,6 +54,7 @@ const Api& Nccl() {
         !Resolve(api, &api.reduce_scatter, "ncclReduceScatter") ||
         !Resolve(api, &api.all_gather, "ncclAllGather") ||
         !Resolve(api, &api.abort, "ncclCommAbort") ||
+        !Resolve(api, &api.finalize, "ncclCommFinalize") ||
         !Resolve(api, &api.destroy, "ncclCommDestroy") ||
         !Resolve(api, &api.error_string, "ncclGetErrorString")) {
       dlclose(api.handle);
@@ -66,10 +68,27 @@ ncclComm_t C(void* p) { return static_cast<ncclComm_t>(p); }
 
 }  // namespace
 
-NcclComm::~NcclComm() {
+NcclComm::~NcclComm() { Close(); }
+
+void NcclComm::Abort() {
   if (comm_ == nullptr) return;
-  // A communicator that worked is destroyed; one that failed was aborted.
+  Nccl().abort(C(comm_));
+  comm_ = nullptr;
+}
+
+void NcclComm::Close() {
+  if (comm_ == nullptr) return;
+  // Finalizing flushes this rank's work and is collective within a
+  // machine; non-blocking, so it is waited for with the deadline (an error
+  // or the deadline aborts instead, and comm_ is then gone).
+  const ncclResult_t r = Nccl().finalize(C(comm_));
+  if (r != ncclSuccess && r != ncclInProgress) {
+    Abort();
+    return;
+  }
+  if (!Wait(nullptr, "finalize")) return;
   Nccl().destroy(C(comm_));
+  comm_ = nullptr;
 }
 
 bool NcclComm::Load() {
@@ -89,6 +108,7 @@ bool NcclComm::Check(int result, const char* what) {
   const auto r = static_cast<ncclResult_t>(result);
   if (r == ncclSuccess || r == ncclInProgress) return true;
   error_ = std::string("NCCL ") + what + ": " + Nccl().error_string(r);
+  Abort();  // a communicator with an error is aborted, not destroyed
   return false;
 }
 
@@ -117,10 +137,14 @@ bool NcclComm::Join(const std::string& id, int rank, int world,
       Nccl().init_rank_config(&comm, world, u, rank, &config);
   comm_ = comm;
   if (!Check(r, "communicator")) {
-    if (comm_ != nullptr) Nccl().abort(C(comm_));
-    comm_ = nullptr;
+    Abort();
     return false;
   }
+  return true;
+}
+
+bool NcclComm::Ready() {
+  if (comm_ == nullptr) return NoComm("communicator");
   return Wait(nullptr, "communicator");
 }
 
@@ -135,14 +159,14 @@ bool NcclComm::Wait(cudaStream_t stream, const char* what) {
     bool done = state != ncclInProgress;
     if (state != ncclSuccess && state != ncclInProgress) {
       error_ = std::string("NCCL ") + what + ": " + Nccl().error_string(state);
-      Nccl().abort(C(comm_));
-      comm_ = nullptr;
+      Abort();
       return false;
     }
     if (done && stream != nullptr) {
       const cudaError_t e = cudaStreamQuery(stream);
       if (e != cudaSuccess && e != cudaErrorNotReady) {
         error_ = std::string("NCCL ") + what + ": " + cudaGetErrorString(e);
+        Abort();
         return false;
       }
       done = e == cudaSuccess;
@@ -152,8 +176,7 @@ bool NcclComm::Wait(cudaStream_t stream, const char* what) {
       error_ = std::string("NCCL ") + what + " did not finish within " +
                std::to_string(static_cast<int>(timeout_s_)) +
                " s: a peer is gone or stuck (the communicator is aborted)";
-      Nccl().abort(C(comm_));
-      comm_ = nullptr;
+      Abort();
       return false;
     }
     // Spin briefly (a step's collectives take microseconds to

@@ -24,10 +24,18 @@ class NcclComm {
   bool Load();
   // A fresh unique id (rank 0), 128 bytes.
   bool UniqueId(std::string* id);
-  // Joins rank `rank` of `world` with the id rank 0 made; waits at most
-  // timeout_s for every rank.
+  // Starts joining rank `rank` of `world` with the id rank 0 made (returns
+  // at once); Ready waits at most timeout_s for every rank. Every later
+  // wait has the same deadline.
   bool Join(const std::string& id, int rank, int world, double timeout_s);
+  bool Ready();
   bool joined() const { return comm_ != nullptr; }
+  // Aborts the communicator (after an error, or to fall back).
+  void Abort();
+  // Finalizes (waiting at most the deadline: every rank on a machine must
+  // take part) and destroys it; aborts on an error or the deadline. The
+  // destructor does this if it was not done.
+  void Close();
 
   // fp32 sums in place on `stream`, waited for (deadline: the Join's).
   bool AllReduceSum(float* data, size_t n, cudaStream_t stream);
