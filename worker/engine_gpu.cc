@@ -179,14 +179,19 @@ class GpuReplicatedEngine final : public GpuEngine {
     ASSIGN_OR_RETURN(dev_, open(o));
     Pin({host_->params(), host_->grads(), state_->m(), state_->v()});
     RETURN_IF_ERROR(Push());
-    if (comm_->size() > 1 && !offload_) return SetUpCollectives();
+    if (comm_->size() > 1) return SetUpCollectives();
     return Status::Ok();
   }
 
   Status ZeroGrad() override { return Ok(dev_->ZeroGrad()); }
 
   StatusOr<float> FinishGradients() override {
-    if (nccl_) return FinishOnTheGpus();
+    if (nccl_) {
+      ASSIGN_OR_RETURN(float norm, FinishOnTheGpus());
+      // Offloaded, the host's AdamW takes the reduced gradients.
+      if (offload_) RETURN_IF_ERROR(Ok(dev_->GetGrads(host_->grads().data())));
+      return norm;
+    }
     if (!ThroughHost()) {
       // One rank, the optimizer on the device: nothing leaves it.
       double squares = 0;
@@ -204,9 +209,16 @@ class GpuReplicatedEngine final : public GpuEngine {
   Status Update(const AdamParams& a, float clip_scale) override {
     if (offload_) {
       // ZeRO-Offload: AdamW on the host's fp32 master parameters (this
-      // rank's shard under stage 1), the updated whole back to the device.
-      RETURN_IF_ERROR(state_->Update(a, clip_scale));
-      return Ok(dev_->SetParams(host_->params().data()));
+      // rank's shard under stage 1), the updated whole back to the device;
+      // with NCCL, the shards gathered there instead of on the host.
+      if (!nccl_) {
+        RETURN_IF_ERROR(state_->Update(a, clip_scale));
+        return Ok(dev_->SetParams(host_->params().data()));
+      }
+      state_->Step(a, clip_scale);
+      RETURN_IF_ERROR(Ok(dev_->SetParams(host_->params().data())));
+      if (stage_ == 0) return Status::Ok();
+      return Ok(dev_->AllGatherParams(state_->shard_size(), comm_->rank()));
     }
     RETURN_IF_ERROR(Ok(dev_->AdamStep(ToDevice(a), clip_scale)));
     if (stage_ == 0 || comm_->size() == 1) return Status::Ok();
@@ -247,7 +259,7 @@ class GpuReplicatedEngine final : public GpuEngine {
   }
 
  private:
-  // Several ranks, the optimizer on the GPUs: NCCL among them where every
+  // Several ranks: NCCL among them where every
   // rank has a GPU of its own and NCCL loads on every rank (DSL_NCCL=0
   // turns it off); else Gloo through host memory. The ranks decide each
   // step together, by votes over Gloo, so they never part ways, and say
@@ -362,8 +374,11 @@ class GpuReplicatedEngine final : public GpuEngine {
     return Ok(dev_->SetMoments(state_->m().data(), state_->v().data()));
   }
   Status Pull() {
-    if (offload_) return Status::Ok();
+    // Offloaded, the host's shard is the master copy; with NCCL only the
+    // GPUs have gathered the other shards.
+    if (offload_ && !nccl_) return Status::Ok();
     RETURN_IF_ERROR(Ok(dev_->GetParams(host_->params().data())));
+    if (offload_) return Status::Ok();
     return Ok(dev_->GetMoments(state_->m().data(), state_->v().data()));
   }
 

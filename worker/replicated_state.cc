@@ -56,6 +56,11 @@ StatusOr<float> ReplicatedState::FinishGradients() {
 }
 
 Status ReplicatedState::Update(const AdamParams& adam, float clip_scale) {
+  Step(adam, clip_scale);
+  return GatherParams();
+}
+
+void ReplicatedState::Step(const AdamParams& adam, float clip_scale) {
   float* p = model_->params().data();
   float* g = model_->grads().data();
   if (clip_scale != 1.0f) {
@@ -69,7 +74,6 @@ Status ReplicatedState::Update(const AdamParams& adam, float clip_scale) {
     AdamStep(p + b, g + b, m_.data() + (b - lo), v_.data() + (b - lo), e - b,
              adam, seg.decay);
   }
-  return GatherParams();
 }
 
 Status ReplicatedState::GatherParams() {

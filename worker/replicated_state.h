@@ -41,9 +41,10 @@ class ReplicatedState {
   // Averages the gradients over ranks (stage 0: all of them; stage 1: this
   // rank's shard) and returns the global norm of what the ranks update.
   StatusOr<float> FinishGradients();
-  // AdamW on the shard (its gradients scaled by clip_scale first), then
-  // GatherParams.
+  // Step, then GatherParams.
   Status Update(const AdamParams& adam, float clip_scale);
+  // AdamW on the shard, its gradients scaled by clip_scale first.
+  void Step(const AdamParams& adam, float clip_scale);
   // Stage 1: every rank's updated shard into every rank's parameters.
   Status GatherParams();
 

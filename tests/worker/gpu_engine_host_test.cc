@@ -585,12 +585,12 @@ TEST_F(GpuEngineHostTest, AHookFailureStopsThePassWithItsReason) {
   }
 }
 
-// Stages 0 and 1 with the optimizer on the GPUs and a GPU per rank reduce
-// and gather on the GPUs (NCCL's part, here the stand-in's over the host
-// Comm): the CPU engine's bits, the collectives run by the device, and
-// the summary line says so. Ranks sharing a GPU, DSL_NCCL=0, NCCL missing
-// on one rank, no id on rank 0 or one rank unable to join: every rank takes
-// the host's Gloo path together, with the same bits and the reason said.
+// Stages 0 and 1, the optimizer on the GPUs or offloaded, with a GPU per
+// rank reduce and gather on the GPUs (NCCL's part, here the stand-in's over the
+// host Comm): the CPU engine's bits, the collectives run by the device, and the
+// summary line says so. Ranks sharing a GPU, DSL_NCCL=0, NCCL missing on one
+// rank, no id on rank 0 or one rank unable to join: every rank takes the host's
+// Gloo path together, with the same bits and the reason said.
 TEST_F(GpuEngineHostTest, CollectivesRunOnTheGpusWhenEachRankHasOne) {
   enum Trouble { kNone, kOff, kNoNcclOnRank1, kNoId, kRank1CannotJoin };
   struct Case {
@@ -601,35 +601,39 @@ TEST_F(GpuEngineHostTest, CollectivesRunOnTheGpusWhenEachRankHasOne) {
   };
   for (int stage : {0, 1}) {
     const Result cpu = Train(Config(2, stage), false, 2);
-    for (const Case& c : std::vector<Case>{
-             {"gpu", kNone, true, "collectives NCCL"},
-             {"", kNone, false, "Gloo through host memory (ranks share a GPU)"},
-             {"gpu", kOff, false, "Gloo through host memory (DSL_NCCL=0)"},
-             {"gpu", kNoNcclOnRank1, false,
-              "(NCCL is off or missing on another rank)"},
-             {"gpu", kNoId, false,
-              "(rank 0 could not make an NCCL id: no id in this stand-in)"},
-             {"gpu", kRank1CannotJoin, false,
-              "(NCCL's communicator failed on another rank)"}}) {
-      SCOPED_TRACE("stage " + std::to_string(stage) + ", " + c.says);
-      if (c.trouble == kOff) ::setenv("DSL_NCCL", "0", 1);
-      CpuStandIn::no_nccl_rank = c.trouble == kNoNcclOnRank1 ? 1 : -1;
-      CpuStandIn::no_id = c.trouble == kNoId;
-      CpuStandIn::bad_join_rank = c.trouble == kRank1CannotJoin ? 1 : -1;
-      gpus_ = c.gpus;
-      CpuStandIn::collectives = 0;
-      const Result gpu = Train(Config(2, stage), true, 2);
-      gpus_.reset();
-      ::unsetenv("DSL_NCCL");
-      CpuStandIn::no_nccl_rank = -1;
-      CpuStandIn::no_id = false;
-      CpuStandIn::bad_join_rank = -1;
-      EXPECT_EQ(gpu.norms, cpu.norms);
-      EXPECT_EQ(gpu.params, cpu.params);
-      EXPECT_EQ(gpu.ck_m, cpu.ck_m);
-      EXPECT_EQ(gpu.ck_v, cpu.ck_v);
-      EXPECT_EQ(CpuStandIn::collectives.load() > 0, c.on_gpus);
-      EXPECT_NE(gpu.describe.find(c.says), std::string::npos) << gpu.describe;
+    for (Offload offload : {kNothing, kOptimizer}) {
+      for (const Case& c : std::vector<Case>{
+               {"gpu", kNone, true, "collectives NCCL"},
+               {"", kNone, false,
+                "Gloo through host memory (ranks share a GPU)"},
+               {"gpu", kOff, false, "Gloo through host memory (DSL_NCCL=0)"},
+               {"gpu", kNoNcclOnRank1, false,
+                "(NCCL is off or missing on another rank)"},
+               {"gpu", kNoId, false,
+                "(rank 0 could not make an NCCL id: no id in this stand-in)"},
+               {"gpu", kRank1CannotJoin, false,
+                "(NCCL's communicator failed on another rank)"}}) {
+        SCOPED_TRACE("stage " + std::to_string(stage) + Name(offload) + ", " +
+                     c.says);
+        if (c.trouble == kOff) ::setenv("DSL_NCCL", "0", 1);
+        CpuStandIn::no_nccl_rank = c.trouble == kNoNcclOnRank1 ? 1 : -1;
+        CpuStandIn::no_id = c.trouble == kNoId;
+        CpuStandIn::bad_join_rank = c.trouble == kRank1CannotJoin ? 1 : -1;
+        gpus_ = c.gpus;
+        CpuStandIn::collectives = 0;
+        const Result gpu = Train(Config(2, stage, offload), true, 2);
+        gpus_.reset();
+        ::unsetenv("DSL_NCCL");
+        CpuStandIn::no_nccl_rank = -1;
+        CpuStandIn::no_id = false;
+        CpuStandIn::bad_join_rank = -1;
+        EXPECT_EQ(gpu.norms, cpu.norms);
+        EXPECT_EQ(gpu.params, cpu.params);
+        EXPECT_EQ(gpu.ck_m, cpu.ck_m);
+        EXPECT_EQ(gpu.ck_v, cpu.ck_v);
+        EXPECT_EQ(CpuStandIn::collectives.load() > 0, c.on_gpus);
+        EXPECT_NE(gpu.describe.find(c.says), std::string::npos) << gpu.describe;
+      }
     }
   }
 }
