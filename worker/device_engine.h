@@ -25,8 +25,8 @@ namespace dslaunch::worker {
 // 3: AdamStep's segments; layer windows and hooks (ZeRO stages 2 and 3);
 //    the spec's per-kind layer stride and hook layer bounds.
 // 4: PinHost.
-// 5: collectives among the ranks' GPUs (NCCL); padded_floats;
-//    GradSquaredSum over a range.
+// 5: collectives among the ranks' GPUs (NCCL), also on layer windows;
+//    padded_floats; window_floats; GradSquaredSum over a range.
 constexpr int kDeviceEngineAbi = 5;
 
 // How the matrix products compute; activations, parameters, gradients and
@@ -115,6 +115,10 @@ struct DeviceEngineOptions {
   // floats when more than num_params (zeros past it), so that collectives
   // split them evenly across ranks.
   size_t padded_floats = 0;
+  // Under windows, the least floats of the embedding's window [0] and of
+  // the one the other layers share [1] (a layer's range padded to split
+  // evenly across ranks, for the collectives on them).
+  size_t window_floats[2] = {0, 0};
 };
 
 // The hook layer holding instance `layer` of kind k (by ParamKind): -1 for
@@ -268,6 +272,25 @@ class DeviceEngine {
   virtual bool ReduceScatterGrads(size_t chunk, int rank, float scale) = 0;
   // Every rank's chunk of the parameters into every rank's buffer.
   virtual bool AllGatherParams(size_t chunk, int rank) = 0;
+  // The gradient buffer times scale.
+  virtual bool ScaleGrads(float scale) = 0;
+  // ZeRO 2 and 3 with the collectives joined, from the hooks in place of
+  // SetLayerParams and TakeLayerGrads: a layer's window taken as world
+  // chunks of `chunk` floats (window_floats covers them).
+  //  GatherLayerParams (stage 3): this rank's owned parameters [owned_at,
+  //    owned_at + chunk) into chunk `rank`, then every rank's chunk.
+  //  ReduceLayerGrads: the window's gradients summed over ranks; chunk
+  //    `rank` of the sum added to the owned gradients at owned_at; the
+  //    window zeroed.
+  //  GatherLayerPieces (stage 2, after AdamStep): the whole parameters'
+  //    [at, at + count) (this rank's updated piece, count <= chunk) from
+  //    every rank, in rank order, into the layer's range.
+  virtual bool GatherLayerParams(int layer, size_t owned_at, size_t chunk,
+                                 int rank) = 0;
+  virtual bool ReduceLayerGrads(int layer, size_t owned_at, size_t chunk,
+                                int rank) = 0;
+  virtual bool GatherLayerPieces(int layer, size_t at, size_t count,
+                                 size_t chunk, int rank) = 0;
 
   // Page-locks [p, p + bytes) of host memory the host copies to and from,
   // so the copies run at the bus's speed, until the engine is destroyed

@@ -140,9 +140,95 @@ class GpuEngine : public Engine {
             a.weight_decay, a.adamw_mode, a.step};
   }
 
+  // Several ranks: NCCL among them where every
+  // rank has a GPU of its own and NCCL loads on every rank (DSL_NCCL=0
+  // turns it off); else Gloo through host memory. The ranks decide each
+  // step together, by votes over Gloo, so they never part ways, and say
+  // why in Describe.
+  Status SetUpCollectives() {
+    const char* env = std::getenv("DSL_NCCL");
+    const bool off = env != nullptr && std::string(env) == "0";
+    std::string identity, why = "DSL_NCCL=0";
+    const bool loads = !off && dev_->CollectivesIdentity(&identity);
+    if (!off && !loads) why = dev_->error();
+    // Each rank's GPU by its UUID, as a 64-bit hash: equal ones are shared.
+    uint64_t hash = 1469598103934665603ull;  // FNV-1a
+    for (char c : identity)
+      hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    const int world = comm_->size(), rank = comm_->rank();
+    float mine[3] = {loads ? 1.0f : 0.0f, 0, 0};
+    std::memcpy(&mine[1], &hash, sizeof hash);  // bits, not values
+    std::vector<float> votes(3 * static_cast<size_t>(world));
+    RETURN_IF_ERROR(comm_->AllGather(mine, votes.data(), 3));
+    std::vector<uint64_t> gpus;
+    bool everywhere = true;
+    for (int r = 0; r < world; ++r) {
+      everywhere = everywhere && votes[3 * r] == 1.0f;
+      uint64_t h;
+      std::memcpy(&h, &votes[3 * r + 1], sizeof h);
+      gpus.push_back(h);
+    }
+    std::sort(gpus.begin(), gpus.end());
+    if (!everywhere) {
+      return Gloo(loads ? "NCCL is off or missing on another rank" : why);
+    }
+    if (std::adjacent_find(gpus.begin(), gpus.end()) != gpus.end())
+      return Gloo("ranks share a GPU");
+    // Rank 0's unique id to every rank, with whether it made one.
+    constexpr size_t kIdFloats = 32;  // NCCL's 128 bytes
+    std::vector<float> message(1 + kIdFloats, 0.0f);
+    std::string id;
+    if (rank == 0 && dev_->CollectivesId(&id) &&
+        id.size() <= kIdFloats * sizeof(float)) {
+      message[0] = 1.0f;
+      std::memcpy(&message[1], id.data(), id.size());
+    }
+    const std::string rank0_error = rank == 0 ? dev_->error() : "";
+    RETURN_IF_ERROR(comm_->Broadcast(message.data(), message.size(), 0));
+    if (message[0] != 1.0f) {
+      return Gloo("rank 0 could not make an NCCL id" +
+                  (rank0_error.empty() ? "" : ": " + rank0_error));
+    }
+    id.assign(reinterpret_cast<const char*>(&message[1]),
+              kIdFloats * sizeof(float));
+    const char* timeout = std::getenv("DSL_NCCL_TIMEOUT");
+    const double timeout_s =
+        timeout != nullptr && std::atof(timeout) > 0 ? std::atof(timeout) : 300;
+    // Every rank starts joining, and says whether it could, before any
+    // waits for the others: one that cannot does not leave the rest
+    // waiting out the deadline.
+    bool ok = dev_->CollectivesJoin(id, rank, world, timeout_s);
+    ASSIGN_OR_RETURN(bool all, Everyone(ok));
+    if (all) {
+      ok = dev_->CollectivesWait();
+      ASSIGN_OR_RETURN(all, Everyone(ok));
+    }
+    if (!all) {
+      const std::string mine_why = ok ? "" : dev_->error();
+      dev_->CollectivesLeave();
+      return Gloo("NCCL's communicator failed " +
+                  (ok ? std::string("on another rank") : ": " + mine_why));
+    }
+    nccl_ = true;
+    collectives_ = "NCCL";
+    return Status::Ok();
+  }
+  // Whether every rank says yes.
+  StatusOr<bool> Everyone(bool yes) {
+    float no = yes ? 0.0f : 1.0f;
+    RETURN_IF_ERROR(comm_->AllReduceSum(&no, 1));
+    return no == 0.0f;
+  }
+  Status Gloo(const std::string& why) {
+    collectives_ = "Gloo through host memory (" + why + ")";
+    return Status::Ok();
+  }
+
   Comm* comm_;
   bool offload_ = false;
   bool pinned_ = true;
+  bool nccl_ = false;        // the collectives run on the GPUs
+  std::string collectives_;  // which and why, for Describe; "" on one rank
   std::unique_ptr<ParamLayout> layout_;
   std::unique_ptr<DeviceEngine> dev_;
 };
@@ -259,90 +345,6 @@ class GpuReplicatedEngine final : public GpuEngine {
   }
 
  private:
-  // Several ranks: NCCL among them where every
-  // rank has a GPU of its own and NCCL loads on every rank (DSL_NCCL=0
-  // turns it off); else Gloo through host memory. The ranks decide each
-  // step together, by votes over Gloo, so they never part ways, and say
-  // why in Describe.
-  Status SetUpCollectives() {
-    const char* env = std::getenv("DSL_NCCL");
-    const bool off = env != nullptr && std::string(env) == "0";
-    std::string identity, why = "DSL_NCCL=0";
-    const bool loads = !off && dev_->CollectivesIdentity(&identity);
-    if (!off && !loads) why = dev_->error();
-    // Each rank's GPU by its UUID, as a 64-bit hash: equal ones are shared.
-    uint64_t hash = 1469598103934665603ull;  // FNV-1a
-    for (char c : identity)
-      hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-    const int world = comm_->size(), rank = comm_->rank();
-    float mine[3] = {loads ? 1.0f : 0.0f, 0, 0};
-    std::memcpy(&mine[1], &hash, sizeof hash);  // bits, not values
-    std::vector<float> votes(3 * static_cast<size_t>(world));
-    RETURN_IF_ERROR(comm_->AllGather(mine, votes.data(), 3));
-    std::vector<uint64_t> gpus;
-    bool everywhere = true;
-    for (int r = 0; r < world; ++r) {
-      everywhere = everywhere && votes[3 * r] == 1.0f;
-      uint64_t h;
-      std::memcpy(&h, &votes[3 * r + 1], sizeof h);
-      gpus.push_back(h);
-    }
-    std::sort(gpus.begin(), gpus.end());
-    if (!everywhere) {
-      return Gloo(loads ? "NCCL is off or missing on another rank" : why);
-    }
-    if (std::adjacent_find(gpus.begin(), gpus.end()) != gpus.end())
-      return Gloo("ranks share a GPU");
-    // Rank 0's unique id to every rank, with whether it made one.
-    constexpr size_t kIdFloats = 32;  // NCCL's 128 bytes
-    std::vector<float> message(1 + kIdFloats, 0.0f);
-    std::string id;
-    if (rank == 0 && dev_->CollectivesId(&id) &&
-        id.size() <= kIdFloats * sizeof(float)) {
-      message[0] = 1.0f;
-      std::memcpy(&message[1], id.data(), id.size());
-    }
-    const std::string rank0_error = rank == 0 ? dev_->error() : "";
-    RETURN_IF_ERROR(comm_->Broadcast(message.data(), message.size(), 0));
-    if (message[0] != 1.0f) {
-      return Gloo("rank 0 could not make an NCCL id" +
-                  (rank0_error.empty() ? "" : ": " + rank0_error));
-    }
-    id.assign(reinterpret_cast<const char*>(&message[1]),
-              kIdFloats * sizeof(float));
-    const char* timeout = std::getenv("DSL_NCCL_TIMEOUT");
-    const double timeout_s =
-        timeout != nullptr && std::atof(timeout) > 0 ? std::atof(timeout) : 300;
-    // Every rank starts joining, and says whether it could, before any
-    // waits for the others: one that cannot does not leave the rest
-    // waiting out the deadline.
-    bool ok = dev_->CollectivesJoin(id, rank, world, timeout_s);
-    ASSIGN_OR_RETURN(bool all, Everyone(ok));
-    if (all) {
-      ok = dev_->CollectivesWait();
-      ASSIGN_OR_RETURN(all, Everyone(ok));
-    }
-    if (!all) {
-      const std::string mine_why = ok ? "" : dev_->error();
-      dev_->CollectivesLeave();
-      return Gloo("NCCL's communicator failed " +
-                  (ok ? std::string("on another rank") : ": " + mine_why));
-    }
-    nccl_ = true;
-    collectives_ = "NCCL";
-    return Status::Ok();
-  }
-  // Whether every rank says yes.
-  StatusOr<bool> Everyone(bool yes) {
-    float no = yes ? 0.0f : 1.0f;
-    RETURN_IF_ERROR(comm_->AllReduceSum(&no, 1));
-    return no == 0.0f;
-  }
-  Status Gloo(const std::string& why) {
-    collectives_ = "Gloo through host memory (" + why + ")";
-    return Status::Ok();
-  }
-
   // The gradients reduced on the GPUs (all of them, or this rank's shard)
   // and averaged; the global norm of what this rank updates, as
   // ReplicatedState::FinishGradients computes it.
@@ -383,8 +385,6 @@ class GpuReplicatedEngine final : public GpuEngine {
   }
 
   int stage_ = 0;
-  bool nccl_ = false;        // the collectives run on the GPUs
-  std::string collectives_;  // which and why, for Describe; "" on one rank
   std::unique_ptr<Model> host_;
   std::unique_ptr<ReplicatedState> state_;
 };
@@ -424,12 +424,23 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
         o.adam.push_back({r.param, r.grad, r.moment, r.count, r.decay});
       o.owned_count = o.moments_count = zero_->owned_floats();
     }
+    // Windows that split evenly across ranks, for collectives on them.
+    const int world = comm_->size();
+    o.window_floats[0] = zero_->owned_piece(-1).shard * world;
+    for (int l = 0; l <= layout_->config().num_layers; ++l) {
+      o.window_floats[1] =
+          std::max(o.window_floats[1], zero_->owned_piece(l).shard * world);
+    }
     ASSIGN_OR_RETURN(dev_, open(o));
     Pin(zero_->buffers());
-    return Push();
+    RETURN_IF_ERROR(Push());
+    // The collectives on the GPUs need the owned state there.
+    if (world > 1 && !offload_) return SetUpCollectives();
+    return Status::Ok();
   }
 
   Status ZeroGrad() override {
+    if (nccl_) return Ok(dev_->ZeroGrad());  // the owned ones are there
     zero_->ZeroGrad();
     return Status::Ok();
   }
@@ -448,6 +459,17 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
   }
 
   StatusOr<float> FinishGradients() override {
+    if (nccl_) {
+      // As ZeroState::FinishGradients, on the GPU's owned gradients.
+      RETURN_IF_ERROR(
+          Ok(dev_->ScaleGrads(1.0f / static_cast<float>(comm_->size()))));
+      double squares = 0;
+      RETURN_IF_ERROR(
+          Ok(dev_->GradSquaredSum(0, zero_->owned_floats(), &squares)));
+      float partial = static_cast<float>(squares);
+      RETURN_IF_ERROR(comm_->AllReduceSum(&partial, 1));
+      return std::sqrt(partial);
+    }
     ASSIGN_OR_RETURN(float norm, zero_->FinishGradients());
     if (!offload_) {
       RETURN_IF_ERROR(
@@ -465,6 +487,17 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
       return stage_ == 2 ? Ok(dev_->SetParams(params)) : Status::Ok();
     }
     RETURN_IF_ERROR(Ok(dev_->AdamStep(ToDevice(a), clip_scale)));
+    if (nccl_) {
+      // Stage 2: every rank's updated pieces gathered on the GPUs, layer
+      // by layer; under stage 3 the next pass gathers them.
+      if (stage_ == 3) return Status::Ok();
+      for (int l = -1; l <= layout_->config().num_layers; ++l) {
+        const ZeroState::OwnedPiece p = zero_->owned_piece(l);
+        RETURN_IF_ERROR(Ok(dev_->GatherLayerPieces(l, p.begin, p.own, p.shard,
+                                                   comm_->rank())));
+      }
+      return Status::Ok();
+    }
     // The updated pieces to the host, which gathers them: into every
     // rank's whole parameters now (stage 2), or layer by layer in the next
     // pass (stage 3).
@@ -476,7 +509,7 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
   }
 
   StatusOr<RankShard> CheckpointRange(size_t begin, size_t count) override {
-    RETURN_IF_ERROR(PullMoments());
+    RETURN_IF_ERROR(Pull());
     return zero_->CheckpointRange(begin, count);
   }
   Status Resume(const std::string& dir) override {
@@ -484,6 +517,7 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
     return Push();
   }
   StatusOr<std::vector<float>> WholeParams() override {
+    RETURN_IF_ERROR(Pull());
     return zero_->WholeParams();
   }
 
@@ -500,33 +534,50 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
   }
   std::string Describe() const override {
     const int n = zero_->num_buckets();
-    std::string s = DescribeDevice() + ", " + std::to_string(n) +
-                    " gradient bucket" + (n == 1 ? "" : "s");
+    // With NCCL each layer is reduced as its backward ends.
+    std::string s =
+        DescribeDevice() + ", " +
+        (nccl_ ? std::string("a reduce per layer")
+               : std::to_string(n) + " gradient bucket" + (n == 1 ? "" : "s"));
     if (offload_) {
       s += stage_ == 3 ? ", parameter shards and optimizer on the CPU"
                        : ", optimizer offloaded to the CPU";
     }
+    if (!collectives_.empty()) s += ", collectives " + collectives_;
     return s;
   }
 
   // DeviceLayerHooks: the ZeroState's hooks, with the layer's windows
-  // moved between the host and the device around them.
+  // moved between the host and the device around them; with NCCL, the
+  // same gathers and reduces on the GPUs, the host out of the pass.
   bool BeforeForward(int layer) override {
+    if (nccl_) return Gather(layer);
     hooks_.before_forward(layer);
     return Supply(layer);
   }
   bool BeforeBackward(int layer) override {
-    hooks_.before_backward(layer);
     // Layer -1's backward reads no parameters (and its window stays).
+    if (nccl_) return layer == -1 || Gather(layer);
+    hooks_.before_backward(layer);
     return layer == -1 || Supply(layer);
   }
   bool AfterBackward(int layer) override {
+    if (nccl_) {
+      const ZeroState::OwnedPiece p = zero_->owned_piece(layer);
+      return dev_->ReduceLayerGrads(layer, p.at, p.shard, comm_->rank());
+    }
     if (!dev_->TakeLayerGrads(layer, zero_->LayerGrads(layer))) return false;
     hooks_.after_backward(layer);
     return zero_->status().ok();
   }
 
  private:
+  // Stage 3 with NCCL: the layer's parameters gathered on the GPUs.
+  bool Gather(int layer) {
+    if (stage_ != 3) return true;
+    const ZeroState::OwnedPiece p = zero_->owned_piece(layer);
+    return dev_->GatherLayerParams(layer, p.at, p.shard, comm_->rank());
+  }
   // Stage 3: the layer's parameters, just gathered, into its window.
   bool Supply(int layer) {
     if (!zero_->status().ok()) return false;
@@ -547,11 +598,15 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
     return Ok(dev_->SetMoments(zero_->Buffer(W::kM).data(),
                                zero_->Buffer(W::kV).data()));
   }
-  // The host has the parameters after every Update; the moments only the
-  // device updates.
-  Status PullMoments() {
+  // The device's state to the host, for checkpoints: the moments, which
+  // only the device updates, and with NCCL the parameters too (without,
+  // the host has them after every Update).
+  Status Pull() {
     using W = ZeroState::Which;
     if (offload_) return Status::Ok();
+    if (nccl_) {
+      RETURN_IF_ERROR(Ok(dev_->GetParams(zero_->Buffer(W::kParams).data())));
+    }
     return Ok(dev_->GetMoments(zero_->Buffer(W::kM).data(),
                                zero_->Buffer(W::kV).data()));
   }

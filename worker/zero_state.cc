@@ -295,6 +295,12 @@ Status ZeroState::GatherParams() {
   return Status::Ok();
 }
 
+ZeroState::OwnedPiece ZeroState::owned_piece(int layer) const {
+  const Layer& l = *layers_[layer + 1];
+  const size_t at = static_cast<size_t>(l.grads.data() - own_grads_.data());
+  return {at, l.part.shard, l.range.begin + l.own_begin, l.own};
+}
+
 std::vector<std::span<float>> ZeroState::buffers() {
   std::vector<std::span<float>> all;
   for (std::vector<float>* b :

@@ -84,6 +84,14 @@ class ZeroState : public ParamSource {
     bool decay = false;
   };
   const std::vector<AdamRun>& adam_runs() const { return adam_runs_; }
+
+  // Hook layer l's piece (l = -1..L): `at` in the owned buffers, `shard`
+  // floats there (padding included), `own` real ones from `begin` in the
+  // layout; the layer's range split in world shards of `shard`.
+  struct OwnedPiece {
+    size_t at = 0, shard = 0, begin = 0, own = 0;
+  };
+  OwnedPiece owned_piece(int layer) const;
   // Parameters, gradients and moments this rank keeps (not the windows).
   int64_t state_bytes() const;
   // Every rank's pieces gathered into whole buffers in layout order (for

@@ -185,6 +185,46 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
     for (size_t i = 0; i < chunk; ++i) g[rank * chunk + i] *= scale;
     return true;
   }
+  bool ScaleGrads(float scale) override {
+    for (float& g : grads_) g *= scale;
+    return true;
+  }
+  bool GatherLayerParams(int layer, size_t owned_at, size_t chunk,
+                         int rank) override {
+    std::vector<float>& w = param_windows_[layer == -1 ? 0 : 1];
+    if (!joined_ || (rank + 1) * chunk > w.size()) return false;
+    std::vector<float> mine(params_.begin() + owned_at,
+                            params_.begin() + owned_at + chunk);
+    if (!comm_->AllGather(mine.data(), w.data(), chunk).ok()) return false;
+    ++collectives;
+    return true;
+  }
+  bool ReduceLayerGrads(int layer, size_t owned_at, size_t chunk,
+                        int rank) override {
+    std::vector<float>& w = grad_windows_[layer == -1 ? 0 : 1];
+    if (!joined_ || (rank + 1) * chunk > w.size()) return false;
+    std::vector<float> sum(chunk);
+    if (!comm_->ReduceScatterSum(w.data(), sum.data(), chunk).ok())
+      return false;
+    ++collectives;
+    for (size_t i = 0; i < chunk; ++i) grads_[owned_at + i] += sum[i];
+    std::fill(w.begin(), w.end(), 0.0f);
+    return true;
+  }
+  bool GatherLayerPieces(int layer, size_t at, size_t count, size_t chunk,
+                         int rank) override {
+    std::vector<float>& w = grad_windows_[layer == -1 ? 0 : 1];
+    if (!joined_ || (rank + 1) * chunk > w.size() || count > chunk)
+      return false;
+    std::vector<float> mine(chunk, 0.0f);
+    std::copy(params_.begin() + at, params_.begin() + at + count, mine.begin());
+    if (!comm_->AllGather(mine.data(), w.data(), chunk).ok()) return false;
+    ++collectives;
+    std::copy(w.begin(), w.begin() + LayerSize(layer),
+              params_.begin() + o_.model.layer_begin[layer + 1]);
+    std::fill(w.begin(), w.end(), 0.0f);
+    return true;
+  }
   bool AllGatherParams(size_t chunk, int rank) override {
     std::vector<float> mine(params_.begin() + rank * chunk,
                             params_.begin() + (rank + 1) * chunk);
@@ -242,11 +282,11 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
     owned_grads_.assign(o.owned_count, 0.0f);
     params_ = owned_params_;
     grads_ = owned_grads_;
-    size_t block = 0;
+    size_t block = o.window_floats[1];
     for (int l = 0; l <= o.model.num_layers; ++l)
       block = std::max(block, LayerSize(l));
     for (auto* w : {&param_windows_, &grad_windows_}) {
-      (*w)[0].assign(LayerSize(-1), 0.0f);
+      (*w)[0].assign(std::max(LayerSize(-1), o.window_floats[0]), 0.0f);
       (*w)[1].assign(block, 0.0f);
     }
     LayerHooks h;
@@ -585,12 +625,13 @@ TEST_F(GpuEngineHostTest, AHookFailureStopsThePassWithItsReason) {
   }
 }
 
-// Stages 0 and 1, the optimizer on the GPUs or offloaded, with a GPU per
-// rank reduce and gather on the GPUs (NCCL's part, here the stand-in's over the
-// host Comm): the CPU engine's bits, the collectives run by the device, and the
-// summary line says so. Ranks sharing a GPU, DSL_NCCL=0, NCCL missing on one
-// rank, no id on rank 0 or one rank unable to join: every rank takes the host's
-// Gloo path together, with the same bits and the reason said.
+// Every stage (0 and 1 also offloaded) with a GPU per rank reduces and
+// gathers on the GPUs (NCCL's part, here the stand-in's over the host Comm;
+// under stages 2 and 3 a layer at a time from the hooks): the CPU engine's
+// bits, the collectives run by the device, and the summary line says so.
+// Ranks sharing a GPU, DSL_NCCL=0, NCCL missing on one rank, no id on rank
+// 0 or one rank unable to join: every rank takes the host's Gloo path
+// together, with the same bits and the reason said.
 TEST_F(GpuEngineHostTest, CollectivesRunOnTheGpusWhenEachRankHasOne) {
   enum Trouble { kNone, kOff, kNoNcclOnRank1, kNoId, kRank1CannotJoin };
   struct Case {
@@ -599,9 +640,11 @@ TEST_F(GpuEngineHostTest, CollectivesRunOnTheGpusWhenEachRankHasOne) {
     bool on_gpus;
     const char* says;  // in rank 0's summary
   };
-  for (int stage : {0, 1}) {
+  for (int stage : {0, 1, 2, 3}) {
     const Result cpu = Train(Config(2, stage), false, 2);
-    for (Offload offload : {kNothing, kOptimizer}) {
+    // Offloaded, stages 2 and 3 exchange through host memory.
+    for (Offload offload : stage < 2 ? std::vector{kNothing, kOptimizer}
+                                     : std::vector{kNothing}) {
       for (const Case& c : std::vector<Case>{
                {"gpu", kNone, true, "collectives NCCL"},
                {"", kNone, false,

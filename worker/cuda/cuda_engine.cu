@@ -249,8 +249,6 @@ class CudaEngine final : public DeviceEngine {
   }
   bool CollectivesJoin(const std::string& id, int rank, int world,
                        double timeout_s) override {
-    if (options_.windows != DeviceWindows::kNone)
-      return Fail("collectives on the GPU are for whole buffers");
     return nccl_.Join(id, rank, world, timeout_s) || Fail(nccl_.error());
   }
   bool CollectivesWait() override {
@@ -273,6 +271,62 @@ class CudaEngine final : public DeviceEngine {
     Scale(ctx_, grads_ + rank * chunk, chunk, scale);
     return Launched("scale the gradients");
   }
+  bool ScaleGrads(float scale) override {
+    Scale(ctx_, grads_, grad_count_, scale);
+    return Launched("scale the gradients");
+  }
+  bool GatherLayerParams(int layer, size_t owned_at, size_t chunk,
+                         int rank) override {
+    if (options_.windows != DeviceWindows::kParamsAndGrads ||
+        !InWindow(layer, chunk, rank) || owned_at + chunk > param_count_)
+      return Fail("GatherLayerParams outside its buffers");
+    float* w = ParamWindow(layer);
+    Mark(Profile::kCollectives);
+    return Cuda(cudaMemcpyAsync(w + rank * chunk, params_ + owned_at,
+                                chunk * sizeof(float), cudaMemcpyDeviceToDevice,
+                                ctx_.stream),
+                "copy a piece") &&
+           (nccl_.AllGather(w, chunk, rank, ctx_.stream) ||
+            Fail(nccl_.error()));
+  }
+  bool ReduceLayerGrads(int layer, size_t owned_at, size_t chunk,
+                        int rank) override {
+    if (options_.windows == DeviceWindows::kNone ||
+        !InWindow(layer, chunk, rank) || owned_at + chunk > grad_count_)
+      return Fail("ReduceLayerGrads outside its buffers");
+    float* w = GradWindow(layer);
+    Mark(Profile::kCollectives);
+    if (!nccl_.ReduceScatterSum(w, chunk, rank, ctx_.stream))
+      return Fail(nccl_.error());
+    ResidualForward(ctx_, grads_ + owned_at, grads_ + owned_at,
+                    w + rank * chunk, chunk);
+    Zero(ctx_, w, WindowFloats(layer));
+    return Launched("add a reduced piece");
+  }
+  bool GatherLayerPieces(int layer, size_t at, size_t count, size_t chunk,
+                         int rank) override {
+    if (options_.windows != DeviceWindows::kGrads ||
+        !InWindow(layer, chunk, rank) || count > chunk ||
+        at + count > param_count_)
+      return Fail("GatherLayerPieces outside its buffers");
+    // The gradient window serves: the pass is over.
+    float* w = GradWindow(layer);
+    Mark(Profile::kCollectives);
+    Zero(ctx_, w + rank * chunk, chunk);
+    if (!Cuda(cudaMemcpyAsync(w + rank * chunk, params_ + at,
+                              count * sizeof(float), cudaMemcpyDeviceToDevice,
+                              ctx_.stream),
+              "copy a piece") ||
+        !(nccl_.AllGather(w, chunk, rank, ctx_.stream) || Fail(nccl_.error())))
+      return false;
+    const bool ok = Cuda(cudaMemcpyAsync(params_ + LayerBegin(layer), w,
+                                         LayerSize(layer) * sizeof(float),
+                                         cudaMemcpyDeviceToDevice, ctx_.stream),
+                         "copy a layer");
+    Zero(ctx_, w, WindowFloats(layer));
+    return ok && Launched("gather a layer");
+  }
+
   bool AllGatherParams(size_t chunk, int rank) override {
     if ((static_cast<size_t>(rank) + 1) * chunk > param_count_)
       return Fail("AllGatherParams past the parameters");
@@ -412,6 +466,12 @@ class CudaEngine final : public DeviceEngine {
   }
   int HookLayer(Kind k, int l) const { return DeviceHookLayer(spec_, k, l); }
   bool IsLayer(int h) const { return h >= -1 && h <= spec_.num_layers; }
+  // Chunk `rank` of `chunk` floats, and the layer's range, in its windows.
+  bool InWindow(int h, size_t chunk, int rank) const {
+    return IsLayer(h) && rank >= 0 &&
+           (static_cast<size_t>(rank) + 1) * chunk <= WindowFloats(h) &&
+           LayerSize(h) <= WindowFloats(h);
+  }
   size_t LayerBegin(int h) const { return spec_.layer_begin[h + 1]; }
   size_t LayerSize(int h) const {
     return spec_.layer_begin[h + 2] - spec_.layer_begin[h + 1];
@@ -420,8 +480,8 @@ class CudaEngine final : public DeviceEngine {
   float* GradWindow(int h) { return grad_window_[h == -1 ? 0 : 1]; }
   // The embedding's window (h -1) or the one every other layer takes.
   size_t WindowFloats(int h) const {
-    if (h == -1) return LayerSize(-1);
-    size_t block = 0;
+    if (h == -1) return std::max(LayerSize(-1), options_.window_floats[0]);
+    size_t block = options_.window_floats[1];
     for (int l = 0; l <= spec_.num_layers; ++l)
       block = std::max(block, LayerSize(l));
     return block;
