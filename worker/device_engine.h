@@ -25,9 +25,10 @@ namespace dslaunch::worker {
 // 3: AdamStep's segments; layer windows and hooks (ZeRO stages 2 and 3);
 //    the spec's per-kind layer stride and hook layer bounds.
 // 4: PinHost.
-// 5: collectives among the ranks' GPUs (NCCL), also on layer windows;
-//    padded_floats; window_floats; GradSquaredSum over a range.
-constexpr int kDeviceEngineAbi = 5;
+// 5: collectives among the ranks' GPUs (NCCL); padded_floats;
+//    GradSquaredSum over a range.
+// 6: collectives on layer windows; window_floats; ScaleGrads.
+constexpr int kDeviceEngineAbi = 6;
 
 // How the matrix products compute; activations, parameters, gradients and
 // optimizer state are fp32 in every mode.

@@ -1,8 +1,11 @@
 // The GPU engines: a model on a DeviceEngine (worker/device_engine.h, the
 // CUDA one in libdsl_cuda.so), with the optimizer on the device or
-// offloaded to the CPU (offload_optimizer: {device: cpu}). What ranks
-// exchange passes through host memory (Gloo), so the host keeps the state
-// the CPU engine keeps for the same stage and the device computes:
+// offloaded to the CPU (offload_optimizer: {device: cpu}). The host keeps
+// the state the CPU engine keeps for the same stage and the device
+// computes. What ranks exchange passes through host memory (Gloo), unless
+// every rank has a GPU of its own and NCCL loads everywhere: then the
+// device's collectives (SetUpCollectives) replace the host's below, and
+// the host's copy serves checkpoints.
 //  - stages 0 and 1 (GpuReplicatedEngine): the device holds whole
 //    parameters and gradients; a ReplicatedState (replicated_state.h)
 //    all-reduces or reduce-scatters the gradients on the host, and each
@@ -213,6 +216,12 @@ class GpuEngine : public Engine {
     collectives_ = "NCCL";
     return Status::Ok();
   }
+  // DSL_NCCL=1: NCCL even for one rank (its collectives are copies), so
+  // that a machine with one GPU runs the engine's NCCL path.
+  static bool NcclForced() {
+    const char* env = std::getenv("DSL_NCCL");
+    return env != nullptr && std::string(env) == "1";
+  }
   // Whether every rank says yes.
   StatusOr<bool> Everyone(bool yes) {
     float no = yes ? 0.0f : 1.0f;
@@ -265,7 +274,7 @@ class GpuReplicatedEngine final : public GpuEngine {
     ASSIGN_OR_RETURN(dev_, open(o));
     Pin({host_->params(), host_->grads(), state_->m(), state_->v()});
     RETURN_IF_ERROR(Push());
-    if (comm_->size() > 1) return SetUpCollectives();
+    if (comm_->size() > 1 || NcclForced()) return SetUpCollectives();
     return Status::Ok();
   }
 
@@ -435,7 +444,7 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
     Pin(zero_->buffers());
     RETURN_IF_ERROR(Push());
     // The collectives on the GPUs need the owned state there.
-    if (world > 1 && !offload_) return SetUpCollectives();
+    if ((world > 1 || NcclForced()) && !offload_) return SetUpCollectives();
     return Status::Ok();
   }
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "worker/comm_local.h"
+#include "worker/cuda/nccl_comm.h"
 #include "worker/data_loader.h"
 #include "worker/device_loader.h"
 #include "worker/param_layout.h"
@@ -292,6 +293,45 @@ TEST_F(CudaTrainerTest, ZeroStagesAndOffloadEqualTheCpuEngine) {
     EXPECT_LT(MaxDiff(gpu.losses, cpu.losses), 1e-4);
     EXPECT_LT(MaxDiff(gpu.params, cpu.params), 1e-3);
   }
+}
+
+// The engine's NCCL path on one GPU (DSL_NCCL=1 takes it for one rank,
+// whose collectives are copies): every stage, stage 1 offloaded too, equals
+// the CPU engine as the Gloo path does, the device's window gathers and
+// reduce-scatters included, and the summary names NCCL. Skipped where NCCL
+// cannot load.
+TEST_F(CudaTrainerTest, NcclOnOneRankEqualsTheCpuEngine) {
+  cuda::NcclComm probe;
+  if (!probe.Load()) GTEST_SKIP() << probe.error();
+  const Run cpu = Train(Config(1, 20), DeviceKind::kCpu, 1);
+  ::setenv("DSL_NCCL", "1", 1);
+  for (const char* zero :
+       {R"({"stage": 0})", R"({"stage": 1})", R"({"stage": 2})",
+        R"({"stage": 3})",
+        R"({"stage": 1, "offload_optimizer": {"device": "cpu"}})"}) {
+    SCOPED_TRACE(zero);
+    const TrainConfig c = Config(1, 20, "", zero);
+    LocalWorld w(1, std::chrono::seconds(120));
+    std::unique_ptr<Comm> comm = w.MakeComm(0);
+    TrainOptions o;
+    o.quiet = true;
+    o.device = DeviceKind::kCuda;
+    auto t = Trainer::Create(c, std::move(comm), o);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    EXPECT_NE((*t)->Summary().find("collectives NCCL"), std::string::npos)
+        << (*t)->Summary();
+    std::vector<float> losses;
+    while ((*t)->step() < c.train.steps) {
+      auto r = (*t)->Step();
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      losses.push_back(r->loss);
+    }
+    auto params = (*t)->WholeParams();
+    ASSERT_TRUE(params.ok()) << params.status().ToString();
+    EXPECT_LT(MaxDiff(losses, cpu.losses), 1e-4);
+    EXPECT_LT(MaxDiff(*params, cpu.params), 1e-3);
+  }
+  ::unsetenv("DSL_NCCL");
 }
 
 // One rank offloaded: the same as on the device, and bit for bit after a

@@ -179,7 +179,8 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   }
   bool ReduceScatterGrads(size_t chunk, int rank, float scale) override {
     float* g = grads_.data();
-    if (!joined_ || !comm_->ReduceScatterSum(g, g + rank * chunk, chunk).ok())
+    if (!Chunks(grads_.size(), chunk, rank) ||
+        !comm_->ReduceScatterSum(g, g + rank * chunk, chunk).ok())
       return false;
     ++collectives;
     for (size_t i = 0; i < chunk; ++i) g[rank * chunk + i] *= scale;
@@ -192,7 +193,9 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   bool GatherLayerParams(int layer, size_t owned_at, size_t chunk,
                          int rank) override {
     std::vector<float>& w = param_windows_[layer == -1 ? 0 : 1];
-    if (!joined_ || (rank + 1) * chunk > w.size()) return false;
+    if (o_.windows != DeviceWindows::kParamsAndGrads ||
+        !Chunks(w.size(), chunk, rank) || owned_at + chunk > params_.size())
+      return false;
     std::vector<float> mine(params_.begin() + owned_at,
                             params_.begin() + owned_at + chunk);
     if (!comm_->AllGather(mine.data(), w.data(), chunk).ok()) return false;
@@ -202,7 +205,9 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   bool ReduceLayerGrads(int layer, size_t owned_at, size_t chunk,
                         int rank) override {
     std::vector<float>& w = grad_windows_[layer == -1 ? 0 : 1];
-    if (!joined_ || (rank + 1) * chunk > w.size()) return false;
+    if (o_.windows == DeviceWindows::kNone || !Chunks(w.size(), chunk, rank) ||
+        owned_at + chunk > grads_.size())
+      return false;
     std::vector<float> sum(chunk);
     if (!comm_->ReduceScatterSum(w.data(), sum.data(), chunk).ok())
       return false;
@@ -214,7 +219,8 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   bool GatherLayerPieces(int layer, size_t at, size_t count, size_t chunk,
                          int rank) override {
     std::vector<float>& w = grad_windows_[layer == -1 ? 0 : 1];
-    if (!joined_ || (rank + 1) * chunk > w.size() || count > chunk)
+    if (o_.windows != DeviceWindows::kGrads || !Chunks(w.size(), chunk, rank) ||
+        count > chunk || at + count > params_.size())
       return false;
     std::vector<float> mine(chunk, 0.0f);
     std::copy(params_.begin() + at, params_.begin() + at + count, mine.begin());
@@ -225,7 +231,14 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
     std::fill(w.begin(), w.end(), 0.0f);
     return true;
   }
+  // Joined, and every rank's chunk within n floats (as the CUDA engine
+  // checks).
+  bool Chunks(size_t n, size_t chunk, int rank) const {
+    return joined_ && rank == comm_->rank() &&
+           static_cast<size_t>(comm_->size()) * chunk <= n;
+  }
   bool AllGatherParams(size_t chunk, int rank) override {
+    if (!Chunks(params_.size(), chunk, rank)) return false;
     std::vector<float> mine(params_.begin() + rank * chunk,
                             params_.begin() + (rank + 1) * chunk);
     if (!joined_ || !comm_->AllGather(mine.data(), params_.data(), chunk).ok())
@@ -438,6 +451,7 @@ class GpuEngineHostTest : public ::testing::Test {
     int64_t state_bytes = 0;   // rank 0's
     int64_t device_bytes = 0;  // rank 0's
     std::string describe;      // rank 0's
+    float eval = 0;            // rank 0's loss on a batch after training
   };
 
   // With a value, the stand-ins have collectives (CpuStandIn::
@@ -468,6 +482,7 @@ class GpuEngineHostTest : public ::testing::Test {
       if (!resume.empty()) RETURN_IF_ERROR(e->Resume(resume));
       std::vector<float> norms;
       RETURN_IF_ERROR(Steps(*e, c, comm, first, c.train.steps, &norms));
+      ASSIGN_OR_RETURN(float eval, e->EvalBatch(MakeBatch(comm.rank(), 99, 0)));
       const Partition part = MakePartition(e->num_params(), comm.size());
       const int r = comm.rank();
       ASSIGN_OR_RETURN(RankShard shard,
@@ -491,6 +506,7 @@ class GpuEngineHostTest : public ::testing::Test {
         out.state_bytes = e->state_bytes();
         out.device_bytes = e->device_memory_bytes();
         out.describe = e->Describe();
+        out.eval = eval;
       }
       return Status::Ok();
     });
@@ -519,6 +535,7 @@ TEST_F(GpuEngineHostTest, EveryStageAndOffloadEqualTheCpuEngineBitForBit) {
         const Result gpu = Train(Config(world, stage, offload), true, world);
         EXPECT_EQ(gpu.norms, cpu.norms);
         EXPECT_EQ(gpu.params, cpu.params);
+        EXPECT_EQ(gpu.eval, cpu.eval);
         EXPECT_EQ(gpu.ck_params, cpu.ck_params);
         EXPECT_EQ(gpu.ck_m, cpu.ck_m);
         EXPECT_EQ(gpu.ck_v, cpu.ck_v);
@@ -588,16 +605,22 @@ TEST_F(GpuEngineHostTest, CheckpointsMoveBetweenTheEngines) {
     const std::string cpu_root = dir + "/cpu" + std::to_string(stage);
     Train(two_steps(stage, kNothing), false, 2, 0, "", cpu_root);
     for (Offload offload : Offloads(stage)) {
-      SCOPED_TRACE("stage " + std::to_string(stage) + Name(offload));
-      const Result gpu = Train(Config(2, stage, offload), true, 2, 2,
-                               cpu_root + "/step_00000002");
-      EXPECT_EQ(gpu.params, straight.params);
-      const std::string gpu_root = dir + "/gpu" + std::to_string(stage) +
-                                   std::to_string(static_cast<int>(offload));
-      Train(two_steps(stage, offload), true, 2, 0, "", gpu_root);
-      const Result cpu =
-          Train(Config(2, stage), false, 2, 2, gpu_root + "/step_00000002");
-      EXPECT_EQ(cpu.params, straight.params);
+      for (bool nccl : {false, true}) {
+        SCOPED_TRACE("stage " + std::to_string(stage) + Name(offload) +
+                     (nccl ? ", NCCL" : ""));
+        if (nccl) gpus_ = "gpu";
+        const Result gpu = Train(Config(2, stage, offload), true, 2, 2,
+                                 cpu_root + "/step_00000002");
+        EXPECT_EQ(gpu.params, straight.params);
+        const std::string gpu_root = dir + "/gpu" + std::to_string(stage) +
+                                     std::to_string(static_cast<int>(offload)) +
+                                     (nccl ? "n" : "");
+        Train(two_steps(stage, offload), true, 2, 0, "", gpu_root);
+        gpus_.reset();
+        const Result cpu =
+            Train(Config(2, stage), false, 2, 2, gpu_root + "/step_00000002");
+        EXPECT_EQ(cpu.params, straight.params);
+      }
     }
   }
   std::filesystem::remove_all(dir);
@@ -672,6 +695,7 @@ TEST_F(GpuEngineHostTest, CollectivesRunOnTheGpusWhenEachRankHasOne) {
         CpuStandIn::bad_join_rank = -1;
         EXPECT_EQ(gpu.norms, cpu.norms);
         EXPECT_EQ(gpu.params, cpu.params);
+        EXPECT_EQ(gpu.eval, cpu.eval);
         EXPECT_EQ(gpu.ck_m, cpu.ck_m);
         EXPECT_EQ(gpu.ck_v, cpu.ck_v);
         EXPECT_EQ(CpuStandIn::collectives.load() > 0, c.on_gpus);

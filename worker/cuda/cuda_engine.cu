@@ -249,6 +249,7 @@ class CudaEngine final : public DeviceEngine {
   }
   bool CollectivesJoin(const std::string& id, int rank, int world,
                        double timeout_s) override {
+    nccl_world_ = world;
     return nccl_.Join(id, rank, world, timeout_s) || Fail(nccl_.error());
   }
   bool CollectivesWait() override {
@@ -263,7 +264,7 @@ class CudaEngine final : public DeviceEngine {
     return Launched("scale the gradients");
   }
   bool ReduceScatterGrads(size_t chunk, int rank, float scale) override {
-    if ((static_cast<size_t>(rank) + 1) * chunk > grad_count_)
+    if (!Chunks(chunk, rank, grad_count_))
       return Fail("ReduceScatterGrads past the gradients");
     Mark(Profile::kCollectives);
     if (!nccl_.ReduceScatterSum(grads_, chunk, rank, ctx_.stream))
@@ -328,7 +329,7 @@ class CudaEngine final : public DeviceEngine {
   }
 
   bool AllGatherParams(size_t chunk, int rank) override {
-    if ((static_cast<size_t>(rank) + 1) * chunk > param_count_)
+    if (!Chunks(chunk, rank, param_count_))
       return Fail("AllGatherParams past the parameters");
     Mark(Profile::kCollectives);
     return nccl_.AllGather(params_, chunk, rank, ctx_.stream) ||
@@ -466,11 +467,17 @@ class CudaEngine final : public DeviceEngine {
   }
   int HookLayer(Kind k, int l) const { return DeviceHookLayer(spec_, k, l); }
   bool IsLayer(int h) const { return h >= -1 && h <= spec_.num_layers; }
-  // Chunk `rank` of `chunk` floats, and the layer's range, in its windows.
+  // Every rank's chunk of `chunk` floats, and the layer's range, in its
+  // windows.
   bool InWindow(int h, size_t chunk, int rank) const {
-    return IsLayer(h) && rank >= 0 &&
-           (static_cast<size_t>(rank) + 1) * chunk <= WindowFloats(h) &&
+    return IsLayer(h) && rank >= 0 && rank < nccl_world_ &&
+           static_cast<size_t>(nccl_world_) * chunk <= WindowFloats(h) &&
            LayerSize(h) <= WindowFloats(h);
+  }
+  // Every rank's chunk in a buffer of n floats.
+  bool Chunks(size_t chunk, int rank, size_t n) const {
+    return rank >= 0 && rank < nccl_world_ &&
+           static_cast<size_t>(nccl_world_) * chunk <= n;
   }
   size_t LayerBegin(int h) const { return spec_.layer_begin[h + 1]; }
   size_t LayerSize(int h) const {
@@ -859,6 +866,7 @@ class CudaEngine final : public DeviceEngine {
   std::vector<std::pair<void*, int64_t>> allocations_;  // with their bytes
   std::vector<void*> pinned_;  // host memory PinHost registered
   NcclComm nccl_;
+  int nccl_world_ = 0;  // the ranks CollectivesJoin was given
   int64_t allocated_bytes_ = 0, peak_bytes_ = 0;
   // The buffers (floats in each): whole, or the owned pieces under windows.
   float *params_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
