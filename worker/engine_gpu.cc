@@ -143,11 +143,11 @@ class GpuEngine : public Engine {
             a.weight_decay, a.adamw_mode, a.step};
   }
 
-  // Several ranks: NCCL among them where every
-  // rank has a GPU of its own and NCCL loads on every rank (DSL_NCCL=0
-  // turns it off); else Gloo through host memory. The ranks decide each
-  // step together, by votes over Gloo, so they never part ways, and say
-  // why in Describe.
+  // NCCL among the ranks where every rank has a GPU of its own and NCCL
+  // loads on every rank (DSL_NCCL=0 turns it off, DSL_NCCL=1 takes it even
+  // for one rank); else Gloo through host memory. The ranks take every
+  // decision together, by votes over Gloo, so they never part ways, and
+  // say why in Describe.
   Status SetUpCollectives() {
     const char* env = std::getenv("DSL_NCCL");
     const bool off = env != nullptr && std::string(env) == "0";
