@@ -113,7 +113,7 @@ tests_rc=$?
    --gtest_filter='*Nccl*' --gtest_output="xml:$OUT/cuda_tests_nccl.xml") >"$OUT/cuda_tests_nccl.log" 2>&1
 nccl_rc=$?
 say "cuda_tests exit $tests_rc; the NCCL ones exit $nccl_rc"
-grep -E '^\[  (PASSED|FAILED|SKIPPED) |^(fp32|bf16|fp16|fused attention|nccl|2 ranks)|matmul relative|Failure|Expected|Which is|which is|  Actual|error' \
+grep -hE '^\[  (PASSED|FAILED|SKIPPED) |^(fp32|bf16|fp16|fused attention|nccl|2 ranks)|matmul relative|Failure|Expected|Which is|which is|  Actual|error' \
   "$OUT/cuda_tests.log" "$OUT/cuda_tests_nccl.log" | head -80 | tee -a "$SUMMARY"
 
 # ---------------------------------------------------------------- benchmark
