@@ -4,7 +4,7 @@
 // the state the CPU engine keeps for the same stage and the device
 // computes. What ranks exchange passes through host memory (Gloo), unless
 // every rank has a GPU of its own and NCCL loads everywhere: then the
-// device's collectives (SetUpCollectives) replace the host's below, and
+// device's collectives (gpu_collectives.h) replace the host's below, and
 // the host's copy serves checkpoints.
 //  - stages 0 and 1 (GpuReplicatedEngine): the device holds whole
 //    parameters and gradients; a ReplicatedState (replicated_state.h)
@@ -29,6 +29,7 @@
 
 #include "worker/device_engine.h"
 #include "worker/engine.h"
+#include "worker/gpu_collectives.h"
 #include "worker/model.h"
 #include "worker/replicated_state.h"
 #include "worker/zero_state.h"
@@ -143,93 +144,13 @@ class GpuEngine : public Engine {
             a.weight_decay, a.adamw_mode, a.step};
   }
 
-  // NCCL among the ranks where every rank has a GPU of its own and NCCL
-  // loads on every rank (DSL_NCCL=0 turns it off, DSL_NCCL=1 takes it even
-  // for one rank); else Gloo through host memory. The ranks take every
-  // decision together, by votes over Gloo, so they never part ways, and
-  // say why in Describe.
+  // The ranks' collectives (gpu_collectives.h), when there are several or
+  // DSL_NCCL=1 asks for NCCL on one.
   Status SetUpCollectives() {
-    const char* env = std::getenv("DSL_NCCL");
-    const bool off = env != nullptr && std::string(env) == "0";
-    std::string identity, why = "DSL_NCCL=0";
-    const bool loads = !off && dev_->CollectivesIdentity(&identity);
-    if (!off && !loads) why = dev_->error();
-    // Each rank's GPU by its UUID, as a 64-bit hash: equal ones are shared.
-    uint64_t hash = 1469598103934665603ull;  // FNV-1a
-    for (char c : identity)
-      hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-    const int world = comm_->size(), rank = comm_->rank();
-    float mine[3] = {loads ? 1.0f : 0.0f, 0, 0};
-    std::memcpy(&mine[1], &hash, sizeof hash);  // bits, not values
-    std::vector<float> votes(3 * static_cast<size_t>(world));
-    RETURN_IF_ERROR(comm_->AllGather(mine, votes.data(), 3));
-    std::vector<uint64_t> gpus;
-    bool everywhere = true;
-    for (int r = 0; r < world; ++r) {
-      everywhere = everywhere && votes[3 * r] == 1.0f;
-      uint64_t h;
-      std::memcpy(&h, &votes[3 * r + 1], sizeof h);
-      gpus.push_back(h);
-    }
-    std::sort(gpus.begin(), gpus.end());
-    if (!everywhere) {
-      return Gloo(loads ? "NCCL is off or missing on another rank" : why);
-    }
-    if (std::adjacent_find(gpus.begin(), gpus.end()) != gpus.end())
-      return Gloo("ranks share a GPU");
-    // Rank 0's unique id to every rank, with whether it made one.
-    constexpr size_t kIdFloats = 32;  // NCCL's 128 bytes
-    std::vector<float> message(1 + kIdFloats, 0.0f);
-    std::string id;
-    if (rank == 0 && dev_->CollectivesId(&id) &&
-        id.size() <= kIdFloats * sizeof(float)) {
-      message[0] = 1.0f;
-      std::memcpy(&message[1], id.data(), id.size());
-    }
-    const std::string rank0_error = rank == 0 ? dev_->error() : "";
-    RETURN_IF_ERROR(comm_->Broadcast(message.data(), message.size(), 0));
-    if (message[0] != 1.0f) {
-      return Gloo("rank 0 could not make an NCCL id" +
-                  (rank0_error.empty() ? "" : ": " + rank0_error));
-    }
-    id.assign(reinterpret_cast<const char*>(&message[1]),
-              kIdFloats * sizeof(float));
-    const char* timeout = std::getenv("DSL_NCCL_TIMEOUT");
-    const double timeout_s =
-        timeout != nullptr && std::atof(timeout) > 0 ? std::atof(timeout) : 300;
-    // Every rank starts joining, and says whether it could, before any
-    // waits for the others: one that cannot does not leave the rest
-    // waiting out the deadline.
-    bool ok = dev_->CollectivesJoin(id, rank, world, timeout_s);
-    ASSIGN_OR_RETURN(bool all, Everyone(ok));
-    if (all) {
-      ok = dev_->CollectivesWait();
-      ASSIGN_OR_RETURN(all, Everyone(ok));
-    }
-    if (!all) {
-      const std::string mine_why = ok ? "" : dev_->error();
-      dev_->CollectivesLeave();
-      return Gloo("NCCL's communicator failed " +
-                  (ok ? std::string("on another rank") : ": " + mine_why));
-    }
-    nccl_ = true;
-    collectives_ = "NCCL";
-    return Status::Ok();
-  }
-  // DSL_NCCL=1: NCCL even for one rank (its collectives are copies), so
-  // that a machine with one GPU runs the engine's NCCL path.
-  static bool NcclForced() {
-    const char* env = std::getenv("DSL_NCCL");
-    return env != nullptr && std::string(env) == "1";
-  }
-  // Whether every rank says yes.
-  StatusOr<bool> Everyone(bool yes) {
-    float no = yes ? 0.0f : 1.0f;
-    RETURN_IF_ERROR(comm_->AllReduceSum(&no, 1));
-    return no == 0.0f;
-  }
-  Status Gloo(const std::string& why) {
-    collectives_ = "Gloo through host memory (" + why + ")";
+    if (comm_->size() == 1 && !NcclForced()) return Status::Ok();
+    ASSIGN_OR_RETURN(Collectives c, ChooseCollectives(*comm_, *dev_));
+    nccl_ = c.nccl;
+    collectives_ = c.describe;
     return Status::Ok();
   }
 
@@ -274,8 +195,7 @@ class GpuReplicatedEngine final : public GpuEngine {
     ASSIGN_OR_RETURN(dev_, open(o));
     Pin({host_->params(), host_->grads(), state_->m(), state_->v()});
     RETURN_IF_ERROR(Push());
-    if (comm_->size() > 1 || NcclForced()) return SetUpCollectives();
-    return Status::Ok();
+    return SetUpCollectives();
   }
 
   Status ZeroGrad() override { return Ok(dev_->ZeroGrad()); }
@@ -444,8 +364,7 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
     Pin(zero_->buffers());
     RETURN_IF_ERROR(Push());
     // The collectives on the GPUs need the owned state there.
-    if ((world > 1 || NcclForced()) && !offload_) return SetUpCollectives();
-    return Status::Ok();
+    return offload_ ? Status::Ok() : SetUpCollectives();
   }
 
   Status ZeroGrad() override {

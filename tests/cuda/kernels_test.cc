@@ -97,6 +97,15 @@ class KernelsTest : public ::testing::Test {
     cublasDestroy(ctx_.blas);
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   }
+  // The products on 16-bit operands of `type`, rounded into a and b.
+  void SixteenBit(cudaDataType_t type, void* a, size_t a_elems, void* b,
+                  size_t b_elems) {
+    ctx_.operands = type;
+    ctx_.operand_a = a;
+    ctx_.operand_b = b;
+    ctx_.operand_a_elems = a_elems;
+    ctx_.operand_b_elems = b_elems;
+  }
   cuda::Ctx ctx_;
   std::mt19937 rng_;
   // Shapes: hs = 24 (not a multiple of the warp), T not a multiple of 32.
@@ -208,11 +217,8 @@ TEST_F(KernelsTest, MatmulBf16) {
   MatmulForwardReference(out.data(), x.data(), w.data(), nullptr, N, C2, OC);
   Dev<float> gx(x), gw(w), gout(N * OC);
   Dev<__nv_bfloat16> a(N * C2), b(OC * C2);
-  ctx_.operands = CUDA_R_16BF;
-  ctx_.operand_a = a.get();
-  ctx_.operand_b = b.get();
-  ctx_.operand_a_elems = N * C2;
-  ctx_.operand_b_elems = OC * C2 - 1;  // one short: refused
+  SixteenBit(CUDA_R_16BF, a.get(), N * C2, b.get(),
+             OC * C2 - 1);  // one short: refused
   EXPECT_EQ(cuda::MatmulForward(ctx_, gout.get(), gx.get(), gw.get(), nullptr,
                                 N, C2, OC),
             CUBLAS_STATUS_INVALID_VALUE);
@@ -236,11 +242,7 @@ TEST_F(KernelsTest, MatmulFp16) {
   MatmulForwardReference(out.data(), x.data(), w.data(), nullptr, N, C2, OC);
   Dev<float> gx(x), gw(w), gout(N * OC);
   Dev<__half> a(N * C2), b(OC * C2);
-  ctx_.operands = CUDA_R_16F;
-  ctx_.operand_a = a.get();
-  ctx_.operand_b = b.get();
-  ctx_.operand_a_elems = N * C2;
-  ctx_.operand_b_elems = OC * C2;
+  SixteenBit(CUDA_R_16F, a.get(), N * C2, b.get(), OC * C2);
   ASSERT_EQ(cuda::MatmulForward(ctx_, gout.get(), gx.get(), gw.get(), nullptr,
                                 N, C2, OC),
             CUBLAS_STATUS_SUCCESS);

@@ -126,7 +126,7 @@ cublasStatus_t RowGemmBatched(const Ctx& ctx, bool trans_a, bool trans_b, int M,
 namespace {
 
 bool Fused(const Ctx& ctx, int B, int C, int NH) {
-  return ctx.fused_attention && FlashAttentionSupported(B, C, NH);
+  return ctx.fused_attention && FlashAttentionShape(B, C, NH);
 }
 
 }  // namespace

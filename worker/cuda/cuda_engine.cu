@@ -124,7 +124,12 @@ class CudaEngine final : public DeviceEngine {
     }
     if (windows) {
       // One window for the embedding (it stays from the head's backward to
-      // its own) and one every other layer takes in turn.
+      // its own) and one every other layer takes in turn, each at least
+      // what the host asks (for collectives on them).
+      window_floats_[0] = std::max(LayerSize(-1), options_.window_floats[0]);
+      window_floats_[1] = options_.window_floats[1];
+      for (int l = 0; l <= spec_.num_layers; ++l)
+        window_floats_[1] = std::max(window_floats_[1], LayerSize(l));
       if (!AllocZero(&grad_window_[0], WindowFloats(-1)) ||
           !AllocZero(&grad_window_[1], WindowFloats(0)))
         return false;
@@ -486,13 +491,7 @@ class CudaEngine final : public DeviceEngine {
   float* ParamWindow(int h) { return param_window_[h == -1 ? 0 : 1]; }
   float* GradWindow(int h) { return grad_window_[h == -1 ? 0 : 1]; }
   // The embedding's window (h -1) or the one every other layer takes.
-  size_t WindowFloats(int h) const {
-    if (h == -1) return std::max(LayerSize(-1), options_.window_floats[0]);
-    size_t block = options_.window_floats[1];
-    for (int l = 0; l <= spec_.num_layers; ++l)
-      block = std::max(block, LayerSize(l));
-    return block;
-  }
+  size_t WindowFloats(int h) const { return window_floats_[h == -1 ? 0 : 1]; }
   // The host's options make sense for this model (device_engine.h).
   bool CheckOptions() {
     const std::string why = CheckDeviceOptions(options_);
@@ -874,7 +873,8 @@ class CudaEngine final : public DeviceEngine {
   // Under windows: the embedding's [0] and every other layer's [1].
   float* param_window_[2] = {nullptr, nullptr};
   float* grad_window_[2] = {nullptr, nullptr};
-  bool windows_dirty_ = false;  // a pass under windows began, not ended
+  size_t window_floats_[2] = {0, 0};  // their sizes
+  bool windows_dirty_ = false;        // a pass under windows began, not ended
   double* partials_ = nullptr;
   int B_ = 0, T_ = 0;
   float* acts_ = nullptr;

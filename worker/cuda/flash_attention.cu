@@ -384,18 +384,23 @@ __global__ void __launch_bounds__(kThreads)
   AddOut<HS>(row, 3 * C, q0 + warp * 16, T, dq, t.s);
 }
 
-template <typename Kernel>
-cudaError_t AllowSmem(Kernel kernel, size_t bytes) {
-  return cudaFuncSetAttribute(kernel,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(bytes));
+// Lets `kernel` take `bytes` of shared memory: once per kernel and process
+// (a process drives one GPU), not on every launch.
+// (The kernel is a template argument: kernels of one signature share a
+// type, and each needs its own call.)
+template <auto kernel>
+cudaError_t AllowSmem(size_t bytes) {
+  static const cudaError_t once =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(bytes));
+  return once;
 }
 
 template <int HS>
 cudaError_t Forward(const Ctx& ctx, float* out, float* lse, const float* inp,
                     int B, int T, int NH) {
   const size_t smem = ForwardSmem<HS>();
-  cudaError_t e = AllowSmem(FlashForwardKernel<HS>, smem);
+  cudaError_t e = AllowSmem<FlashForwardKernel<HS>>(smem);
   if (e != cudaSuccess) return e;
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
   FlashForwardKernel<HS><<<grid, kThreads, smem, ctx.stream>>>(
@@ -412,8 +417,8 @@ cudaError_t Backward(const Ctx& ctx, float* dinp, const float* dout,
   RowDotKernel<<<launch::Blocks(rows), launch::kThreads, 0, ctx.stream>>>(
       dd, dout, out, B, T, NH, HS);
   const size_t smem = BackwardTiles<HS>::Bytes();
-  cudaError_t e = AllowSmem(FlashBackwardKvKernel<HS>, smem);
-  if (e == cudaSuccess) e = AllowSmem(FlashBackwardQKernel<HS>, smem);
+  cudaError_t e = AllowSmem<FlashBackwardKvKernel<HS>>(smem);
+  if (e == cudaSuccess) e = AllowSmem<FlashBackwardQKernel<HS>>(smem);
   if (e != cudaSuccess) return e;
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
@@ -426,8 +431,14 @@ cudaError_t Backward(const Ctx& ctx, float* dinp, const float* dout,
 
 }  // namespace
 
-bool FlashAttentionSupported(int B, int C, int NH) {
+bool FlashAttentionShape(int B, int C, int NH) {
   if (B < 1 || NH < 1 || C % NH != 0 || B * NH > 65535) return false;
+  const int hs = C / NH;
+  return hs == 16 || hs == 32 || hs == 64 || hs == 128;
+}
+
+bool FlashAttentionSupported(int B, int C, int NH) {
+  if (!FlashAttentionShape(B, C, NH)) return false;
   size_t smem = 0;
   switch (C / NH) {
     case 16:

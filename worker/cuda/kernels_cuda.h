@@ -109,9 +109,12 @@ size_t AttentionWorkspaceFloats(const Ctx& ctx, int B, int T, int C, int NH);
 // the chip, the masked half is skipped, the products run on bf16 operands
 // with fp32 sums, and no atomics (the same bits every run). Head sizes 16,
 // 32, 64 and 128, B * NH up to 65535, on a GPU whose blocks may take the
-// kernels' shared memory (up to 121 KiB). The backward pass's workspace:
+// kernels' shared memory (up to 121 KiB); FlashAttentionShape checks the
+// shape alone (no device query: what each call checks once the device has
+// passed at start). The backward pass's workspace:
 // FlashAttentionWorkspaceFloats(B, T, NH) floats.
 bool FlashAttentionSupported(int B, int C, int NH);
+bool FlashAttentionShape(int B, int C, int NH);
 size_t FlashAttentionWorkspaceFloats(int B, int T, int NH);
 cudaError_t FlashAttentionForward(const Ctx& ctx, float* out, float* lse,
                                   const float* inp, int B, int T, int C,
