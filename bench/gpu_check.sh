@@ -22,7 +22,9 @@
 #      TORCH_STEPS (30)  TORCH_WARMUP (10)  SKIP_TORCH=1  SKIP_SANITIZER=1
 #      SANITIZE=1: memcheck even when the tests pass
 #      QUICK=1: PyTorch's compiled bf16 run only
-#      SKIP_ZERO=1  ZSTEPS steps of each ZeRO run (6)
+#      SKIP_ZERO=1  ZSTEPS steps of each ZeRO run (6)  ZTIMEOUT each ZeRO run's limit (180 s)
+#      MODES dsworker's modes benchmarked ("bf16 bf16+fused fp16 tf32 fp32")
+#      PROFILE_MODES the modes profiled ("bf16 bf16+fused tf32")
 #      PEAK_TFLOPS dense bf16 peak for MFU (989.5, H100/H200 SXM)
 set -uo pipefail
 
@@ -168,14 +170,17 @@ run_dsworker() {  # mode (bf16, bf16+fused, fp16, fp32, tf32), peak TFLOP/s of t
   ROWS+=("| dsworker | $mode | $tps | $(mfu "$tps" "$peak") | $(gpu_mem "$WORK/run.log") GiB |")
 }
 : >"$OUT/bench_dsworker.log"
-run_dsworker bf16 "$PEAK_TFLOPS"
-run_dsworker bf16+fused "$PEAK_TFLOPS"  # the fused attention kernels
-run_dsworker fp16 "$PEAK_TFLOPS"
-run_dsworker tf32 494.7
-run_dsworker fp32 66.9
+# peak TFLOP/s of each mode (H100/H200 SXM dense); bf16+fused: the fused attention kernels
+for mode in ${MODES:-bf16 bf16+fused fp16 tf32 fp32}; do
+  case $mode in
+    tf32) run_dsworker "$mode" 494.7 ;;
+    fp32) run_dsworker "$mode" 66.9 ;;
+    *) run_dsworker "$mode" "$PEAK_TFLOPS" ;;
+  esac
+done
 # Where the GPU time goes (DSL_CUDA_PROFILE: events between the parts of a
 # step; a separate short run, so the timings above carry no events).
-for mode in bf16 bf16+fused tf32; do
+for mode in ${PROFILE_MODES:-bf16 bf16+fused tf32}; do
   (cd "$WORK" && DSL_CUDA_PROFILE=1 DSL_CUDA_TF32=$([[ $mode == tf32 ]] && echo 1 || echo 0) \
      DSL_CUDA_ATTENTION=$([[ $mode == *fused* ]] && echo fused || echo batched) \
      timeout 120 "$DSW" train --config "$WORK/gpt2.json" --device cuda --set train.steps=6 \
@@ -199,7 +204,7 @@ run_zero() {  # label, ranks, dsworker --set KEY=VALUE...
   echo "### $label, $world rank(s)" >>"$log"
   rm -rf "$WORK/zlogs"
   echo "127.0.0.1 slots=$world" >"$WORK/hosts"
-  (cd "$WORK" && timeout 180 "$WORK/bin/dslaunch" --hostfile "$WORK/hosts" \
+  (cd "$WORK" && timeout "${ZTIMEOUT:-180}" "$WORK/bin/dslaunch" --hostfile "$WORK/hosts" \
      --log_dir "$WORK/zlogs" "$DSW" train --config "$WORK/gpt2.json" --device cuda \
      "${sets[@]}") >"$WORK/zero.log" 2>&1
   rc=$?

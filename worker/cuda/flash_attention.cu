@@ -1,24 +1,30 @@
 // Fused causal self-attention for the CUDA engine, in the manner of
 // FlashAttention-2 (Dao, 2023): the (T, T) scores never reach global
-// memory. A block takes 64 rows of one (batch, head) and walks the 64-wide
-// tiles of the other side up to the diagonal (the masked half is never
-// computed), with the products on the tensor cores (WMMA, bf16 operands,
-// fp32 sums) and the softmax in fp32 through shared memory.
-//  - Forward: a block per 64 queries keeps the running row maximum and sum
-//    (the online softmax) and the output rows in shared memory; it writes
-//    the output and each row's log-sum-exp, as the batched path does.
+// memory. A block takes 64 rows of one (batch, head), 16 to a warp, and
+// walks the 64-wide tiles of the other side up to the diagonal (the masked
+// half is never computed). The products run on the tensor cores through
+// mma.sync m16n8k16 (bf16 operands, fp32 sums), whose register layouts are
+// fixed by the PTX ISA: the scores, the online softmax and the output stay
+// in registers, and a score tile's accumulators become the next product's
+// bf16 operand without a trip through shared memory. Only the K, V, Q and
+// dout tiles pass through shared memory (as bf16, some transposed, so that
+// every operand is two adjacent elements of a row).
+//  - Forward: a block per 64 queries keeps each row's running maximum and
+//    sum (in base 2) and its output; it writes the output and each row's
+//    natural log-sum-exp, as the batched path does.
 //  - Backward, without atomics (so the same bits every run): one kernel per
 //    64 keys accumulates dK and dV over the query tiles, another per 64
-//    queries accumulates dQ over the key tiles; both recompute the scores
-//    and probabilities from the log-sum-exp, and D = rowsum(dout * out)
-//    comes first from a small kernel.
-// Q, K, V, dout and the probabilities are rounded to bf16 for the products
-// (PyTorch's bf16 SDPA does the same); everything else is fp32.
+//    queries accumulates dQ over the key tiles; both recompute the
+//    probabilities from the log-sum-exp, and D = rowsum(dout * out) comes
+//    first from a small kernel.
+// Q, K, V, dout, the probabilities and the scores' gradient are rounded to
+// bf16 for the products (PyTorch's bf16 SDPA does the same); everything
+// else is fp32.
 #include <cuda_bf16.h>
-#include <mma.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "worker/cuda/kernels_cuda.h"
 #include "worker/cuda/launch.cuh"
@@ -26,34 +32,157 @@
 namespace dslaunch::worker::cuda {
 namespace {
 
-using namespace nvcuda;  // NOLINT: wmma
 using bf16 = __nv_bfloat16;
 
 constexpr int kWarps = 4;  // a block's warps, 16 rows each
 constexpr int kThreads = 32 * kWarps;
 constexpr int kTile = 16 * kWarps;  // rows of a block; columns of a tile
-// Row strides in shared memory, padded against bank conflicts; every
-// fragment's first element stays 32-byte aligned (rows in steps of 16).
+constexpr int kCols = kTile / 8;    // a tile's 8-wide pieces (mma's n)
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+// Row strides in shared memory, in bf16: 8 more than the row, so that the
+// 8 rows x 4 pairs an operand load touches fall in 32 different banks.
 template <int HS>
-constexpr int kLdh = HS + 8;     // bf16 (rows, HS) tiles
-constexpr int kLds = kTile + 4;  // fp32 (16, 64) scratch
-constexpr int kLdp = kTile + 8;  // bf16 (16, 64) scratch
+constexpr int kLd = HS + 8;      // (kTile, HS) tiles, a row per token
+constexpr int kLdT = kTile + 8;  // (HS, kTile) tiles, a row per channel
+
 template <int HS>
-constexpr int kLdo = HS + 4;  // fp32 (16, HS) rows
+constexpr size_t TileBytes() {
+  return kTile * kLd<HS> * sizeof(bf16);
+}
+template <int HS>
+constexpr size_t TileTBytes() {
+  return HS * kLdT * sizeof(bf16);
+}
 
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
-using FragAt =
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major>;
-using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
-using FragBt =
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+// A lane's place in mma's layouts: group g (lane / 4) owns rows g and g + 8
+// of a 16-row piece; t (lane % 4) owns columns 2t, 2t + 1 of each 8.
+struct Lane {
+  int g, t;
+  __device__ Lane() : g((threadIdx.x % 32) / 4), t(threadIdx.x % 4) {}
+};
 
-__host__ __device__ constexpr size_t Align(size_t bytes) {
-  return (bytes + 127) / 128 * 128;
+__device__ inline uint32_t Pack(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ inline uint32_t Pair(const bf16* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// c (16 x 8, fp32) += a (16 x 16, bf16, row-major) * b (16 x 8, bf16).
+__device__ inline void Mma(float* c, const uint32_t* a, const uint32_t* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The A operand: rows row0..row0+15, columns k0..k0+15 of a row-major tile.
+__device__ inline void LoadA(uint32_t* a, const bf16* tile, int ld, int row0,
+                             int k0, Lane l) {
+  const bf16* p = tile + (row0 + l.g) * ld + k0 + 2 * l.t;
+  a[0] = Pair(p);
+  a[1] = Pair(p + 8 * ld);
+  a[2] = Pair(p + 8);
+  a[3] = Pair(p + 8 * ld + 8);
+}
+
+// The B operand (k 16 x n 8) from a tile holding it as rows n, columns k:
+// rows n0..n0+7, columns k0..k0+15.
+__device__ inline void LoadB(uint32_t* b, const bf16* tile, int ld, int n0,
+                             int k0, Lane l) {
+  const bf16* p = tile + (n0 + l.g) * ld + k0 + 2 * l.t;
+  b[0] = Pair(p);
+  b[1] = Pair(p + 8);
+}
+
+// Two 8-wide accumulator pieces (columns 16j..16j+15) as the A operand of
+// the next product, rounded to bf16.
+__device__ inline void AccToA(uint32_t* a, const float* lo, const float* hi) {
+  a[0] = Pack(lo[0], lo[1]);
+  a[1] = Pack(lo[2], lo[3]);
+  a[2] = Pack(hi[0], hi[1]);
+  a[3] = Pack(hi[2], hi[3]);
+}
+
+// acc (16 x kTile) = rows row0.. of a (HS wide) x rows of b (kTile, HS)^T.
+template <int HS>
+__device__ inline void RowsTimesRowsT(float (*acc)[4], const bf16* a, int row0,
+                                      const bf16* b, Lane l) {
+#pragma unroll
+  for (int n = 0; n < kCols; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < HS / 16; ++kk) {
+    uint32_t fa[4];
+    LoadA(fa, a, kLd<HS>, row0, kk * 16, l);
+#pragma unroll
+    for (int n = 0; n < kCols; ++n) {
+      uint32_t fb[2];
+      LoadB(fb, b, kLd<HS>, n * 8, kk * 16, l);
+      Mma(acc[n], fa, fb);
+    }
+  }
+}
+
+// acc (16 x HS) += p (16 x kTile, accumulators) x the (kTile, HS) matrix
+// held transposed in bt (HS, kTile).
+template <int HS>
+__device__ inline void AccumulateTimes(float (*acc)[4], const float (*p)[4],
+                                       const bf16* bt, Lane l) {
+#pragma unroll
+  for (int j = 0; j < kTile / 16; ++j) {
+    uint32_t fa[4];
+    AccToA(fa, p[2 * j], p[2 * j + 1]);
+#pragma unroll
+    for (int dn = 0; dn < HS / 8; ++dn) {
+      uint32_t fb[2];
+      LoadB(fb, bt, kLdT, dn * 8, j * 16, l);
+      Mma(acc[dn], fa, fb);
+    }
+  }
+}
+
+// Rows row0..row0+kTile-1 (zeros past T) of the HS columns at src of a
+// (T, width) fp32 matrix, as bf16 into `rows` (kTile, HS) and/or
+// transposed into `cols` (HS, kTile). vec: src and width allow 16-byte
+// loads. With `cols`, consecutive threads take consecutive rows (so the
+// transposed stores fall in different banks), else consecutive columns.
+template <int HS>
+__device__ void LoadTile(bf16* rows, bf16* cols, const float* src, size_t width,
+                         int row0, int T, bool vec) {
+  constexpr int kQuads = HS / 4;
+  for (int i = threadIdx.x; i < kTile * kQuads; i += kThreads) {
+    const int r = cols != nullptr ? i % kTile : i / kQuads;
+    const int d = 4 * (cols != nullptr ? i / kTile : i % kQuads);
+    float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (row0 + r < T) {
+      const float* p = src + static_cast<size_t>(row0 + r) * width + d;
+      x = vec ? *reinterpret_cast<const float4*>(p)
+              : make_float4(p[0], p[1], p[2], p[3]);
+    }
+    if (rows != nullptr) {
+      auto* dst = reinterpret_cast<__nv_bfloat162*>(rows + r * kLd<HS> + d);
+      dst[0] = __floats2bfloat162_rn(x.x, x.y);
+      dst[1] = __floats2bfloat162_rn(x.z, x.w);
+    }
+    if (cols != nullptr) {
+      cols[(d + 0) * kLdT + r] = __float2bfloat16(x.x);
+      cols[(d + 1) * kLdT + r] = __float2bfloat16(x.y);
+      cols[(d + 2) * kLdT + r] = __float2bfloat16(x.z);
+      cols[(d + 3) * kLdT + r] = __float2bfloat16(x.w);
+    }
+  }
 }
 
 // Shared memory carved in 128-byte aligned pieces.
+__host__ __device__ constexpr size_t Align(size_t bytes) {
+  return (bytes + 127) / 128 * 128;
+}
 struct Carver {
   unsigned char* at;
   template <typename X>
@@ -64,324 +193,279 @@ struct Carver {
   }
 };
 
-// rows x HS of head h from the (B, T, 3C) activation, part 0 (q), 1 (k) or
-// 2 (v) or, with width C, from a (B, T, C) one: rows past T are zeros.
+// dst (row, col0 + the lane's columns) += acc for the two rows of each
+// 8-wide piece that are below T; rows row0.. of a (T, width) matrix.
 template <int HS>
-__device__ void LoadTile(bf16* dst, const float* src, int width, int part,
-                         int row0, int T, int h) {
-  for (int i = threadIdx.x; i < kTile * HS; i += kThreads) {
-    const int r = i / HS, d = i % HS, t = row0 + r;
-    const float x =
-        t < T ? src[static_cast<size_t>(t) * width +
-                    static_cast<size_t>(part) * (width / 3) + h * HS + d]
-              : 0.0f;
-    dst[r * kLdh<HS> + d] = __float2bfloat16(x);
-  }
-}
-template <int HS>
-__device__ void LoadRows(bf16* dst, const float* src, int C, int row0, int T,
-                         int h) {
-  for (int i = threadIdx.x; i < kTile * HS; i += kThreads) {
-    const int r = i / HS, d = i % HS, t = row0 + r;
-    const float x = t < T ? src[static_cast<size_t>(t) * C + h * HS + d] : 0.0f;
-    dst[r * kLdh<HS> + d] = __float2bfloat16(x);
-  }
-}
-
-// out (16, 64) fp32 = a (16 rows at a, HS) x b (64 rows at b, HS)^T.
-template <int HS>
-__device__ void RowsTimesRowsT(float* out, const bf16* a, const bf16* b) {
-  for (int nt = 0; nt < kTile / 16; ++nt) {
-    FragC c;
-    wmma::fill_fragment(c, 0.0f);
-    for (int kk = 0; kk < HS / 16; ++kk) {
-      FragA fa;
-      FragBt fb;
-      wmma::load_matrix_sync(fa, a + kk * 16, kLdh<HS>);
-      wmma::load_matrix_sync(fb, b + nt * 16 * kLdh<HS> + kk * 16, kLdh<HS>);
-      wmma::mma_sync(c, fa, fb, c);
-    }
-    wmma::store_matrix_sync(out + nt * 16, c, kLds, wmma::mem_row_major);
-  }
-}
-
-// acc[dt] (16, HS in 16-wide pieces) += p (16, 64 at ld kLdp) x v (64, HS).
-template <int HS>
-__device__ void AccumulateTimes(FragC* acc, const bf16* p, const bf16* v) {
-  for (int dt = 0; dt < HS / 16; ++dt) {
-    for (int kt = 0; kt < kTile / 16; ++kt) {
-      FragA fa;
-      FragB fb;
-      wmma::load_matrix_sync(fa, p + kt * 16, kLdp);
-      wmma::load_matrix_sync(fb, v + kt * 16 * kLdh<HS> + dt * 16, kLdh<HS>);
-      wmma::mma_sync(acc[dt], fa, fb, acc[dt]);
+__device__ void AddRows(float* dst, size_t width, int row0, int T,
+                        const float (*acc)[4], Lane l) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + l.g + 8 * half;
+    if (row >= T) continue;
+    float* at = dst + static_cast<size_t>(row) * width + 2 * l.t;
+#pragma unroll
+    for (int dn = 0; dn < HS / 8; ++dn) {
+      at[dn * 8] += acc[dn][2 * half];
+      at[dn * 8 + 1] += acc[dn][2 * half + 1];
     }
   }
 }
 
-// dst (rows of `width` floats, 16 rows from row0) += acc[dt] for the rows
-// below T: each 16 x 16 piece staged through this warp's scratch.
 template <int HS>
-__device__ void AddOut(float* dst, size_t width, int row0, int T,
-                       const FragC* acc, float* scratch) {
-  const int lane = threadIdx.x % 32;
-  for (int dt = 0; dt < HS / 16; ++dt) {
-    wmma::store_matrix_sync(scratch, acc[dt], kLds, wmma::mem_row_major);
-    __syncwarp();
-    for (int i = lane; i < 256; i += 32) {
-      const int r = i / 16, c = i % 16;
-      if (row0 + r < T)
-        dst[static_cast<size_t>(row0 + r) * width + dt * 16 + c] +=
-            scratch[r * kLds + c];
-    }
-    __syncwarp();
-  }
+constexpr size_t ForwardSmem() {
+  return 2 * Align(TileBytes<HS>()) + Align(TileTBytes<HS>());
 }
 
-template <int HS>
-size_t ForwardSmem() {
-  return 3 * Align(kTile * kLdh<HS> * sizeof(bf16)) +
-         kWarps * (Align(16 * kLds * sizeof(float)) +
-                   Align(16 * kLdp * sizeof(bf16)) +
-                   Align(16 * kLdo<HS> * sizeof(float)));
-}
-
-// Grid (query tiles, B * NH). Lane l of a warp keeps row l / 2 of its 16,
-// columns (l % 2) halves.
+// Grid (query tiles, B * NH), the longest rows first. inp: (B, T, 3C).
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     FlashForwardKernel(float* out, float* lse, const float* inp, int T, int NH,
-                       float scale) {
+                       float scale, bool vec) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int C = NH * HS, bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int q0 = blockIdx.x * kTile, warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
+  const int qt = gridDim.x - 1 - blockIdx.x, q0 = qt * kTile;
+  const int warp = threadIdx.x / 32, row0 = warp * 16;
+  const Lane l;
   Carver cv{smem};
-  bf16* qs = cv.Take<bf16>(kTile * kLdh<HS>);
-  bf16* ks = cv.Take<bf16>(kTile * kLdh<HS>);
-  bf16* vs = cv.Take<bf16>(kTile * kLdh<HS>);
-  float* s = nullptr;
-  bf16* p = nullptr;
-  float* o = nullptr;
-  for (int w = 0; w < kWarps; ++w) {
-    float* sw = cv.Take<float>(16 * kLds);
-    bf16* pw = cv.Take<bf16>(16 * kLdp);
-    float* ow = cv.Take<float>(16 * kLdo<HS>);
-    if (w == warp) s = sw, p = pw, o = ow;
-  }
-  const float* base = inp + static_cast<size_t>(b) * T * 3 * C;
-  LoadTile<HS>(qs, base, 3 * C, 0, q0, T, h);
-  for (int i = lane; i < 16 * HS; i += 32) o[(i / HS) * kLdo<HS> + i % HS] = 0;
-  const int query = q0 + warp * 16 + r;
-  float m = -INFINITY, l = 0;
-  for (int kt = 0; kt <= static_cast<int>(blockIdx.x); ++kt) {
+  bf16* qs = cv.Take<bf16>(kTile * kLd<HS>);
+  bf16* ks = cv.Take<bf16>(kTile * kLd<HS>);
+  bf16* vt = cv.Take<bf16>(HS * kLdT);
+  const float* base = inp + static_cast<size_t>(b) * T * 3 * C + h * HS;
+  LoadTile<HS>(qs, nullptr, base, 3 * C, q0, T, vec);
+  const float s2 = scale * kLog2e;  // scores to base-2 exponents
+  const int query[2] = {q0 + row0 + l.g, q0 + row0 + l.g + 8};
+  float o[HS / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+  for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
     __syncthreads();  // the last tile's readers are done
-    LoadTile<HS>(ks, base, 3 * C, 1, k0, T, h);
-    LoadTile<HS>(vs, base, 3 * C, 2, k0, T, h);
+    LoadTile<HS>(ks, nullptr, base + C, 3 * C, k0, T, vec);
+    LoadTile<HS>(nullptr, vt, base + 2 * C, 3 * C, k0, T, vec);
     __syncthreads();
-    RowsTimesRowsT<HS>(s, qs + warp * 16 * kLdh<HS>, ks);
-    __syncwarp();
-    // The online softmax over this row's half of the tile.
-    float* srow = s + r * kLds + half * 32;
-    float mx = -INFINITY;
-    for (int c = 0; c < 32; ++c) {
-      const int key = k0 + half * 32 + c;
-      const float x = key <= query ? srow[c] * scale : -INFINITY;
-      srow[c] = x;
-      mx = fmaxf(mx, x);
+    float s[kCols][4];
+    RowsTimesRowsT<HS>(s, qs, row0, ks, l);
+// The online softmax: rows g (i 0, 1) and g + 8 (i 2, 3), each spread
+// over the 4 lanes of a group.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kCols; ++n)
+#pragma unroll
+        for (int i = 2 * half; i < 2 * half + 2; ++i) {
+          const int key = k0 + n * 8 + 2 * l.t + (i & 1);
+          const float x = key <= query[half] ? s[n][i] * s2 : -INFINITY;
+          s[n][i] = x;
+          mx = fmaxf(mx, x);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+      const float m_new = fmaxf(m[half], mx);  // finite: key 0 is in tile 0
+      const float alpha = exp2f(m[half] - m_new);
+      float add = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kCols; ++n)
+#pragma unroll
+        for (int i = 2 * half; i < 2 * half + 2; ++i) {
+          s[n][i] = exp2f(s[n][i] - m_new);
+          add += s[n][i];
+        }
+      add += __shfl_xor_sync(0xffffffff, add, 1);
+      add += __shfl_xor_sync(0xffffffff, add, 2);
+      sum[half] = sum[half] * alpha + add;
+      m[half] = m_new;
+#pragma unroll
+      for (int dn = 0; dn < HS / 8; ++dn) {
+        o[dn][2 * half] *= alpha;
+        o[dn][2 * half + 1] *= alpha;
+      }
     }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-    const float m_new = fmaxf(m, mx);  // finite: key 0 is in tile 0
-    const float alpha = expf(m - m_new);
-    float sum = 0;
-    bf16* prow = p + r * kLdp + half * 32;
-    for (int c = 0; c < 32; ++c) {
-      const float e = expf(srow[c] - m_new);
-      sum += e;
-      prow[c] = __float2bfloat16(e);
-    }
-    sum += __shfl_xor_sync(0xffffffff, sum, 1);
-    l = l * alpha + sum;
-    m = m_new;
-    float* orow = o + r * kLdo<HS> + half * (HS / 2);
-    for (int d = 0; d < HS / 2; ++d) orow[d] *= alpha;
-    __syncwarp();
-    FragC acc[HS / 16];
-    for (int dt = 0; dt < HS / 16; ++dt)
-      wmma::load_matrix_sync(acc[dt], o + dt * 16, kLdo<HS>,
-                             wmma::mem_row_major);
-    AccumulateTimes<HS>(acc, p, vs);
-    for (int dt = 0; dt < HS / 16; ++dt)
-      wmma::store_matrix_sync(o + dt * 16, acc[dt], kLdo<HS>,
-                              wmma::mem_row_major);
-    __syncwarp();
+    AccumulateTimes<HS>(o, s, vt, l);
   }
-  if (query >= T) return;
-  const float inv = 1.0f / l;
-  float* dst =
-      out + (static_cast<size_t>(b) * T + query) * C + h * HS + half * (HS / 2);
-  const float* orow = o + r * kLdo<HS> + half * (HS / 2);
-  for (int d = 0; d < HS / 2; ++d) dst[d] = orow[d] * inv;
-  if (half == 0) lse[static_cast<size_t>(bh) * T + query] = m + logf(l);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float inv = 1.0f / sum[half];
+#pragma unroll
+    for (int dn = 0; dn < HS / 8; ++dn) {
+      o[dn][2 * half] *= inv;
+      o[dn][2 * half + 1] *= inv;
+    }
+    if (l.t == 0 && query[half] < T)
+      lse[static_cast<size_t>(bh) * T + query[half]] =
+          (m[half] + log2f(sum[half])) * kLn2;
+  }
+  float* dst = out + static_cast<size_t>(b) * T * C + h * HS;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (query[half] >= T) continue;
+    float* at = dst + static_cast<size_t>(query[half]) * C + 2 * l.t;
+#pragma unroll
+    for (int dn = 0; dn < HS / 8; ++dn) {
+      at[dn * 8] = o[dn][2 * half];
+      at[dn * 8 + 1] = o[dn][2 * half + 1];
+    }
+  }
 }
 
-// d[bh * T + t] = sum over the head's columns of dout * out.
+// d[bh * T + t] = the dot product of dout and out over head h's columns of
+// token t: a warp per row.
 __global__ void RowDotKernel(float* d, const float* dout, const float* out,
                              int B, int T, int NH, int HS) {
-  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  const size_t i =
+      (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) /
+      launch::kWarp;
+  const int lane = threadIdx.x % launch::kWarp;
   if (i >= static_cast<size_t>(B) * NH * T) return;
   const int t = static_cast<int>(i % T);
   const size_t bh = i / T;
-  const int b = static_cast<int>(bh / NH), h = static_cast<int>(bh % NH);
-  const size_t at = (static_cast<size_t>(b) * T + t) * NH * HS + h * HS;
+  const size_t b = bh / NH, h = bh % NH;
+  const size_t at = (b * T + t) * NH * HS + h * HS;
   float sum = 0;
-  for (int c = 0; c < HS; ++c) sum += dout[at + c] * out[at + c];
-  d[i] = sum;
+  for (int c = lane; c < HS; c += launch::kWarp)
+    sum += dout[at + c] * out[at + c];
+  sum = launch::WarpSum(sum);
+  if (lane == 0) d[i] = sum;
 }
 
-// Both backward kernels' shared memory: the query rows and their dout, a
-// key tile, the queries' log-sum-exp and D, and each warp's scratch.
+// The probabilities and the scores' gradient of a warp's 16 x kTile piece,
+// in place of the products s (q . k) and dp (dout . v): rows row0 + g (+ 8)
+// and columns col0 + the lane's, which are (query, key) when by_query, else
+// (key, query). lse2 and dd: the log-sum-exp in base 2 and D of the query
+// of (half, column n, pair element e).
+template <bool by_query, typename Lse, typename Dd>
+__device__ inline void ProbsAndGrads(float (*s)[4], float (*dp)[4], int row0,
+                                     int col0, float s2, float scale, Lse lse2,
+                                     Dd dd, Lane l) {
+#pragma unroll
+  for (int n = 0; n < kCols; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int half = i / 2, e = i & 1;
+      const int row = row0 + l.g + 8 * half, col = col0 + n * 8 + 2 * l.t + e;
+      const int query = by_query ? row : col, key = by_query ? col : row;
+      const float p =
+          key <= query ? exp2f(s[n][i] * s2 - lse2(half, n, e)) : 0.0f;
+      s[n][i] = p;
+      dp[n][i] = p * (dp[n][i] - dd(half, n, e)) * scale;
+    }
+}
+
+// Both backward kernels' shared memory.
 template <int HS>
-struct BackwardTiles {
-  bf16 *qs, *dos, *ks, *vs;
-  float *lse, *d;
-  float *s, *dp;  // this warp's (16, 64) products
-  bf16 *p, *ds;   // this warp's probabilities and scores' gradient
-  __device__ BackwardTiles(unsigned char* smem, int warp) {
-    Carver cv{smem};
-    qs = cv.Take<bf16>(kTile * kLdh<HS>);
-    dos = cv.Take<bf16>(kTile * kLdh<HS>);
-    ks = cv.Take<bf16>(kTile * kLdh<HS>);
-    vs = cv.Take<bf16>(kTile * kLdh<HS>);
-    lse = cv.Take<float>(kTile);
-    d = cv.Take<float>(kTile);
-    for (int w = 0; w < kWarps; ++w) {
-      float* sw = cv.Take<float>(16 * kLds);
-      float* dpw = cv.Take<float>(16 * kLds);
-      bf16* pw = cv.Take<bf16>(16 * kLdp);
-      bf16* dsw = cv.Take<bf16>(16 * kLdp);
-      if (w == warp) s = sw, dp = dpw, p = pw, ds = dsw;
-    }
-  }
-  static size_t Bytes() {
-    return 4 * Align(kTile * kLdh<HS> * sizeof(bf16)) +
-           2 * Align(kTile * sizeof(float)) +
-           kWarps * (2 * Align(16 * kLds * sizeof(float)) +
-                     2 * Align(16 * kLdp * sizeof(bf16)));
-  }
-  // The query rows q0.. of head h, their dout, log-sum-exp and D; a row
-  // past T gets probability 0 from an infinite log-sum-exp.
-  __device__ void LoadQueries(const float* base, const float* dbase,
-                              const float* lse_g, const float* dd, int bh,
-                              int q0, int T, int C, int h) {
-    LoadTile<HS>(qs, base, 3 * C, 0, q0, T, h);
-    LoadRows<HS>(dos, dbase, C, q0, T, h);
-    for (int i = threadIdx.x; i < kTile; i += kThreads) {
-      const int t = q0 + i;
-      lse[i] = t < T ? lse_g[static_cast<size_t>(bh) * T + t] : INFINITY;
-      d[i] = t < T ? dd[static_cast<size_t>(bh) * T + t] : 0.0f;
-    }
-  }
-};
-
-// The probabilities and the scores' gradient of a warp's 16 x 64 tile:
-// rows `row0 + r` and columns `col0 + c` are (query, key) when by_query,
-// else (key, query). s holds the raw products, dp dout . v; lse and dd are
-// indexed by the query's place in its tile.
-__device__ void ProbsAndGrads(bf16* p, bf16* ds, const float* s,
-                              const float* dp, const float* lse,
-                              const float* dd, int row0, int col0,
-                              bool by_query, float scale) {
-  const int lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
-  for (int c = half * 32; c < half * 32 + 32; ++c) {
-    const int row = row0 + r, col = col0 + c;
-    const int query = by_query ? row : col, key = by_query ? col : row;
-    const int qi = by_query ? r : c;  // the query's place in its tile
-    const float x = s[r * kLds + c] * scale;
-    const float pr = key <= query ? expf(x - lse[qi]) : 0.0f;
-    if (p != nullptr) p[r * kLdp + c] = __float2bfloat16(pr);
-    ds[r * kLdp + c] =
-        __float2bfloat16(pr * (dp[r * kLds + c] - dd[qi]) * scale);
-  }
+constexpr size_t BackwardKvSmem() {  // K, V, Q, dout; Q and dout transposed
+  return 4 * Align(TileBytes<HS>()) + 2 * Align(TileTBytes<HS>()) +
+         2 * Align(kTile * sizeof(float));
+}
+template <int HS>
+constexpr size_t BackwardQSmem() {  // Q, dout, K, V; K transposed
+  return 4 * Align(TileBytes<HS>()) + Align(TileTBytes<HS>());
 }
 
-// Grid (key tiles, B * NH): dK and dV of 64 keys over the query tiles from
-// the diagonal on. Warp w takes keys 16w..16w+15 of the tile.
+// Grid (key tiles, B * NH), the most query tiles first: dK and dV of 64
+// keys over the query tiles from the diagonal on. Warp w takes keys
+// 16w..16w+15 of the tile.
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardKvKernel(float* dinp, const float* dout, const float* inp,
                           const float* lse, const float* dd, int T, int NH,
-                          float scale) {
+                          float scale, bool vec) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int C = NH * HS, bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int k0 = blockIdx.x * kTile, warp = threadIdx.x / 32;
-  BackwardTiles<HS> t(smem, warp);
-  const float* base = inp + static_cast<size_t>(b) * T * 3 * C;
-  const float* dbase = dout + static_cast<size_t>(b) * T * C;
-  LoadTile<HS>(t.ks, base, 3 * C, 1, k0, T, h);
-  LoadTile<HS>(t.vs, base, 3 * C, 2, k0, T, h);
-  FragC dk[HS / 16], dv[HS / 16];
-  for (int dt = 0; dt < HS / 16; ++dt) {
-    wmma::fill_fragment(dk[dt], 0.0f);
-    wmma::fill_fragment(dv[dt], 0.0f);
-  }
+  const int k0 = blockIdx.x * kTile, row0 = (threadIdx.x / 32) * 16;
+  const Lane l;
+  Carver cv{smem};
+  bf16* ks = cv.Take<bf16>(kTile * kLd<HS>);
+  bf16* vs = cv.Take<bf16>(kTile * kLd<HS>);
+  bf16* qs = cv.Take<bf16>(kTile * kLd<HS>);
+  bf16* dos = cv.Take<bf16>(kTile * kLd<HS>);
+  bf16* qt = cv.Take<bf16>(HS * kLdT);
+  bf16* dot = cv.Take<bf16>(HS * kLdT);
+  float* lse2s = cv.Take<float>(kTile);
+  float* dds = cv.Take<float>(kTile);
+  const float* base = inp + static_cast<size_t>(b) * T * 3 * C + h * HS;
+  const float* dbase = dout + static_cast<size_t>(b) * T * C + h * HS;
+  LoadTile<HS>(ks, nullptr, base + C, 3 * C, k0, T, vec);
+  LoadTile<HS>(vs, nullptr, base + 2 * C, 3 * C, k0, T, vec);
+  const float s2 = scale * kLog2e;
+  float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
   const int tiles = (T + kTile - 1) / kTile;
-  for (int qt = blockIdx.x; qt < tiles; ++qt) {
-    const int q0 = qt * kTile;
+  for (int qtile = blockIdx.x; qtile < tiles; ++qtile) {
+    const int q0 = qtile * kTile;
     __syncthreads();
-    t.LoadQueries(base, dbase, lse, dd, bh, q0, T, C, h);
+    LoadTile<HS>(qs, qt, base, 3 * C, q0, T, vec);
+    LoadTile<HS>(dos, dot, dbase, C, q0, T, vec);
+    for (int i = threadIdx.x; i < kTile; i += kThreads) {
+      const int t = q0 + i;  // a query past T: probability 0
+      lse2s[i] =
+          t < T ? lse[static_cast<size_t>(bh) * T + t] * kLog2e : INFINITY;
+      dds[i] = t < T ? dd[static_cast<size_t>(bh) * T + t] : 0.0f;
+    }
     __syncthreads();
-    const bf16* kw = t.ks + warp * 16 * kLdh<HS>;
-    const bf16* vw = t.vs + warp * 16 * kLdh<HS>;
-    RowsTimesRowsT<HS>(t.s, kw, t.qs);    // (keys, queries) scores
-    RowsTimesRowsT<HS>(t.dp, vw, t.dos);  // (keys, queries) dout . v
-    __syncwarp();
-    ProbsAndGrads(t.p, t.ds, t.s, t.dp, t.lse, t.d, k0 + warp * 16, q0,
-                  /*by_query=*/false, scale);
-    __syncwarp();
-    AccumulateTimes<HS>(dv, t.p, t.dos);
-    AccumulateTimes<HS>(dk, t.ds, t.qs);
+    float s[kCols][4], dp[kCols][4];
+    RowsTimesRowsT<HS>(s, ks, row0, qs, l);    // (keys, queries) q . k
+    RowsTimesRowsT<HS>(dp, vs, row0, dos, l);  // (keys, queries) dout . v
+    const auto column = [&](int n, int e) { return n * 8 + 2 * l.t + e; };
+    ProbsAndGrads<false>(
+        s, dp, k0 + row0, q0, s2, scale,
+        [&](int, int n, int e) { return lse2s[column(n, e)]; },
+        [&](int, int n, int e) { return dds[column(n, e)]; }, l);
+    AccumulateTimes<HS>(dv, s, dot, l);  // dV += P^T dout
+    AccumulateTimes<HS>(dk, dp, qt, l);  // dK += dS^T Q
   }
-  __syncwarp();
   float* row = dinp + static_cast<size_t>(b) * T * 3 * C + h * HS;
-  AddOut<HS>(row + C, 3 * C, k0 + warp * 16, T, dk, t.s);
-  AddOut<HS>(row + 2 * C, 3 * C, k0 + warp * 16, T, dv, t.s);
+  AddRows<HS>(row + C, 3 * C, k0 + row0, T, dk, l);
+  AddRows<HS>(row + 2 * C, 3 * C, k0 + row0, T, dv, l);
 }
 
-// Grid (query tiles, B * NH): dQ of 64 queries over the key tiles up to the
-// diagonal. Warp w takes queries 16w..16w+15.
+// Grid (query tiles, B * NH), the longest rows first: dQ of 64 queries over
+// the key tiles up to the diagonal. Warp w takes queries 16w..16w+15.
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardQKernel(float* dinp, const float* dout, const float* inp,
                          const float* lse, const float* dd, int T, int NH,
-                         float scale) {
+                         float scale, bool vec) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int C = NH * HS, bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int q0 = blockIdx.x * kTile, warp = threadIdx.x / 32;
-  BackwardTiles<HS> t(smem, warp);
-  const float* base = inp + static_cast<size_t>(b) * T * 3 * C;
-  const float* dbase = dout + static_cast<size_t>(b) * T * C;
-  t.LoadQueries(base, dbase, lse, dd, bh, q0, T, C, h);
-  FragC dq[HS / 16];
-  for (int dt = 0; dt < HS / 16; ++dt) wmma::fill_fragment(dq[dt], 0.0f);
-  for (int kt = 0; kt <= static_cast<int>(blockIdx.x); ++kt) {
-    const int k0 = kt * kTile;
-    __syncthreads();
-    LoadTile<HS>(t.ks, base, 3 * C, 1, k0, T, h);
-    LoadTile<HS>(t.vs, base, 3 * C, 2, k0, T, h);
-    __syncthreads();
-    RowsTimesRowsT<HS>(t.s, t.qs + warp * 16 * kLdh<HS>, t.ks);    // (q, k)
-    RowsTimesRowsT<HS>(t.dp, t.dos + warp * 16 * kLdh<HS>, t.vs);  // (q, k)
-    __syncwarp();
-    ProbsAndGrads(nullptr, t.ds, t.s, t.dp, t.lse + warp * 16, t.d + warp * 16,
-                  q0 + warp * 16, k0, /*by_query=*/true, scale);
-    __syncwarp();
-    AccumulateTimes<HS>(dq, t.ds, t.ks);
+  const int qtile = gridDim.x - 1 - blockIdx.x, q0 = qtile * kTile;
+  const int row0 = (threadIdx.x / 32) * 16;
+  const Lane l;
+  Carver cv{smem};
+  bf16* qs = cv.Take<bf16>(kTile * kLd<HS>);
+  bf16* dos = cv.Take<bf16>(kTile * kLd<HS>);
+  bf16* ks = cv.Take<bf16>(kTile * kLd<HS>);
+  bf16* vs = cv.Take<bf16>(kTile * kLd<HS>);
+  bf16* kt_ = cv.Take<bf16>(HS * kLdT);
+  const float* base = inp + static_cast<size_t>(b) * T * 3 * C + h * HS;
+  const float* dbase = dout + static_cast<size_t>(b) * T * C + h * HS;
+  LoadTile<HS>(qs, nullptr, base, 3 * C, q0, T, vec);
+  LoadTile<HS>(dos, nullptr, dbase, C, q0, T, vec);
+  const float s2 = scale * kLog2e;
+  float lse2[2], dd2[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int t = q0 + row0 + l.g + 8 * half;
+    lse2[half] =
+        t < T ? lse[static_cast<size_t>(bh) * T + t] * kLog2e : INFINITY;
+    dd2[half] = t < T ? dd[static_cast<size_t>(bh) * T + t] : 0.0f;
   }
-  __syncwarp();
-  float* row = dinp + static_cast<size_t>(b) * T * 3 * C + h * HS;
-  AddOut<HS>(row, 3 * C, q0 + warp * 16, T, dq, t.s);
+  float dq[HS / 8][4] = {};
+  for (int ktile = 0; ktile <= qtile; ++ktile) {
+    const int k0 = ktile * kTile;
+    __syncthreads();
+    LoadTile<HS>(ks, kt_, base + C, 3 * C, k0, T, vec);
+    LoadTile<HS>(vs, nullptr, base + 2 * C, 3 * C, k0, T, vec);
+    __syncthreads();
+    float s[kCols][4], dp[kCols][4];
+    RowsTimesRowsT<HS>(s, qs, row0, ks, l);    // (queries, keys)
+    RowsTimesRowsT<HS>(dp, dos, row0, vs, l);  // (queries, keys)
+    ProbsAndGrads<true>(
+        s, dp, q0 + row0, k0, s2, scale,
+        [&](int half, int, int) { return lse2[half]; },
+        [&](int half, int, int) { return dd2[half]; }, l);
+    AccumulateTimes<HS>(dq, dp, kt_, l);  // dQ += dS K
+  }
+  AddRows<HS>(dinp + static_cast<size_t>(b) * T * 3 * C + h * HS, 3 * C,
+              q0 + row0, T, dq, l);
 }
 
 // Lets `kernel` take `bytes` of shared memory: once per kernel and process
@@ -396,15 +480,21 @@ cudaError_t AllowSmem(size_t bytes) {
   return once;
 }
 
+// 16-byte loads: every row of a (.., width) fp32 matrix at p starts aligned.
+bool Vec(const float* p, size_t width) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && width % 4 == 0;
+}
+
 template <int HS>
 cudaError_t Forward(const Ctx& ctx, float* out, float* lse, const float* inp,
                     int B, int T, int NH) {
-  const size_t smem = ForwardSmem<HS>();
+  constexpr size_t smem = ForwardSmem<HS>();
   cudaError_t e = AllowSmem<FlashForwardKernel<HS>>(smem);
   if (e != cudaSuccess) return e;
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
   FlashForwardKernel<HS><<<grid, kThreads, smem, ctx.stream>>>(
-      out, lse, inp, T, NH, 1.0f / sqrtf(static_cast<float>(HS)));
+      out, lse, inp, T, NH, 1.0f / sqrtf(static_cast<float>(HS)),
+      Vec(inp, 3 * NH * HS));
   return cudaGetLastError();
 }
 
@@ -414,19 +504,26 @@ cudaError_t Backward(const Ctx& ctx, float* dinp, const float* dout,
                      int B, int T, int NH, float* dd) {
   const size_t rows = static_cast<size_t>(B) * NH * T;
   if (rows == 0) return cudaSuccess;
-  RowDotKernel<<<launch::Blocks(rows), launch::kThreads, 0, ctx.stream>>>(
-      dd, dout, out, B, T, NH, HS);
-  const size_t smem = BackwardTiles<HS>::Bytes();
-  cudaError_t e = AllowSmem<FlashBackwardKvKernel<HS>>(smem);
-  if (e == cudaSuccess) e = AllowSmem<FlashBackwardQKernel<HS>>(smem);
+  RowDotKernel<<<launch::Blocks(rows * launch::kWarp), launch::kThreads, 0,
+                 ctx.stream>>>(dd, dout, out, B, T, NH, HS);
+  constexpr size_t kv_smem = BackwardKvSmem<HS>(), q_smem = BackwardQSmem<HS>();
+  cudaError_t e = AllowSmem<FlashBackwardKvKernel<HS>>(kv_smem);
+  if (e == cudaSuccess) e = AllowSmem<FlashBackwardQKernel<HS>>(q_smem);
   if (e != cudaSuccess) return e;
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
-  FlashBackwardKvKernel<HS><<<grid, kThreads, smem, ctx.stream>>>(
-      dinp, dout, inp, lse, dd, T, NH, scale);
-  FlashBackwardQKernel<HS><<<grid, kThreads, smem, ctx.stream>>>(
-      dinp, dout, inp, lse, dd, T, NH, scale);
+  const bool vec = Vec(inp, 3 * NH * HS) && Vec(dout, NH * HS);
+  FlashBackwardKvKernel<HS><<<grid, kThreads, kv_smem, ctx.stream>>>(
+      dinp, dout, inp, lse, dd, T, NH, scale, vec);
+  FlashBackwardQKernel<HS><<<grid, kThreads, q_smem, ctx.stream>>>(
+      dinp, dout, inp, lse, dd, T, NH, scale, vec);
   return cudaGetLastError();
+}
+
+template <int HS>
+constexpr size_t MostSmem() {
+  return std::max(
+      {ForwardSmem<HS>(), BackwardKvSmem<HS>(), BackwardQSmem<HS>()});
 }
 
 }  // namespace
@@ -442,16 +539,16 @@ bool FlashAttentionSupported(int B, int C, int NH) {
   size_t smem = 0;
   switch (C / NH) {
     case 16:
-      smem = std::max(ForwardSmem<16>(), BackwardTiles<16>::Bytes());
+      smem = MostSmem<16>();
       break;
     case 32:
-      smem = std::max(ForwardSmem<32>(), BackwardTiles<32>::Bytes());
+      smem = MostSmem<32>();
       break;
     case 64:
-      smem = std::max(ForwardSmem<64>(), BackwardTiles<64>::Bytes());
+      smem = MostSmem<64>();
       break;
     case 128:
-      smem = std::max(ForwardSmem<128>(), BackwardTiles<128>::Bytes());
+      smem = MostSmem<128>();
       break;
     default:
       return false;

@@ -109,7 +109,7 @@ size_t AttentionWorkspaceFloats(const Ctx& ctx, int B, int T, int C, int NH);
 // the chip, the masked half is skipped, the products run on bf16 operands
 // with fp32 sums, and no atomics (the same bits every run). Head sizes 16,
 // 32, 64 and 128, B * NH up to 65535, on a GPU whose blocks may take the
-// kernels' shared memory (up to 121 KiB); FlashAttentionShape checks the
+// kernels' shared memory (up to 105 KiB); FlashAttentionShape checks the
 // shape alone (no device query: what each call checks once the device has
 // passed at start). The backward pass's workspace:
 // FlashAttentionWorkspaceFloats(B, T, NH) floats.
