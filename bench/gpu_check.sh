@@ -23,8 +23,8 @@
 #      SANITIZE=1: memcheck even when the tests pass
 #      QUICK=1: PyTorch's compiled bf16 run only
 #      SKIP_ZERO=1  ZSTEPS steps of each ZeRO run (6)  ZTIMEOUT each ZeRO run's limit (180 s)
-#      MODES dsworker's modes benchmarked ("bf16 bf16+fused fp16 tf32 fp32")
-#      PROFILE_MODES the modes profiled ("bf16 bf16+fused tf32")
+#      MODES dsworker's modes benchmarked ("bf16 bf16+batched fp16 tf32 fp32")
+#      PROFILE_MODES the modes profiled ("bf16 bf16+batched tf32")
 #      PEAK_TFLOPS dense bf16 peak for MFU (989.5, H100/H200 SXM)
 set -uo pipefail
 
@@ -153,11 +153,11 @@ N = 124475904  # GPT-2 124M with the padded 50304-row embedding
 print('%.1f%%' % (100 * float('$1') * (6 * N + 6 * 12 * 768 * 1024) / ($2 * 1e12)))"; }
 
 declare -a ROWS
-run_dsworker() {  # mode (bf16, bf16+fused, fp16, fp32, tf32), peak TFLOP/s of that mode
+run_dsworker() {  # mode (bf16, bf16+batched, fp16, fp32, tf32), peak TFLOP/s of that mode
   local mode=$1 peak=$2 log=$OUT/bench_dsworker.log tps rc
   echo "### dsworker $mode" >>"$log"
   (cd "$WORK" && DSL_CUDA_TF32=$([[ $mode == tf32 ]] && echo 1 || echo 0) \
-     DSL_CUDA_ATTENTION=$([[ $mode == *fused* ]] && echo fused || echo batched) \
+     DSL_CUDA_ATTENTION=$([[ $mode == *batched* ]] && echo batched || echo fused) \
      timeout 240 "$DSW" train --config "$WORK/gpt2.json" --device cuda \
      --set "bf16.enabled=$([[ $mode == bf16* ]] && echo true || echo false)" \
      --set "fp16.enabled=$([[ $mode == fp16 ]] && echo true || echo false)" \
@@ -170,8 +170,9 @@ run_dsworker() {  # mode (bf16, bf16+fused, fp16, fp32, tf32), peak TFLOP/s of t
   ROWS+=("| dsworker | $mode | $tps | $(mfu "$tps" "$peak") | $(gpu_mem "$WORK/run.log") GiB |")
 }
 : >"$OUT/bench_dsworker.log"
-# peak TFLOP/s of each mode (H100/H200 SXM dense); bf16+fused: the fused attention kernels
-for mode in ${MODES:-bf16 bf16+fused fp16 tf32 fp32}; do
+# peak TFLOP/s of each mode (H100/H200 SXM dense); bf16+batched: attention
+# through the batched products instead of the fused kernels
+for mode in ${MODES:-bf16 bf16+batched fp16 tf32 fp32}; do
   case $mode in
     tf32) run_dsworker "$mode" 494.7 ;;
     fp32) run_dsworker "$mode" 66.9 ;;
@@ -180,9 +181,9 @@ for mode in ${MODES:-bf16 bf16+fused fp16 tf32 fp32}; do
 done
 # Where the GPU time goes (DSL_CUDA_PROFILE: events between the parts of a
 # step; a separate short run, so the timings above carry no events).
-for mode in ${PROFILE_MODES:-bf16 bf16+fused tf32}; do
+for mode in ${PROFILE_MODES:-bf16 bf16+batched tf32}; do
   (cd "$WORK" && DSL_CUDA_PROFILE=1 DSL_CUDA_TF32=$([[ $mode == tf32 ]] && echo 1 || echo 0) \
-     DSL_CUDA_ATTENTION=$([[ $mode == *fused* ]] && echo fused || echo batched) \
+     DSL_CUDA_ATTENTION=$([[ $mode == *batched* ]] && echo batched || echo fused) \
      timeout 120 "$DSW" train --config "$WORK/gpt2.json" --device cuda --set train.steps=6 \
      --set "bf16.enabled=$([[ $mode == bf16* ]] && echo true || echo false)") >"$WORK/profile.log" 2>&1
   say "profile $mode (6 steps, the first with its start-up):"

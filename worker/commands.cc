@@ -70,18 +70,9 @@ int RunTrain(const TrainArgs& args) {
   auto asked = ParseDeviceKind(args.device);
   if (!asked.ok()) return Fail(asked.status());
   std::string note;
-  if (*asked == DeviceKind::kAuto &&
-      (config->zero.stage != 0 ||
-       config->zero.offload_optimizer != OffloadDevice::kNone)) {
-    // Stages 1-3 and offload train on the GPU with --device cuda, and come
-    // under auto once their GPU tests have run on a GPU (README, "On a
-    // GPU").
-    options.device = DeviceKind::kCpu;
-  } else {
-    auto device = ResolveDevice(*asked, &note);
-    if (!device.ok()) return Fail(device.status());
-    options.device = *device;
-  }
+  auto device = ResolveDevice(*asked, &note);
+  if (!device.ok()) return Fail(device.status());
+  options.device = *device;
   const char* local_rank = std::getenv("LOCAL_RANK");
   options.local_rank = local_rank != nullptr ? std::atoi(local_rank)
                                              : std::max(0, args.local_rank);

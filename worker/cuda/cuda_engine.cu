@@ -98,13 +98,17 @@ class CudaEngine final : public DeviceEngine {
         break;
     }
     ctx_.batched_compute = ctx_.compute;
-    // The fused attention kernels (bf16 operands) in the 16-bit modes when
-    // DSL_CUDA_ATTENTION=fused asks, until their GPU tests have run on a
-    // GPU (README, "On a GPU"); the batched products otherwise.
-    const char* attention = std::getenv("DSL_CUDA_ATTENTION");
+    // The fused attention kernels (bf16 operands) in the 16-bit modes,
+    // unless DSL_CUDA_ATTENTION=batched asks for the batched products
+    // (which fp32 and tf32 always take: the fused kernels' bf16 operands
+    // would lose their precision).
+    const char* env = std::getenv("DSL_CUDA_ATTENTION");
+    const std::string attention = env != nullptr ? env : "";
+    if (!attention.empty() && attention != "fused" && attention != "batched")
+      return Fail("DSL_CUDA_ATTENTION=" + attention +
+                  ": not fused or batched");
     ctx_.fused_attention =
-        ctx_.operands != CUDA_R_32F && attention != nullptr &&
-        std::string(attention) == "fused" &&
+        ctx_.operands != CUDA_R_32F && attention != "batched" &&
         FlashAttentionSupported(1, spec_.channels, spec_.num_heads);
     if (ctx_.fused_attention) describe_ += ", fused attention";
     if (!CheckOptions()) return false;
