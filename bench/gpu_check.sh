@@ -24,7 +24,8 @@
 #      QUICK=1: PyTorch's compiled bf16 run only
 #      SKIP_ZERO=1  ZSTEPS steps of each ZeRO run (6)  ZTIMEOUT each ZeRO run's limit (180 s)
 #      MODES dsworker's modes benchmarked ("bf16 bf16+batched fp16 tf32 fp32")
-#      PROFILE_MODES the modes profiled ("bf16 bf16+batched tf32")
+#      PROFILE_MODES the modes profiled ("bf16 bf16+batched tf32"; empty: none)
+#      KERNELS=1: each kernel's GPU time in a bf16 step, from Nsight Compute
 #      PEAK_TFLOPS dense bf16 peak for MFU (989.5, H100/H200 SXM)
 set -uo pipefail
 
@@ -172,7 +173,7 @@ run_dsworker() {  # mode (bf16, bf16+batched, fp16, fp32, tf32), peak TFLOP/s of
 : >"$OUT/bench_dsworker.log"
 # peak TFLOP/s of each mode (H100/H200 SXM dense); bf16+batched: attention
 # through the batched products instead of the fused kernels
-for mode in ${MODES:-bf16 bf16+batched fp16 tf32 fp32}; do
+for mode in ${MODES-bf16 bf16+batched fp16 tf32 fp32}; do
   case $mode in
     tf32) run_dsworker "$mode" 494.7 ;;
     fp32) run_dsworker "$mode" 66.9 ;;
@@ -181,7 +182,7 @@ for mode in ${MODES:-bf16 bf16+batched fp16 tf32 fp32}; do
 done
 # Where the GPU time goes (DSL_CUDA_PROFILE: events between the parts of a
 # step; a separate short run, so the timings above carry no events).
-for mode in ${PROFILE_MODES:-bf16 bf16+batched tf32}; do
+for mode in ${PROFILE_MODES-bf16 bf16+batched tf32}; do
   (cd "$WORK" && DSL_CUDA_PROFILE=1 DSL_CUDA_TF32=$([[ $mode == tf32 ]] && echo 1 || echo 0) \
      DSL_CUDA_ATTENTION=$([[ $mode == *batched* ]] && echo batched || echo fused) \
      timeout 120 "$DSW" train --config "$WORK/gpt2.json" --device cuda --set train.steps=6 \
@@ -189,6 +190,36 @@ for mode in ${PROFILE_MODES:-bf16 bf16+batched tf32}; do
   say "profile $mode (6 steps, the first with its start-up):"
   grep -A11 'GPU time per step' "$WORK/profile.log" | tee -a "$SUMMARY"
 done
+
+# ---------------------------------------------------------------- kernels
+# Each kernel's GPU time over a 3-step bf16 run (the first step's start-up
+# included), from Nsight Compute's gpu__time_duration with the clocks and
+# caches left alone, summed by kernel name: what the profile's parts are
+# made of.
+if [[ -n "${KERNELS:-}" ]] && command -v ncu >/dev/null; then
+  say ""
+  say "## kernels, bf16, 3 steps ($(elapsed))"
+  (cd "$WORK" && timeout 300 ncu --clock-control none --cache-control none \
+     --metrics gpu__time_duration.sum --csv --print-units base \
+     --log-file "$OUT/kernels.csv" "$DSW" train --config "$WORK/gpt2.json" \
+     --device cuda --set train.steps=3 --set bf16.enabled=true) >"$OUT/kernels.log" 2>&1
+  say "ncu exit $?"
+  $PY - "$OUT/kernels.csv" <<'EOF2' | tee -a "$SUMMARY"
+import csv, collections, sys
+rows = [l for l in open(sys.argv[1]) if l.startswith('"')]
+total, count = collections.Counter(), collections.Counter()
+for r in csv.DictReader(rows):
+    if r.get("Metric Name") != "gpu__time_duration.sum":
+        continue
+    name = r["Kernel Name"].split("(")[0][:90]
+    total[name] += float(r["Metric Value"].replace(",", ""))
+    count[name] += 1
+all_ns = sum(total.values())
+print("%d launches, %.1f ms a step" % (sum(count.values()), all_ns / 3e6))
+for name, ns in total.most_common(40):
+    print("%8.2f ms %5.1f%% %6d  %s" % (ns / 3e6, 100 * ns / all_ns, count[name], name))
+EOF2
+fi
 
 # ---------------------------------------------------------------- ZeRO
 # ZeRO stages 0-3 and the optimizer offloaded to the CPU, bf16: each rank's
