@@ -13,30 +13,24 @@
 #include "worker/cpu_adam.h"
 
 #include <immintrin.h>  // AVX2, FMA and AVX-512F intrinsics
-#include <omp.h>        // omp_get_thread_num, omp_get_num_threads
 
-#include <algorithm>  // std::min
-#include <cmath>      // std::fma, std::pow, std::sqrt
-#include <cstdio>     // std::fprintf
-#include <cstdlib>    // std::abort, std::getenv
-#include <cstring>    // std::strcmp
+#include <cmath>    // std::fma, std::pow, std::sqrt
+#include <cstdio>   // std::fprintf
+#include <cstdlib>  // std::abort, std::getenv
+#include <cstring>  // std::strcmp
 #include <string>
+
+#include "worker/parallel.h"  // ParallelRanges
 
 namespace dslaunch::worker {
 namespace {
 
-// Thread ranges are whole blocks of 16 floats (one AVX-512 vector, one 64-byte
-// line), so no thread's range splits a vector.
-constexpr size_t kBlock = 16;
-// Below this many elements one thread does the step: an OpenMP region costs a
-// few microseconds, about what 2 threads save on 32K elements.
-constexpr size_t kMinParallel = size_t{1} << 15;
-
 // The per-step constants, each rounded once from double to fp32 (PyTorch
 // passes Python floats to fp32 kernels the same way).
 struct StepConstants {
-  float decay;  // AdamW: 1 - lr*wd, or 1 when this range does not decay
-  float l2;     // Adam-L2: wd (used only by the kL2 kernels)
+  float grad_scale;  // gradients multiplied by it first
+  float decay;       // AdamW: 1 - lr*wd, or 1 when this range does not decay
+  float l2;          // Adam-L2: wd (used only by the kL2 kernels)
   float beta1;
   float one_minus_beta1;
   float beta2;
@@ -51,6 +45,7 @@ StepConstants MakeConstants(const AdamParams& p, bool apply_decay) {
   const double bc1 = 1.0 - std::pow(p.beta1, t);
   const double bc2 = 1.0 - std::pow(p.beta2, t);
   StepConstants c;
+  c.grad_scale = p.grad_scale;
   const bool decoupled = p.adamw_mode && apply_decay;
   c.decay = decoupled ? static_cast<float>(1.0 - p.lr * p.weight_decay) : 1.0f;
   c.l2 = static_cast<float>(p.weight_decay);
@@ -79,7 +74,7 @@ void ScalarKernel(const StepConstants& c, float* p, const float* g, float* m,
                   float* v, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     float param = p[i];
-    float grad = g[i];
+    float grad = g[i] * c.grad_scale;
     if constexpr (kL2) {
       grad = std::fma(param, c.l2, grad);
     } else {
@@ -100,21 +95,22 @@ void ScalarKernel(const StepConstants& c, float* p, const float* g, float* m,
 
 struct Avx2Constants {
   __m256 decay, l2, beta1, one_minus_beta1, beta2, one_minus_beta2;
-  __m256 bc2_sqrt, eps, neg_step_size;
+  __m256 bc2_sqrt, eps, neg_step_size, grad_scale;
 };
 
 DSL_AVX2 Avx2Constants Broadcast256(const StepConstants& c) {
-  return {_mm256_set1_ps(c.decay),        _mm256_set1_ps(c.l2),
-          _mm256_set1_ps(c.beta1),        _mm256_set1_ps(c.one_minus_beta1),
-          _mm256_set1_ps(c.beta2),        _mm256_set1_ps(c.one_minus_beta2),
-          _mm256_set1_ps(c.bc2_sqrt),     _mm256_set1_ps(c.eps),
-          _mm256_set1_ps(c.neg_step_size)};
+  return {_mm256_set1_ps(c.decay),         _mm256_set1_ps(c.l2),
+          _mm256_set1_ps(c.beta1),         _mm256_set1_ps(c.one_minus_beta1),
+          _mm256_set1_ps(c.beta2),         _mm256_set1_ps(c.one_minus_beta2),
+          _mm256_set1_ps(c.bc2_sqrt),      _mm256_set1_ps(c.eps),
+          _mm256_set1_ps(c.neg_step_size), _mm256_set1_ps(c.grad_scale)};
 }
 
 // One vector of ScalarKernel's loop body, operation for operation.
 template <bool kL2>
 DSL_AVX2 inline void Avx2Update(const Avx2Constants& k, __m256* p, __m256 g,
                                 __m256* m, __m256* v) {
+  g = _mm256_mul_ps(g, k.grad_scale);
   if constexpr (kL2) {
     g = _mm256_fmadd_ps(*p, k.l2, g);
   } else {
@@ -164,15 +160,15 @@ DSL_AVX2 void Avx2Kernel(const StepConstants& c, float* p, const float* g,
 
 struct Avx512Constants {
   __m512 decay, l2, beta1, one_minus_beta1, beta2, one_minus_beta2;
-  __m512 bc2_sqrt, eps, neg_step_size;
+  __m512 bc2_sqrt, eps, neg_step_size, grad_scale;
 };
 
 DSL_AVX512 Avx512Constants Broadcast512(const StepConstants& c) {
-  return {_mm512_set1_ps(c.decay),        _mm512_set1_ps(c.l2),
-          _mm512_set1_ps(c.beta1),        _mm512_set1_ps(c.one_minus_beta1),
-          _mm512_set1_ps(c.beta2),        _mm512_set1_ps(c.one_minus_beta2),
-          _mm512_set1_ps(c.bc2_sqrt),     _mm512_set1_ps(c.eps),
-          _mm512_set1_ps(c.neg_step_size)};
+  return {_mm512_set1_ps(c.decay),         _mm512_set1_ps(c.l2),
+          _mm512_set1_ps(c.beta1),         _mm512_set1_ps(c.one_minus_beta1),
+          _mm512_set1_ps(c.beta2),         _mm512_set1_ps(c.one_minus_beta2),
+          _mm512_set1_ps(c.bc2_sqrt),      _mm512_set1_ps(c.eps),
+          _mm512_set1_ps(c.neg_step_size), _mm512_set1_ps(c.grad_scale)};
 }
 
 // GCC 12 reports its own _mm512_sqrt_ps (an `__m512 __Y = __Y;` placeholder
@@ -185,6 +181,7 @@ DSL_AVX512 Avx512Constants Broadcast512(const StepConstants& c) {
 template <bool kL2>
 DSL_AVX512 inline void Avx512Update(const Avx512Constants& k, __m512* p,
                                     __m512 g, __m512* m, __m512* v) {
+  g = _mm512_mul_ps(g, k.grad_scale);
   if constexpr (kL2) {
     g = _mm512_fmadd_ps(*p, k.l2, g);
   } else {
@@ -237,34 +234,6 @@ Kernel PickKernel(AdamIsa isa, bool l2) {
       break;
   }
   return l2 ? ScalarKernel<true> : ScalarKernel<false>;
-}
-
-// Thread t of `threads` gets a contiguous run of whole blocks (the last block
-// may be partial), so the split depends on the thread count only in where it
-// falls, never in how an element is computed.
-struct Range {
-  size_t begin;
-  size_t end;
-};
-
-Range ThreadRange(size_t n, size_t t, size_t threads) {
-  const size_t blocks = (n + kBlock - 1) / kBlock;
-  const size_t first = blocks / threads * t + std::min(t, blocks % threads);
-  const size_t count = blocks / threads + (t < blocks % threads ? 1 : 0);
-  return {std::min(n, first * kBlock), std::min(n, (first + count) * kBlock)};
-}
-
-void RunParallel(Kernel kernel, const StepConstants& c, float* p,
-                 const float* g, float* m, float* v, size_t n) {
-#pragma omp parallel if (n >= kMinParallel)
-  {
-    const Range r = ThreadRange(n, static_cast<size_t>(omp_get_thread_num()),
-                                static_cast<size_t>(omp_get_num_threads()));
-    if (r.begin < r.end) {
-      kernel(c, p + r.begin, g + r.begin, m + r.begin, v + r.begin,
-             r.end - r.begin);
-    }
-  }
 }
 
 AdamIsa WidestSupportedIsa() {
@@ -334,7 +303,11 @@ void AdamStepWithIsa(AdamIsa isa, float* params, const float* grads, float* m,
   DSL_CHECK(CpuSupportsAdamIsa(isa));
   if (n == 0) return;
   const Kernel kernel = PickKernel(isa, UsesL2(p, apply_decay));
-  RunParallel(kernel, MakeConstants(p, apply_decay), params, grads, m, v, n);
+  const StepConstants c = MakeConstants(p, apply_decay);
+  // Every element is computed alone: the split does not change a bit.
+  ParallelRanges(n, [&](size_t b, size_t e) {
+    kernel(c, params + b, grads + b, m + b, v + b, e - b);
+  });
 }
 
 void AdamStep(float* params, const float* grads, float* m, float* v, size_t n,

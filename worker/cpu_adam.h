@@ -28,6 +28,11 @@ struct AdamParams {
   // adamw_mode=False).
   bool adamw_mode = true;
   int64_t step = 1;  // number of this step, 1-based (bias corrections)
+  // Gradients are multiplied by this first (gradient clipping's scale),
+  // in registers: the gradient buffer is left as it was. x * 1 is x, so 1
+  // changes nothing; any other value gives the bits of scaling the buffer
+  // in place beforehand.
+  float grad_scale = 1.0f;
 };
 
 // Updates n elements in place, per element exactly as PyTorch 1.13's

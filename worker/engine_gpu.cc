@@ -343,7 +343,8 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
       zero_->LoadParams(model->params());
     }
     model.reset();  // the host's copy is the ZeroState's
-    hooks_ = zero_->Hooks();
+    // The device's copies fill each layer's gradient window in whole.
+    hooks_ = zero_->Hooks(ZeroState::GradWindows::kCopied);
     DeviceEngineOptions o = BaseOptions(config, options);
     o.windows =
         stage_ == 3 ? DeviceWindows::kParamsAndGrads : DeviceWindows::kGrads;

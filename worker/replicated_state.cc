@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "worker/flat_math.h"
 #include "worker/partition.h"
 
 namespace dslaunch::worker {
@@ -27,26 +28,19 @@ StatusOr<float> ReplicatedState::FinishGradients() {
   const int world = comm_->size();
   float* g = model_->grads().data();
   if (world > 1) {
-    const float scale = 1.0f / static_cast<float>(world);
     if (stage_ == 0) {
-      const size_t n = model_->layout().num_params();
-      RETURN_IF_ERROR(comm_->AllReduceSum(g, n));
-      for (size_t i = 0; i < n; ++i) g[i] *= scale;
+      RETURN_IF_ERROR(comm_->AllReduceSum(g, model_->layout().num_params()));
     } else {
       // Only this rank's piece of the reduced gradients is needed.
       RETURN_IF_ERROR(
           comm_->ReduceScatterSum(g, g + shard_begin_, shard_size_));
-      for (size_t i = 0; i < shard_size_; ++i) g[shard_begin_ + i] *= scale;
     }
   }
-  // The norm of the gradients this rank updates (stage 1: its piece, summed
-  // over ranks).
-  const float* mine = g + shard_begin_;
-  const size_t real = shard_real();
-  double sum = 0;
-#pragma omp parallel for reduction(+ : sum)
-  for (size_t i = 0; i < real; ++i)
-    sum += static_cast<double>(mine[i]) * mine[i];
+  // Averaged, and the norm of the gradients this rank updates (stage 1: its
+  // piece, summed over ranks); its padding adds nothing to the sum.
+  const size_t n = stage_ == 0 ? model_->layout().num_params() : shard_size_;
+  double sum = ScaleAndSquaredSum({g + shard_begin_, n},
+                                  1.0f / static_cast<float>(world));
   if (stage_ > 0 && world > 1) {
     float partial = static_cast<float>(sum);
     RETURN_IF_ERROR(comm_->AllReduceSum(&partial, 1));
@@ -62,17 +56,16 @@ Status ReplicatedState::Update(const AdamParams& adam, float clip_scale) {
 
 void ReplicatedState::Step(const AdamParams& adam, float clip_scale) {
   float* p = model_->params().data();
-  float* g = model_->grads().data();
-  if (clip_scale != 1.0f) {
-    for (size_t i = 0; i < shard_size_; ++i) g[shard_begin_ + i] *= clip_scale;
-  }
+  const float* g = model_->grads().data();
+  AdamParams scaled = adam;
+  scaled.grad_scale = clip_scale;
   const size_t lo = shard_begin_, hi = shard_begin_ + shard_size_;
   for (const DecaySegment& seg : model_->layout().DecaySegments()) {
     const size_t b = std::max(lo, seg.range.begin),
                  e = std::min(hi, seg.range.end);
     if (b >= e) continue;
     AdamStep(p + b, g + b, m_.data() + (b - lo), v_.data() + (b - lo), e - b,
-             adam, seg.decay);
+             scaled, seg.decay);
   }
 }
 

@@ -8,7 +8,8 @@
 //
 // The CPU engine for stages 0 and 1 is a Model with one of these; the GPU
 // engine uses one for what passes through host memory when ranks reduce
-// over Gloo or the optimizer is offloaded (engine_gpu.cc). Single-threaded.
+// over Gloo or the optimizer is offloaded (engine_gpu.cc). Single-threaded;
+// the passes over whole buffers run on the OpenMP team (flat_math.h).
 #pragma once
 
 #include <cstddef>
@@ -43,7 +44,8 @@ class ReplicatedState {
   StatusOr<float> FinishGradients();
   // Step, then GatherParams.
   Status Update(const AdamParams& adam, float clip_scale);
-  // AdamW on the shard, its gradients scaled by clip_scale first.
+  // AdamW on the shard, its gradients scaled by clip_scale (the buffer left
+  // as it is).
   void Step(const AdamParams& adam, float clip_scale);
   // Stage 1: every rank's updated shard into every rank's parameters.
   Status GatherParams();

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "worker/checkpoint.h"
+#include "worker/flat_math.h"
 
 namespace dslaunch::worker {
 namespace {
@@ -32,6 +33,9 @@ struct ZeroState::Layer {
   std::span<float> grads, m, v;
   int bucket = -1;           // index in buckets_ (layers 0..L)
   size_t window_offset = 0;  // where its gradients sit in block_grads_
+  // From ZeroGrad to its first reduce: grads count as zeros, whatever they
+  // hold.
+  bool grads_stale = false;
 };
 
 std::vector<GradBucket> PlanGradBuckets(std::span<const size_t> sizes,
@@ -101,17 +105,17 @@ ZeroState::ZeroState(const ParamLayout& layout, int stage, Comm* comm,
   }
   emb_grads_.assign(max_emb, 0.0f);
   emb_bucket_ = {{-1, -1}, L(-1).part.padded(), L(-1).part.shard};
-  const size_t max_shard = PlanBuckets(bucket_elems, max_block);
-  staging_.assign(std::max(max_emb / comm->size(), max_shard) + 16, 0.0f);
+  PlanBuckets(bucket_elems, max_block);
+  staging_.assign(std::max(max_emb, max_block) / comm->size(), 0.0f);
 }
 
-// Fills buckets_ and each block layer's place in block_grads_, sizes the
-// gradient windows and returns the largest per-rank piece of a bucket.
-size_t ZeroState::PlanBuckets(int64_t bucket_elems, size_t max_block) {
+// Fills buckets_ and each block layer's place in block_grads_, and sizes
+// the gradient windows.
+void ZeroState::PlanBuckets(int64_t bucket_elems, size_t max_block) {
   std::vector<size_t> sizes;
   const int last = layout_.config().num_layers;
   for (int l = 0; l <= last; ++l) sizes.push_back(L(l).part.padded());
-  size_t max_window = max_block, max_shard = max_block / comm_->size();
+  size_t max_window = max_block;
   bool needs_copy = false;  // a bucket of several layers on several ranks
   for (const GradBucket& g : PlanGradBuckets(sizes, bucket_elems)) {
     Bucket b{g};
@@ -122,13 +126,11 @@ size_t ZeroState::PlanBuckets(int64_t bucket_elems, size_t max_block) {
       b.shard += L(l).part.shard;
     }
     max_window = std::max(max_window, b.window);
-    max_shard = std::max(max_shard, b.shard);
     needs_copy = needs_copy || (g.lo != g.hi && comm_->size() > 1);
     buckets_.push_back(b);
   }
   block_grads_.assign(max_window, 0.0f);
   if (needs_copy) rank_major_.assign(max_window, 0.0f);
-  return max_shard;
 }
 
 ZeroState::~ZeroState() = default;
@@ -168,59 +170,68 @@ void ZeroState::Gather(int layer, float* window) {
 
 // Reduce-scatters a bucket's gradient window (clobbered) and adds this
 // rank's summed pieces into its owned gradients (micro-batches accumulate).
-// Each layer
-// stays split across ranks by its own partition, so what is sent must be
-// rank-major: rank r's piece of every layer in turn, each padded to its
-// shard. A single layer (or any bucket on one rank) already is, once its
-// padding is zeroed; a bucket of several layers is copied into that order.
+// Each layer stays split across ranks by its own partition, so what is sent
+// must be rank-major: rank r's piece of every layer in turn, each padded to
+// its shard. The sum of this rank's lands in place, in what was sent.
 void ZeroState::ReduceBucket(const Bucket& b, float* window) {
+  float* send = RankMajor(b, window);
+  const size_t rank = static_cast<size_t>(comm_->rank());
+  float* piece = send + rank * b.shard;
+  Fail(comm_->ReduceScatterSum(send, piece, b.shard));
+  for (int l = b.layers.lo; l <= b.layers.hi; ++l) {
+    Layer& layer = L(l);
+    Accumulate(layer.grads, {piece, layer.part.shard}, layer.grads_stale);
+    layer.grads_stale = false;
+    piece += layer.part.shard;
+  }
+}
+
+// The bucket's gradients in rank-major order, padding zeroed. A single layer
+// (or any bucket on one rank) is in its window already; a bucket of several
+// layers is copied into rank_major_.
+float* ZeroState::RankMajor(const Bucket& b, float* window) {
   const GradBucket& g = b.layers;
-  float* send = window;
   if (g.lo == g.hi || comm_->size() == 1) {
     for (int l = g.lo; l <= g.hi; ++l) {
       const Layer& layer = L(l);
       std::fill(window + layer.window_offset + layer.range.size(),
                 window + layer.window_offset + layer.part.padded(), 0.0f);
     }
-  } else {
-    send = rank_major_.data();
-    float* out = send;
-    for (int r = 0; r < comm_->size(); ++r) {
-      for (int l = g.lo; l <= g.hi; ++l) {
-        const Layer& layer = L(l);
-        const float* src = window + layer.window_offset + layer.part.begin(r);
-        const size_t real = layer.part.real(r);
-        std::copy(src, src + real, out);
-        std::fill(out + real, out + layer.part.shard, 0.0f);
-        out += layer.part.shard;
-      }
+    return window;
+  }
+  float* out = rank_major_.data();
+  for (int r = 0; r < comm_->size(); ++r) {
+    for (int l = g.lo; l <= g.hi; ++l) {
+      const Layer& layer = L(l);
+      const size_t real = layer.part.real(r);
+      Copy({window + layer.window_offset + layer.part.begin(r), real}, out);
+      std::fill(out + real, out + layer.part.shard, 0.0f);
+      out += layer.part.shard;
     }
   }
-  Fail(comm_->ReduceScatterSum(send, staging_.data(), b.shard));
-  const float* piece = staging_.data();
-  for (int l = g.lo; l <= g.hi; ++l) {
-    Layer& layer = L(l);
-    for (size_t i = 0; i < layer.part.shard; ++i) layer.grads[i] += piece[i];
-    piece += layer.part.shard;
-  }
+  return rank_major_.data();
 }
 
-LayerHooks ZeroState::Hooks() {
+// Zeroes the gradient windows layer's backward opens, for the Model to add
+// into: the head's adds into dwte, so layer -1's window opens with it; a
+// bucket's opens with its first layer in backward.
+void ZeroState::ZeroGradWindows(int layer) {
+  if (layer == layout_.config().num_layers)
+    std::fill(emb_grads_.begin(), emb_grads_.end(), 0.0f);
+  if (layer < 0) return;
+  const Bucket& b = buckets_[L(layer).bucket];
+  if (layer == b.layers.hi)
+    std::fill(block_grads_.begin(), block_grads_.begin() + b.window, 0.0f);
+}
+
+LayerHooks ZeroState::Hooks(GradWindows windows) {
   LayerHooks h;
-  const int last = layout_.config().num_layers;
   h.before_forward = [this](int layer) {
     if (stage_ == 3)
       Gather(layer, layer == -1 ? emb_params_.data() : block_params_.data());
   };
-  h.before_backward = [this, last](int layer) {
-    // The head's backward adds into dwte: layer -1's window opens with it.
-    if (layer == last) std::fill(emb_grads_.begin(), emb_grads_.end(), 0.0f);
-    if (layer >= 0) {
-      const Bucket& b = buckets_[L(layer).bucket];
-      if (layer == b.layers.hi) {  // the bucket's first layer in backward
-        std::fill(block_grads_.begin(), block_grads_.begin() + b.window, 0.0f);
-      }
-    }
+  h.before_backward = [this, windows](int layer) {
+    if (windows == GradWindows::kAdded) ZeroGradWindows(layer);
     if (stage_ == 3 && layer >= 0) Gather(layer, block_params_.data());
   };
   h.after_backward = [this](int layer) {
@@ -247,50 +258,51 @@ float* ZeroState::LayerGrads(int layer) {
 }
 
 void ZeroState::ZeroGrad() {
-  std::fill(own_grads_.begin(), own_grads_.end(), 0.0f);
+  for (auto& l : layers_) l->grads_stale = true;
+}
+
+// The owned pieces no reduce reached since ZeroGrad, zeroed as they count.
+void ZeroState::ZeroStaleGrads() {
+  for (auto& l : layers_) {
+    if (l->grads_stale) std::fill(l->grads.begin(), l->grads.end(), 0.0f);
+    l->grads_stale = false;
+  }
 }
 
 StatusOr<float> ZeroState::FinishGradients() {
   RETURN_IF_ERROR(status_);
+  ZeroStaleGrads();
   const float scale = 1.0f / static_cast<float>(comm_->size());
-  double sum = 0;
-  for (auto& l : layers_) {
-    for (size_t i = 0; i < l->own; ++i) {
-      l->grads[i] *= scale;
-      sum += static_cast<double>(l->grads[i]) * l->grads[i];
-    }
-  }
-  float partial = static_cast<float>(sum);
+  float partial = static_cast<float>(ScaleAndSquaredSum(own_grads_, scale));
   RETURN_IF_ERROR(comm_->AllReduceSum(&partial, 1));
   return std::sqrt(partial);
 }
 
 Status ZeroState::Update(const AdamParams& adam, float clip_scale) {
+  ZeroStaleGrads();
   float* p = Buffer(Which::kParams).data();
+  AdamParams scaled = adam;
+  scaled.grad_scale = clip_scale;
   for (const AdamRun& r : adam_runs_) {
-    float* g = own_grads_.data() + r.grad;
-    if (clip_scale != 1.0f) {
-      for (size_t i = 0; i < r.count; ++i) g[i] *= clip_scale;
-    }
-    AdamStep(p + r.param, g, own_m_.data() + r.moment, own_v_.data() + r.moment,
-             r.count, adam, r.decay);
+    AdamStep(p + r.param, own_grads_.data() + r.grad, own_m_.data() + r.moment,
+             own_v_.data() + r.moment, r.count, scaled, r.decay);
   }
   return GatherParams();
 }
 
 Status ZeroState::GatherParams() {
-  if (stage_ != 2) return Status::Ok();
+  // One rank's pieces are its whole parameters, updated in place.
+  if (stage_ != 2 || comm_->size() == 1) return Status::Ok();
   for (auto& l : layers_) {
     // Every rank takes every rank's updated piece of this layer.
-    const float* p = full_params_.data() + l->range.begin + l->own_begin;
-    std::copy(p, p + l->own, staging_.begin());
+    Copy({full_params_.data() + l->range.begin + l->own_begin, l->own},
+         staging_.data());
     std::fill(staging_.begin() + l->own, staging_.begin() + l->part.shard,
               0.0f);
     float* window =
         (l.get() == layers_.front().get() ? emb_grads_ : block_grads_).data();
     RETURN_IF_ERROR(comm_->AllGather(staging_.data(), window, l->part.shard));
-    std::copy(window, window + l->range.size(),
-              full_params_.begin() + l->range.begin);
+    Copy({window, l->range.size()}, full_params_.data() + l->range.begin);
   }
   return Status::Ok();
 }
@@ -316,6 +328,7 @@ std::span<float> ZeroState::Buffer(Which which) {
     case Which::kParams:
       return stage_ == 2 ? std::span(full_params_) : std::span(own_params_);
     case Which::kGrads:
+      ZeroStaleGrads();
       return own_grads_;
     case Which::kM:
       return own_m_;
@@ -333,6 +346,7 @@ int64_t ZeroState::state_bytes() const {
 
 StatusOr<std::vector<float>> ZeroState::GatherAll(Which which) {
   if (which == Which::kParams && stage_ == 2) return full_params_;
+  if (which == Which::kGrads) ZeroStaleGrads();
   std::vector<float> full(layout_.num_params());
   std::vector<float> window(std::max(emb_grads_.size(), block_grads_.size()));
   for (auto& l : layers_) {

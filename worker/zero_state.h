@@ -8,7 +8,7 @@
 // through a working window reused for every bucket; under stage 3 each
 // layer's parameters are all-gathered into a window just before the layer
 // needs them. Owned by the Trainer; single-threaded (the hooks run on the
-// training thread).
+// training thread), the passes over whole buffers on the OpenMP team.
 #pragma once
 
 #include <cstddef>
@@ -56,22 +56,31 @@ class ZeroState : public ParamSource {
   // model's), or from whole parameters in `layout` order.
   void InitParams(uint64_t seed);
   void LoadParams(std::span<const float> full);
-  // The hooks to install on the Model with this source.
-  LayerHooks Hooks();
+  // How backward fills the gradient windows: the Model adds into them
+  // (zeroed as each bucket opens), or a device engine copies each layer's
+  // gradients in whole (TakeLayerGrads; left as they are).
+  enum class GradWindows { kAdded, kCopied };
+  // The hooks to install on the Model with this source, or to call from a
+  // device engine's.
+  LayerHooks Hooks(GradWindows windows = GradWindows::kAdded);
 
   float* LayerParams(int layer) override;
   float* LayerGrads(int layer) override;
 
-  void ZeroGrad();  // the owned gradient pieces, before a step's micro-batches
+  // The owned gradient pieces count as zeros from here, before a step's
+  // micro-batches: each layer's first reduce writes its sum over them, and
+  // whatever reads them first zeroes those no reduce reached.
+  void ZeroGrad();
   // The first collective error inside a hook (hooks cannot return one).
   const Status& status() const { return status_; }
-  // Averages the owned gradients over ranks and returns the global norm.
+  // Averages the owned gradients over ranks and returns the global norm
+  // (SquaredSum over the whole owned buffer, padding included).
   StatusOr<float> FinishGradients();
-  // AdamW on the owned pieces (gradients scaled by clip_scale first), then
-  // GatherParams.
+  // AdamW on the owned pieces (gradients scaled by clip_scale, the buffer
+  // left as it is), then GatherParams.
   Status Update(const AdamParams& adam, float clip_scale);
   // Stage 2: every rank's updated pieces into every rank's whole
-  // parameters (collective); nothing under stage 3.
+  // parameters (collective); nothing under stage 3 or on one rank.
   Status GatherParams();
 
   // One contiguous run of the optimizer step, within one layer's owned
@@ -131,7 +140,10 @@ class ZeroState : public ParamSource {
   Layer& L(int layer) { return *layers_[layer + 1]; }
   void Gather(int layer, float* window);
   void ReduceBucket(const Bucket& b, float* window);
-  size_t PlanBuckets(int64_t bucket_elems, size_t max_block);
+  float* RankMajor(const Bucket& b, float* window);
+  void ZeroGradWindows(int layer);
+  void ZeroStaleGrads();
+  void PlanBuckets(int64_t bucket_elems, size_t max_block);
   void Fail(const Status& st);
 
   const ParamLayout& layout_;
@@ -147,7 +159,7 @@ class ZeroState : public ParamSource {
   std::vector<float> emb_params_, block_params_;  // stage 3 windows
   std::vector<float> emb_grads_, block_grads_;    // gradient windows
   std::vector<float> rank_major_;  // a many-layer bucket, as it is sent
-  std::vector<float> staging_;     // a rank's piece of a layer or bucket
+  std::vector<float> staging_;     // a rank's piece of a layer, padded
   std::vector<AdamRun> adam_runs_;
   std::vector<std::vector<float>> whole_;  // a checkpoint's gathered state
   Status status_;

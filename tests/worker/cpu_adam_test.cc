@@ -308,6 +308,25 @@ TEST(CpuAdam, ResultDoesNotDependOnThreadCount) {
   EXPECT_TRUE(SameState(results[2], results[0]));
 }
 
+// Clipping's scale applied in the kernels: the bits of scaling the
+// gradients first, the gradient buffer left as it was.
+TEST(CpuAdam, GradScaleEqualsScalingTheGradientsFirst) {
+  std::vector<AdamIsa> isas = SupportedVectorIsas();
+  isas.push_back(AdamIsa::kScalar);
+  for (AdamIsa isa : isas) {
+    for (bool adamw : {true, false}) {
+      const State input = RandomState(1003, 6);  // a vector tail
+      State prescaled = input, scaled = input;
+      for (float& g : prescaled.g) g *= 0.37f;
+      Step(isa, &prescaled, {.adamw_mode = adamw, .step = 3}, true);
+      Step(isa, &scaled, {.adamw_mode = adamw, .step = 3, .grad_scale = 0.37f},
+           true);
+      EXPECT_TRUE(SameState(scaled, prescaled)) << AdamIsaName(isa);
+      EXPECT_TRUE(SameBits(scaled.g, input.g)) << AdamIsaName(isa);
+    }
+  }
+}
+
 // ---- Choosing the ISA ----
 
 TEST(CpuAdamIsa, ResolvePicksWidestOrTheNamedOne) {

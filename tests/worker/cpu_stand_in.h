@@ -17,6 +17,7 @@
 #include "worker/cpu_adam.h"
 #include "worker/device_engine.h"
 #include "worker/engine.h"
+#include "worker/flat_math.h"
 #include "worker/model.h"
 
 namespace dslaunch::worker {
@@ -118,10 +119,7 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
     return hooks_ok_;
   }
   bool GradSquaredSum(size_t begin, size_t count, double* out) override {
-    double sum = 0;
-    for (float g : grads_.subspan(begin, count))
-      sum += static_cast<double>(g) * g;
-    *out = sum;
+    *out = SquaredSum(grads_.subspan(begin, count));
     return true;
   }
 
@@ -235,13 +233,11 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   }
   bool AdamStep(const DeviceAdam& a, float grad_scale) override {
     const AdamParams p{a.lr,           a.beta1,      a.beta2, a.eps,
-                       a.weight_decay, a.adamw_mode, a.step};
+                       a.weight_decay, a.adamw_mode, a.step,  grad_scale};
     for (const DeviceAdamSegment& s : o_.adam) {
-      float* g = grads_.data() + s.grad;
-      for (size_t i = 0; i < s.count && grad_scale != 1.0f; ++i)
-        g[i] *= grad_scale;
-      worker::AdamStep(params_.data() + s.param, g, m_.data() + s.moment,
-                       v_.data() + s.moment, s.count, p, s.decay);
+      worker::AdamStep(params_.data() + s.param, grads_.data() + s.grad,
+                       m_.data() + s.moment, v_.data() + s.moment, s.count, p,
+                       s.decay);
     }
     return true;
   }

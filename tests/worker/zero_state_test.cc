@@ -34,9 +34,12 @@ struct RankModel {
   }
   // One forward and backward of rank r's batch into the owned gradients.
   void Backward(int rank) {
-    const Batch b = MakeBatch(Tiny(), 2, 8, 100 + rank);
     zero.ZeroGrad();
-    Forward(*model, b);
+    MicroBatch(100 + rank);
+  }
+  // Batch `seed`'s gradients added into the owned ones.
+  void MicroBatch(int seed) {
+    Forward(*model, MakeBatch(Tiny(), 2, 8, seed));
     model->Backward();
   }
   int threads;  // one OpenMP thread per rank: the ranks are threads already
@@ -44,13 +47,13 @@ struct RankModel {
   ZeroState zero;
 };
 
-// Rank r's gradients from a plain model that owns whole buffers.
-std::vector<float> PlainGrads(int rank) {
+// Batch `seed`'s gradients from a plain model that owns whole buffers.
+std::vector<float> PlainGrads(int seed) {
   const int saved = omp_get_max_threads();
   omp_set_num_threads(1);  // as the ranks run (no oversubscribed team)
   auto m = NewModel(Tiny(), kSeed, ParamOrder::kLayerMajor);
   m->ZeroGrad();
-  Forward(*m, MakeBatch(Tiny(), 2, 8, 100 + rank));
+  Forward(*m, MakeBatch(Tiny(), 2, 8, seed));
   m->Backward();
   omp_set_num_threads(saved);
   auto g = m->grads().first(m->layout().num_params());
@@ -62,7 +65,7 @@ std::vector<float> PlainGrads(int rank) {
 // owner (comm_gloo.cc), then scaled by 1/N.
 std::vector<float> ExpectedMeanGrads(int world) {
   std::vector<std::vector<float>> g;
-  for (int r = 0; r < world; ++r) g.push_back(PlainGrads(r));
+  for (int r = 0; r < world; ++r) g.push_back(PlainGrads(100 + r));
   const ParamLayout layout(Tiny(), ParamOrder::kLayerMajor);
   std::vector<float> out(layout.num_params());
   const float scale = 1.0f / static_cast<float>(world);
@@ -134,6 +137,47 @@ TEST(ZeroState, ReducedGradientsAreTheRingSumOfEveryRanksGradients) {
                              std::to_string(r));
         }
       }
+    }
+  }
+}
+
+// ZeroGrad writes nothing: the first micro-batch's reduce writes each
+// piece, the next ones add, and pieces no reduce reached read as zeros.
+TEST(ZeroState, MicroBatchesAddUpFromZeroGradAndNoBackwardLeavesZeros) {
+  for (int world : {1, 2}) {
+    // 2 ranks add each element's two values once, in either order.
+    std::vector<float> want = PlainGrads(100), second = PlainGrads(200);
+    for (int r = 1; r < world; ++r) {
+      const std::vector<float> a = PlainGrads(100 + r), b = PlainGrads(200 + r);
+      for (size_t i = 0; i < want.size(); ++i) {
+        want[i] += a[i];
+        second[i] += b[i];
+      }
+    }
+    for (size_t i = 0; i < want.size(); ++i) want[i] += second[i];
+    LocalWorld w(world);
+    std::vector<std::vector<float>> got(world), zeros(world);
+    std::vector<float> norms(world);
+    ExpectAllOk(RunRanks(w, [&](Comm& comm) -> Status {
+      RankModel rm(comm, 2, 3000);
+      rm.Backward(comm.rank());
+      rm.zero.ZeroGrad();
+      rm.MicroBatch(100 + comm.rank());
+      rm.MicroBatch(200 + comm.rank());
+      ASSIGN_OR_RETURN(got[comm.rank()],
+                       rm.zero.GatherAll(ZeroState::Which::kGrads));
+      rm.zero.ZeroGrad();
+      ASSIGN_OR_RETURN(norms[comm.rank()], rm.zero.FinishGradients());
+      ASSIGN_OR_RETURN(zeros[comm.rank()],
+                       rm.zero.GatherAll(ZeroState::Which::kGrads));
+      return Status::Ok();
+    }));
+    for (int r = 0; r < world; ++r) {
+      const std::string at =
+          "world " + std::to_string(world) + " rank " + std::to_string(r);
+      ExpectBitEqual(got[r], want, at);
+      ExpectBitEqual(zeros[r], std::vector<float>(want.size()), at);
+      EXPECT_EQ(norms[r], 0.0f) << at;
     }
   }
 }
