@@ -9,6 +9,7 @@
 //    sum over K products averages those errors to a few 1e-3).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -94,6 +95,7 @@ class KernelsTest : public ::testing::Test {
   }
   void TearDown() override {
     if (ctx_.blas == nullptr) return;  // skipped
+    cuda::LtDestroy(ctx_.lt);
     cublasDestroy(ctx_.blas);
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   }
@@ -205,6 +207,40 @@ TEST_F(KernelsTest, Matmul) {
   EXPECT_LT(RelErr(gdinp.Get(), dinp), kFp32);
   EXPECT_LT(RelErr(gdw.Get(), dw), kFp32);
   EXPECT_LT(RelErr(gdb.Get(), db), kFp32);
+}
+
+// With cuBLASLt the bias goes in through the product's epilogue: the same
+// results as writing the bias rows first, in fp32 (exact) and on bf16
+// operands, and cuBLASLt really took the shapes.
+TEST_F(KernelsTest, MatmulBiasInTheEpilogue) {
+  ctx_.lt = cuda::LtCreate();
+  ASSERT_NE(ctx_.lt, nullptr);
+  const int N = 256, C2 = 192, OC = 576;
+  auto x = Random(N * C2, rng_), w = Random(OC * C2, rng_),
+       bias = Random(OC, rng_, -4, 4);
+  std::vector<float> out(N * OC);
+  MatmulForwardReference(out.data(), x.data(), w.data(), bias.data(), N, C2,
+                         OC);
+  Dev<float> gx(x), gw(w), gbias(bias);
+  Dev<__nv_bfloat16> a(N * C2), b(OC * C2);
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    if (bf16) SixteenBit(CUDA_R_16BF, a.get(), N * C2, b.get(), OC * C2);
+    std::vector<std::vector<float>> results;
+    for (bool lt : {true, false}) {
+      cuda::LtState* keep = ctx_.lt;
+      if (!lt) ctx_.lt = nullptr;
+      Dev<float> gout(N * OC);
+      ASSERT_EQ(cuda::MatmulForward(ctx_, gout.get(), gx.get(), gw.get(),
+                                    gbias.get(), N, C2, OC),
+                CUBLAS_STATUS_SUCCESS);
+      ctx_.lt = keep;
+      results.push_back(gout.Get());
+    }
+    EXPECT_LT(RelErr(results[0], out), bf16 ? 1e-2 : kFp32);
+    EXPECT_LT(RelErr(results[0], results[1]), bf16 ? 1e-5 : 1e-6);
+  }
+  EXPECT_EQ(cuda::LtShapesTaken(ctx_.lt), 2);  // fp32 and bf16
 }
 
 // The bf16 products are within bf16's error and really on bf16 operands
@@ -386,6 +422,88 @@ TEST_F(KernelsTest, Classifier) {
                         false);
   EXPECT_LT(RelErr(l2.Get(), losses), kFp32);
   EXPECT_EQ(g2.Get(), logits);
+}
+
+// In the 16-bit modes the classifier can write the logits' gradient
+// straight into the head's A operand: the same bits as rounding the fp32
+// gradient, the logits left as they were.
+TEST_F(KernelsTest, ClassifierRoundsItsGradientForTheHead) {
+  const int N = B * T;
+  const size_t n = static_cast<size_t>(N) * Vp;
+  auto logits = Random(n, rng_, -6, 6);
+  std::vector<int> targets(N);
+  for (int& t : targets) t = rng_() % V;
+  Dev<int> gtargets(targets);
+  Dev<float> fp32(logits), l32(N), kept(logits), l16(N);
+  cuda::FusedClassifier(ctx_, fp32.get(), l32.get(), gtargets.get(), N, V, Vp,
+                        1.0f / N, true);
+  for (cudaDataType_t type : {CUDA_R_16BF, CUDA_R_16F}) {
+    // NaN in either type where nothing is written (the padding included).
+    Dev<uint16_t> direct(std::vector<uint16_t>(n, 0xFFFF)), expected(n), b(1);
+    SixteenBit(type, direct.get(), n, b.get(), 1);
+    cuda::FusedClassifier(ctx_, kept.get(), l16.get(), gtargets.get(), N, V, Vp,
+                          1.0f / N, true, direct.get());
+    cuda::To16Bit(ctx_, type, expected.get(), fp32.get(), n);
+    EXPECT_EQ(direct.Get(), expected.Get()) << type;
+    EXPECT_EQ(kept.Get(), logits) << type;
+    EXPECT_EQ(l16.Get(), l32.Get()) << type;
+  }
+}
+
+// In the 16-bit modes MatmulBackward rounds dout once for both products
+// (and, with a bias, in the pass that sums the bias gradient): the same
+// bits as the two products rounding it each, and the fp32 path's bias
+// gradient. The A operand is NaN before each call, so any element the
+// rounding misses shows; N passes the column sums' 512-row stride and OC
+// is not a multiple of their 32 columns. An A operand too small for dout
+// is refused, with nothing changed.
+TEST_F(KernelsTest, MatmulBackwardRoundsDoutOnce) {
+  const int N = 600, C2 = 192, OC = 580;
+  auto x = Random(N * C2, rng_), w = Random(OC * C2, rng_),
+       dout = Random(N * OC, rng_), dinp0 = Random(N * C2, rng_),
+       dw0 = Random(OC * C2, rng_), db0 = Random(OC, rng_);
+  Dev<float> gx(x), gw(w), gdout(dout);
+  Dev<float> scratch(cuda::LayerNormScratchFloats(OC));
+  Dev<float> db32(db0), dinp32(dinp0), dw32(dw0);
+  ASSERT_EQ(cuda::MatmulBackward(ctx_, dinp32.get(), dw32.get(), db32.get(),
+                                 gdout.get(), gx.get(), gw.get(), N, C2, OC,
+                                 scratch.get()),
+            CUBLAS_STATUS_SUCCESS);
+  const size_t a_elems = static_cast<size_t>(N) * OC;
+  const size_t b_elems = static_cast<size_t>(std::max(OC, N)) * C2;
+  Dev<uint16_t> a(a_elems), b(b_elems);
+  for (cudaDataType_t type : {CUDA_R_16BF, CUDA_R_16F}) {
+    SCOPED_TRACE(type == CUDA_R_16BF ? "bf16" : "fp16");
+    SixteenBit(type, a.get(), a_elems, b.get(), b_elems);
+    Dev<float> dinp_e(dinp0), dw_e(dw0);
+    ASSERT_EQ(cuda::RowGemm(ctx_, false, false, N, C2, OC, 1.0f, gdout.get(),
+                            OC, gw.get(), C2, 1.0f, dinp_e.get(), C2),
+              CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cuda::RowGemm(ctx_, true, false, OC, C2, N, 1.0f, gdout.get(), OC,
+                            gx.get(), C2, 1.0f, dw_e.get(), C2),
+              CUBLAS_STATUS_SUCCESS);
+    for (bool with_bias : {true, false}) {
+      SCOPED_TRACE(with_bias ? "bias" : "no bias");
+      CUDA_OK(cudaMemset(a.get(), 0xFF, a_elems * sizeof(uint16_t)));
+      Dev<float> dinp(dinp0), dw(dw0), db(db0);
+      ASSERT_EQ(cuda::MatmulBackward(
+                    ctx_, dinp.get(), dw.get(), with_bias ? db.get() : nullptr,
+                    gdout.get(), gx.get(), gw.get(), N, C2, OC, scratch.get()),
+                CUBLAS_STATUS_SUCCESS);
+      EXPECT_EQ(dinp.Get(), dinp_e.Get());
+      EXPECT_EQ(dw.Get(), dw_e.Get());
+      EXPECT_EQ(db.Get(), with_bias ? db32.Get() : db0);
+      EXPECT_GT(RelErr(dinp.Get(), dinp32.Get()), 1e-5);  // 16-bit operands
+    }
+  }
+  ctx_.operand_a_elems = a_elems - 1;
+  Dev<float> dinp(dinp0), dw(dw0), db(db0);
+  EXPECT_EQ(
+      cuda::MatmulBackward(ctx_, dinp.get(), dw.get(), db.get(), gdout.get(),
+                           gx.get(), gw.get(), N, C2, OC, scratch.get()),
+      CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(db.Get(), db0);
+  EXPECT_EQ(dinp.Get(), dinp0);
 }
 
 TEST_F(KernelsTest, AdamBitForBit) {

@@ -58,6 +58,7 @@ class CudaEngine final : public DeviceEngine {
     profile_.Print();
     for (void* p : pinned_) cudaHostUnregister(p);
     for (const auto& a : allocations_) cudaFree(a.first);
+    LtDestroy(ctx_.lt);
     if (ctx_.blas != nullptr) cublasDestroy(ctx_.blas);
     if (ctx_.stream != nullptr) cudaStreamDestroy(ctx_.stream);
   }
@@ -80,6 +81,7 @@ class CudaEngine final : public DeviceEngine {
     if (!Blas(cublasCreate(&ctx_.blas), "cublasCreate")) return false;
     if (!Blas(cublasSetStream(ctx_.blas, ctx_.stream), "cublasSetStream"))
       return false;
+    ctx_.lt = LtCreate();  // null: the biases written before the products
     switch (options_.precision) {
       case DevicePrecision::kFp32:
         ctx_.compute = CUBLAS_COMPUTE_32F;
@@ -105,10 +107,9 @@ class CudaEngine final : public DeviceEngine {
     const char* env = std::getenv("DSL_CUDA_ATTENTION");
     const std::string attention = env != nullptr ? env : "";
     if (!attention.empty() && attention != "fused" && attention != "batched")
-      return Fail("DSL_CUDA_ATTENTION=" + attention +
-                  ": not fused or batched");
+      return Fail("DSL_CUDA_ATTENTION=" + attention + ": not fused or batched");
     ctx_.fused_attention =
-        ctx_.operands != CUDA_R_32F && attention != "batched" &&
+        Rounded() && attention != "batched" &&
         FlashAttentionSupported(1, spec_.channels, spec_.num_heads);
     if (ctx_.fused_attention) describe_ += ", fused attention";
     if (!CheckOptions()) return false;
@@ -384,6 +385,9 @@ class CudaEngine final : public DeviceEngine {
     return "?";
   }
 
+  // The 16-bit modes: the products' operands rounded into ctx_.operand_a/b.
+  bool Rounded() const { return ctx_.operands != CUDA_R_32F; }
+
   bool Fail(const std::string& what) {
     error_ = what;
     return false;
@@ -549,7 +553,7 @@ class CudaEngine final : public DeviceEngine {
         return false;
       token_capacity_ = BT;
     }
-    if (ctx_.operands != CUDA_R_32F) {
+    if (Rounded()) {
       // The largest operands: A the logits' gradient or the widest
       // activation; B the widest activation, the embedding or a weight.
       const size_t C = spec_.channels, Vp = spec_.padded_vocab_size;
@@ -726,7 +730,8 @@ class CudaEngine final : public DeviceEngine {
   }
 
   // The final LayerNorm, the logits and the classifier; with backward the
-  // logits become their gradient for dloss per token.
+  // logits' gradient for dloss per token, over the logits (fp32, tf32) or
+  // rounded into ctx_.operand_a (16-bit modes).
   bool HeadForward(bool backward, float dloss) {
     const int N = B_ * T_, C = spec_.channels, V = spec_.vocab_size;
     const int Vp = spec_.padded_vocab_size;
@@ -745,8 +750,10 @@ class CudaEngine final : public DeviceEngine {
               "logits"))
       return false;
     Mark(Profile::kClassifier);
+    // In the 16-bit modes the logits' gradient goes straight to the head's
+    // A operand, rounded: Backward's two products take it from there.
     FusedClassifier(ctx_, logits_, losses_, tokens_ + N, N, V, Vp, dloss,
-                    backward);
+                    backward, Rounded() ? ctx_.operand_a : nullptr);
     return Launched("classifier");
   }
 
@@ -756,14 +763,18 @@ class CudaEngine final : public DeviceEngine {
     const float* dlogits = logits_;
     if (!BeforeBackwardHook(L)) return false;
     Mark(Profile::kHead);
-    if (!Blas(RowGemm(ctx_, false, false, N, C, Vp, 1.0f, dlogits, Vp, P(kWte),
-                      C, 0.0f, dbtc_, C),
-              "dlnf") ||
-        !Blas(RowGemm(ctx_, true, false, Vp, C, N, 1.0f, dlogits, Vp, lnf_, C,
-                      1.0f, G(kWte), C),
-              "dwte")) {
-      return false;
-    }
+    const cublasStatus_t dlnf =
+        Rounded() ? RowGemmRoundedA(ctx_, false, false, N, C, Vp, 1.0f, Vp,
+                                    P(kWte), C, 0.0f, dbtc_, C)
+                  : RowGemm(ctx_, false, false, N, C, Vp, 1.0f, dlogits, Vp,
+                            P(kWte), C, 0.0f, dbtc_, C);
+    if (!Blas(dlnf, "dlnf")) return false;
+    const cublasStatus_t dwte =
+        Rounded() ? RowGemmRoundedA(ctx_, true, false, Vp, C, N, 1.0f, Vp, lnf_,
+                                    C, 1.0f, G(kWte), C)
+                  : RowGemm(ctx_, true, false, Vp, C, N, 1.0f, dlogits, Vp,
+                            lnf_, C, 1.0f, G(kWte), C);
+    if (!Blas(dwte, "dwte")) return false;
     Mark(Profile::kPointwise);
     Zero(ctx_, dres_, static_cast<size_t>(N) * C);
     Mark(Profile::kLayerNorm);

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -105,13 +106,46 @@ __global__ void LayerNormBackwardInputKernel(float* dinp, const float* dout,
   }
 }
 
+// Rounds one float to T (bf16 or fp16), two at a time.
+template <typename T>
+__device__ T Round(float x);
+template <>
+__device__ __nv_bfloat16 Round(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __half Round(float x) {
+  return __float2half_rn(x);
+}
+template <typename T2>
+__device__ T2 Round2(float a, float b);
+template <>
+__device__ __nv_bfloat162 Round2(float a, float b) {
+  return __floats2bfloat162_rn(a, b);
+}
+template <>
+__device__ __half2 Round2(float a, float b) {
+  return __floats2half2_rn(a, b);
+}
+
+// The gradient as the products take it: fp32 as it is, or rounded to the
+// 16-bit operand type.
+__device__ inline void Put(float* p, float x) { *p = x; }
+template <typename T>
+__device__ inline void Put(T* p, float x) {
+  *p = Round<T>(x);
+}
+
 // Column sums over rows in kRowGroups groups: block (32 columns,
 // kRowsPerBlock rows), grid (column blocks, kRowGroups). With inp set, also
 // the sums of dout * xhat (LayerNorm's weight gradient). partial holds
-// kRowGroups rows of C sums each, for dout then dout * xhat.
+// kRowGroups rows of C sums each, for dout then dout * xhat. With rounded
+// set, dout rounded to R there too (read once for both).
+template <typename R>
 __global__ void ColumnPartialsKernel(float* partial, const float* dout,
                                      const float* inp, const float* mean,
-                                     const float* rstd, int N, int C) {
+                                     const float* rstd, int N, int C,
+                                     R* rounded) {
   __shared__ float sb[kRowsPerBlock][kWarp + 1];
   __shared__ float sw[kRowsPerBlock][kWarp + 1];
   const int c = blockIdx.x * kWarp + threadIdx.x;
@@ -121,6 +155,7 @@ __global__ void ColumnPartialsKernel(float* partial, const float* dout,
          r += kRowGroups * kRowsPerBlock) {
       const size_t i = static_cast<size_t>(r) * C + c;
       const float d = dout[i];
+      if (rounded != nullptr) Put(rounded + i, d);
       accb += d;
       if (inp != nullptr) accw += d * ((inp[i] - mean[r]) * rstd[r]);
     }
@@ -154,13 +189,23 @@ __global__ void ColumnFinishKernel(float* dweight, float* dbias,
   if (dweight != nullptr) dweight[c] += tw;
 }
 
+// rounded: null, or dout rounded to ctx.operands there.
 void ColumnSums(const Ctx& ctx, float* dweight, float* dbias, const float* dout,
                 const float* inp, const float* mean, const float* rstd, int N,
-                int C, float* scratch) {
+                int C, float* scratch, void* rounded = nullptr) {
   const dim3 grid((C + kWarp - 1) / kWarp, kRowGroups);
   const dim3 block(kWarp, kRowsPerBlock);
-  ColumnPartialsKernel<<<grid, block, 0, ctx.stream>>>(scratch, dout, inp, mean,
-                                                       rstd, N, C);
+  if (rounded == nullptr || ctx.operands == CUDA_R_32F) {
+    ColumnPartialsKernel<<<grid, block, 0, ctx.stream>>>(
+        scratch, dout, inp, mean, rstd, N, C, static_cast<float*>(nullptr));
+  } else if (ctx.operands == CUDA_R_16F) {
+    ColumnPartialsKernel<<<grid, block, 0, ctx.stream>>>(
+        scratch, dout, inp, mean, rstd, N, C, static_cast<__half*>(rounded));
+  } else {
+    ColumnPartialsKernel<<<grid, block, 0, ctx.stream>>>(
+        scratch, dout, inp, mean, rstd, N, C,
+        static_cast<__nv_bfloat16*>(rounded));
+  }
   ColumnFinishKernel<<<Blocks(C), kThreads, 0, ctx.stream>>>(dweight, dbias,
                                                              scratch, C);
 }
@@ -194,28 +239,6 @@ __global__ void GeluBackwardKernel(float* dinp, const float* inp,
   const float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale *
                                               (1.0f + 3.0f * 0.044715f * x * x);
   dinp[i] += grad * dout[i];
-}
-
-// Rounds one float to T (bf16 or fp16), two at a time.
-template <typename T>
-__device__ T Round(float x);
-template <>
-__device__ __nv_bfloat16 Round(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __half Round(float x) {
-  return __float2half_rn(x);
-}
-template <typename T2>
-__device__ T2 Round2(float a, float b);
-template <>
-__device__ __nv_bfloat162 Round2(float a, float b) {
-  return __floats2bfloat162_rn(a, b);
-}
-template <>
-__device__ __half2 Round2(float a, float b) {
-  return __floats2half2_rn(a, b);
 }
 
 // Four elements per thread (in must be 16-byte aligned), the tail one by
@@ -260,10 +283,13 @@ __global__ void ResidualKernel(float* out, const float* a, const float* b,
 // ------------------------------------------------------------ classifier
 
 // One block per row: the online max and sum of exp over the real columns,
-// then (backward) the gradient written over the logits.
+// then (backward) the gradient written over the logits (fp32) or into a
+// 16-bit copy for the head's products.
 constexpr int kClassifierThreads = 1024;
 
-__global__ void FusedClassifierKernel(float* logits, float* losses,
+// grad: where the gradient goes (the logits themselves, or a 16-bit copy).
+template <typename G>
+__global__ void FusedClassifierKernel(float* logits, G* grad, float* losses,
                                       const int* targets, int V, int Vp,
                                       float dloss, bool backward) {
   __shared__ float sm[kClassifierThreads / kWarp],
@@ -311,10 +337,11 @@ __global__ void FusedClassifierKernel(float* logits, float* losses,
   __syncthreads();
   if (!backward) return;
   const float lse = row_lse;
+  G* out = grad + static_cast<size_t>(blockIdx.x) * Vp;
   for (int j = threadIdx.x; j < Vp; j += blockDim.x) {
     float g = 0;
     if (j < V) g = dloss * (expf(x[j] - lse) - (j == target ? 1.0f : 0.0f));
-    x[j] = g;
+    Put(out + j, g);
   }
 }
 
@@ -366,6 +393,16 @@ __global__ void SquaredSumKernel(const float* g, size_t n, double* partials) {
 
 // ------------------------------------------------------------ host side
 
+namespace {
+
+// Elements of an operand as stored whose op is rows x cols: `rows` rows of
+// ld (cols rows when transposed).
+size_t OperandElems(bool trans, int rows, int cols, int ld) {
+  return static_cast<size_t>(trans ? cols : rows) * ld;
+}
+
+}  // namespace
+
 cublasStatus_t RowGemm(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N,
                        int K, float alpha, const float* A, int lda,
                        const float* B, int ldb, float beta, float* C, int ldc) {
@@ -377,18 +414,30 @@ cublasStatus_t RowGemm(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N,
                         ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc,
                         ctx.compute, CUBLAS_GEMM_DEFAULT);
   }
-  // Rows of each operand as stored: op(A) is M x K, so A has M rows (K
-  // when transposed).
-  const size_t a_elems = static_cast<size_t>(trans_a ? K : M) * lda;
-  const size_t b_elems = static_cast<size_t>(trans_b ? N : K) * ldb;
-  if (a_elems > ctx.operand_a_elems || b_elems > ctx.operand_b_elems)
+  const size_t a_elems = OperandElems(trans_a, M, K, lda);
+  if (a_elems > ctx.operand_a_elems ||
+      OperandElems(trans_b, K, N, ldb) > ctx.operand_b_elems)
     return CUBLAS_STATUS_INVALID_VALUE;
   To16Bit(ctx, ctx.operands, ctx.operand_a, A, a_elems);
+  return RowGemmRoundedA(ctx, trans_a, trans_b, M, N, K, alpha, lda, B, ldb,
+                         beta, C, ldc);
+}
+
+cublasStatus_t RowGemmRoundedA(const Ctx& ctx, bool trans_a, bool trans_b,
+                               int M, int N, int K, float alpha, int lda,
+                               const float* B, int ldb, float beta, float* C,
+                               int ldc) {
+  const size_t a_elems = OperandElems(trans_a, M, K, lda);
+  const size_t b_elems = OperandElems(trans_b, K, N, ldb);
+  if (ctx.operands == CUDA_R_32F || a_elems > ctx.operand_a_elems ||
+      b_elems > ctx.operand_b_elems)
+    return CUBLAS_STATUS_INVALID_VALUE;
   To16Bit(ctx, ctx.operands, ctx.operand_b, B, b_elems);
-  return cublasGemmEx(ctx.blas, op_b, op_a, N, M, K, &alpha, ctx.operand_b,
-                      ctx.operands, ldb, ctx.operand_a, ctx.operands, lda,
-                      &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
-                      CUBLAS_GEMM_DEFAULT);
+  return cublasGemmEx(ctx.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                      trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha,
+                      ctx.operand_b, ctx.operands, ldb, ctx.operand_a,
+                      ctx.operands, lda, &beta, C, CUDA_R_32F, ldc,
+                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
 void EncoderForward(const Ctx& ctx, float* out, const int* inp,
@@ -435,6 +484,24 @@ size_t LayerNormScratchFloats(int C) {
 cublasStatus_t MatmulForward(const Ctx& ctx, float* out, const float* inp,
                              const float* weight, const float* bias, int N,
                              int C, int OC) {
+  if (bias != nullptr && ctx.lt != nullptr) {
+    if (ctx.operands == CUDA_R_32F) {
+      if (LtGemmBias(ctx, false, true, N, OC, C, inp, C, weight, C, CUDA_R_32F,
+                     ctx.compute, bias, out, OC))
+        return CUBLAS_STATUS_SUCCESS;
+    } else {
+      const size_t a = static_cast<size_t>(N) * C,
+                   b = static_cast<size_t>(OC) * C;
+      if (a > ctx.operand_a_elems || b > ctx.operand_b_elems)
+        return CUBLAS_STATUS_INVALID_VALUE;
+      To16Bit(ctx, ctx.operands, ctx.operand_a, inp, a);
+      To16Bit(ctx, ctx.operands, ctx.operand_b, weight, b);
+      if (LtGemmBias(ctx, false, true, N, OC, C, ctx.operand_a, C,
+                     ctx.operand_b, C, ctx.operands, CUBLAS_COMPUTE_32F, bias,
+                     out, OC))
+        return CUBLAS_STATUS_SUCCESS;
+    }
+  }
   float beta = 0;
   if (bias != nullptr) {
     BiasRowsKernel<<<Blocks(static_cast<size_t>(N) * OC), kThreads, 0,
@@ -449,6 +516,29 @@ cublasStatus_t MatmulBackward(const Ctx& ctx, float* dinp, float* dweight,
                               float* dbias, const float* dout, const float* inp,
                               const float* weight, int N, int C, int OC,
                               float* scratch) {
+  if (ctx.operands != CUDA_R_32F) {
+    // dout rounded once for both products (with the bias sums when there
+    // is a bias: one read of dout).
+    // Every size first, so that a refusal changes nothing.
+    if (static_cast<size_t>(N) * OC > ctx.operand_a_elems ||
+        static_cast<size_t>(std::max(OC, N)) * C > ctx.operand_b_elems)
+      return CUBLAS_STATUS_INVALID_VALUE;
+    if (dbias != nullptr) {
+      ColumnSums(ctx, nullptr, dbias, dout, nullptr, nullptr, nullptr, N, OC,
+                 scratch, ctx.operand_a);
+    } else {
+      To16Bit(ctx, ctx.operands, ctx.operand_a, dout,
+              static_cast<size_t>(N) * OC);
+    }
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    if (dinp != nullptr) {
+      st = RowGemmRoundedA(ctx, false, false, N, C, OC, 1.0f, OC, weight, C,
+                           1.0f, dinp, C);
+    }
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    return RowGemmRoundedA(ctx, true, false, OC, C, N, 1.0f, OC, inp, C, 1.0f,
+                           dweight, C);
+  }
   if (dinp != nullptr) {
     const cublasStatus_t st = RowGemm(ctx, false, false, N, C, OC, 1.0f, dout,
                                       OC, weight, C, 1.0f, dinp, C);
@@ -508,9 +598,19 @@ void To16Bit(const Ctx& ctx, cudaDataType_t type, void* out, const float* in,
 
 void FusedClassifier(const Ctx& ctx, float* logits, float* losses,
                      const int* targets, int N, int V, int Vp, float dloss,
-                     bool backward) {
-  FusedClassifierKernel<<<N, kClassifierThreads, 0, ctx.stream>>>(
-      logits, losses, targets, V, Vp, dloss, backward);
+                     bool backward, void* rounded) {
+  if (rounded == nullptr || ctx.operands == CUDA_R_32F) {
+    FusedClassifierKernel<<<N, kClassifierThreads, 0, ctx.stream>>>(
+        logits, logits, losses, targets, V, Vp, dloss, backward);
+  } else if (ctx.operands == CUDA_R_16F) {
+    FusedClassifierKernel<<<N, kClassifierThreads, 0, ctx.stream>>>(
+        logits, static_cast<__half*>(rounded), losses, targets, V, Vp, dloss,
+        backward);
+  } else {
+    FusedClassifierKernel<<<N, kClassifierThreads, 0, ctx.stream>>>(
+        logits, static_cast<__nv_bfloat16*>(rounded), losses, targets, V, Vp,
+        dloss, backward);
+  }
 }
 
 AdamConstants MakeAdamConstants(double lr, double beta1, double beta2,

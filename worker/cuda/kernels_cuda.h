@@ -20,6 +20,10 @@
 
 namespace dslaunch::worker::cuda {
 
+// cuBLASLt's handle, workspace and the algorithm chosen for each shape
+// (lt_gemm.cc), for the products that add a bias.
+struct LtState;
+
 // Where the kernels run and how the matrix products compute.
 struct Ctx {
   cudaStream_t stream = nullptr;
@@ -39,7 +43,25 @@ struct Ctx {
   // Attention by the fused kernels (flash_attention.cu, bf16 operands)
   // where the head size allows; else the batched products.
   bool fused_attention = false;
+  // With cuBLASLt (LtCreate), MatmulForward adds the bias in the product's
+  // epilogue; without, or for a shape cuBLASLt has no algorithm for, the
+  // bias rows are written first and the product adds to them.
+  LtState* lt = nullptr;
 };
+
+// cuBLASLt's state: nullptr where it cannot be made (the other path then).
+LtState* LtCreate();
+void LtDestroy(LtState* lt);
+// The shapes cuBLASLt has taken an algorithm for so far (for tests).
+int LtShapesTaken(LtState* lt);
+// Row-major C[M,N] (writes) = op(A) op(B) + bias[column] through ctx.lt, on
+// A and B of `type` computed as `compute`; false, with C to be written by
+// another path, where ctx.lt is null or cuBLASLt takes no algorithm for the
+// shape or fails.
+bool LtGemmBias(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N, int K,
+                const void* A, int lda, const void* B, int ldb,
+                cudaDataType_t type, cublasComputeType_t compute,
+                const float* bias, float* C, int ldc);
 
 // C[M,N] = alpha op(A) op(B) + beta C, row-major, as worker/kernels_cpu.h's
 // Gemm (cblas_sgemm's contract). With 16-bit operands, A and B (each as many
@@ -48,6 +70,13 @@ struct Ctx {
 cublasStatus_t RowGemm(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N,
                        int K, float alpha, const float* A, int lda,
                        const float* B, int ldb, float beta, float* C, int ldc);
+// RowGemm in a 16-bit mode whose A is already rounded in ctx.operand_a
+// (by FusedClassifier or the like): the same numbers without rounding A
+// again. CUBLAS_STATUS_INVALID_VALUE in fp32 modes.
+cublasStatus_t RowGemmRoundedA(const Ctx& ctx, bool trans_a, bool trans_b,
+                               int M, int N, int K, float alpha, int lda,
+                               const float* B, int ldb, float beta, float* C,
+                               int ldc);
 // The same over `batch` matrices, each the last one's address + stride.
 cublasStatus_t RowGemmBatched(const Ctx& ctx, bool trans_a, bool trans_b, int M,
                               int N, int K, float alpha, const float* A,
@@ -143,9 +172,11 @@ void To16Bit(const Ctx& ctx, cudaDataType_t type, void* out, const float* in,
 // [targets[i]] over the first V of Vp columns; with backward, WRITES
 // logits[i] = dloss * (softmax - onehot) in place (padding columns 0), so
 // the probabilities are never stored. Without backward the logits stay.
+// With `rounded` (16-bit modes), the gradient goes there instead, rounded
+// to ctx.operands, for RowGemmRoundedA; the logits stay.
 void FusedClassifier(const Ctx& ctx, float* logits, float* losses,
                      const int* targets, int N, int V, int Vp, float dloss,
-                     bool backward);
+                     bool backward, void* rounded = nullptr);
 
 // One AdamW (adamw true) or Adam-with-L2 step over n elements, the same
 // operations in the same order as worker/cpu_adam.h's AdamStep (so the same
