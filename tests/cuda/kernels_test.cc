@@ -211,10 +211,13 @@ TEST_F(KernelsTest, Matmul) {
 
 // With cuBLASLt the bias goes in through the product's epilogue: the same
 // results as writing the bias rows first, in fp32 (exact) and on bf16
-// operands, and cuBLASLt really took the shapes.
+// operands, with cuBLASLt really computing them. A bias below 16-byte
+// alignment (which no preference of cuBLASLt's covers) takes the other
+// path, and output rows at a 4-byte offset get an algorithm for it.
 TEST_F(KernelsTest, MatmulBiasInTheEpilogue) {
-  ctx_.lt = cuda::LtCreate();
-  ASSERT_NE(ctx_.lt, nullptr);
+  cuda::LtState* lt = cuda::LtCreate();
+  ASSERT_NE(lt, nullptr);
+  ctx_.lt = lt;  // TearDown's to destroy
   const int N = 256, C2 = 192, OC = 576;
   auto x = Random(N * C2, rng_), w = Random(OC * C2, rng_),
        bias = Random(OC, rng_, -4, 4);
@@ -227,20 +230,33 @@ TEST_F(KernelsTest, MatmulBiasInTheEpilogue) {
     SCOPED_TRACE(bf16 ? "bf16" : "fp32");
     if (bf16) SixteenBit(CUDA_R_16BF, a.get(), N * C2, b.get(), OC * C2);
     std::vector<std::vector<float>> results;
-    for (bool lt : {true, false}) {
-      cuda::LtState* keep = ctx_.lt;
-      if (!lt) ctx_.lt = nullptr;
+    for (bool with_lt : {true, false}) {
+      ctx_.lt = with_lt ? lt : nullptr;
       Dev<float> gout(N * OC);
-      ASSERT_EQ(cuda::MatmulForward(ctx_, gout.get(), gx.get(), gw.get(),
-                                    gbias.get(), N, C2, OC),
-                CUBLAS_STATUS_SUCCESS);
-      ctx_.lt = keep;
+      const cublasStatus_t st = cuda::MatmulForward(
+          ctx_, gout.get(), gx.get(), gw.get(), gbias.get(), N, C2, OC);
+      ctx_.lt = lt;
+      ASSERT_EQ(st, CUBLAS_STATUS_SUCCESS);
       results.push_back(gout.Get());
     }
     EXPECT_LT(RelErr(results[0], out), bf16 ? 1e-2 : kFp32);
     EXPECT_LT(RelErr(results[0], results[1]), bf16 ? 1e-5 : 1e-6);
   }
-  EXPECT_EQ(cuda::LtShapesTaken(ctx_.lt), 2);  // fp32 and bf16
+  EXPECT_EQ(cuda::LtShapesTaken(lt), 2);  // fp32 and bf16
+  // Straight through cuBLASLt (fp32), at an output 4 bytes off alignment;
+  // a bias 4 bytes off is refused.
+  Dev<float> gout(N * OC + 1);
+  ctx_.operands = CUDA_R_32F;
+  EXPECT_TRUE(cuda::LtGemmBias(ctx_, false, true, N, OC, C2, gx.get(), C2,
+                               gw.get(), C2, CUDA_R_32F, CUBLAS_COMPUTE_32F,
+                               gbias.get(), gout.get() + 1, OC));
+  std::vector<float> got = gout.Get();
+  got.erase(got.begin());
+  EXPECT_LT(RelErr(got, out), kFp32);
+  Dev<float> shifted(N * OC), bias1(std::vector<float>(OC + 1, 0.0f));
+  EXPECT_FALSE(cuda::LtGemmBias(ctx_, false, true, N, OC, C2, gx.get(), C2,
+                                gw.get(), C2, CUDA_R_32F, CUBLAS_COMPUTE_32F,
+                                bias1.get() + 1, shifted.get(), OC));
 }
 
 // The bf16 products are within bf16's error and really on bf16 operands

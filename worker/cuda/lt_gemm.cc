@@ -13,12 +13,15 @@
 
 namespace dslaunch::worker::cuda {
 
+// One per engine, whose products all run on its one stream: the workspace
+// is used by one product at a time.
 struct LtState {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  // The algorithm for each shape; false: none, take the other path.
-  std::map<std::array<long long, 9>, std::pair<bool, cublasLtMatmulAlgo_t>>
+  // The algorithm for each shape and alignment; false: none, or it failed,
+  // take the other path.
+  std::map<std::array<long long, 14>, std::pair<bool, cublasLtMatmulAlgo_t>>
       algos;
   std::mutex mu;
 };
@@ -40,6 +43,16 @@ struct LtDescs {
 };
 
 bool Ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
+
+// The largest power of 2 up to 256 dividing p's address. cuBLASLt's
+// heuristic never sees the pointers: it assumes 256-byte operands unless
+// told less, and the algorithm it picks may fail or fault on less.
+uint32_t Alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t n = 256;
+  while (n > 1 && a % n != 0) n /= 2;
+  return n;
+}
 
 }  // namespace
 
@@ -63,6 +76,7 @@ void LtDestroy(LtState* lt) {
 }
 
 int LtShapesTaken(LtState* lt) {
+  if (lt == nullptr) return 0;
   std::lock_guard<std::mutex> lock(lt->mu);
   int n = 0;
   for (const auto& [key, algo] : lt->algos) n += algo.first ? 1 : 0;
@@ -74,7 +88,13 @@ bool LtGemmBias(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N, int K,
                 cudaDataType_t type, cublasComputeType_t compute,
                 const float* bias, float* C, int ldc) {
   LtState* lt = ctx.lt;
-  if (lt == nullptr) return false;
+  if (lt == nullptr || bias == nullptr) return false;
+  // cuBLASLt's A is our B, its B our A. The bias has no alignment
+  // preference (the heuristic reads it from the pointer it was asked
+  // with): below 16 bytes the other path.
+  const uint32_t align_a = Alignment(B), align_b = Alignment(A),
+                 align_c = Alignment(C), align_bias = Alignment(bias);
+  if (align_bias < 16) return false;
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: in
   // cuBLASLt's terms A is our B (m = N rows of the result) and B our A,
   // and the bias, one entry per row of C^T, is one per column of C.
@@ -104,8 +124,9 @@ bool LtGemmBias(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N, int K,
       !Ok(cublasLtMatrixLayoutCreate(&d.c, out, N, M, ldc))) {
     return false;
   }
-  const std::array<long long, 9> key = {
-      trans_a, trans_b, M, N, K, lda, ldb, ldc, type * 1000 + compute};
+  const std::array<long long, 14> key = {
+      trans_a, trans_b, M,       N,       K,       lda,     ldb,
+      ldc,     type,    compute, align_a, align_b, align_c, align_bias};
   std::pair<bool, cublasLtMatmulAlgo_t> algo{};
   {
     std::lock_guard<std::mutex> lock(lt->mu);
@@ -121,6 +142,18 @@ bool LtGemmBias(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N, int K,
           Ok(cublasLtMatmulPreferenceSetAttribute(
               pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
               sizeof ws)) &&
+          Ok(cublasLtMatmulPreferenceSetAttribute(
+              pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+              sizeof align_a)) &&
+          Ok(cublasLtMatmulPreferenceSetAttribute(
+              pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+              sizeof align_b)) &&
+          Ok(cublasLtMatmulPreferenceSetAttribute(
+              pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+              sizeof align_c)) &&
+          Ok(cublasLtMatmulPreferenceSetAttribute(
+              pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+              sizeof align_c)) &&
           Ok(cublasLtMatmulAlgoGetHeuristic(lt->handle, d.op, d.a, d.b, d.c,
                                             d.c, pref, 1, &result, &found)) &&
           found > 0) {
@@ -132,9 +165,13 @@ bool LtGemmBias(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N, int K,
   }
   if (!algo.first) return false;
   const float alpha = 1.0f, beta = 0.0f;
-  return Ok(cublasLtMatmul(lt->handle, d.op, &alpha, B, d.a, A, d.b, &beta, C,
-                           d.c, C, d.c, &algo.second, lt->workspace,
-                           lt->workspace_bytes, ctx.stream));
+  if (Ok(cublasLtMatmul(lt->handle, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c,
+                        C, d.c, &algo.second, lt->workspace,
+                        lt->workspace_bytes, ctx.stream)))
+    return true;
+  std::lock_guard<std::mutex> lock(lt->mu);  // not again for this shape
+  lt->algos[key].first = false;
+  return false;
 }
 
 }  // namespace dslaunch::worker::cuda
