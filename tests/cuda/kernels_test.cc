@@ -180,6 +180,28 @@ TEST_F(KernelsTest, LayerNorm) {
   EXPECT_LT(RelErr(gdb.Get(), db), kFp32);
 }
 
+// The residual and the LayerNorm over it in one pass: the same bits as
+// ResidualForward then LayerNormForward.
+TEST_F(KernelsTest, ResidualLayerNormIsTheTwoInOne) {
+  const int N = B * T;
+  auto x = Random(N * C, rng_, -3, 5), y = Random(N * C, rng_),
+       w = Random(C, rng_), b = Random(C, rng_);
+  Dev<float> gx(x), gy(y), gw(w), gb(b);
+  Dev<float> res(N * C), out(N * C), mean(N), rstd(N);
+  cuda::ResidualForward(ctx_, res.get(), gx.get(), gy.get(),
+                        static_cast<size_t>(N) * C);
+  cuda::LayerNormForward(ctx_, out.get(), mean.get(), rstd.get(), res.get(),
+                         gw.get(), gb.get(), N, C);
+  Dev<float> res2(N * C), out2(N * C), mean2(N), rstd2(N);
+  cuda::ResidualLayerNormForward(ctx_, res2.get(), out2.get(), mean2.get(),
+                                 rstd2.get(), gx.get(), gy.get(), gw.get(),
+                                 gb.get(), N, C);
+  EXPECT_EQ(res2.Get(), res.Get());
+  EXPECT_EQ(out2.Get(), out.Get());
+  EXPECT_EQ(mean2.Get(), mean.Get());
+  EXPECT_EQ(rstd2.Get(), rstd.Get());
+}
+
 TEST_F(KernelsTest, Matmul) {
   const int N = B * T, OC = 3 * C;
   auto x = Random(N * C, rng_), w = Random(OC * C, rng_),

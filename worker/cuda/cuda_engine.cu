@@ -707,11 +707,9 @@ class CudaEngine final : public DeviceEngine {
                             P(kAttprojb, l), N, C, C),
               "attproj"))
       return false;
-    Mark(Profile::kPointwise);
-    ResidualForward(ctx_, a.res2, res_in, scratch_, NC);
     Mark(Profile::kLayerNorm);
-    LayerNormForward(ctx_, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, P(kLn2w, l),
-                     P(kLn2b, l), N, C);
+    ResidualLayerNormForward(ctx_, a.res2, a.ln2, a.ln2_mean, a.ln2_rstd,
+                             res_in, scratch_, P(kLn2w, l), P(kLn2b, l), N, C);
     Mark(Profile::kMatmul);
     if (!Blas(MatmulForward(ctx_, a.fch, a.ln2, P(kFcw, l), P(kFcb, l), N, C,
                             4 * C),

@@ -55,13 +55,23 @@ __global__ void EncoderBackwardWteKernel(float* dwte, const float* dout,
 // ------------------------------------------------------------ LayerNorm
 
 // One warp per row.
+// With `other`, the row is inp + other, written to `sum` first (the
+// residual, in the same pass; each lane then reads back only what it
+// wrote).
 __global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd,
                                        const float* inp, const float* weight,
-                                       const float* bias, int N, int C) {
+                                       const float* bias, int N, int C,
+                                       const float* other, float* sum) {
   const int row = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= N) return;
   const float* x = inp + static_cast<size_t>(row) * C;
+  if (other != nullptr) {
+    const float* o = other + static_cast<size_t>(row) * C;
+    float* r = sum + static_cast<size_t>(row) * C;
+    for (int c = lane; c < C; c += kWarp) r[c] = x[c] + o[c];
+    x = r;
+  }
   float s = 0;
   for (int c = lane; c < C; c += kWarp) s += x[c];
   const float m = WarpSum(s) / C;
@@ -465,7 +475,15 @@ void LayerNormForward(const Ctx& ctx, float* out, float* mean, float* rstd,
                       const float* inp, const float* weight, const float* bias,
                       int N, int C) {
   LayerNormForwardKernel<<<WarpRowBlocks(N), kThreads, 0, ctx.stream>>>(
-      out, mean, rstd, inp, weight, bias, N, C);
+      out, mean, rstd, inp, weight, bias, N, C, nullptr, nullptr);
+}
+
+void ResidualLayerNormForward(const Ctx& ctx, float* res, float* out,
+                              float* mean, float* rstd, const float* inp1,
+                              const float* inp2, const float* weight,
+                              const float* bias, int N, int C) {
+  LayerNormForwardKernel<<<WarpRowBlocks(N), kThreads, 0, ctx.stream>>>(
+      out, mean, rstd, inp1, weight, bias, N, C, inp2, res);
 }
 
 void LayerNormBackward(const Ctx& ctx, float* dinp, float* dweight,

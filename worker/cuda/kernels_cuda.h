@@ -100,6 +100,12 @@ void EncoderBackwardWte(const Ctx& ctx, float* dwte, const float* dout,
 void LayerNormForward(const Ctx& ctx, float* out, float* mean, float* rstd,
                       const float* inp, const float* weight, const float* bias,
                       int N, int C);
+// res = inp1 + inp2 (ResidualForward's) and LayerNormForward over it, in
+// one pass: the same bits as the two.
+void ResidualLayerNormForward(const Ctx& ctx, float* res, float* out,
+                              float* mean, float* rstd, const float* inp1,
+                              const float* inp2, const float* weight,
+                              const float* bias, int N, int C);
 // scratch: LayerNormScratchFloats(C) floats.
 void LayerNormBackward(const Ctx& ctx, float* dinp, float* dweight,
                        float* dbias, const float* dout, const float* inp,
