@@ -247,8 +247,8 @@ class DeviceEngine {
   // Sum of the squared gradients [begin, begin + count) of the gradient
   // buffer, in double.
   virtual bool GradSquaredSum(size_t begin, size_t count, double* out) = 0;
-  // Over each of options.adam's segments: grads *= grad_scale, then one
-  // AdamW step (nothing without segments).
+  // Over each of options.adam's segments one AdamW step on the gradients
+  // times grad_scale (as read; the buffer stays), nothing without segments.
   virtual bool AdamStep(const DeviceAdam& adam, float grad_scale) = 0;
 
   // Collectives among the ranks' GPUs, one GPU a rank (NCCL, loaded on

@@ -57,6 +57,7 @@ Status ReplicatedState::Update(const AdamParams& adam, float clip_scale) {
 void ReplicatedState::Step(const AdamParams& adam, float clip_scale) {
   float* p = model_->params().data();
   const float* g = model_->grads().data();
+  DSL_CHECK(adam.grad_scale == 1.0f);  // the clip's scale goes there
   AdamParams scaled = adam;
   scaled.grad_scale = clip_scale;
   const size_t lo = shard_begin_, hi = shard_begin_ + shard_size_;

@@ -281,6 +281,7 @@ StatusOr<float> ZeroState::FinishGradients() {
 Status ZeroState::Update(const AdamParams& adam, float clip_scale) {
   ZeroStaleGrads();
   float* p = Buffer(Which::kParams).data();
+  DSL_CHECK(adam.grad_scale == 1.0f);  // the clip's scale goes there
   AdamParams scaled = adam;
   scaled.grad_scale = clip_scale;
   for (const AdamRun& r : adam_runs_) {
