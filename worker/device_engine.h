@@ -28,7 +28,7 @@ namespace dslaunch::worker {
 // 5: collectives among the ranks' GPUs (NCCL); padded_floats;
 //    GradSquaredSum over a range.
 // 6: collectives on layer windows; window_floats; ScaleGrads.
-constexpr int kDeviceEngineAbi = 6;
+constexpr int kDeviceEngineAbi = 7;
 
 // How the matrix products compute; activations, parameters, gradients and
 // optimizer state are fp32 in every mode.
@@ -84,10 +84,12 @@ enum class DeviceWindows {
 // the calling thread, around each hook layer with worker/model.h's
 // LayerHooks numbering, order and windows: BeforeForward(l) for
 // l = -1..L (evaluation too), BeforeBackward(l) and AfterBackward(l) for
-// l = L..-1. The device's work before a call is finished when the callee
-// copies (every copy synchronises), so a hook may call SetLayerParams and
-// TakeLayerGrads. false stops the pass; the engine's error() then names the
-// hook, and the caller knows why.
+// l = L..-1. A hook may call SetLayerParams (which waits for the device's
+// work before it) and TakeLayerGrads (which starts a copy after it, whose
+// result WaitLayerGrads waits for: the host works on one layer's gradients
+// while the device computes the next layer's backward). false stops the
+// pass; the engine's error() then names the hook, and the caller knows
+// why.
 class DeviceLayerHooks {
  public:
   virtual ~DeviceLayerHooks() = default;
@@ -230,9 +232,12 @@ class DeviceEngine {
   // Under kParamsAndGrads, from a hook: layer's parameters (its whole
   // layer-major range) into its window for the pass.
   virtual bool SetLayerParams(int layer, const float* host) = 0;
-  // Under windows, from AfterBackward(layer): the layer's gradients of this
-  // pass (its whole range) to the host; its window is then zero again.
+  // Under windows, from AfterBackward(layer): starts the copy of the
+  // layer's gradients of this pass (its whole range) to `host`, after the
+  // device's work so far; its window is then zero again. `host` holds them
+  // once WaitLayerGrads(layer) returns, and must not be touched before.
   virtual bool TakeLayerGrads(int layer, float* host) = 0;
+  virtual bool WaitLayerGrads(int layer) = 0;
 
   virtual bool ZeroGrad() = 0;
   // Forward and backward over B x T tokens (row-major), adding the gradient

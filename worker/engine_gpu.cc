@@ -481,6 +481,11 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
   // same gathers and reduces on the GPUs, the host out of the pass.
   bool BeforeForward(int layer) override {
     if (nccl_) return Gather(layer);
+    // A pass that stopped in a hook may have left a copy running.
+    if (layer == -1 && pending_ != kNone) {
+      dev_->WaitLayerGrads(pending_);
+      pending_ = kNone;
+    }
     hooks_.before_forward(layer);
     return Supply(layer);
   }
@@ -495,12 +500,26 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
       const ZeroState::OwnedPiece p = zero_->owned_piece(layer);
       return dev_->ReduceLayerGrads(layer, p.at, p.shard, comm_->rank());
     }
+    // The layer before's gradients, copied while this layer's backward
+    // was queued, go to the host's hooks (its bucket's reduce) while the
+    // device computes this layer; this layer's copy starts after them, as
+    // a reduce may work in the window the copy lands in.
+    if (!FinishPending()) return false;
     if (!dev_->TakeLayerGrads(layer, zero_->LayerGrads(layer))) return false;
-    hooks_.after_backward(layer);
-    return zero_->status().ok();
+    pending_ = layer;
+    return layer != -1 || FinishPending();  // the pass's last
   }
 
  private:
+  // The copy of pending_'s gradients waited for and handed to the hooks.
+  bool FinishPending() {
+    if (pending_ == kNone) return true;
+    const int layer = pending_;
+    pending_ = kNone;
+    if (!dev_->WaitLayerGrads(layer)) return false;
+    hooks_.after_backward(layer);
+    return zero_->status().ok();
+  }
   // Stage 3 with NCCL: the layer's parameters gathered on the GPUs.
   bool Gather(int layer) {
     if (stage_ != 3) return true;
@@ -543,6 +562,9 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
   int stage_ = 2;
   std::unique_ptr<ZeroState> zero_;
   LayerHooks hooks_;
+  // The layer whose gradient copy is running, not yet handed to hooks_.
+  static constexpr int kNone = -2;
+  int pending_ = kNone;
 };
 
 }  // namespace

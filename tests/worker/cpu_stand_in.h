@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cmath>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -93,12 +95,33 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
     std::copy(host, host + LayerSize(layer), Window(param_windows_, layer));
     return true;
   }
+  // As an asynchronous copy: the window's gradients as they are now reach
+  // `host` only at WaitLayerGrads, with NaN there until then (what a read
+  // before the copy ends could see). A write there in between (which a
+  // real copy could land over), a layer taken twice without a wait, a wait
+  // for nothing and a pass that ends with a copy unwaited fail.
   bool TakeLayerGrads(int layer, float* host) override {
-    if (o_.windows == DeviceWindows::kNone) return false;
+    if (o_.windows == DeviceWindows::kNone || copies_.count(layer) != 0)
+      return false;
     float* w = Window(grad_windows_, layer);
     Check(host, LayerSize(layer));
-    std::copy(w, w + LayerSize(layer), host);
+    copies_[layer] = {host, std::vector<float>(w, w + LayerSize(layer))};
+    std::fill(host, host + LayerSize(layer), NAN);
     std::fill(w, w + LayerSize(layer), 0.0f);
+    return true;
+  }
+  bool WaitLayerGrads(int layer) override {
+    auto it = copies_.find(layer);
+    if (it == copies_.end()) return false;
+    float* host = it->second.first;
+    if (!std::all_of(host, host + it->second.second.size(),
+                     [](float x) { return std::isnan(x); })) {
+      error_ = "the host wrote where a gradient copy was landing";
+      return false;
+    }
+    std::copy(it->second.second.begin(), it->second.second.end(),
+              it->second.first);
+    copies_.erase(it);
     return true;
   }
   bool ZeroGrad() override {
@@ -107,9 +130,14 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   }
   bool TrainMicroBatch(const int* tokens, const int* targets, int B, int T,
                        float grad_scale, float* loss) override {
+    copies_.clear();  // a stopped pass's, done by now on a device
     hooks_ok_ = true;
     *loss = model_->Forward(tokens, targets, B, T);
     model_->Backward(grad_scale);
+    if (hooks_ok_ && !copies_.empty()) {
+      error_ = "a pass ended with a gradient copy nobody waited for";
+      return false;
+    }
     return hooks_ok_;
   }
   bool EvalBatch(const int* tokens, const int* targets, int B, int T,
@@ -332,6 +360,8 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   std::vector<float> owned_params_, owned_grads_, m_, v_;
   std::array<std::vector<float>, 2> param_windows_, grad_windows_;
   bool hooks_ok_ = true;
+  // The gradient copies started and not yet waited for, by layer.
+  std::map<int, std::pair<float*, std::vector<float>>> copies_;
   std::vector<std::pair<const char*, size_t>> pinned_;
   Comm* comm_ = nullptr;
   std::string gpu_;

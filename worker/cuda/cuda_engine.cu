@@ -56,6 +56,8 @@ class CudaEngine final : public DeviceEngine {
     nccl_.Close();  // before the buffers and the stream go
     profile_.Collect();
     profile_.Print();
+    for (cudaEvent_t e : grad_copied_)
+      if (e != nullptr) cudaEventDestroy(e);
     for (void* p : pinned_) cudaHostUnregister(p);
     for (const auto& a : allocations_) cudaFree(a.first);
     LtDestroy(ctx_.lt);
@@ -138,6 +140,13 @@ class CudaEngine final : public DeviceEngine {
       if (!AllocZero(&grad_window_[0], WindowFloats(-1)) ||
           !AllocZero(&grad_window_[1], WindowFloats(0)))
         return false;
+      // An event after each layer's gradient copy (TakeLayerGrads).
+      grad_copied_.assign(spec_.num_layers + 2, nullptr);
+      for (cudaEvent_t& e : grad_copied_) {
+        if (!Cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                  "cudaEventCreate"))
+          return false;
+      }
       if (options_.windows == DeviceWindows::kParamsAndGrads &&
           (!AllocZero(&param_window_[0], WindowFloats(-1)) ||
            !AllocZero(&param_window_[1], WindowFloats(0))))
@@ -178,9 +187,20 @@ class CudaEngine final : public DeviceEngine {
     if (options_.windows == DeviceWindows::kNone || !IsLayer(layer))
       return Fail("TakeLayerGrads without gradient windows");
     float* w = GradWindow(layer);
-    if (!Down(host, w, LayerSize(layer))) return false;
+    if (!Cuda(cudaMemcpyAsync(host, w, LayerSize(layer) * sizeof(float),
+                              cudaMemcpyDeviceToHost, ctx_.stream),
+              "copy a gradient window from the GPU"))
+      return false;
     Zero(ctx_, w, LayerSize(layer));
-    return Launched("zero a gradient window");
+    return Cuda(cudaEventRecord(grad_copied_[layer + 1], ctx_.stream),
+                "cudaEventRecord") &&
+           Launched("zero a gradient window");
+  }
+  bool WaitLayerGrads(int layer) override {
+    if (options_.windows == DeviceWindows::kNone || !IsLayer(layer))
+      return Fail("WaitLayerGrads without gradient windows");
+    return Cuda(cudaEventSynchronize(grad_copied_[layer + 1]),
+                "copy a gradient window from the GPU");
   }
   bool ZeroGrad() override {
     profile_.StepDone();  // a step starts
@@ -886,8 +906,9 @@ class CudaEngine final : public DeviceEngine {
   // Under windows: the embedding's [0] and every other layer's [1].
   float* param_window_[2] = {nullptr, nullptr};
   float* grad_window_[2] = {nullptr, nullptr};
-  size_t window_floats_[2] = {0, 0};  // their sizes
-  bool windows_dirty_ = false;        // a pass under windows began, not ended
+  std::vector<cudaEvent_t> grad_copied_;  // by hook layer + 1
+  size_t window_floats_[2] = {0, 0};      // their sizes
+  bool windows_dirty_ = false;  // a pass under windows began, not ended
   double* partials_ = nullptr;
   int B_ = 0, T_ = 0;
   float* acts_ = nullptr;
