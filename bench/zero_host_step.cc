@@ -65,7 +65,8 @@ struct Rank {
 };
 
 // What GpuShardedEngine's backward does per layer: the hooks around the
-// device's copy of its gradients (untimed).
+// device's copy of its gradients (untimed; the engine hands each layer to
+// after_backward one layer later, once its copy has landed).
 double Backward(const Options& o, Rank& r) {
   double ms = 0;
   for (int l = o.layers; l >= -1; --l) {

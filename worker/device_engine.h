@@ -28,6 +28,7 @@ namespace dslaunch::worker {
 // 5: collectives among the ranks' GPUs (NCCL); padded_floats;
 //    GradSquaredSum over a range.
 // 6: collectives on layer windows; window_floats; ScaleGrads.
+// 7: TakeLayerGrads starts a copy, WaitLayerGrads waits for it.
 constexpr int kDeviceEngineAbi = 7;
 
 // How the matrix products compute; activations, parameters, gradients and
@@ -236,6 +237,9 @@ class DeviceEngine {
   // layer's gradients of this pass (its whole range) to `host`, after the
   // device's work so far; its window is then zero again. `host` holds them
   // once WaitLayerGrads(layer) returns, and must not be touched before.
+  // One copy a layer at a time; every copy started is waited for, in the
+  // pass or after it (a pass that stopped); a Take that fails leaves no
+  // copy running.
   virtual bool TakeLayerGrads(int layer, float* host) = 0;
   virtual bool WaitLayerGrads(int layer) = 0;
 

@@ -378,6 +378,12 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
   // there stops the pass, and it is the one reported.
   StatusOr<float> TrainMicroBatch(const Batch& b, float grad_scale) override {
     StatusOr<float> loss = GpuEngine::TrainMicroBatch(b, grad_scale);
+    // A pass that stopped may have left a gradient copy landing in the
+    // host's windows: waited for before anything else uses them.
+    if (pending_ != kNone) {
+      dev_->WaitLayerGrads(pending_);
+      pending_ = kNone;
+    }
     RETURN_IF_ERROR(zero_->status());
     return loss;
   }
@@ -481,11 +487,6 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
   // same gathers and reduces on the GPUs, the host out of the pass.
   bool BeforeForward(int layer) override {
     if (nccl_) return Gather(layer);
-    // A pass that stopped in a hook may have left a copy running.
-    if (layer == -1 && pending_ != kNone) {
-      dev_->WaitLayerGrads(pending_);
-      pending_ = kNone;
-    }
     hooks_.before_forward(layer);
     return Supply(layer);
   }

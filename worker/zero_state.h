@@ -58,7 +58,9 @@ class ZeroState : public ParamSource {
   void LoadParams(std::span<const float> full);
   // How backward fills the gradient windows: the Model adds into them
   // (zeroed as each bucket opens), or a device engine copies each layer's
-  // gradients in whole (TakeLayerGrads; left as they are).
+  // gradients in whole (TakeLayerGrads; left as they are). Under kCopied
+  // before_backward leaves the gradient windows alone, so after_backward(l)
+  // may come after before_backward(l - 1) (the GPU engine's overlap).
   enum class GradWindows { kAdded, kCopied };
   // The hooks to install on the Model with this source, or to call from a
   // device engine's.

@@ -101,8 +101,12 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   // real copy could land over), a layer taken twice without a wait, a wait
   // for nothing and a pass that ends with a copy unwaited fail.
   bool TakeLayerGrads(int layer, float* host) override {
-    if (o_.windows == DeviceWindows::kNone || copies_.count(layer) != 0)
+    if (o_.windows == DeviceWindows::kNone) return false;
+    if (copies_.count(layer) != 0) {
+      error_ = "a gradient copy of layer " + std::to_string(layer) +
+               " started twice";
       return false;
+    }
     float* w = Window(grad_windows_, layer);
     Check(host, LayerSize(layer));
     copies_[layer] = {host, std::vector<float>(w, w + LayerSize(layer))};
@@ -112,7 +116,10 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   }
   bool WaitLayerGrads(int layer) override {
     auto it = copies_.find(layer);
-    if (it == copies_.end()) return false;
+    if (it == copies_.end()) {
+      error_ = "a wait for no gradient copy of layer " + std::to_string(layer);
+      return false;
+    }
     float* host = it->second.first;
     if (!std::all_of(host, host + it->second.second.size(),
                      [](float x) { return std::isnan(x); })) {
@@ -130,7 +137,10 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   }
   bool TrainMicroBatch(const int* tokens, const int* targets, int B, int T,
                        float grad_scale, float* loss) override {
-    copies_.clear();  // a stopped pass's, done by now on a device
+    if (!copies_.empty()) {
+      error_ = "a pass began with a gradient copy of the last unwaited";
+      return false;
+    }
     hooks_ok_ = true;
     *loss = model_->Forward(tokens, targets, B, T);
     model_->Backward(grad_scale);

@@ -192,9 +192,12 @@ class CudaEngine final : public DeviceEngine {
               "copy a gradient window from the GPU"))
       return false;
     Zero(ctx_, w, LayerSize(layer));
-    return Cuda(cudaEventRecord(grad_copied_[layer + 1], ctx_.stream),
-                "cudaEventRecord") &&
-           Launched("zero a gradient window");
+    if (Launched("zero a gradient window") &&
+        Cuda(cudaEventRecord(grad_copied_[layer + 1], ctx_.stream),
+             "cudaEventRecord"))
+      return true;
+    cudaStreamSynchronize(ctx_.stream);  // no copy left running
+    return false;
   }
   bool WaitLayerGrads(int layer) override {
     if (options_.windows == DeviceWindows::kNone || !IsLayer(layer))
