@@ -199,23 +199,30 @@ __global__ void ColumnFinishKernel(float* dweight, float* dbias,
   if (dweight != nullptr) dweight[c] += tw;
 }
 
+// fn(p): p `rounded` as a pointer to the 16-bit operand type, or
+// `otherwise` where there is none (no pointer, or an fp32 mode).
+template <typename Fn>
+void AsOperandType(const Ctx& ctx, void* rounded, float* otherwise,
+                   const Fn& fn) {
+  if (rounded == nullptr || ctx.operands == CUDA_R_32F) {
+    fn(otherwise);
+  } else if (ctx.operands == CUDA_R_16F) {
+    fn(static_cast<__half*>(rounded));
+  } else {
+    fn(static_cast<__nv_bfloat16*>(rounded));
+  }
+}
+
 // rounded: null, or dout rounded to ctx.operands there.
 void ColumnSums(const Ctx& ctx, float* dweight, float* dbias, const float* dout,
                 const float* inp, const float* mean, const float* rstd, int N,
                 int C, float* scratch, void* rounded = nullptr) {
   const dim3 grid((C + kWarp - 1) / kWarp, kRowGroups);
   const dim3 block(kWarp, kRowsPerBlock);
-  if (rounded == nullptr || ctx.operands == CUDA_R_32F) {
-    ColumnPartialsKernel<<<grid, block, 0, ctx.stream>>>(
-        scratch, dout, inp, mean, rstd, N, C, static_cast<float*>(nullptr));
-  } else if (ctx.operands == CUDA_R_16F) {
-    ColumnPartialsKernel<<<grid, block, 0, ctx.stream>>>(
-        scratch, dout, inp, mean, rstd, N, C, static_cast<__half*>(rounded));
-  } else {
-    ColumnPartialsKernel<<<grid, block, 0, ctx.stream>>>(
-        scratch, dout, inp, mean, rstd, N, C,
-        static_cast<__nv_bfloat16*>(rounded));
-  }
+  AsOperandType(ctx, rounded, static_cast<float*>(nullptr), [&](auto* r) {
+    ColumnPartialsKernel<<<grid, block, 0, ctx.stream>>>(scratch, dout, inp,
+                                                         mean, rstd, N, C, r);
+  });
   ColumnFinishKernel<<<Blocks(C), kThreads, 0, ctx.stream>>>(dweight, dbias,
                                                              scratch, C);
 }
@@ -617,18 +624,10 @@ void To16Bit(const Ctx& ctx, cudaDataType_t type, void* out, const float* in,
 void FusedClassifier(const Ctx& ctx, float* logits, float* losses,
                      const int* targets, int N, int V, int Vp, float dloss,
                      bool backward, void* rounded) {
-  if (rounded == nullptr || ctx.operands == CUDA_R_32F) {
+  AsOperandType(ctx, rounded, logits, [&](auto* grad) {
     FusedClassifierKernel<<<N, kClassifierThreads, 0, ctx.stream>>>(
-        logits, logits, losses, targets, V, Vp, dloss, backward);
-  } else if (ctx.operands == CUDA_R_16F) {
-    FusedClassifierKernel<<<N, kClassifierThreads, 0, ctx.stream>>>(
-        logits, static_cast<__half*>(rounded), losses, targets, V, Vp, dloss,
-        backward);
-  } else {
-    FusedClassifierKernel<<<N, kClassifierThreads, 0, ctx.stream>>>(
-        logits, static_cast<__nv_bfloat16*>(rounded), losses, targets, V, Vp,
-        dloss, backward);
-  }
+        logits, grad, losses, targets, V, Vp, dloss, backward);
+  });
 }
 
 AdamConstants MakeAdamConstants(double lr, double beta1, double beta2,
