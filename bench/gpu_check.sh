@@ -23,7 +23,8 @@
 #      SANITIZE=1: memcheck even when the tests pass
 #      QUICK=1: PyTorch's compiled bf16 run only
 #      SKIP_ZERO=1  ZSTEPS steps of each ZeRO run (6)  ZTIMEOUT each ZeRO run's limit (180 s)
-#      MODES dsworker's modes benchmarked ("bf16 bf16+batched fp16 tf32 fp32")
+#      MODES dsworker's modes benchmarked ("bf16 bf16+batched fp16 tf32 fp32";
+#        +batched: DSL_CUDA_ATTENTION=batched, +fp32acts: DSL_CUDA_ACTIVATIONS=fp32)
 #      PROFILE_MODES the modes profiled ("bf16 bf16+batched tf32"; empty: none)
 #      KERNELS=1: each kernel's GPU time in a bf16 step, from Nsight Compute
 #      PEAK_TFLOPS dense bf16 peak for MFU (989.5, H100/H200 SXM)
@@ -154,12 +155,16 @@ N = 124475904  # GPT-2 124M with the padded 50304-row embedding
 print('%.1f%%' % (100 * float('$1') * (6 * N + 6 * 12 * 768 * 1024) / ($2 * 1e12)))"; }
 
 declare -a ROWS
-run_dsworker() {  # mode (bf16, bf16+batched, fp16, fp32, tf32), peak TFLOP/s of that mode
+# The engine's environment for a mode.
+mode_env() {
+  echo "DSL_CUDA_TF32=$([[ $1 == tf32 ]] && echo 1 || echo 0)" \
+       "DSL_CUDA_ATTENTION=$([[ $1 == *batched* ]] && echo batched || echo fused)" \
+       "DSL_CUDA_ACTIVATIONS=$([[ $1 == *fp32acts* ]] && echo fp32 || echo 16bit)"
+}
+run_dsworker() {  # mode (bf16[+batched][+fp32acts], fp16, fp32, tf32), peak TFLOP/s of that mode
   local mode=$1 peak=$2 log=$OUT/bench_dsworker.log tps rc
   echo "### dsworker $mode" >>"$log"
-  (cd "$WORK" && DSL_CUDA_TF32=$([[ $mode == tf32 ]] && echo 1 || echo 0) \
-     DSL_CUDA_ATTENTION=$([[ $mode == *batched* ]] && echo batched || echo fused) \
-     timeout 240 "$DSW" train --config "$WORK/gpt2.json" --device cuda \
+  (cd "$WORK" && env $(mode_env "$mode") timeout 240 "$DSW" train --config "$WORK/gpt2.json" --device cuda \
      --set "bf16.enabled=$([[ $mode == bf16* ]] && echo true || echo false)" \
      --set "fp16.enabled=$([[ $mode == fp16 ]] && echo true || echo false)" \
      "${@:3}") >"$WORK/run.log" 2>&1
@@ -183,9 +188,7 @@ done
 # Where the GPU time goes (DSL_CUDA_PROFILE: events between the parts of a
 # step; a separate short run, so the timings above carry no events).
 for mode in ${PROFILE_MODES-bf16 bf16+batched tf32}; do
-  (cd "$WORK" && DSL_CUDA_PROFILE=1 DSL_CUDA_TF32=$([[ $mode == tf32 ]] && echo 1 || echo 0) \
-     DSL_CUDA_ATTENTION=$([[ $mode == *batched* ]] && echo batched || echo fused) \
-     timeout 120 "$DSW" train --config "$WORK/gpt2.json" --device cuda --set train.steps=6 \
+  (cd "$WORK" && env DSL_CUDA_PROFILE=1 $(mode_env "$mode") timeout 120 "$DSW" train --config "$WORK/gpt2.json" --device cuda --set train.steps=6 \
      --set "bf16.enabled=$([[ $mode == bf16* ]] && echo true || echo false)") >"$WORK/profile.log" 2>&1
   say "profile $mode (6 steps, the first with its start-up):"
   grep -A11 'GPU time per step' "$WORK/profile.log" | tee -a "$SUMMARY"

@@ -418,6 +418,20 @@ TEST_F(KernelsTest, FusedAttention) {
                                      b, t, c, nh, ws.get()),
               CUBLAS_STATUS_SUCCESS);
     EXPECT_EQ(gout.Get(), fwd);
+    // In the 16-bit modes also rounded (over NaN): the same bits as
+    // rounding the fp32 output, which stays as it was.
+    for (cudaDataType_t type : {CUDA_R_16BF, CUDA_R_16F}) {
+      ctx_.operands = type;
+      Dev<uint16_t> out16(std::vector<uint16_t>(fwd.size(), 0xFFFF)),
+          expected(fwd.size());
+      ASSERT_EQ(cuda::AttentionForward(ctx_, gout.get(), glse.get(), gqkv.get(),
+                                       b, t, c, nh, ws.get(), out16.get()),
+                CUBLAS_STATUS_SUCCESS);
+      EXPECT_EQ(gout.Get(), fwd);
+      cuda::To16Bit(ctx_, type, expected.get(), gout.get(), fwd.size());
+      EXPECT_EQ(out16.Get(), expected.Get()) << type;
+    }
+    ctx_.operands = CUDA_R_32F;
   }
 }
 
@@ -542,6 +556,199 @@ TEST_F(KernelsTest, MatmulBackwardRoundsDoutOnce) {
       CUBLAS_STATUS_INVALID_VALUE);
   EXPECT_EQ(db.Get(), db0);
   EXPECT_EQ(dinp.Get(), dinp0);
+}
+
+// The 16-bit modes keep the products' activations rounded: a LayerNorm
+// (alone or after the residual) and GELU write their output rounded, the
+// same bits as rounding their fp32 output, over NaN (so a missed element
+// shows) and with no fp32 output; the statistics and the residual are as
+// before.
+TEST_F(KernelsTest, ActivationsWrittenRounded) {
+  const int N = B * T;
+  const size_t nc = static_cast<size_t>(N) * C;
+  auto x = Random(nc, rng_, -3, 5), y = Random(nc, rng_), w = Random(C, rng_),
+       b = Random(C, rng_);
+  Dev<float> gx(x), gy(y), gw(w), gb(b);
+  Dev<float> out(nc), mean(N), rstd(N), res(nc), rout(nc), rmean(N), rrstd(N),
+      gelu(nc);
+  cuda::LayerNormForward(ctx_, out.get(), mean.get(), rstd.get(), gx.get(),
+                         gw.get(), gb.get(), N, C);
+  cuda::ResidualLayerNormForward(ctx_, res.get(), rout.get(), rmean.get(),
+                                 rrstd.get(), gx.get(), gy.get(), gw.get(),
+                                 gb.get(), N, C);
+  cuda::GeluForward(ctx_, gelu.get(), gx.get(), nc);
+  for (cudaDataType_t type : {CUDA_R_16BF, CUDA_R_16F}) {
+    SCOPED_TRACE(type == CUDA_R_16BF ? "bf16" : "fp16");
+    ctx_.operands = type;
+    const std::vector<uint16_t> nan(nc, 0xFFFF);  // NaN in either type
+    auto rounded = [&](Dev<float>& fp32) {
+      Dev<uint16_t> r(nc);
+      cuda::To16Bit(ctx_, type, r.get(), fp32.get(), nc);
+      return r.Get();
+    };
+    Dev<uint16_t> ln16(nan), rln16(nan), gelu16(nan);
+    Dev<float> m2(N), r2(N), res2(nc), rm2(N), rr2(N);
+    cuda::LayerNormForward(ctx_, nullptr, m2.get(), r2.get(), gx.get(),
+                           gw.get(), gb.get(), N, C, ln16.get());
+    cuda::ResidualLayerNormForward(ctx_, res2.get(), nullptr, rm2.get(),
+                                   rr2.get(), gx.get(), gy.get(), gw.get(),
+                                   gb.get(), N, C, rln16.get());
+    cuda::GeluForward(ctx_, nullptr, gx.get(), nc, gelu16.get());
+    EXPECT_EQ(ln16.Get(), rounded(out));
+    EXPECT_EQ(m2.Get(), mean.Get());
+    EXPECT_EQ(r2.Get(), rstd.Get());
+    EXPECT_EQ(rln16.Get(), rounded(rout));
+    EXPECT_EQ(res2.Get(), res.Get());
+    EXPECT_EQ(rm2.Get(), rmean.Get());
+    EXPECT_EQ(rr2.Get(), rrstd.Get());
+    EXPECT_EQ(gelu16.Get(), rounded(gelu));
+  }
+}
+
+// A product's operand already rounded (Operand::Rounded) gives the same
+// bits as the fp32 one that the product rounds itself, forward (bias in
+// cuBLASLt's epilogue or not) and backward. A rounded operand in the fp32
+// modes, or one sitting in the scratch the other operand is about to be
+// rounded into, is refused with nothing written.
+TEST_F(KernelsTest, ProductsTakeRoundedOperands) {
+  cuda::LtState* lt = cuda::LtCreate();
+  ASSERT_NE(lt, nullptr);
+  ctx_.lt = lt;  // TearDown's to destroy
+  const int N = 256, C2 = 192, OC = 576;
+  auto x = Random(N * C2, rng_), w = Random(OC * C2, rng_),
+       bias = Random(OC, rng_), dout = Random(N * OC, rng_),
+       dinp0 = Random(N * C2, rng_), dw0 = Random(OC * C2, rng_),
+       db0 = Random(OC, rng_);
+  Dev<float> gx(x), gw(w), gbias(bias), gdout(dout);
+  Dev<float> scratch(cuda::LayerNormScratchFloats(OC));
+  const size_t a_elems = static_cast<size_t>(N) * OC,
+               b_elems = static_cast<size_t>(OC) * C2;
+  Dev<uint16_t> a(a_elems), b(b_elems), x16(N * C2);
+  for (cudaDataType_t type : {CUDA_R_16BF, CUDA_R_16F}) {
+    SCOPED_TRACE(type == CUDA_R_16BF ? "bf16" : "fp16");
+    SixteenBit(type, a.get(), a_elems, b.get(), b_elems);
+    cuda::To16Bit(ctx_, type, x16.get(), gx.get(), N * C2);
+    const cuda::Operand rx = cuda::Operand::Rounded(x16.get());
+    for (bool with_lt : {true, false}) {
+      for (bool with_bias : {true, false}) {
+        SCOPED_TRACE(std::string(with_lt ? "cuBLASLt" : "cuBLAS") +
+                     (with_bias ? ", bias" : ", no bias"));
+        ctx_.lt = with_lt ? lt : nullptr;
+        const float* bp = with_bias ? gbias.get() : nullptr;
+        Dev<float> o32(N * OC), o16(N * OC);
+        ASSERT_EQ(cuda::MatmulForward(ctx_, o32.get(), gx.get(), gw.get(), bp,
+                                      N, C2, OC),
+                  CUBLAS_STATUS_SUCCESS);
+        ASSERT_EQ(
+            cuda::MatmulForward(ctx_, o16.get(), rx, gw.get(), bp, N, C2, OC),
+            CUBLAS_STATUS_SUCCESS);
+        ctx_.lt = lt;
+        EXPECT_EQ(o16.Get(), o32.Get());
+      }
+    }
+    // Backward: the weight's gradient from the rounded input.
+    Dev<float> dinp32(dinp0), dw32(dw0), db32(db0);
+    Dev<float> dinp16(dinp0), dw16(dw0), db16(db0);
+    ASSERT_EQ(cuda::MatmulBackward(ctx_, dinp32.get(), dw32.get(), db32.get(),
+                                   gdout.get(), gx.get(), gw.get(), N, C2, OC,
+                                   scratch.get()),
+              CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cuda::MatmulBackward(ctx_, dinp16.get(), dw16.get(), db16.get(),
+                                   gdout.get(), rx, gw.get(), N, C2, OC,
+                                   scratch.get()),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(dinp16.Get(), dinp32.Get());
+    EXPECT_EQ(dw16.Get(), dw32.Get());
+    EXPECT_EQ(db16.Get(), db32.Get());
+    // B rounded in operand_a while the fp32 A is to be rounded there.
+    Dev<float> c(std::vector<float>(N * OC, 5.0f));
+    EXPECT_EQ(
+        cuda::RowGemm(ctx_, false, true, N, OC, C2, 1.0f, gx.get(), C2,
+                      cuda::Operand::Rounded(a.get()), C2, 0.0f, c.get(), OC),
+        CUBLAS_STATUS_INVALID_VALUE);
+    EXPECT_EQ(c.Get(), std::vector<float>(N * OC, 5.0f));
+  }
+  // The fp32 modes take fp32 operands only.
+  ctx_.operands = CUDA_R_32F;
+  const cuda::Operand rx = cuda::Operand::Rounded(x16.get());
+  Dev<float> o(std::vector<float>(N * OC, 5.0f));
+  Dev<float> dinp(dinp0), dw(dw0), db(db0);
+  EXPECT_EQ(
+      cuda::MatmulForward(ctx_, o.get(), rx, gw.get(), gbias.get(), N, C2, OC),
+      CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(
+      cuda::MatmulBackward(ctx_, dinp.get(), dw.get(), db.get(), gdout.get(),
+                           rx, gw.get(), N, C2, OC, scratch.get()),
+      CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(o.Get(), std::vector<float>(N * OC, 5.0f));
+  EXPECT_EQ(dinp.Get(), dinp0);
+  EXPECT_EQ(dw.Get(), dw0);
+  EXPECT_EQ(db.Get(), db0);
+}
+
+// Writing an input gradient (no zeroing first) equals adding it to zeros:
+// GELU's backward and attention's (fused and batched) with add false, and
+// MatmulBackward with dinp_beta 0, each over NaN (which adding would keep).
+// The product may take another algorithm for beta 0, so it is compared
+// within 1e-6; the others bit for bit.
+TEST_F(KernelsTest, GradientsWrittenEqualAddedToZero) {
+  const size_t n = 10007;
+  auto x = Random(n, rng_, -4, 4), g = Random(n, rng_);
+  Dev<float> gx(x), gg(g), added(std::vector<float>(n, 0.0f)), written(n);
+  cuda::GeluBackward(ctx_, added.get(), gx.get(), gg.get(), n);
+  cuda::GeluBackward(ctx_, written.get(), gx.get(), gg.get(), n,
+                     /*add=*/false);
+  EXPECT_EQ(written.Get(), added.Get());
+
+  // Attention: the fixture's head size (batched) and a fused one.
+  for (int hs : {C / NH, 64}) {
+    SCOPED_TRACE("head size " + std::to_string(hs));
+    const int nh = hs == 64 ? 3 : NH, c = nh * hs, t = hs == 64 ? 150 : T;
+    ctx_.fused_attention = hs == 64;
+    ASSERT_EQ(cuda::FlashAttentionSupported(B, c, nh), hs == 64);
+    const size_t rows = static_cast<size_t>(B) * t;
+    auto qkv = Random(rows * 3 * c, rng_, -2, 2), dout = Random(rows * c, rng_);
+    Dev<float> gqkv(qkv), gdout(dout), out(rows * c), lse(B * nh * t);
+    Dev<float> ws(cuda::AttentionWorkspaceFloats(ctx_, B, t, c, nh));
+    ASSERT_EQ(cuda::AttentionForward(ctx_, out.get(), lse.get(), gqkv.get(), B,
+                                     t, c, nh, ws.get()),
+              CUBLAS_STATUS_SUCCESS);
+    Dev<float> da(std::vector<float>(rows * 3 * c, 0.0f)), dw(rows * 3 * c);
+    ASSERT_EQ(
+        cuda::AttentionBackward(ctx_, da.get(), gdout.get(), gqkv.get(),
+                                out.get(), lse.get(), B, t, c, nh, ws.get()),
+        CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cuda::AttentionBackward(ctx_, dw.get(), gdout.get(), gqkv.get(),
+                                      out.get(), lse.get(), B, t, c, nh,
+                                      ws.get(), /*add=*/false),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(dw.Get(), da.Get());
+  }
+
+  const int N = 600, C2 = 192, OC = 580;
+  auto xm = Random(N * C2, rng_), w = Random(OC * C2, rng_),
+       dout = Random(N * OC, rng_), dw0 = Random(OC * C2, rng_);
+  Dev<float> gxm(xm), gw(w), gdout(dout);
+  Dev<float> scratch(cuda::LayerNormScratchFloats(OC));
+  const size_t a_elems = static_cast<size_t>(N) * OC,
+               b_elems = static_cast<size_t>(std::max(OC, N)) * C2;
+  Dev<uint16_t> a(a_elems), b(b_elems);
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    if (bf16) SixteenBit(CUDA_R_16BF, a.get(), a_elems, b.get(), b_elems);
+    Dev<float> dadd(std::vector<float>(N * C2, 0.0f)), dwrite(N * C2);
+    Dev<float> dw1(dw0), dw2(dw0);
+    ASSERT_EQ(
+        cuda::MatmulBackward(ctx_, dadd.get(), dw1.get(), nullptr, gdout.get(),
+                             gxm.get(), gw.get(), N, C2, OC, scratch.get()),
+        CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cuda::MatmulBackward(ctx_, dwrite.get(), dw2.get(), nullptr,
+                                   gdout.get(), gxm.get(), gw.get(), N, C2, OC,
+                                   scratch.get(), /*dinp_beta=*/0.0f),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_LT(RelErr(dwrite.Get(), dadd.Get()), 1e-6);
+    EXPECT_EQ(dw2.Get(), dw1.Get());
+  }
 }
 
 TEST_F(KernelsTest, AdamBitForBit) {

@@ -196,6 +196,52 @@ TEST_F(CudaTrainerTest, FusedAttentionTrainsLikeTheBatched) {
   EXPECT_LT(fused.gpu_bytes, batched.gpu_bytes);
 }
 
+// The 16-bit modes keep the products' activations rounded (written so by
+// the LayerNorms, GELU and attention): the same numbers as keeping them in
+// fp32 and rounding before each product (DSL_CUDA_ACTIVATIONS=fp32), which
+// only the products' own choice of algorithm may move in the last bits,
+// and a smaller GPU peak, in bf16 and in fp16.
+TEST_F(CudaTrainerTest, RoundedActivationsTrainAsTheFp32Ones) {
+  for (const std::string mode :
+       {R"(, "bf16": {"enabled": true})",
+        R"(, "fp16": {"enabled": true, "initial_scale_power": 12})"}) {
+    SCOPED_TRACE(mode);
+    ::setenv("DSL_CUDA_ACTIVATIONS", "fp32", 1);
+    const Run fp32 = Train(Config(1, 30, mode), DeviceKind::kCuda);
+    ::setenv("DSL_CUDA_ACTIVATIONS", "16bit", 1);
+    const Run rounded = Train(Config(1, 30, mode), DeviceKind::kCuda);
+    ::unsetenv("DSL_CUDA_ACTIVATIONS");
+    const Run by_default = Train(Config(1, 30, mode), DeviceKind::kCuda);
+    ASSERT_EQ(rounded.losses.size(), 30u);
+    const float d = MaxDiff(rounded.losses, fp32.losses);
+    std::printf(
+        "activations kept rounded: 30 steps, loss %.6f -> %.6f (fp32 "
+        "activations %.6f), largest difference %.3g; GPU peak %lld bytes "
+        "(fp32 activations %lld)\n",
+        rounded.losses.front(), rounded.losses.back(), fp32.losses.back(), d,
+        static_cast<long long>(rounded.gpu_bytes),
+        static_cast<long long>(fp32.gpu_bytes));
+    EXPECT_LT(d, 1e-4);
+    EXPECT_LT(MaxDiff(rounded.params, fp32.params), 1e-4);
+    EXPECT_LT(rounded.gpu_bytes, fp32.gpu_bytes);
+    EXPECT_EQ(by_default.losses, rounded.losses);  // the default
+  }
+  // A value it does not know is refused, naming it.
+  ::setenv("DSL_CUDA_ACTIVATIONS", "bf8", 1);
+  LocalWorld w(1, std::chrono::seconds(60));
+  const TrainConfig c = Config(1, 1, R"(, "bf16": {"enabled": true})");
+  std::vector<Status> st = RunRanks(w, [&](Comm& comm) -> Status {
+    TrainOptions o;
+    o.quiet = true;
+    o.device = DeviceKind::kCuda;
+    return Trainer::Create(c, Borrow(comm), o).status();
+  });
+  ::unsetenv("DSL_CUDA_ACTIVATIONS");
+  EXPECT_NE(st[0].ToString().find("DSL_CUDA_ACTIVATIONS=bf8"),
+            std::string::npos)
+      << st[0].ToString();
+}
+
 // fp16 with DeepSpeed's dynamic loss scaling, started too high on purpose
 // (2^24: the scaled gradients overflow fp16's 65504): the first steps are
 // skipped while the scale halves, then it trains like fp32.

@@ -48,17 +48,17 @@ __global__ void HeadsKernel(float* heads, float* flat, int B, int T, int NH,
   }
 }
 
-// dinp (B, T, 3C) += dq, dk, dv (B, NH, T, hs).
+// dinp (B, T, 3C) += dq, dk, dv (B, NH, T, hs) (= without add).
 __global__ void MergeHeadGradsKernel(float* dinp, const float* dq,
                                      const float* dk, const float* dv, int B,
-                                     int T, int NH, int hs) {
+                                     int T, int NH, int hs, bool add) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   const int C = NH * hs;
   if (i >= static_cast<size_t>(B) * T * C) return;
   const size_t dst = FlatIndex(i, T, NH, hs, 3 * C);
-  dinp[dst] += dq[i];
-  dinp[dst + C] += dk[i];
-  dinp[dst + 2 * C] += dv[i];
+  dinp[dst] = add ? dinp[dst] + dq[i] : dq[i];
+  dinp[dst + C] = add ? dinp[dst + C] + dk[i] : dk[i];
+  dinp[dst + 2 * C] = add ? dinp[dst + 2 * C] + dv[i] : dv[i];
 }
 
 // One warp per row r = bh * T + i of the (rows, T) scores (already scaled):
@@ -140,9 +140,10 @@ size_t AttentionWorkspaceFloats(const Ctx& ctx, int B, int T, int C, int NH) {
 
 cublasStatus_t AttentionForward(const Ctx& ctx, float* out, float* lse,
                                 const float* inp, int B, int T, int C, int NH,
-                                float* workspace) {
+                                float* workspace, void* out16) {
   if (Fused(ctx, B, C, NH)) {
-    return FlashAttentionForward(ctx, out, lse, inp, B, T, C, NH) == cudaSuccess
+    return FlashAttentionForward(ctx, out, lse, inp, B, T, C, NH, out16) ==
+                   cudaSuccess
                ? CUBLAS_STATUS_SUCCESS
                : CUBLAS_STATUS_EXECUTION_FAILED;
   }
@@ -166,16 +167,18 @@ cublasStatus_t AttentionForward(const Ctx& ctx, float* out, float* lse,
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   HeadsKernel<<<Blocks(btc), kThreads, 0, ctx.stream>>>(y, out, B, T, NH, hs,
                                                         false);
+  if (out16 != nullptr && ctx.operands != CUDA_R_32F)
+    To16Bit(ctx, ctx.operands, out16, out, btc);
   return CUBLAS_STATUS_SUCCESS;
 }
 
 cublasStatus_t AttentionBackward(const Ctx& ctx, float* dinp, const float* dout,
                                  const float* inp, const float* out,
                                  const float* lse, int B, int T, int C, int NH,
-                                 float* workspace) {
+                                 float* workspace, bool add) {
   if (Fused(ctx, B, C, NH)) {
     return FlashAttentionBackward(ctx, dinp, dout, inp, out, lse, B, T, C, NH,
-                                  workspace) == cudaSuccess
+                                  workspace, add) == cudaSuccess
                ? CUBLAS_STATUS_SUCCESS
                : CUBLAS_STATUS_EXECUTION_FAILED;
   }
@@ -215,7 +218,7 @@ cublasStatus_t AttentionBackward(const Ctx& ctx, float* dinp, const float* dout,
                       0.0f, dk, hs, th, batch);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   MergeHeadGradsKernel<<<Blocks(btc), kThreads, 0, ctx.stream>>>(
-      dinp, dq, dk, dv, B, T, NH, hs);
+      dinp, dq, dk, dv, B, T, NH, hs, add);
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -114,6 +114,16 @@ class CudaEngine final : public DeviceEngine {
         Rounded() && attention != "batched" &&
         FlashAttentionSupported(1, spec_.channels, spec_.num_heads);
     if (ctx_.fused_attention) describe_ += ", fused attention";
+    // In the 16-bit modes the activations the products read (the
+    // LayerNorms', GELU's and attention's outputs) are written rounded, once,
+    // and kept so (half the bytes); DSL_CUDA_ACTIVATIONS=fp32 keeps them in
+    // fp32, rounded before each product (the earlier path, the same numbers).
+    const char* acts = std::getenv("DSL_CUDA_ACTIVATIONS");
+    const std::string acts_mode = acts != nullptr ? acts : "";
+    if (!acts_mode.empty() && acts_mode != "fp32" && acts_mode != "16bit")
+      return Fail("DSL_CUDA_ACTIVATIONS=" + acts_mode + ": not fp32 or 16bit");
+    rounded_acts_ = Rounded() && acts_mode != "fp32";
+    if (Rounded() && !rounded_acts_) describe_ += ", fp32 activations";
     if (!CheckOptions()) return false;
     const size_t n = spec_.num_params;
     const bool windows = options_.windows != DeviceWindows::kNone;
@@ -389,9 +399,13 @@ class CudaEngine final : public DeviceEngine {
   }
 
  private:
+  // With rounded_acts_ the LayerNorms' outputs are only in ln1_16 and
+  // ln2_16 (ln1 and ln2 null) and attention's also in atty16; else those
+  // are null.
   struct Layer {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *res2, *ln2, *ln2_mean,
         *ln2_rstd, *fch, *res3;
+    void *ln1_16, *ln2_16, *atty16;
   };
 
   const char* PrecisionName() const {
@@ -410,6 +424,11 @@ class CudaEngine final : public DeviceEngine {
 
   // The 16-bit modes: the products' operands rounded into ctx_.operand_a/b.
   bool Rounded() const { return ctx_.operands != CUDA_R_32F; }
+  // An activation as a product reads it: its rounded copy where there is
+  // one, else fp32.
+  static Operand In(const float* fp32, const void* rounded) {
+    return rounded != nullptr ? Operand::Rounded(rounded) : Operand(fp32);
+  }
 
   bool Fail(const std::string& what) {
     error_ = what;
@@ -578,10 +597,12 @@ class CudaEngine final : public DeviceEngine {
     }
     if (Rounded()) {
       // The largest operands: A the logits' gradient or the widest
-      // activation; B the widest activation, the embedding or a weight.
+      // activation or dout; B the embedding, a weight or (unless they are
+      // kept rounded) the widest activation.
       const size_t C = spec_.channels, Vp = spec_.padded_vocab_size;
       const size_t a = BT * std::max(Vp, 4 * C);
-      const size_t b = std::max({BT * 4 * C, Vp * C, 4 * C * C});
+      const size_t b =
+          std::max({rounded_acts_ ? 0 : BT * 4 * C, Vp * C, 4 * C * C});
       if (a > ctx_.operand_a_elems || b > ctx_.operand_b_elems) {
         Free(ctx_.operand_a);
         Free(ctx_.operand_b);
@@ -607,33 +628,47 @@ class CudaEngine final : public DeviceEngine {
     const size_t BT = static_cast<size_t>(B) * T, C = spec_.channels;
     const int NH = spec_.num_heads;
     size_t used = 0;
+    // Each buffer at a multiple of 256 bytes (vector loads, cuBLASLt).
     auto take = [&](size_t n) {
       float* r = base != nullptr ? base + used : nullptr;
-      used += n;
+      used += (n + 63) / 64 * 64;
       return r;
     };
+    // n elements of 2 bytes where activations are kept rounded, else none.
+    auto take16 = [&](size_t n) -> void* {
+      return rounded_acts_ ? take((n + 1) / 2) : nullptr;
+    };
+    // n floats unless activations are kept rounded (their copy instead).
+    auto take32 = [&](size_t n) { return rounded_acts_ ? nullptr : take(n); };
     encoded_ = take(BT * C);
     layers_.resize(spec_.num_layers);
     for (Layer& y : layers_) {
-      y.ln1 = take(BT * C);
+      y.ln1 = take32(BT * C);
+      y.ln1_16 = take16(BT * C);
       y.ln1_mean = take(BT);
       y.ln1_rstd = take(BT);
       y.qkv = take(3 * BT * C);
       y.atty = take(BT * C);
+      y.atty16 = take16(BT * C);
       y.lse = take(BT * NH);
       y.res2 = take(BT * C);
-      y.ln2 = take(BT * C);
+      y.ln2 = take32(BT * C);
+      y.ln2_16 = take16(BT * C);
       y.ln2_mean = take(BT);
       y.ln2_rstd = take(BT);
       y.fch = take(4 * BT * C);
       y.res3 = take(BT * C);
     }
-    lnf_ = take(BT * C);
+    lnf_ = take32(BT * C);
+    lnf16_ = take16(BT * C);
     lnf_mean_ = take(BT);
     lnf_rstd_ = take(BT);
     logits_ = take(BT * spec_.padded_vocab_size);
     losses_ = take(BT);
     scratch4_ = take(4 * BT * C);
+    // GELU's rounded output: in scratch4_, which backward then overwrites
+    // with GELU's gradient once the product has read it.
+    gelu16_ = rounded_acts_ ? static_cast<void*>(scratch4_) : nullptr;
     scratch_ = take(BT * C);
     dres_ = take(BT * C);
     dbtc_ = take(BT * C);
@@ -714,35 +749,36 @@ class CudaEngine final : public DeviceEngine {
     Layer& a = layers_[l];
     Mark(Profile::kLayerNorm);
     LayerNormForward(ctx_, a.ln1, a.ln1_mean, a.ln1_rstd, res_in, P(kLn1w, l),
-                     P(kLn1b, l), N, C);
+                     P(kLn1b, l), N, C, a.ln1_16);
     Mark(Profile::kMatmul);
-    if (!Blas(MatmulForward(ctx_, a.qkv, a.ln1, P(kQkvw, l), P(kQkvb, l), N, C,
-                            3 * C),
+    if (!Blas(MatmulForward(ctx_, a.qkv, In(a.ln1, a.ln1_16), P(kQkvw, l),
+                            P(kQkvb, l), N, C, 3 * C),
               "qkv"))
       return false;
     Mark(Profile::kAttention);
     if (!Blas(AttentionForward(ctx_, a.atty, a.lse, a.qkv, B_, T_, C,
-                               spec_.num_heads, attn_ws_),
+                               spec_.num_heads, attn_ws_, a.atty16),
               "attention"))
       return false;
     Mark(Profile::kMatmul);
-    if (!Blas(MatmulForward(ctx_, scratch_, a.atty, P(kAttprojw, l),
-                            P(kAttprojb, l), N, C, C),
+    if (!Blas(MatmulForward(ctx_, scratch_, In(a.atty, a.atty16),
+                            P(kAttprojw, l), P(kAttprojb, l), N, C, C),
               "attproj"))
       return false;
     Mark(Profile::kLayerNorm);
     ResidualLayerNormForward(ctx_, a.res2, a.ln2, a.ln2_mean, a.ln2_rstd,
-                             res_in, scratch_, P(kLn2w, l), P(kLn2b, l), N, C);
+                             res_in, scratch_, P(kLn2w, l), P(kLn2b, l), N, C,
+                             a.ln2_16);
     Mark(Profile::kMatmul);
-    if (!Blas(MatmulForward(ctx_, a.fch, a.ln2, P(kFcw, l), P(kFcb, l), N, C,
-                            4 * C),
+    if (!Blas(MatmulForward(ctx_, a.fch, In(a.ln2, a.ln2_16), P(kFcw, l),
+                            P(kFcb, l), N, C, 4 * C),
               "fc"))
       return false;
     Mark(Profile::kPointwise);
-    GeluForward(ctx_, scratch4_, a.fch, 4 * NC);
+    GeluForward(ctx_, scratch4_, a.fch, 4 * NC, gelu16_);
     Mark(Profile::kMatmul);
-    if (!Blas(MatmulForward(ctx_, scratch_, scratch4_, P(kFcprojw, l),
-                            P(kFcprojb, l), N, 4 * C, C),
+    if (!Blas(MatmulForward(ctx_, scratch_, In(scratch4_, gelu16_),
+                            P(kFcprojw, l), P(kFcprojb, l), N, 4 * C, C),
               "fcproj"))
       return false;
     Mark(Profile::kPointwise);
@@ -759,15 +795,16 @@ class CudaEngine final : public DeviceEngine {
     if (!BeforeForwardHook(spec_.num_layers)) return false;
     Mark(Profile::kLayerNorm);
     LayerNormForward(ctx_, lnf_, lnf_mean_, lnf_rstd_,
-                     BlockInput(spec_.num_layers), P(kLnfw), P(kLnfb), N, C);
+                     BlockInput(spec_.num_layers), P(kLnfw), P(kLnfb), N, C,
+                     lnf16_);
     Mark(Profile::kHead);
     // The head's three products run over all Vp rows of wte, not V: a width
     // that is a multiple of 64 keeps cuBLAS on its fast tensor-core paths
     // (50257 did not: 25 of the 139 ms of a GPT-2 step on an H200). The
     // same numbers: the classifier ignores the padding columns' logits and
     // writes 0 as their gradient, which adds nothing to dlnf and dwte.
-    if (!Blas(RowGemm(ctx_, false, true, N, Vp, C, 1.0f, lnf_, C, P(kWte), C,
-                      0.0f, logits_, Vp),
+    if (!Blas(RowGemm(ctx_, false, true, N, Vp, C, 1.0f, In(lnf_, lnf16_), C,
+                      P(kWte), C, 0.0f, logits_, Vp),
               "logits"))
       return false;
     Mark(Profile::kClassifier);
@@ -781,21 +818,18 @@ class CudaEngine final : public DeviceEngine {
   bool Backward() {
     const int N = B_ * T_, C = spec_.channels;
     const int Vp = spec_.padded_vocab_size, L = spec_.num_layers;
-    const float* dlogits = logits_;
+    // The logits' gradient: over the logits, or rounded by the classifier.
+    const Operand dlogits = In(logits_, Rounded() ? ctx_.operand_a : nullptr);
     if (!BeforeBackwardHook(L)) return false;
     Mark(Profile::kHead);
-    const cublasStatus_t dlnf =
-        Rounded() ? RowGemmRoundedA(ctx_, false, false, N, C, Vp, 1.0f, Vp,
-                                    P(kWte), C, 0.0f, dbtc_, C)
-                  : RowGemm(ctx_, false, false, N, C, Vp, 1.0f, dlogits, Vp,
-                            P(kWte), C, 0.0f, dbtc_, C);
-    if (!Blas(dlnf, "dlnf")) return false;
-    const cublasStatus_t dwte =
-        Rounded() ? RowGemmRoundedA(ctx_, true, false, Vp, C, N, 1.0f, Vp, lnf_,
-                                    C, 1.0f, G(kWte), C)
-                  : RowGemm(ctx_, true, false, Vp, C, N, 1.0f, dlogits, Vp,
-                            lnf_, C, 1.0f, G(kWte), C);
-    if (!Blas(dwte, "dwte")) return false;
+    if (!Blas(RowGemm(ctx_, false, false, N, C, Vp, 1.0f, dlogits, Vp, P(kWte),
+                      C, 0.0f, dbtc_, C),
+              "dlnf"))
+      return false;
+    if (!Blas(RowGemm(ctx_, true, false, Vp, C, N, 1.0f, dlogits, Vp,
+                      In(lnf_, lnf16_), C, 1.0f, G(kWte), C),
+              "dwte"))
+      return false;
     Mark(Profile::kPointwise);
     Zero(ctx_, dres_, static_cast<size_t>(N) * C);
     Mark(Profile::kLayerNorm);
@@ -818,55 +852,49 @@ class CudaEngine final : public DeviceEngine {
   }
 
   // As worker/model.cc's BlockBackward: dres carries d(loss)/d(res3) in and
-  // d(loss)/d(res_in) out.
+  // d(loss)/d(res_in) out. The products and GELU's and attention's backward
+  // write their input gradients (no zeroing first); the LayerNorms add
+  // theirs into dres.
   bool BlockBackward(int l, const float* res_in) {
     const int N = B_ * T_, C = spec_.channels;
     const size_t NC = static_cast<size_t>(N) * C;
     const Layer& a = layers_[l];
     Mark(Profile::kPointwise);
-    GeluForward(ctx_, scratch4_, a.fch, 4 * NC);
-    Mark(Profile::kPointwise);
-    Zero(ctx_, d4_, 4 * NC);
+    GeluForward(ctx_, scratch4_, a.fch, 4 * NC, gelu16_);  // recomputed
     Mark(Profile::kMatmul);
     if (!Blas(MatmulBackward(ctx_, d4_, G(kFcprojw, l), G(kFcprojb, l), dres_,
-                             scratch4_, P(kFcprojw, l), N, 4 * C, C,
-                             col_scratch_),
+                             In(scratch4_, gelu16_), P(kFcprojw, l), N, 4 * C,
+                             C, col_scratch_, /*dinp_beta=*/0.0f),
               "fcproj backward"))
       return false;
     Mark(Profile::kPointwise);
-    Zero(ctx_, scratch4_, 4 * NC);
-    GeluBackward(ctx_, scratch4_, a.fch, d4_, 4 * NC);
-    Mark(Profile::kPointwise);
-    Zero(ctx_, dbtc_, NC);
+    GeluBackward(ctx_, scratch4_, a.fch, d4_, 4 * NC, /*add=*/false);
     Mark(Profile::kMatmul);
     if (!Blas(MatmulBackward(ctx_, dbtc_, G(kFcw, l), G(kFcb, l), scratch4_,
-                             a.ln2, P(kFcw, l), N, C, 4 * C, col_scratch_),
+                             In(a.ln2, a.ln2_16), P(kFcw, l), N, C, 4 * C,
+                             col_scratch_, 0.0f),
               "fc backward"))
       return false;
     Mark(Profile::kLayerNorm);
     cuda::LayerNormBackward(ctx_, dres_, G(kLn2w, l), G(kLn2b, l), dbtc_,
                             a.res2, P(kLn2w, l), a.ln2_mean, a.ln2_rstd, N, C,
                             col_scratch_);
-    Mark(Profile::kPointwise);
-    Zero(ctx_, dbtc_, NC);
     Mark(Profile::kMatmul);
-    if (!Blas(
-            MatmulBackward(ctx_, dbtc_, G(kAttprojw, l), G(kAttprojb, l), dres_,
-                           a.atty, P(kAttprojw, l), N, C, C, col_scratch_),
-            "attproj backward"))
+    if (!Blas(MatmulBackward(ctx_, dbtc_, G(kAttprojw, l), G(kAttprojb, l),
+                             dres_, In(a.atty, a.atty16), P(kAttprojw, l), N, C,
+                             C, col_scratch_, 0.0f),
+              "attproj backward"))
       return false;
-    Mark(Profile::kPointwise);
-    Zero(ctx_, dqkv_, 3 * NC);
     Mark(Profile::kAttention);
     if (!Blas(AttentionBackward(ctx_, dqkv_, dbtc_, a.qkv, a.atty, a.lse, B_,
-                                T_, C, spec_.num_heads, attn_ws_),
+                                T_, C, spec_.num_heads, attn_ws_,
+                                /*add=*/false),
               "attention backward"))
       return false;
-    Mark(Profile::kPointwise);
-    Zero(ctx_, dbtc_, NC);
     Mark(Profile::kMatmul);
     if (!Blas(MatmulBackward(ctx_, dbtc_, G(kQkvw, l), G(kQkvb, l), dqkv_,
-                             a.ln1, P(kQkvw, l), N, C, 3 * C, col_scratch_),
+                             In(a.ln1, a.ln1_16), P(kQkvw, l), N, C, 3 * C,
+                             col_scratch_, 0.0f),
               "qkv backward"))
       return false;
     Mark(Profile::kLayerNorm);
@@ -923,6 +951,10 @@ class CudaEngine final : public DeviceEngine {
   float *encoded_, *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_,
       *scratch4_, *scratch_, *dres_, *dbtc_, *dqkv_, *d4_, *attn_ws_,
       *col_scratch_;
+  // With rounded_acts_: the final LayerNorm's output (lnf_ then null) and
+  // GELU's (in scratch4_), rounded; else null.
+  void *lnf16_ = nullptr, *gelu16_ = nullptr;
+  bool rounded_acts_ = false;  // activations kept rounded (16-bit modes)
   std::vector<Layer> layers_;
   std::vector<int> host_tokens_, host_groups_;
   std::vector<uint64_t> keys_;

@@ -21,6 +21,7 @@
 // bf16 for the products (PyTorch's bf16 SDPA does the same); everything
 // else is fp32.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cmath>
@@ -193,11 +194,12 @@ struct Carver {
   }
 };
 
-// dst (row, col0 + the lane's columns) += acc for the two rows of each
-// 8-wide piece that are below T; rows row0.. of a (T, width) matrix.
+// dst (row, col0 + the lane's columns) += acc (= acc without add) for the
+// two rows of each 8-wide piece that are below T; rows row0.. of a
+// (T, width) matrix.
 template <int HS>
 __device__ void AddRows(float* dst, size_t width, int row0, int T,
-                        const float (*acc)[4], Lane l) {
+                        const float (*acc)[4], bool add, Lane l) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + l.g + 8 * half;
@@ -205,8 +207,9 @@ __device__ void AddRows(float* dst, size_t width, int row0, int T,
     float* at = dst + static_cast<size_t>(row) * width + 2 * l.t;
 #pragma unroll
     for (int dn = 0; dn < HS / 8; ++dn) {
-      at[dn * 8] += acc[dn][2 * half];
-      at[dn * 8 + 1] += acc[dn][2 * half + 1];
+      const float x = acc[dn][2 * half], y = acc[dn][2 * half + 1];
+      at[dn * 8] = add ? at[dn * 8] + x : x;
+      at[dn * 8 + 1] = add ? at[dn * 8 + 1] + y : y;
     }
   }
 }
@@ -217,10 +220,11 @@ constexpr size_t ForwardSmem() {
 }
 
 // Grid (query tiles, B * NH), the longest rows first. inp: (B, T, 3C).
+// out16: null, or out again rounded to bf16 (fp16 with fp16) there.
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     FlashForwardKernel(float* out, float* lse, const float* inp, int T, int NH,
-                       float scale, bool vec) {
+                       float scale, bool vec, void* out16, bool fp16) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int C = NH * HS, bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int qt = gridDim.x - 1 - blockIdx.x, q0 = qt * kTile;
@@ -294,15 +298,26 @@ __global__ void __launch_bounds__(kThreads)
       lse[static_cast<size_t>(bh) * T + query[half]] =
           (m[half] + log2f(sum[half])) * kLn2;
   }
-  float* dst = out + static_cast<size_t>(b) * T * C + h * HS;
+  const size_t first = static_cast<size_t>(b) * T * C + h * HS;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    if (query[half] >= T) continue;
-    float* at = dst + static_cast<size_t>(query[half]) * C + 2 * l.t;
+  for (int i = 0; i < 2; ++i) {
+    if (query[i] >= T) continue;
+    const size_t row = first + static_cast<size_t>(query[i]) * C + 2 * l.t;
 #pragma unroll
     for (int dn = 0; dn < HS / 8; ++dn) {
-      at[dn * 8] = o[dn][2 * half];
-      at[dn * 8 + 1] = o[dn][2 * half + 1];
+      const float x = o[dn][2 * i], y = o[dn][2 * i + 1];
+      out[row + dn * 8] = x;
+      out[row + dn * 8 + 1] = y;
+      if (out16 == nullptr) continue;
+      // Two adjacent columns (row + 2t is even): one 4-byte store.
+      if (fp16) {
+        *reinterpret_cast<__half2*>(static_cast<__half*>(out16) + row +
+                                    dn * 8) = __floats2half2_rn(x, y);
+      } else {
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<bf16*>(out16) + row +
+                                           dn * 8) =
+            __floats2bfloat162_rn(x, y);
+      }
     }
   }
 }
@@ -368,7 +383,7 @@ template <int HS>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardKvKernel(float* dinp, const float* dout, const float* inp,
                           const float* lse, const float* dd, int T, int NH,
-                          float scale, bool vec) {
+                          float scale, bool vec, bool add) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int C = NH * HS, bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int k0 = blockIdx.x * kTile, row0 = (threadIdx.x / 32) * 16;
@@ -413,8 +428,8 @@ __global__ void __launch_bounds__(kThreads)
     AccumulateTimes<HS>(dk, dp, qt, l);  // dK += dS^T Q
   }
   float* row = dinp + static_cast<size_t>(b) * T * 3 * C + h * HS;
-  AddRows<HS>(row + C, 3 * C, k0 + row0, T, dk, l);
-  AddRows<HS>(row + 2 * C, 3 * C, k0 + row0, T, dv, l);
+  AddRows<HS>(row + C, 3 * C, k0 + row0, T, dk, add, l);
+  AddRows<HS>(row + 2 * C, 3 * C, k0 + row0, T, dv, add, l);
 }
 
 // Grid (query tiles, B * NH), the longest rows first: dQ of 64 queries over
@@ -423,7 +438,7 @@ template <int HS>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardQKernel(float* dinp, const float* dout, const float* inp,
                          const float* lse, const float* dd, int T, int NH,
-                         float scale, bool vec) {
+                         float scale, bool vec, bool add) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int C = NH * HS, bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int qtile = gridDim.x - 1 - blockIdx.x, q0 = qtile * kTile;
@@ -465,7 +480,7 @@ __global__ void __launch_bounds__(kThreads)
     AccumulateTimes<HS>(dq, dp, kt_, l);  // dQ += dS K
   }
   AddRows<HS>(dinp + static_cast<size_t>(b) * T * 3 * C + h * HS, 3 * C,
-              q0 + row0, T, dq, l);
+              q0 + row0, T, dq, add, l);
 }
 
 // Lets `kernel` take `bytes` of shared memory: once per kernel and process
@@ -487,21 +502,22 @@ bool Vec(const float* p, size_t width) {
 
 template <int HS>
 cudaError_t Forward(const Ctx& ctx, float* out, float* lse, const float* inp,
-                    int B, int T, int NH) {
+                    int B, int T, int NH, void* out16) {
   constexpr size_t smem = ForwardSmem<HS>();
   cudaError_t e = AllowSmem<FlashForwardKernel<HS>>(smem);
   if (e != cudaSuccess) return e;
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
   FlashForwardKernel<HS><<<grid, kThreads, smem, ctx.stream>>>(
       out, lse, inp, T, NH, 1.0f / sqrtf(static_cast<float>(HS)),
-      Vec(inp, 3 * NH * HS));
+      Vec(inp, 3 * NH * HS), ctx.operands == CUDA_R_32F ? nullptr : out16,
+      ctx.operands == CUDA_R_16F);
   return cudaGetLastError();
 }
 
 template <int HS>
 cudaError_t Backward(const Ctx& ctx, float* dinp, const float* dout,
                      const float* inp, const float* out, const float* lse,
-                     int B, int T, int NH, float* dd) {
+                     int B, int T, int NH, float* dd, bool add) {
   const size_t rows = static_cast<size_t>(B) * NH * T;
   if (rows == 0) return cudaSuccess;
   RowDotKernel<<<launch::Blocks(rows * launch::kWarp), launch::kThreads, 0,
@@ -514,9 +530,9 @@ cudaError_t Backward(const Ctx& ctx, float* dinp, const float* dout,
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
   const bool vec = Vec(inp, 3 * NH * HS) && Vec(dout, NH * HS);
   FlashBackwardKvKernel<HS><<<grid, kThreads, kv_smem, ctx.stream>>>(
-      dinp, dout, inp, lse, dd, T, NH, scale, vec);
+      dinp, dout, inp, lse, dd, T, NH, scale, vec, add);
   FlashBackwardQKernel<HS><<<grid, kThreads, q_smem, ctx.stream>>>(
-      dinp, dout, inp, lse, dd, T, NH, scale, vec);
+      dinp, dout, inp, lse, dd, T, NH, scale, vec, add);
   return cudaGetLastError();
 }
 
@@ -568,17 +584,17 @@ size_t FlashAttentionWorkspaceFloats(int B, int T, int NH) {
 }
 
 cudaError_t FlashAttentionForward(const Ctx& ctx, float* out, float* lse,
-                                  const float* inp, int B, int T, int C,
-                                  int NH) {
+                                  const float* inp, int B, int T, int C, int NH,
+                                  void* out16) {
   switch (C / NH) {
     case 16:
-      return Forward<16>(ctx, out, lse, inp, B, T, NH);
+      return Forward<16>(ctx, out, lse, inp, B, T, NH, out16);
     case 32:
-      return Forward<32>(ctx, out, lse, inp, B, T, NH);
+      return Forward<32>(ctx, out, lse, inp, B, T, NH, out16);
     case 64:
-      return Forward<64>(ctx, out, lse, inp, B, T, NH);
+      return Forward<64>(ctx, out, lse, inp, B, T, NH, out16);
     case 128:
-      return Forward<128>(ctx, out, lse, inp, B, T, NH);
+      return Forward<128>(ctx, out, lse, inp, B, T, NH, out16);
   }
   return cudaErrorInvalidValue;
 }
@@ -586,16 +602,21 @@ cudaError_t FlashAttentionForward(const Ctx& ctx, float* out, float* lse,
 cudaError_t FlashAttentionBackward(const Ctx& ctx, float* dinp,
                                    const float* dout, const float* inp,
                                    const float* out, const float* lse, int B,
-                                   int T, int C, int NH, float* workspace) {
+                                   int T, int C, int NH, float* workspace,
+                                   bool add) {
   switch (C / NH) {
     case 16:
-      return Backward<16>(ctx, dinp, dout, inp, out, lse, B, T, NH, workspace);
+      return Backward<16>(ctx, dinp, dout, inp, out, lse, B, T, NH, workspace,
+                          add);
     case 32:
-      return Backward<32>(ctx, dinp, dout, inp, out, lse, B, T, NH, workspace);
+      return Backward<32>(ctx, dinp, dout, inp, out, lse, B, T, NH, workspace,
+                          add);
     case 64:
-      return Backward<64>(ctx, dinp, dout, inp, out, lse, B, T, NH, workspace);
+      return Backward<64>(ctx, dinp, dout, inp, out, lse, B, T, NH, workspace,
+                          add);
     case 128:
-      return Backward<128>(ctx, dinp, dout, inp, out, lse, B, T, NH, workspace);
+      return Backward<128>(ctx, dinp, dout, inp, out, lse, B, T, NH, workspace,
+                           add);
   }
   return cudaErrorInvalidValue;
 }

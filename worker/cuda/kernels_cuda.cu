@@ -52,13 +52,46 @@ __global__ void EncoderBackwardWteKernel(float* dwte, const float* dout,
   }
 }
 
+// ------------------------------------------------------------ rounding
+
+// Rounds one float to T (bf16 or fp16), two at a time.
+template <typename T>
+__device__ T Round(float x);
+template <>
+__device__ __nv_bfloat16 Round(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __half Round(float x) {
+  return __float2half_rn(x);
+}
+template <typename T2>
+__device__ T2 Round2(float a, float b);
+template <>
+__device__ __nv_bfloat162 Round2(float a, float b) {
+  return __floats2bfloat162_rn(a, b);
+}
+template <>
+__device__ __half2 Round2(float a, float b) {
+  return __floats2half2_rn(a, b);
+}
+
+// A value as the products take it: fp32 as it is, or rounded to the
+// 16-bit operand type.
+__device__ inline void Put(float* p, float x) { *p = x; }
+template <typename T>
+__device__ inline void Put(T* p, float x) {
+  *p = Round<T>(x);
+}
+
 // ------------------------------------------------------------ LayerNorm
 
 // One warp per row.
 // With `other`, the row is inp + other, written to `sum` first (the
 // residual, in the same pass; each lane then reads back only what it
-// wrote).
-__global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd,
+// wrote). O: float, or the 16-bit type the output is rounded to.
+template <typename O>
+__global__ void LayerNormForwardKernel(O* out, float* mean, float* rstd,
                                        const float* inp, const float* weight,
                                        const float* bias, int N, int C,
                                        const float* other, float* sum) {
@@ -81,9 +114,9 @@ __global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd,
     v += d * d;
   }
   const float r = 1.0f / sqrtf(WarpSum(v) / C + 1e-5f);
-  float* y = out + static_cast<size_t>(row) * C;
+  O* y = out + static_cast<size_t>(row) * C;
   for (int c = lane; c < C; c += kWarp)
-    y[c] = (x[c] - m) * r * weight[c] + bias[c];
+    Put(y + c, (x[c] - m) * r * weight[c] + bias[c]);
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = r;
@@ -114,36 +147,6 @@ __global__ void LayerNormBackwardInputKernel(float* dinp, const float* dout,
     const float dnorm = weight[c] * dout[base + c];
     dinp[base + c] += (dnorm - a - xhat * b) * r;
   }
-}
-
-// Rounds one float to T (bf16 or fp16), two at a time.
-template <typename T>
-__device__ T Round(float x);
-template <>
-__device__ __nv_bfloat16 Round(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __half Round(float x) {
-  return __float2half_rn(x);
-}
-template <typename T2>
-__device__ T2 Round2(float a, float b);
-template <>
-__device__ __nv_bfloat162 Round2(float a, float b) {
-  return __floats2bfloat162_rn(a, b);
-}
-template <>
-__device__ __half2 Round2(float a, float b) {
-  return __floats2half2_rn(a, b);
-}
-
-// The gradient as the products take it: fp32 as it is, or rounded to the
-// 16-bit operand type.
-__device__ inline void Put(float* p, float x) { *p = x; }
-template <typename T>
-__device__ inline void Put(T* p, float x) {
-  *p = Round<T>(x);
 }
 
 // Column sums over rows in kRowGroups groups: block (32 columns,
@@ -237,16 +240,17 @@ __global__ void BiasRowsKernel(float* out, const float* bias, int N, int OC) {
 
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 
-__global__ void GeluForwardKernel(float* out, const float* inp, size_t n) {
+template <typename O>
+__global__ void GeluForwardKernel(O* out, const float* inp, size_t n) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   const float x = inp[i];
   const float u = kGeluScale * (x + 0.044715f * x * x * x);
-  out[i] = 0.5f * x * (1.0f + tanhf(u));
+  Put(out + i, 0.5f * x * (1.0f + tanhf(u)));
 }
 
 __global__ void GeluBackwardKernel(float* dinp, const float* inp,
-                                   const float* dout, size_t n) {
+                                   const float* dout, size_t n, bool add) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   const float x = inp[i];
@@ -255,7 +259,8 @@ __global__ void GeluBackwardKernel(float* dinp, const float* inp,
   const float sech2 = 1.0f - th * th;
   const float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale *
                                               (1.0f + 3.0f * 0.044715f * x * x);
-  dinp[i] += grad * dout[i];
+  const float d = grad * dout[i];
+  dinp[i] = add ? dinp[i] + d : d;
 }
 
 // Four elements per thread (in must be 16-byte aligned), the tail one by
@@ -421,40 +426,34 @@ size_t OperandElems(bool trans, int rows, int cols, int ld) {
 }  // namespace
 
 cublasStatus_t RowGemm(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N,
-                       int K, float alpha, const float* A, int lda,
-                       const float* B, int ldb, float beta, float* C, int ldc) {
+                       int K, float alpha, Operand A, int lda, Operand B,
+                       int ldb, float beta, float* C, int ldc) {
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
   const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (ctx.operands == CUDA_R_32F) {
-    return cublasGemmEx(ctx.blas, op_b, op_a, N, M, K, &alpha, B, CUDA_R_32F,
-                        ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc,
-                        ctx.compute, CUBLAS_GEMM_DEFAULT);
+    if (A.fp32 == nullptr || B.fp32 == nullptr)
+      return CUBLAS_STATUS_INVALID_VALUE;
+    return cublasGemmEx(ctx.blas, op_b, op_a, N, M, K, &alpha, B.fp32,
+                        CUDA_R_32F, ldb, A.fp32, CUDA_R_32F, lda, &beta, C,
+                        CUDA_R_32F, ldc, ctx.compute, CUBLAS_GEMM_DEFAULT);
   }
-  const size_t a_elems = OperandElems(trans_a, M, K, lda);
-  if (a_elems > ctx.operand_a_elems ||
-      OperandElems(trans_b, K, N, ldb) > ctx.operand_b_elems)
-    return CUBLAS_STATUS_INVALID_VALUE;
-  To16Bit(ctx, ctx.operands, ctx.operand_a, A, a_elems);
-  return RowGemmRoundedA(ctx, trans_a, trans_b, M, N, K, alpha, lda, B, ldb,
-                         beta, C, ldc);
-}
-
-cublasStatus_t RowGemmRoundedA(const Ctx& ctx, bool trans_a, bool trans_b,
-                               int M, int N, int K, float alpha, int lda,
-                               const float* B, int ldb, float beta, float* C,
-                               int ldc) {
+  // Every check before any rounding, so that a refusal changes nothing.
   const size_t a_elems = OperandElems(trans_a, M, K, lda);
   const size_t b_elems = OperandElems(trans_b, K, N, ldb);
-  if (ctx.operands == CUDA_R_32F || a_elems > ctx.operand_a_elems ||
-      b_elems > ctx.operand_b_elems)
+  const bool round_a = A.rounded == nullptr, round_b = B.rounded == nullptr;
+  if ((round_a && (A.fp32 == nullptr || a_elems > ctx.operand_a_elems)) ||
+      (round_b && (B.fp32 == nullptr || b_elems > ctx.operand_b_elems)) ||
+      (round_a && B.rounded == ctx.operand_a) ||
+      (round_b && A.rounded == ctx.operand_b))
     return CUBLAS_STATUS_INVALID_VALUE;
-  To16Bit(ctx, ctx.operands, ctx.operand_b, B, b_elems);
-  return cublasGemmEx(ctx.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                      trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha,
-                      ctx.operand_b, ctx.operands, ldb, ctx.operand_a,
-                      ctx.operands, lda, &beta, C, CUDA_R_32F, ldc,
-                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (round_a) To16Bit(ctx, ctx.operands, ctx.operand_a, A.fp32, a_elems);
+  if (round_b) To16Bit(ctx, ctx.operands, ctx.operand_b, B.fp32, b_elems);
+  return cublasGemmEx(ctx.blas, op_b, op_a, N, M, K, &alpha,
+                      round_b ? ctx.operand_b : B.rounded, ctx.operands, ldb,
+                      round_a ? ctx.operand_a : A.rounded, ctx.operands, lda,
+                      &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                      CUBLAS_GEMM_DEFAULT);
 }
 
 void EncoderForward(const Ctx& ctx, float* out, const int* inp,
@@ -480,17 +479,19 @@ void EncoderBackwardWte(const Ctx& ctx, float* dwte, const float* dout,
 
 void LayerNormForward(const Ctx& ctx, float* out, float* mean, float* rstd,
                       const float* inp, const float* weight, const float* bias,
-                      int N, int C) {
-  LayerNormForwardKernel<<<WarpRowBlocks(N), kThreads, 0, ctx.stream>>>(
-      out, mean, rstd, inp, weight, bias, N, C, nullptr, nullptr);
+                      int N, int C, void* out16) {
+  ResidualLayerNormForward(ctx, nullptr, out, mean, rstd, inp, nullptr, weight,
+                           bias, N, C, out16);
 }
 
 void ResidualLayerNormForward(const Ctx& ctx, float* res, float* out,
                               float* mean, float* rstd, const float* inp1,
                               const float* inp2, const float* weight,
-                              const float* bias, int N, int C) {
-  LayerNormForwardKernel<<<WarpRowBlocks(N), kThreads, 0, ctx.stream>>>(
-      out, mean, rstd, inp1, weight, bias, N, C, inp2, res);
+                              const float* bias, int N, int C, void* out16) {
+  AsOperandType(ctx, out16, out, [&](auto* o) {
+    LayerNormForwardKernel<<<WarpRowBlocks(N), kThreads, 0, ctx.stream>>>(
+        o, mean, rstd, inp1, weight, bias, N, C, inp2, res);
+  });
 }
 
 void LayerNormBackward(const Ctx& ctx, float* dinp, float* dweight,
@@ -506,25 +507,37 @@ size_t LayerNormScratchFloats(int C) {
   return 2 * static_cast<size_t>(kRowGroups) * C;
 }
 
-cublasStatus_t MatmulForward(const Ctx& ctx, float* out, const float* inp,
+cublasStatus_t MatmulForward(const Ctx& ctx, float* out, Operand inp,
                              const float* weight, const float* bias, int N,
                              int C, int OC) {
+  if (ctx.operands == CUDA_R_32F && inp.fp32 == nullptr)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  const size_t a = static_cast<size_t>(N) * C, b = static_cast<size_t>(OC) * C;
   if (bias != nullptr && ctx.lt != nullptr) {
     if (ctx.operands == CUDA_R_32F) {
-      if (LtGemmBias(ctx, false, true, N, OC, C, inp, C, weight, C, CUDA_R_32F,
-                     ctx.compute, bias, out, OC))
+      if (inp.fp32 != nullptr &&
+          LtGemmBias(ctx, false, true, N, OC, C, inp.fp32, C, weight, C,
+                     CUDA_R_32F, ctx.compute, bias, out, OC))
         return CUBLAS_STATUS_SUCCESS;
     } else {
-      const size_t a = static_cast<size_t>(N) * C,
-                   b = static_cast<size_t>(OC) * C;
-      if (a > ctx.operand_a_elems || b > ctx.operand_b_elems)
+      if ((inp.rounded == nullptr &&
+           (inp.fp32 == nullptr || a > ctx.operand_a_elems)) ||
+          inp.rounded == ctx.operand_b || b > ctx.operand_b_elems)
         return CUBLAS_STATUS_INVALID_VALUE;
-      To16Bit(ctx, ctx.operands, ctx.operand_a, inp, a);
+      if (inp.rounded == nullptr) {
+        To16Bit(ctx, ctx.operands, ctx.operand_a, inp.fp32, a);
+        inp = Operand::Rounded(ctx.operand_a);
+      }
       To16Bit(ctx, ctx.operands, ctx.operand_b, weight, b);
-      if (LtGemmBias(ctx, false, true, N, OC, C, ctx.operand_a, C,
-                     ctx.operand_b, C, ctx.operands, CUBLAS_COMPUTE_32F, bias,
-                     out, OC))
+      if (LtGemmBias(ctx, false, true, N, OC, C, inp.rounded, C, ctx.operand_b,
+                     C, ctx.operands, CUBLAS_COMPUTE_32F, bias, out, OC))
         return CUBLAS_STATUS_SUCCESS;
+      // A shape cuBLASLt takes no algorithm for: the product below, on the
+      // operands as rounded.
+      BiasRowsKernel<<<Blocks(static_cast<size_t>(N) * OC), kThreads, 0,
+                       ctx.stream>>>(out, bias, N, OC);
+      return RowGemm(ctx, false, true, N, OC, C, 1.0f, inp, C,
+                     Operand::Rounded(ctx.operand_b), C, 1.0f, out, OC);
     }
   }
   float beta = 0;
@@ -538,15 +551,19 @@ cublasStatus_t MatmulForward(const Ctx& ctx, float* out, const float* inp,
 }
 
 cublasStatus_t MatmulBackward(const Ctx& ctx, float* dinp, float* dweight,
-                              float* dbias, const float* dout, const float* inp,
+                              float* dbias, const float* dout, Operand inp,
                               const float* weight, int N, int C, int OC,
-                              float* scratch) {
+                              float* scratch, float dinp_beta) {
   if (ctx.operands != CUDA_R_32F) {
     // dout rounded once for both products (with the bias sums when there
     // is a bias: one read of dout).
     // Every size first, so that a refusal changes nothing.
+    const size_t nc = static_cast<size_t>(N) * C;
     if (static_cast<size_t>(N) * OC > ctx.operand_a_elems ||
-        static_cast<size_t>(std::max(OC, N)) * C > ctx.operand_b_elems)
+        static_cast<size_t>(OC) * C > ctx.operand_b_elems ||
+        (inp.rounded == nullptr &&
+         (inp.fp32 == nullptr || nc > ctx.operand_b_elems)) ||
+        inp.rounded == ctx.operand_a)
       return CUBLAS_STATUS_INVALID_VALUE;
     if (dbias != nullptr) {
       ColumnSums(ctx, nullptr, dbias, dout, nullptr, nullptr, nullptr, N, OC,
@@ -555,18 +572,20 @@ cublasStatus_t MatmulBackward(const Ctx& ctx, float* dinp, float* dweight,
       To16Bit(ctx, ctx.operands, ctx.operand_a, dout,
               static_cast<size_t>(N) * OC);
     }
+    const Operand rounded_dout = Operand::Rounded(ctx.operand_a);
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
     if (dinp != nullptr) {
-      st = RowGemmRoundedA(ctx, false, false, N, C, OC, 1.0f, OC, weight, C,
-                           1.0f, dinp, C);
+      st = RowGemm(ctx, false, false, N, C, OC, 1.0f, rounded_dout, OC, weight,
+                   C, dinp_beta, dinp, C);
     }
     if (st != CUBLAS_STATUS_SUCCESS) return st;
-    return RowGemmRoundedA(ctx, true, false, OC, C, N, 1.0f, OC, inp, C, 1.0f,
-                           dweight, C);
+    return RowGemm(ctx, true, false, OC, C, N, 1.0f, rounded_dout, OC, inp, C,
+                   1.0f, dweight, C);
   }
+  if (inp.fp32 == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   if (dinp != nullptr) {
     const cublasStatus_t st = RowGemm(ctx, false, false, N, C, OC, 1.0f, dout,
-                                      OC, weight, C, 1.0f, dinp, C);
+                                      OC, weight, C, dinp_beta, dinp, C);
     if (st != CUBLAS_STATUS_SUCCESS) return st;
   }
   const cublasStatus_t st = RowGemm(ctx, true, false, OC, C, N, 1.0f, dout, OC,
@@ -579,14 +598,17 @@ cublasStatus_t MatmulBackward(const Ctx& ctx, float* dinp, float* dweight,
   return CUBLAS_STATUS_SUCCESS;
 }
 
-void GeluForward(const Ctx& ctx, float* out, const float* inp, size_t n) {
-  GeluForwardKernel<<<Blocks(n), kThreads, 0, ctx.stream>>>(out, inp, n);
+void GeluForward(const Ctx& ctx, float* out, const float* inp, size_t n,
+                 void* out16) {
+  AsOperandType(ctx, out16, out, [&](auto* o) {
+    GeluForwardKernel<<<Blocks(n), kThreads, 0, ctx.stream>>>(o, inp, n);
+  });
 }
 
 void GeluBackward(const Ctx& ctx, float* dinp, const float* inp,
-                  const float* dout, size_t n) {
-  GeluBackwardKernel<<<Blocks(n), kThreads, 0, ctx.stream>>>(dinp, inp, dout,
-                                                             n);
+                  const float* dout, size_t n, bool add) {
+  GeluBackwardKernel<<<Blocks(n), kThreads, 0, ctx.stream>>>(dinp, inp, dout, n,
+                                                             add);
 }
 
 void ResidualForward(const Ctx& ctx, float* out, const float* inp1,

@@ -63,20 +63,31 @@ bool LtGemmBias(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N, int K,
                 cudaDataType_t type, cublasComputeType_t compute,
                 const float* bias, float* C, int ldc);
 
+// A product's operand: fp32 (in the 16-bit modes rounded into the
+// context's scratch for A or B first), or, in the 16-bit modes only,
+// already rounded to ctx.operands by whatever wrote it (a LayerNorm, GELU
+// or the classifier writing 16-bit output), read as it is.
+struct Operand {
+  const float* fp32 = nullptr;
+  const void* rounded = nullptr;
+  Operand(const float* p) : fp32(p) {}  // NOLINT: implicit, as fp32
+  static Operand Rounded(const void* p) {
+    Operand o(nullptr);
+    o.rounded = p;
+    return o;
+  }
+};
+
 // C[M,N] = alpha op(A) op(B) + beta C, row-major, as worker/kernels_cpu.h's
-// Gemm (cblas_sgemm's contract). With 16-bit operands, A and B (each as many
-// rows as it has, times its leading dimension) must fit the scratch buffers;
-// CUBLAS_STATUS_INVALID_VALUE otherwise.
+// Gemm (cblas_sgemm's contract). In the 16-bit modes an fp32 A (B) is
+// rounded into ctx.operand_a (operand_b) and must fit there (each as many
+// rows as it has, times its leading dimension); a rounded A must not be
+// operand_b while B is rounded into it (nor B operand_a while A is).
+// CUBLAS_STATUS_INVALID_VALUE otherwise, or for a rounded operand in the
+// fp32 modes, with nothing written.
 cublasStatus_t RowGemm(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N,
-                       int K, float alpha, const float* A, int lda,
-                       const float* B, int ldb, float beta, float* C, int ldc);
-// RowGemm in a 16-bit mode whose A is already rounded in ctx.operand_a
-// (by FusedClassifier or the like): the same numbers without rounding A
-// again. CUBLAS_STATUS_INVALID_VALUE in fp32 modes.
-cublasStatus_t RowGemmRoundedA(const Ctx& ctx, bool trans_a, bool trans_b,
-                               int M, int N, int K, float alpha, int lda,
-                               const float* B, int ldb, float beta, float* C,
-                               int ldc);
+                       int K, float alpha, Operand A, int lda, Operand B,
+                       int ldb, float beta, float* C, int ldc);
 // The same over `batch` matrices, each the last one's address + stride.
 cublasStatus_t RowGemmBatched(const Ctx& ctx, bool trans_a, bool trans_b, int M,
                               int N, int K, float alpha, const float* A,
@@ -97,15 +108,19 @@ void EncoderBackwardWte(const Ctx& ctx, float* dwte, const float* dout,
                         const int* tokens, const int* offsets,
                         const int* positions, int n_unique, int C);
 
+// With out16 in a 16-bit mode the output goes there rounded to
+// ctx.operands (the same bits as rounding the fp32 output), and out (which
+// may be null) is not written.
 void LayerNormForward(const Ctx& ctx, float* out, float* mean, float* rstd,
                       const float* inp, const float* weight, const float* bias,
-                      int N, int C);
+                      int N, int C, void* out16 = nullptr);
 // res = inp1 + inp2 (ResidualForward's) and LayerNormForward over it, in
 // one pass: the same bits as the two.
 void ResidualLayerNormForward(const Ctx& ctx, float* res, float* out,
                               float* mean, float* rstd, const float* inp1,
                               const float* inp2, const float* weight,
-                              const float* bias, int N, int C);
+                              const float* bias, int N, int C,
+                              void* out16 = nullptr);
 // scratch: LayerNormScratchFloats(C) floats.
 void LayerNormBackward(const Ctx& ctx, float* dinp, float* dweight,
                        float* dbias, const float* dout, const float* inp,
@@ -114,30 +129,33 @@ void LayerNormBackward(const Ctx& ctx, float* dinp, float* dweight,
 size_t LayerNormScratchFloats(int C);
 
 // out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias (bias may be null).
-cublasStatus_t MatmulForward(const Ctx& ctx, float* out, const float* inp,
+cublasStatus_t MatmulForward(const Ctx& ctx, float* out, Operand inp,
                              const float* weight, const float* bias, int N,
                              int C, int OC);
-// dinp += dout @ weight; dweight += dout^T @ inp; dbias += column sums of
-// dout. dinp, dbias may be null. scratch: LayerNormScratchFloats(OC).
+// dinp = dout @ weight + dinp_beta * dinp (1 adds, 0 writes);
+// dweight += dout^T @ inp; dbias += column sums of dout. dinp, dbias may be
+// null. scratch: LayerNormScratchFloats(OC).
 cublasStatus_t MatmulBackward(const Ctx& ctx, float* dinp, float* dweight,
-                              float* dbias, const float* dout, const float* inp,
+                              float* dbias, const float* dout, Operand inp,
                               const float* weight, int N, int C, int OC,
-                              float* scratch);
+                              float* scratch, float dinp_beta = 1.0f);
 
 // Causal self-attention over qkv (B, T, 3C), as kernels_cpu.h's: out
 // (B, T, C), lse (B, NH, T). With ctx.fused_attention and a head size
 // FlashAttentionSupported takes, the fused kernels below; else batched
 // products through cuBLAS and a softmax kernel, the (B, NH, T, T) scores
 // only in the workspace. workspace: AttentionWorkspaceFloats(ctx, ...).
+// With out16 in a 16-bit mode, out also rounded to ctx.operands there.
 cublasStatus_t AttentionForward(const Ctx& ctx, float* out, float* lse,
                                 const float* inp, int B, int T, int C, int NH,
-                                float* workspace);
-// dinp (B, T, 3C) += the gradient w.r.t. qkv given dout (B, T, C); out is
-// what AttentionForward wrote.
+                                float* workspace, void* out16 = nullptr);
+// dinp (B, T, 3C) += the gradient w.r.t. qkv given dout (B, T, C) (with
+// add false, written: dinp's old values are not read); out is what
+// AttentionForward wrote.
 cublasStatus_t AttentionBackward(const Ctx& ctx, float* dinp, const float* dout,
                                  const float* inp, const float* out,
                                  const float* lse, int B, int T, int C, int NH,
-                                 float* workspace);
+                                 float* workspace, bool add = true);
 size_t AttentionWorkspaceFloats(const Ctx& ctx, int B, int T, int C, int NH);
 
 // The fused causal attention (flash_attention.cu): the scores never leave
@@ -152,18 +170,22 @@ bool FlashAttentionSupported(int B, int C, int NH);
 bool FlashAttentionShape(int B, int C, int NH);
 size_t FlashAttentionWorkspaceFloats(int B, int T, int NH);
 cudaError_t FlashAttentionForward(const Ctx& ctx, float* out, float* lse,
-                                  const float* inp, int B, int T, int C,
-                                  int NH);
+                                  const float* inp, int B, int T, int C, int NH,
+                                  void* out16 = nullptr);
 cudaError_t FlashAttentionBackward(const Ctx& ctx, float* dinp,
                                    const float* dout, const float* inp,
                                    const float* out, const float* lse, int B,
-                                   int T, int C, int NH, float* workspace);
+                                   int T, int C, int NH, float* workspace,
+                                   bool add = true);
 
-// out = gelu(inp) (tanh form); out may alias inp.
-void GeluForward(const Ctx& ctx, float* out, const float* inp, size_t n);
-// dinp += gelu'(inp) * dout.
+// out = gelu(inp) (tanh form); out may alias inp. With out16 in a 16-bit
+// mode, rounded to ctx.operands there instead (out not written, may be
+// null).
+void GeluForward(const Ctx& ctx, float* out, const float* inp, size_t n,
+                 void* out16 = nullptr);
+// dinp += gelu'(inp) * dout (with add false, dinp = ...: not read).
 void GeluBackward(const Ctx& ctx, float* dinp, const float* inp,
-                  const float* dout, size_t n);
+                  const float* dout, size_t n, bool add = true);
 void ResidualForward(const Ctx& ctx, float* out, const float* inp1,
                      const float* inp2, size_t n);
 void Zero(const Ctx& ctx, float* p, size_t n);
@@ -179,7 +201,8 @@ void To16Bit(const Ctx& ctx, cudaDataType_t type, void* out, const float* in,
 // logits[i] = dloss * (softmax - onehot) in place (padding columns 0), so
 // the probabilities are never stored. Without backward the logits stay.
 // With `rounded` (16-bit modes), the gradient goes there instead, rounded
-// to ctx.operands, for RowGemmRoundedA; the logits stay.
+// to ctx.operands, for the head's products (Operand::Rounded); the logits
+// stay.
 void FusedClassifier(const Ctx& ctx, float* logits, float* losses,
                      const int* targets, int N, int V, int Vp, float dloss,
                      bool backward, void* rounded = nullptr);
