@@ -155,19 +155,21 @@ N = 124475904  # GPT-2 124M with the padded 50304-row embedding
 print('%.1f%%' % (100 * float('$1') * (6 * N + 6 * 12 * 768 * 1024) / ($2 * 1e12)))"; }
 
 declare -a ROWS
-# The engine's environment for a mode.
-mode_env() {
-  echo "DSL_CUDA_TF32=$([[ $1 == tf32 ]] && echo 1 || echo 0)" \
-       "DSL_CUDA_ATTENTION=$([[ $1 == *batched* ]] && echo batched || echo fused)" \
-       "DSL_CUDA_ACTIVATIONS=$([[ $1 == *fp32acts* ]] && echo fp32 || echo 16bit)"
+# A mode's engine environment (MODE_ENV) and precision as dsworker's --set
+# arguments (MODE_SETS).
+mode_args() {
+  MODE_ENV=("DSL_CUDA_TF32=$([[ $1 == tf32 ]] && echo 1 || echo 0)"
+            "DSL_CUDA_ATTENTION=$([[ $1 == *batched* ]] && echo batched || echo fused)"
+            "DSL_CUDA_ACTIVATIONS=$([[ $1 == *fp32acts* ]] && echo fp32 || echo 16bit)")
+  MODE_SETS=(--set "bf16.enabled=$([[ $1 == bf16* ]] && echo true || echo false)"
+             --set "fp16.enabled=$([[ $1 == fp16* ]] && echo true || echo false)")
 }
 run_dsworker() {  # mode (bf16[+batched][+fp32acts], fp16, fp32, tf32), peak TFLOP/s of that mode
   local mode=$1 peak=$2 log=$OUT/bench_dsworker.log tps rc
   echo "### dsworker $mode" >>"$log"
-  (cd "$WORK" && env $(mode_env "$mode") timeout 240 "$DSW" train --config "$WORK/gpt2.json" --device cuda \
-     --set "bf16.enabled=$([[ $mode == bf16* ]] && echo true || echo false)" \
-     --set "fp16.enabled=$([[ $mode == fp16 ]] && echo true || echo false)" \
-     "${@:3}") >"$WORK/run.log" 2>&1
+  mode_args "$mode"
+  (cd "$WORK" && env "${MODE_ENV[@]}" timeout 240 "$DSW" train --config "$WORK/gpt2.json" --device cuda \
+     "${MODE_SETS[@]}" "${@:3}") >"$WORK/run.log" 2>&1
   rc=$?
   cat "$WORK/run.log" >>"$log"
   tps=$(median_steps "$WORK/run.log")
@@ -188,8 +190,9 @@ done
 # Where the GPU time goes (DSL_CUDA_PROFILE: events between the parts of a
 # step; a separate short run, so the timings above carry no events).
 for mode in ${PROFILE_MODES-bf16 bf16+batched tf32}; do
-  (cd "$WORK" && env DSL_CUDA_PROFILE=1 $(mode_env "$mode") timeout 120 "$DSW" train --config "$WORK/gpt2.json" --device cuda --set train.steps=6 \
-     --set "bf16.enabled=$([[ $mode == bf16* ]] && echo true || echo false)") >"$WORK/profile.log" 2>&1
+  mode_args "$mode"
+  (cd "$WORK" && env DSL_CUDA_PROFILE=1 "${MODE_ENV[@]}" timeout 120 "$DSW" train --config "$WORK/gpt2.json" \
+     --device cuda --set train.steps=6 "${MODE_SETS[@]}") >"$WORK/profile.log" 2>&1
   say "profile $mode (6 steps, the first with its start-up):"
   grep -A11 'GPU time per step' "$WORK/profile.log" | tee -a "$SUMMARY"
 done

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "base/status.h"
 
@@ -34,6 +35,12 @@ struct AdamParams {
   // in place beforehand.
   float grad_scale = 1.0f;
 };
+
+// What an optimizer step over a parameter buffer calls with each range
+// [begin, begin + count) of it that is final for the step, in order, while
+// it goes on with the rest (so that a device can copy one range while the
+// host updates the next); an error stops the step.
+using ParamsUpdated = std::function<Status(size_t begin, size_t count)>;
 
 // Updates n elements in place, per element exactly as PyTorch 1.13's
 // single-tensor AdamW/Adam on an AVX2 CPU computes it (fp32, with FMA where

@@ -29,7 +29,8 @@ namespace dslaunch::worker {
 //    GradSquaredSum over a range.
 // 6: collectives on layer windows; window_floats; ScaleGrads.
 // 7: TakeLayerGrads starts a copy, WaitLayerGrads waits for it.
-constexpr int kDeviceEngineAbi = 7;
+// 8: StartSetParams and WaitSetParams.
+constexpr int kDeviceEngineAbi = 8;
 
 // How the matrix products compute; activations, parameters, gradients and
 // optimizer state are fp32 in every mode.
@@ -230,6 +231,15 @@ class DeviceEngine {
   virtual bool GetGrads(float* host) = 0;
   virtual bool SetMoments(const float* m, const float* v) = 0;
   virtual bool GetMoments(float* m, float* v) = 0;
+  // Starts copying host [0, count) into the parameter buffer's [begin,
+  // begin + count), after the device's work so far, and returns; several
+  // may run at once. Until WaitSetParams returns (which must follow every
+  // start; a start that fails leaves nothing running) the host leaves that
+  // memory alone and nothing uses the device's parameters: the host
+  // updates the next range while the last one is copied.
+  virtual bool StartSetParams(size_t begin, size_t count,
+                              const float* host) = 0;
+  virtual bool WaitSetParams() = 0;
   // Under kParamsAndGrads, from a hook: layer's parameters (its whole
   // layer-major range) into its window for the pass.
   virtual bool SetLayerParams(int layer, const float* host) = 0;

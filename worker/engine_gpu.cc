@@ -139,6 +139,19 @@ class GpuEngine : public Engine {
     return "GPU " + dev_->Describe() +
            (pinned_ ? "" : ", host buffers pageable (page-locking failed)");
   }
+  // A step of the host's (an optimizer step, a gather) over its parameter
+  // buffer `params`, each range it finishes started on its way to the
+  // device's while the host goes on with the next; every copy waited for
+  // whatever the step returns (they read host memory).
+  template <typename Step>
+  Status UpdatingTheDevice(const float* params, const Step& step) {
+    const Status st = step([&](size_t begin, size_t count) {
+      return Ok(dev_->StartSetParams(begin, count, params + begin));
+    });
+    const bool waited = dev_->WaitSetParams();
+    RETURN_IF_ERROR(st);
+    return Ok(waited);
+  }
   static DeviceAdam ToDevice(const AdamParams& a) {
     return {a.lr,           a.beta1,      a.beta2, a.eps,
             a.weight_decay, a.adamw_mode, a.step};
@@ -224,16 +237,20 @@ class GpuReplicatedEngine final : public GpuEngine {
   Status Update(const AdamParams& a, float clip_scale) override {
     if (offload_) {
       // ZeRO-Offload: AdamW on the host's fp32 master parameters (this
-      // rank's shard under stage 1), the updated whole back to the device;
-      // with NCCL, the shards gathered there instead of on the host.
-      if (!nccl_) {
-        RETURN_IF_ERROR(state_->Update(a, clip_scale));
-        return Ok(dev_->SetParams(host_->params().data()));
+      // rank's shard under stage 1), each piece copied to the device as it
+      // is done; under stage 1 the shards then gathered, on the GPUs with
+      // NCCL, else on the host and the whole copied.
+      const auto step = [&](const ParamsUpdated& updated) {
+        return state_->Step(a, clip_scale, updated);
+      };
+      float* p = host_->params().data();
+      if (nccl_ || stage_ == 0 || comm_->size() == 1) {
+        RETURN_IF_ERROR(UpdatingTheDevice(p, step));
+        if (stage_ == 0 || comm_->size() == 1) return Status::Ok();
+        return Ok(dev_->AllGatherParams(state_->shard_size(), comm_->rank()));
       }
-      state_->Step(a, clip_scale);
-      RETURN_IF_ERROR(Ok(dev_->SetParams(host_->params().data())));
-      if (stage_ == 0) return Status::Ok();
-      return Ok(dev_->AllGatherParams(state_->shard_size(), comm_->rank()));
+      RETURN_IF_ERROR(state_->Update(a, clip_scale));
+      return Ok(dev_->SetParams(p));
     }
     RETURN_IF_ERROR(Ok(dev_->AdamStep(ToDevice(a), clip_scale)));
     if (stage_ == 0 || comm_->size() == 1) return Status::Ok();
@@ -416,10 +433,13 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
   Status Update(const AdamParams& a, float clip_scale) override {
     float* params = zero_->Buffer(ZeroState::Which::kParams).data();
     if (offload_) {
-      // AdamW on the host's owned pieces; under stage 2 the gathered whole
-      // back to the device (under stage 3 the next pass gathers them).
-      RETURN_IF_ERROR(zero_->Update(a, clip_scale));
-      return stage_ == 2 ? Ok(dev_->SetParams(params)) : Status::Ok();
+      // AdamW on the host's owned pieces, layer by layer; under stage 2
+      // each layer gathered and copied to the device as it is done, while
+      // the host goes on (under stage 3 the next pass gathers them).
+      if (stage_ == 3) return zero_->Update(a, clip_scale);
+      return UpdatingTheDevice(params, [&](const ParamsUpdated& updated) {
+        return zero_->Update(a, clip_scale, updated);
+      });
     }
     RETURN_IF_ERROR(Ok(dev_->AdamStep(ToDevice(a), clip_scale)));
     if (nccl_) {
@@ -439,8 +459,9 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
     RETURN_IF_ERROR(Ok(dev_->GetParams(params)));
     if (stage_ == 3) return Status::Ok();
     if (comm_->size() == 1) return Status::Ok();
-    RETURN_IF_ERROR(zero_->GatherParams());
-    return Ok(dev_->SetParams(params));
+    return UpdatingTheDevice(params, [&](const ParamsUpdated& updated) {
+      return zero_->GatherParams(updated);
+    });
   }
 
   StatusOr<RankShard> CheckpointRange(size_t begin, size_t count) override {

@@ -50,11 +50,12 @@ StatusOr<float> ReplicatedState::FinishGradients() {
 }
 
 Status ReplicatedState::Update(const AdamParams& adam, float clip_scale) {
-  Step(adam, clip_scale);
+  RETURN_IF_ERROR(Step(adam, clip_scale));
   return GatherParams();
 }
 
-void ReplicatedState::Step(const AdamParams& adam, float clip_scale) {
+Status ReplicatedState::Step(const AdamParams& adam, float clip_scale,
+                             const ParamsUpdated& updated) {
   float* p = model_->params().data();
   const float* g = model_->grads().data();
   DSL_CHECK(adam.grad_scale == 1.0f);  // the clip's scale goes there
@@ -65,9 +66,17 @@ void ReplicatedState::Step(const AdamParams& adam, float clip_scale) {
     const size_t b = std::max(lo, seg.range.begin),
                  e = std::min(hi, seg.range.end);
     if (b >= e) continue;
-    AdamStep(p + b, g + b, m_.data() + (b - lo), v_.data() + (b - lo), e - b,
-             scaled, seg.decay);
+    // In pieces when someone takes them as they are done (elementwise: the
+    // same bits as one call).
+    const size_t piece = updated ? kUpdatedFloats : e - b;
+    for (size_t at = b; at < e; at += piece) {
+      const size_t n = std::min(piece, e - at);
+      AdamStep(p + at, g + at, m_.data() + (at - lo), v_.data() + (at - lo), n,
+               scaled, seg.decay);
+      if (updated) RETURN_IF_ERROR(updated(at, n));
+    }
   }
+  return Status::Ok();
 }
 
 Status ReplicatedState::GatherParams() {

@@ -45,8 +45,11 @@ class ReplicatedState {
   // Step, then GatherParams.
   Status Update(const AdamParams& adam, float clip_scale);
   // AdamW on the shard, its gradients scaled by clip_scale (the buffer left
-  // as it is).
-  void Step(const AdamParams& adam, float clip_scale);
+  // as it is); with `updated`, called with each range of the parameters
+  // as it is done (pieces of at most kUpdatedFloats).
+  Status Step(const AdamParams& adam, float clip_scale,
+              const ParamsUpdated& updated = nullptr);
+  static constexpr size_t kUpdatedFloats = size_t{1} << 22;  // 16 MiB
   // Stage 1: every rank's updated shard into every rank's parameters.
   Status GatherParams();
 

@@ -31,7 +31,8 @@ struct ZeroState::Layer {
   // The owned pieces (part.shard floats each), in the flat owned buffers.
   std::span<float> params;  // stage 3 only
   std::span<float> grads, m, v;
-  int bucket = -1;           // index in buckets_ (layers 0..L)
+  size_t runs_begin = 0, runs_end = 0;  // its AdamRuns in adam_runs_
+  int bucket = -1;                      // index in buckets_ (layers 0..L)
   size_t window_offset = 0;  // where its gradients sit in block_grads_
   // From ZeroGrad to its first reduce: grads count as zeros, whatever they
   // hold.
@@ -88,6 +89,7 @@ ZeroState::ZeroState(const ParamLayout& layout, int stage, Comm* comm,
     l->v = std::span(own_v_).subspan(at, shard);
     // The owned piece [lo, hi) of the layout, cut at the decay segments.
     const size_t lo = l->range.begin + l->own_begin, hi = lo + l->own;
+    l->runs_begin = adam_runs_.size();
     for (const DecaySegment& seg : segments) {
       const size_t b = std::max(lo, seg.range.begin),
                    e = std::min(hi, seg.range.end);
@@ -96,6 +98,7 @@ ZeroState::ZeroState(const ParamLayout& layout, int stage, Comm* comm,
       adam_runs_.push_back(
           {stage == 2 ? b : in_piece, in_piece, in_piece, e - b, seg.decay});
     }
+    l->runs_end = adam_runs_.size();
     at += shard;
   }
   if (stage == 2) full_params_.assign(layout.num_params(), 0.0f);
@@ -278,33 +281,51 @@ StatusOr<float> ZeroState::FinishGradients() {
   return std::sqrt(partial);
 }
 
-Status ZeroState::Update(const AdamParams& adam, float clip_scale) {
+Status ZeroState::Update(const AdamParams& adam, float clip_scale,
+                         const ParamsUpdated& updated) {
   ZeroStaleGrads();
   float* p = Buffer(Which::kParams).data();
   DSL_CHECK(adam.grad_scale == 1.0f);  // the clip's scale goes there
   AdamParams scaled = adam;
   scaled.grad_scale = clip_scale;
-  for (const AdamRun& r : adam_runs_) {
-    AdamStep(p + r.param, own_grads_.data() + r.grad, own_m_.data() + r.moment,
-             own_v_.data() + r.moment, r.count, scaled, r.decay);
+  // Layer by layer: its AdamW, its gather, and then it is done (the same
+  // bits as every AdamW and then every gather: the layers are apart).
+  for (auto& l : layers_) {
+    for (size_t i = l->runs_begin; i < l->runs_end; ++i) {
+      const AdamRun& r = adam_runs_[i];
+      AdamStep(p + r.param, own_grads_.data() + r.grad,
+               own_m_.data() + r.moment, own_v_.data() + r.moment, r.count,
+               scaled, r.decay);
+    }
+    RETURN_IF_ERROR(LayerUpdated(*l, updated));
   }
-  return GatherParams();
+  return Status::Ok();
 }
 
-Status ZeroState::GatherParams() {
+Status ZeroState::GatherParams(const ParamsUpdated& updated) {
+  for (auto& l : layers_) RETURN_IF_ERROR(LayerUpdated(*l, updated));
+  return Status::Ok();
+}
+
+Status ZeroState::LayerUpdated(Layer& l, const ParamsUpdated& updated) {
+  RETURN_IF_ERROR(GatherLayer(l));
+  if (!updated) return Status::Ok();
+  if (stage_ == 2) return updated(l.range.begin, l.range.size());
+  return updated(static_cast<size_t>(l.params.data() - own_params_.data()),
+                 l.part.shard);
+}
+
+Status ZeroState::GatherLayer(Layer& l) {
   // One rank's pieces are its whole parameters, updated in place.
   if (stage_ != 2 || comm_->size() == 1) return Status::Ok();
-  for (auto& l : layers_) {
-    // Every rank takes every rank's updated piece of this layer.
-    Copy({full_params_.data() + l->range.begin + l->own_begin, l->own},
-         staging_.data());
-    std::fill(staging_.begin() + l->own, staging_.begin() + l->part.shard,
-              0.0f);
-    float* window =
-        (l.get() == layers_.front().get() ? emb_grads_ : block_grads_).data();
-    RETURN_IF_ERROR(comm_->AllGather(staging_.data(), window, l->part.shard));
-    Copy({window, l->range.size()}, full_params_.data() + l->range.begin);
-  }
+  // Every rank takes every rank's updated piece of this layer.
+  Copy({full_params_.data() + l.range.begin + l.own_begin, l.own},
+       staging_.data());
+  std::fill(staging_.begin() + l.own, staging_.begin() + l.part.shard, 0.0f);
+  float* window =
+      (&l == layers_.front().get() ? emb_grads_ : block_grads_).data();
+  RETURN_IF_ERROR(comm_->AllGather(staging_.data(), window, l.part.shard));
+  Copy({window, l.range.size()}, full_params_.data() + l.range.begin);
   return Status::Ok();
 }
 

@@ -79,11 +79,15 @@ class ZeroState : public ParamSource {
   // (SquaredSum over the whole owned buffer, padding included).
   StatusOr<float> FinishGradients();
   // AdamW on the owned pieces (gradients scaled by clip_scale, the buffer
-  // left as it is), then GatherParams.
-  Status Update(const AdamParams& adam, float clip_scale);
+  // left as it is) and GatherParams, layer by layer; with `updated`, called
+  // with each layer's range of Buffer(kParams) once it is final (stage 2:
+  // the layer's whole range; stage 3: its owned piece).
+  Status Update(const AdamParams& adam, float clip_scale,
+                const ParamsUpdated& updated = nullptr);
   // Stage 2: every rank's updated pieces into every rank's whole
-  // parameters (collective); nothing under stage 3 or on one rank.
-  Status GatherParams();
+  // parameters (collective); nothing under stage 3 or on one rank. With
+  // `updated`, called as Update calls it.
+  Status GatherParams(const ParamsUpdated& updated = nullptr);
 
   // One contiguous run of the optimizer step, within one layer's owned
   // piece and one weight-decay segment: `count` parameters at `param` in
@@ -141,6 +145,8 @@ class ZeroState : public ParamSource {
  private:
   Layer& L(int layer) { return *layers_[layer + 1]; }
   void Gather(int layer, float* window);
+  Status GatherLayer(Layer& l);
+  Status LayerUpdated(Layer& l, const ParamsUpdated& updated);
   void ReduceBucket(const Bucket& b, float* window);
   float* RankMajor(const Bucket& b, float* window);
   void ZeroGradWindows(int layer);

@@ -639,6 +639,8 @@ TEST_F(KernelsTest, ProductsTakeRoundedOperands) {
         ASSERT_EQ(cuda::MatmulForward(ctx_, o32.get(), gx.get(), gw.get(), bp,
                                       N, C2, OC),
                   CUBLAS_STATUS_SUCCESS);
+        // NaN where the fp32 input was rounded: the rounded one is read.
+        CUDA_OK(cudaMemset(a.get(), 0xFF, a_elems * sizeof(uint16_t)));
         ASSERT_EQ(
             cuda::MatmulForward(ctx_, o16.get(), rx, gw.get(), bp, N, C2, OC),
             CUBLAS_STATUS_SUCCESS);
@@ -660,6 +662,13 @@ TEST_F(KernelsTest, ProductsTakeRoundedOperands) {
     EXPECT_EQ(dinp16.Get(), dinp32.Get());
     EXPECT_EQ(dw16.Get(), dw32.Get());
     EXPECT_EQ(db16.Get(), db32.Get());
+    // A rounded input where the weight is about to be rounded (for dinp).
+    Dev<float> dw(dw0);
+    EXPECT_EQ(cuda::MatmulBackward(ctx_, dinp16.get(), dw.get(), nullptr,
+                                   gdout.get(), cuda::Operand::Rounded(b.get()),
+                                   gw.get(), N, C2, OC, scratch.get()),
+              CUBLAS_STATUS_INVALID_VALUE);
+    EXPECT_EQ(dw.Get(), dw0);
     // B rounded in operand_a while the fp32 A is to be rounded there.
     Dev<float> c(std::vector<float>(N * OC, 5.0f));
     EXPECT_EQ(

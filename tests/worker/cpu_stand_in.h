@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <span>
@@ -80,7 +81,9 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   inline static std::atomic<int64_t> unpinned_copies{0};
 
   bool SetParams(const float* host) override { return Copy(host, params_); }
-  bool GetParams(float* host) override { return Copy(params_, host); }
+  bool GetParams(float* host) override {
+    return NoParamCopies() && Copy(params_, host);
+  }
   bool SetGrads(const float* host) override { return Copy(host, grads_); }
   bool GetGrads(float* host) override { return Copy(grads_, host); }
   bool SetMoments(const float* m, const float* v) override {
@@ -88,6 +91,43 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   }
   bool GetMoments(float* m, float* v) override {
     return Copy(m_, m) && Copy(v_, v);
+  }
+  // As asynchronous copies: the host's values reach the parameters only
+  // at WaitSetParams, with NaN there until then (what a pass before the
+  // wait could read). The host changing a range before the wait (a real
+  // copy could read either value), a pass, a read or a step with copies
+  // unwaited, and a wait for nothing fail.
+  inline static std::atomic<int64_t> param_copies{0};   // started
+  inline static std::atomic<int> most_param_copies{0};  // at once
+  bool StartSetParams(size_t begin, size_t count, const float* host) override {
+    if (begin > params_.size() || count > params_.size() - begin) {
+      error_ = "StartSetParams past the parameters";
+      return false;
+    }
+    Check(host, count);
+    param_copies_.push_back(
+        {begin, {host, std::vector<float>(host, host + count)}});
+    std::fill_n(params_.begin() + begin, count, NAN);
+    ++param_copies;
+    most_param_copies = std::max<int>(most_param_copies,
+                                      static_cast<int>(param_copies_.size()));
+    return true;
+  }
+  bool WaitSetParams() override {
+    if (param_copies_.empty()) {
+      error_ = "a wait for no parameter copy";
+      return false;
+    }
+    bool ok = true;
+    for (const auto& [begin, copy] : param_copies_) {
+      const auto& [host, values] = copy;
+      ok = ok && std::equal(values.begin(), values.end(), host,
+                            [](float a, float b) { return Same(a, b); });
+      std::copy(values.begin(), values.end(), params_.begin() + begin);
+    }
+    param_copies_.clear();
+    if (!ok) error_ = "the host changed parameters while their copy ran";
+    return ok;
   }
   bool SetLayerParams(int layer, const float* host) override {
     if (o_.windows != DeviceWindows::kParamsAndGrads) return false;
@@ -137,6 +177,7 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   }
   bool TrainMicroBatch(const int* tokens, const int* targets, int B, int T,
                        float grad_scale, float* loss) override {
+    if (!NoParamCopies()) return false;
     if (!copies_.empty()) {
       error_ = "a pass began with a gradient copy of the last unwaited";
       return false;
@@ -152,6 +193,7 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   }
   bool EvalBatch(const int* tokens, const int* targets, int B, int T,
                  float* loss) override {
+    if (!NoParamCopies()) return false;
     hooks_ok_ = true;
     *loss = model_->Forward(tokens, targets, B, T);
     return hooks_ok_;
@@ -270,6 +312,7 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
     return true;
   }
   bool AdamStep(const DeviceAdam& a, float grad_scale) override {
+    if (!NoParamCopies()) return false;
     const AdamParams p{a.lr,           a.beta1,      a.beta2, a.eps,
                        a.weight_decay, a.adamw_mode, a.step,  grad_scale};
     for (const DeviceAdamSegment& s : o_.adam) {
@@ -336,6 +379,15 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
     model_->set_hooks(std::move(h));
     model_->set_param_source(this);
   }
+  bool NoParamCopies() {
+    if (param_copies_.empty()) return true;
+    error_ = "parameters used with their copy to the device unwaited";
+    return false;
+  }
+  // The same bits (NaN included).
+  static bool Same(float a, float b) {
+    return std::memcmp(&a, &b, sizeof a) == 0;
+  }
   void Call(bool (DeviceLayerHooks::*hook)(int), int layer) {
     if (hooks_ok_) hooks_ok_ = (o_.hooks->*hook)(layer);
   }
@@ -372,6 +424,10 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   bool hooks_ok_ = true;
   // The gradient copies started and not yet waited for, by layer.
   std::map<int, std::pair<float*, std::vector<float>>> copies_;
+  // The parameter copies started and not yet waited for: where, from
+  // where, and what the host held then.
+  std::vector<std::pair<size_t, std::pair<const float*, std::vector<float>>>>
+      param_copies_;
   std::vector<std::pair<const char*, size_t>> pinned_;
   Comm* comm_ = nullptr;
   std::string gpu_;

@@ -217,6 +217,78 @@ TEST_F(GpuEngineHostTest, EveryStageAndOffloadEqualTheCpuEngineBitForBit) {
   }
 }
 
+// The offloaded optimizer sends the parameters back to the device piece by
+// piece as the host's AdamW (and under stage 2 the layer's gather) finishes
+// each, with several copies running before the one wait of the step, where
+// the whole comes back at once (stages 0, 1 and 2 at one rank, stages 0
+// and 2 at two, stage 1 at two with NCCL's gather on the GPUs; stage 1 at
+// two over Gloo gathers on the host first, and stage 3's next pass gathers
+// its parameters). The results are the CPU engine's (above); the stand-in
+// fails a host that writes into a range being copied or a pass that
+// starts before the wait.
+TEST_F(GpuEngineHostTest, OffloadedStepsCopyParametersWhileTheHostUpdates) {
+  struct Case {
+    int world, stage;
+    bool nccl, pieces;
+  };
+  for (const Case& c : std::vector<Case>{{1, 0, false, true},
+                                         {1, 1, false, true},
+                                         {1, 2, false, true},
+                                         {2, 0, false, true},
+                                         {2, 2, false, true},
+                                         {2, 1, true, true},
+                                         {2, 1, false, false},
+                                         {2, 3, false, false}}) {
+    SCOPED_TRACE("world " + std::to_string(c.world) + ", stage " +
+                 std::to_string(c.stage) + (c.nccl ? ", NCCL" : ""));
+    if (c.nccl) gpus_ = "gpu";
+    CpuStandIn::param_copies = 0;
+    CpuStandIn::most_param_copies = 0;
+    const Result gpu =
+        Train(Config(c.world, c.stage, kOptimizer), true, c.world);
+    gpus_.reset();
+    ASSERT_EQ(gpu.norms.size(), 4u);
+    if (c.pieces) {
+      // Every rank, 4 steps, more than one piece a step.
+      EXPECT_GT(CpuStandIn::param_copies, 4 * c.world);
+      EXPECT_GT(CpuStandIn::most_param_copies, 1);
+    } else {
+      EXPECT_EQ(CpuStandIn::param_copies, 0);
+    }
+  }
+  // The stand-in's own checks: a range written while its copy runs, a pass
+  // with a copy unwaited, and a wait for nothing.
+  DeviceEngine* dev = nullptr;
+  auto capture = [&dev](const DeviceEngineOptions& o)
+      -> StatusOr<std::unique_ptr<DeviceEngine>> {
+    ASSIGN_OR_RETURN(std::unique_ptr<DeviceEngine> e, CpuStandIn::Open(o));
+    dev = e.get();
+    return e;
+  };
+  LocalWorld w(1, std::chrono::seconds(10));
+  std::unique_ptr<Comm> comm = w.MakeComm(0);
+  EngineOptions eo;
+  eo.device = DeviceKind::kCuda;
+  auto e = MakeGpuEngine(Config(1, 0, kOptimizer), comm.get(), eo, capture);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  std::vector<float> host(8, 1.0f);
+  ASSERT_TRUE(dev->StartSetParams(0, host.size(), host.data()));
+  host[3] = 2.0f;
+  EXPECT_FALSE(dev->WaitSetParams());
+  EXPECT_EQ(dev->error(), "the host changed parameters while their copy ran");
+  ASSERT_TRUE(dev->StartSetParams(0, host.size(), host.data()));
+  const Batch b = MakeBatch(0, 0, 0);
+  float loss = 0;
+  EXPECT_FALSE(dev->TrainMicroBatch(b.inputs.data(), b.targets.data(), 2, 8,
+                                    1.0f, &loss));
+  EXPECT_EQ(dev->error(),
+            "parameters used with their copy to the device unwaited");
+  EXPECT_TRUE(dev->WaitSetParams());
+  EXPECT_FALSE(dev->WaitSetParams());
+  EXPECT_EQ(dev->error(), "a wait for no parameter copy");
+  CpuStandIn::unpinned_copies = 0;  // `host` was not pinned
+}
+
 // What the device holds (the stand-in's peak is its buffers) per stage on
 // 2 ranks, n parameters: stage 0 parameters, gradients and both moments of
 // all of them (16n); stage 1 the moments of its shard only; stage 2 whole

@@ -188,6 +188,17 @@ class CudaEngine final : public DeviceEngine {
     return moments_count_ == 0 ||
            (Down(m, m_, moments_count_) && Down(v, v_, moments_count_));
   }
+  bool StartSetParams(size_t begin, size_t count, const float* host) override {
+    if (begin > param_count_ || count > param_count_ - begin)
+      return Fail("StartSetParams past the parameters");
+    if (Cuda(cudaMemcpyAsync(params_ + begin, host, count * sizeof(float),
+                             cudaMemcpyHostToDevice, ctx_.stream),
+             "copy parameters to the GPU"))
+      return true;
+    cudaStreamSynchronize(ctx_.stream);  // no copy left running
+    return false;
+  }
+  bool WaitSetParams() override { return Sync("copy parameters to the GPU"); }
   bool SetLayerParams(int layer, const float* host) override {
     if (options_.windows != DeviceWindows::kParamsAndGrads || !IsLayer(layer))
       return Fail("SetLayerParams without parameter windows");

@@ -563,7 +563,8 @@ cublasStatus_t MatmulBackward(const Ctx& ctx, float* dinp, float* dweight,
         static_cast<size_t>(OC) * C > ctx.operand_b_elems ||
         (inp.rounded == nullptr &&
          (inp.fp32 == nullptr || nc > ctx.operand_b_elems)) ||
-        inp.rounded == ctx.operand_a)
+        inp.rounded == ctx.operand_a ||
+        (dinp != nullptr && inp.rounded == ctx.operand_b))
       return CUBLAS_STATUS_INVALID_VALUE;
     if (dbias != nullptr) {
       ColumnSums(ctx, nullptr, dbias, dout, nullptr, nullptr, nullptr, N, OC,

@@ -110,7 +110,7 @@ void EncoderBackwardWte(const Ctx& ctx, float* dwte, const float* dout,
 
 // With out16 in a 16-bit mode the output goes there rounded to
 // ctx.operands (the same bits as rounding the fp32 output), and out (which
-// may be null) is not written.
+// may be null) is not written; out16 must not overlap the input.
 void LayerNormForward(const Ctx& ctx, float* out, float* mean, float* rstd,
                       const float* inp, const float* weight, const float* bias,
                       int N, int C, void* out16 = nullptr);
@@ -134,7 +134,9 @@ cublasStatus_t MatmulForward(const Ctx& ctx, float* out, Operand inp,
                              int C, int OC);
 // dinp = dout @ weight + dinp_beta * dinp (1 adds, 0 writes);
 // dweight += dout^T @ inp; dbias += column sums of dout. dinp, dbias may be
-// null. scratch: LayerNormScratchFloats(OC).
+// null. scratch: LayerNormScratchFloats(OC). In the 16-bit modes dout is
+// rounded into ctx.operand_a and the weight into operand_b (for dinp), so
+// a rounded inp in either is refused.
 cublasStatus_t MatmulBackward(const Ctx& ctx, float* dinp, float* dweight,
                               float* dbias, const float* dout, Operand inp,
                               const float* weight, int N, int C, int OC,
@@ -145,7 +147,8 @@ cublasStatus_t MatmulBackward(const Ctx& ctx, float* dinp, float* dweight,
 // FlashAttentionSupported takes, the fused kernels below; else batched
 // products through cuBLAS and a softmax kernel, the (B, NH, T, T) scores
 // only in the workspace. workspace: AttentionWorkspaceFloats(ctx, ...).
-// With out16 in a 16-bit mode, out also rounded to ctx.operands there.
+// With out16 in a 16-bit mode, out also rounded to ctx.operands there
+// (4-byte aligned).
 cublasStatus_t AttentionForward(const Ctx& ctx, float* out, float* lse,
                                 const float* inp, int B, int T, int C, int NH,
                                 float* workspace, void* out16 = nullptr);
@@ -180,7 +183,7 @@ cudaError_t FlashAttentionBackward(const Ctx& ctx, float* dinp,
 
 // out = gelu(inp) (tanh form); out may alias inp. With out16 in a 16-bit
 // mode, rounded to ctx.operands there instead (out not written, may be
-// null).
+// null); out16 must not overlap inp.
 void GeluForward(const Ctx& ctx, float* out, const float* inp, size_t n,
                  void* out16 = nullptr);
 // dinp += gelu'(inp) * dout (with add false, dinp = ...: not read).
