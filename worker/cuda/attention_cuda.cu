@@ -132,7 +132,7 @@ bool Fused(const Ctx& ctx, int B, int C, int NH) {
 }  // namespace
 
 size_t AttentionWorkspaceFloats(const Ctx& ctx, int B, int T, int C, int NH) {
-  if (Fused(ctx, B, C, NH)) return FlashAttentionWorkspaceFloats(B, T, NH);
+  if (Fused(ctx, B, C, NH)) return FlashAttentionWorkspaceFloats(B, T, C, NH);
   const size_t btc = static_cast<size_t>(B) * T * C;
   const size_t scores = static_cast<size_t>(B) * NH * T * T;
   return 7 * btc + 2 * scores;
@@ -142,8 +142,8 @@ cublasStatus_t AttentionForward(const Ctx& ctx, float* out, float* lse,
                                 const float* inp, int B, int T, int C, int NH,
                                 float* workspace, void* out16) {
   if (Fused(ctx, B, C, NH)) {
-    return FlashAttentionForward(ctx, out, lse, inp, B, T, C, NH, out16) ==
-                   cudaSuccess
+    return FlashAttentionForward(ctx, out, lse, inp, B, T, C, NH, workspace,
+                                 out16) == cudaSuccess
                ? CUBLAS_STATUS_SUCCESS
                : CUBLAS_STATUS_EXECUTION_FAILED;
   }

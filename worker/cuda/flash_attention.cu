@@ -19,7 +19,9 @@
 //    first from a small kernel.
 // Q, K, V, dout, the probabilities and the scores' gradient are rounded to
 // bf16 for the products (PyTorch's bf16 SDPA does the same); everything
-// else is fp32.
+// else is fp32. Q, K, V and dout are rounded once per pass into the
+// workspace (each tile of them is read by many blocks: at 2 bytes an
+// element the loads, which bound these kernels, move half the bytes).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -149,33 +151,34 @@ __device__ inline void AccumulateTimes(float (*acc)[4], const float (*p)[4],
 }
 
 // Rows row0..row0+kTile-1 (zeros past T) of the HS columns at src of a
-// (T, width) fp32 matrix, as bf16 into `rows` (kTile, HS) and/or
-// transposed into `cols` (HS, kTile). vec: src and width allow 16-byte
-// loads. With `cols`, consecutive threads take consecutive rows (so the
-// transposed stores fall in different banks), else consecutive columns.
+// (T, width) bf16 matrix (staged by Stage: src and every row 16-byte
+// aligned) into `rows` (kTile, HS) and/or transposed into `cols` (HS,
+// kTile), 8 elements (16 bytes) a thread at a time. With `cols`,
+// consecutive threads take consecutive rows (so the transposed stores fall
+// in different banks), else consecutive columns.
 template <int HS>
-__device__ void LoadTile(bf16* rows, bf16* cols, const float* src, size_t width,
-                         int row0, int T, bool vec) {
-  constexpr int kQuads = HS / 4;
-  for (int i = threadIdx.x; i < kTile * kQuads; i += kThreads) {
-    const int r = cols != nullptr ? i % kTile : i / kQuads;
-    const int d = 4 * (cols != nullptr ? i / kTile : i % kQuads);
-    float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+__device__ void LoadTile(bf16* rows, bf16* cols, const bf16* src, size_t width,
+                         int row0, int T) {
+  constexpr int kOcts = HS / 8;
+  for (int i = threadIdx.x; i < kTile * kOcts; i += kThreads) {
+    const int r = cols != nullptr ? i % kTile : i / kOcts;
+    const int d = 8 * (cols != nullptr ? i / kTile : i % kOcts);
+    uint4 x = make_uint4(0, 0, 0, 0);  // bf16 zeros
     if (row0 + r < T) {
-      const float* p = src + static_cast<size_t>(row0 + r) * width + d;
-      x = vec ? *reinterpret_cast<const float4*>(p)
-              : make_float4(p[0], p[1], p[2], p[3]);
+      x = *reinterpret_cast<const uint4*>(
+          src + static_cast<size_t>(row0 + r) * width + d);
     }
-    if (rows != nullptr) {
-      auto* dst = reinterpret_cast<__nv_bfloat162*>(rows + r * kLd<HS> + d);
-      dst[0] = __floats2bfloat162_rn(x.x, x.y);
-      dst[1] = __floats2bfloat162_rn(x.z, x.w);
-    }
+    if (rows != nullptr) *reinterpret_cast<uint4*>(rows + r * kLd<HS> + d) = x;
     if (cols != nullptr) {
-      cols[(d + 0) * kLdT + r] = __float2bfloat16(x.x);
-      cols[(d + 1) * kLdT + r] = __float2bfloat16(x.y);
-      cols[(d + 2) * kLdT + r] = __float2bfloat16(x.z);
-      cols[(d + 3) * kLdT + r] = __float2bfloat16(x.w);
+      const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        // Element 2k in the low half of word k (little-endian).
+        cols[(d + 2 * k) * kLdT + r] =
+            __ushort_as_bfloat16(static_cast<unsigned short>(w[k] & 0xffffu));
+        cols[(d + 2 * k + 1) * kLdT + r] =
+            __ushort_as_bfloat16(static_cast<unsigned short>(w[k] >> 16));
+      }
     }
   }
 }
@@ -223,8 +226,8 @@ constexpr size_t ForwardSmem() {
 // out16: null, or out again rounded to bf16 (fp16 with fp16) there.
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
-    FlashForwardKernel(float* out, float* lse, const float* inp, int T, int NH,
-                       float scale, bool vec, void* out16, bool fp16) {
+    FlashForwardKernel(float* out, float* lse, const bf16* inp, int T, int NH,
+                       float scale, void* out16, bool fp16) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int C = NH * HS, bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int qt = gridDim.x - 1 - blockIdx.x, q0 = qt * kTile;
@@ -234,8 +237,8 @@ __global__ void __launch_bounds__(kThreads)
   bf16* qs = cv.Take<bf16>(kTile * kLd<HS>);
   bf16* ks = cv.Take<bf16>(kTile * kLd<HS>);
   bf16* vt = cv.Take<bf16>(HS * kLdT);
-  const float* base = inp + static_cast<size_t>(b) * T * 3 * C + h * HS;
-  LoadTile<HS>(qs, nullptr, base, 3 * C, q0, T, vec);
+  const bf16* base = inp + static_cast<size_t>(b) * T * 3 * C + h * HS;
+  LoadTile<HS>(qs, nullptr, base, 3 * C, q0, T);
   const float s2 = scale * kLog2e;  // scores to base-2 exponents
   const int query[2] = {q0 + row0 + l.g, q0 + row0 + l.g + 8};
   float o[HS / 8][4] = {};
@@ -243,8 +246,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
     __syncthreads();  // the last tile's readers are done
-    LoadTile<HS>(ks, nullptr, base + C, 3 * C, k0, T, vec);
-    LoadTile<HS>(nullptr, vt, base + 2 * C, 3 * C, k0, T, vec);
+    LoadTile<HS>(ks, nullptr, base + C, 3 * C, k0, T);
+    LoadTile<HS>(nullptr, vt, base + 2 * C, 3 * C, k0, T);
     __syncthreads();
     float s[kCols][4];
     RowsTimesRowsT<HS>(s, qs, row0, ks, l);
@@ -381,9 +384,9 @@ constexpr size_t BackwardQSmem() {  // Q, dout, K, V; K transposed
 // 16w..16w+15 of the tile.
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
-    FlashBackwardKvKernel(float* dinp, const float* dout, const float* inp,
+    FlashBackwardKvKernel(float* dinp, const bf16* dout, const bf16* inp,
                           const float* lse, const float* dd, int T, int NH,
-                          float scale, bool vec, bool add) {
+                          float scale, bool add) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int C = NH * HS, bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int k0 = blockIdx.x * kTile, row0 = (threadIdx.x / 32) * 16;
@@ -397,18 +400,18 @@ __global__ void __launch_bounds__(kThreads)
   bf16* dot = cv.Take<bf16>(HS * kLdT);
   float* lse2s = cv.Take<float>(kTile);
   float* dds = cv.Take<float>(kTile);
-  const float* base = inp + static_cast<size_t>(b) * T * 3 * C + h * HS;
-  const float* dbase = dout + static_cast<size_t>(b) * T * C + h * HS;
-  LoadTile<HS>(ks, nullptr, base + C, 3 * C, k0, T, vec);
-  LoadTile<HS>(vs, nullptr, base + 2 * C, 3 * C, k0, T, vec);
+  const bf16* base = inp + static_cast<size_t>(b) * T * 3 * C + h * HS;
+  const bf16* dbase = dout + static_cast<size_t>(b) * T * C + h * HS;
+  LoadTile<HS>(ks, nullptr, base + C, 3 * C, k0, T);
+  LoadTile<HS>(vs, nullptr, base + 2 * C, 3 * C, k0, T);
   const float s2 = scale * kLog2e;
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
   const int tiles = (T + kTile - 1) / kTile;
   for (int qtile = blockIdx.x; qtile < tiles; ++qtile) {
     const int q0 = qtile * kTile;
     __syncthreads();
-    LoadTile<HS>(qs, qt, base, 3 * C, q0, T, vec);
-    LoadTile<HS>(dos, dot, dbase, C, q0, T, vec);
+    LoadTile<HS>(qs, qt, base, 3 * C, q0, T);
+    LoadTile<HS>(dos, dot, dbase, C, q0, T);
     for (int i = threadIdx.x; i < kTile; i += kThreads) {
       const int t = q0 + i;  // a query past T: probability 0
       lse2s[i] =
@@ -436,9 +439,9 @@ __global__ void __launch_bounds__(kThreads)
 // the key tiles up to the diagonal. Warp w takes queries 16w..16w+15.
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
-    FlashBackwardQKernel(float* dinp, const float* dout, const float* inp,
+    FlashBackwardQKernel(float* dinp, const bf16* dout, const bf16* inp,
                          const float* lse, const float* dd, int T, int NH,
-                         float scale, bool vec, bool add) {
+                         float scale, bool add) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int C = NH * HS, bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int qtile = gridDim.x - 1 - blockIdx.x, q0 = qtile * kTile;
@@ -450,10 +453,10 @@ __global__ void __launch_bounds__(kThreads)
   bf16* ks = cv.Take<bf16>(kTile * kLd<HS>);
   bf16* vs = cv.Take<bf16>(kTile * kLd<HS>);
   bf16* kt_ = cv.Take<bf16>(HS * kLdT);
-  const float* base = inp + static_cast<size_t>(b) * T * 3 * C + h * HS;
-  const float* dbase = dout + static_cast<size_t>(b) * T * C + h * HS;
-  LoadTile<HS>(qs, nullptr, base, 3 * C, q0, T, vec);
-  LoadTile<HS>(dos, nullptr, dbase, C, q0, T, vec);
+  const bf16* base = inp + static_cast<size_t>(b) * T * 3 * C + h * HS;
+  const bf16* dbase = dout + static_cast<size_t>(b) * T * C + h * HS;
+  LoadTile<HS>(qs, nullptr, base, 3 * C, q0, T);
+  LoadTile<HS>(dos, nullptr, dbase, C, q0, T);
   const float s2 = scale * kLog2e;
   float lse2[2], dd2[2];
 #pragma unroll
@@ -467,8 +470,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int ktile = 0; ktile <= qtile; ++ktile) {
     const int k0 = ktile * kTile;
     __syncthreads();
-    LoadTile<HS>(ks, kt_, base + C, 3 * C, k0, T, vec);
-    LoadTile<HS>(vs, nullptr, base + 2 * C, 3 * C, k0, T, vec);
+    LoadTile<HS>(ks, kt_, base + C, 3 * C, k0, T);
+    LoadTile<HS>(vs, nullptr, base + 2 * C, 3 * C, k0, T);
     __syncthreads();
     float s[kCols][4], dp[kCols][4];
     RowsTimesRowsT<HS>(s, qs, row0, ks, l);    // (queries, keys)
@@ -495,44 +498,57 @@ cudaError_t AllowSmem(size_t bytes) {
   return once;
 }
 
-// 16-byte loads: every row of a (.., width) fp32 matrix at p starts aligned.
-bool Vec(const float* p, size_t width) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && width % 4 == 0;
+// The workspace: D (B * NH * T floats, padded to 16 bytes), then the
+// staged bf16 inputs, qkv (B, T, 3C) and dout (B, T, C).
+size_t DdFloats(int B, int T, int NH) {
+  return (static_cast<size_t>(B) * NH * T + 3) / 4 * 4;
+}
+// Q, K and V rounded to bf16 (what the kernels would round them to on every
+// load, once: the same bits) at the workspace's staging place.
+bf16* Stage(const Ctx& ctx, float* workspace, const float* inp, int B, int T,
+            int C, int NH) {
+  bf16* qkv = reinterpret_cast<bf16*>(workspace + DdFloats(B, T, NH));
+  To16Bit(ctx, CUDA_R_16BF, qkv, inp, static_cast<size_t>(B) * T * 3 * C);
+  return qkv;
 }
 
 template <int HS>
 cudaError_t Forward(const Ctx& ctx, float* out, float* lse, const float* inp,
-                    int B, int T, int NH, void* out16) {
+                    int B, int T, int NH, void* out16, float* workspace) {
   constexpr size_t smem = ForwardSmem<HS>();
   cudaError_t e = AllowSmem<FlashForwardKernel<HS>>(smem);
   if (e != cudaSuccess) return e;
+  const bf16* qkv = Stage(ctx, workspace, inp, B, T, NH * HS, NH);
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
   FlashForwardKernel<HS><<<grid, kThreads, smem, ctx.stream>>>(
-      out, lse, inp, T, NH, 1.0f / sqrtf(static_cast<float>(HS)),
-      Vec(inp, 3 * NH * HS), ctx.operands == CUDA_R_32F ? nullptr : out16,
-      ctx.operands == CUDA_R_16F);
+      out, lse, qkv, T, NH, 1.0f / sqrtf(static_cast<float>(HS)),
+      ctx.operands == CUDA_R_32F ? nullptr : out16, ctx.operands == CUDA_R_16F);
   return cudaGetLastError();
 }
 
 template <int HS>
 cudaError_t Backward(const Ctx& ctx, float* dinp, const float* dout,
                      const float* inp, const float* out, const float* lse,
-                     int B, int T, int NH, float* dd, bool add) {
+                     int B, int T, int NH, float* workspace, bool add) {
   const size_t rows = static_cast<size_t>(B) * NH * T;
   if (rows == 0) return cudaSuccess;
+  const int C = NH * HS;
+  float* dd = workspace;
   RowDotKernel<<<launch::Blocks(rows * launch::kWarp), launch::kThreads, 0,
                  ctx.stream>>>(dd, dout, out, B, T, NH, HS);
+  bf16* qkv = Stage(ctx, workspace, inp, B, T, C, NH);
+  bf16* dout16 = qkv + static_cast<size_t>(B) * T * 3 * C;
+  To16Bit(ctx, CUDA_R_16BF, dout16, dout, static_cast<size_t>(B) * T * C);
   constexpr size_t kv_smem = BackwardKvSmem<HS>(), q_smem = BackwardQSmem<HS>();
   cudaError_t e = AllowSmem<FlashBackwardKvKernel<HS>>(kv_smem);
   if (e == cudaSuccess) e = AllowSmem<FlashBackwardQKernel<HS>>(q_smem);
   if (e != cudaSuccess) return e;
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
-  const bool vec = Vec(inp, 3 * NH * HS) && Vec(dout, NH * HS);
   FlashBackwardKvKernel<HS><<<grid, kThreads, kv_smem, ctx.stream>>>(
-      dinp, dout, inp, lse, dd, T, NH, scale, vec, add);
+      dinp, dout16, qkv, lse, dd, T, NH, scale, add);
   FlashBackwardQKernel<HS><<<grid, kThreads, q_smem, ctx.stream>>>(
-      dinp, dout, inp, lse, dd, T, NH, scale, vec, add);
+      dinp, dout16, qkv, lse, dd, T, NH, scale, add);
   return cudaGetLastError();
 }
 
@@ -579,22 +595,23 @@ bool FlashAttentionSupported(int B, int C, int NH) {
   return smem <= static_cast<size_t>(optin);
 }
 
-size_t FlashAttentionWorkspaceFloats(int B, int T, int NH) {
-  return static_cast<size_t>(B) * NH * T;
+size_t FlashAttentionWorkspaceFloats(int B, int T, int C, int NH) {
+  // D, then qkv and dout at 2 bytes an element.
+  return DdFloats(B, T, NH) + 2 * static_cast<size_t>(B) * T * C;
 }
 
 cudaError_t FlashAttentionForward(const Ctx& ctx, float* out, float* lse,
                                   const float* inp, int B, int T, int C, int NH,
-                                  void* out16) {
+                                  float* workspace, void* out16) {
   switch (C / NH) {
     case 16:
-      return Forward<16>(ctx, out, lse, inp, B, T, NH, out16);
+      return Forward<16>(ctx, out, lse, inp, B, T, NH, out16, workspace);
     case 32:
-      return Forward<32>(ctx, out, lse, inp, B, T, NH, out16);
+      return Forward<32>(ctx, out, lse, inp, B, T, NH, out16, workspace);
     case 64:
-      return Forward<64>(ctx, out, lse, inp, B, T, NH, out16);
+      return Forward<64>(ctx, out, lse, inp, B, T, NH, out16, workspace);
     case 128:
-      return Forward<128>(ctx, out, lse, inp, B, T, NH, out16);
+      return Forward<128>(ctx, out, lse, inp, B, T, NH, out16, workspace);
   }
   return cudaErrorInvalidValue;
 }

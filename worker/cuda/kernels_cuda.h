@@ -167,14 +167,15 @@ size_t AttentionWorkspaceFloats(const Ctx& ctx, int B, int T, int C, int NH);
 // 32, 64 and 128, B * NH up to 65535, on a GPU whose blocks may take the
 // kernels' shared memory (up to 105 KiB); FlashAttentionShape checks the
 // shape alone (no device query: what each call checks once the device has
-// passed at start). The backward pass's workspace:
-// FlashAttentionWorkspaceFloats(B, T, NH) floats.
+// passed at start). Q, K, V (and dout) are rounded to bf16 once into the
+// workspace, FlashAttentionWorkspaceFloats(B, T, C, NH) floats (16-byte
+// aligned), which the kernels then read at half the bytes.
 bool FlashAttentionSupported(int B, int C, int NH);
 bool FlashAttentionShape(int B, int C, int NH);
-size_t FlashAttentionWorkspaceFloats(int B, int T, int NH);
+size_t FlashAttentionWorkspaceFloats(int B, int T, int C, int NH);
 cudaError_t FlashAttentionForward(const Ctx& ctx, float* out, float* lse,
                                   const float* inp, int B, int T, int C, int NH,
-                                  void* out16 = nullptr);
+                                  float* workspace, void* out16 = nullptr);
 cudaError_t FlashAttentionBackward(const Ctx& ctx, float* dinp,
                                    const float* dout, const float* inp,
                                    const float* out, const float* lse, int B,
