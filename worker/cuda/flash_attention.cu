@@ -7,8 +7,10 @@
 // fixed by the PTX ISA: the scores, the online softmax and the output stay
 // in registers, and a score tile's accumulators become the next product's
 // bf16 operand without a trip through shared memory. Only the K, V, Q and
-// dout tiles pass through shared memory (as bf16, some transposed, so that
-// every operand is two adjacent elements of a row).
+// dout tiles pass through shared memory, as bf16 rows copied there by
+// cp.async while the block computes on the last tile (two buffers each for
+// the tiles a loop walks); where a product needs a tile's columns as
+// rows, ldmatrix's .trans reads it so.
 //  - Forward: a block per 64 queries keeps each row's running maximum and
 //    sum (in base 2) and its output; it writes the output and each row's
 //    natural log-sum-exp, as the batched path does.
@@ -44,18 +46,14 @@ constexpr int kCols = kTile / 8;    // a tile's 8-wide pieces (mma's n)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 // Row strides in shared memory, in bf16: 8 more than the row, so that the
-// 8 rows x 4 pairs an operand load touches fall in 32 different banks.
+// 8 rows x 4 pairs an operand load touches fall in 32 different banks (and
+// every row starts 16-byte aligned, for cp.async and ldmatrix).
 template <int HS>
-constexpr int kLd = HS + 8;      // (kTile, HS) tiles, a row per token
-constexpr int kLdT = kTile + 8;  // (HS, kTile) tiles, a row per channel
+constexpr int kLd = HS + 8;  // (kTile, HS) tiles, a row per token
 
 template <int HS>
 constexpr size_t TileBytes() {
   return kTile * kLd<HS> * sizeof(bf16);
-}
-template <int HS>
-constexpr size_t TileTBytes() {
-  return HS * kLdT * sizeof(bf16);
 }
 
 // A lane's place in mma's layouts: group g (lane / 4) owns rows g and g + 8
@@ -102,6 +100,21 @@ __device__ inline void LoadB(uint32_t* b, const bf16* tile, int ld, int n0,
   b[1] = Pair(p + 8);
 }
 
+// The B operand (k 16 x n 8) from a tile holding it as rows k, columns n:
+// rows k0..k0+15, columns n0..n0+7, through ldmatrix .trans (lanes 0-7
+// address rows k0.. of the first 8x8 matrix, lanes 8-15 rows k0+8.. of
+// the second; each lane receives (2t, g), (2t+1, g) of each, as LoadB's).
+__device__ inline void LoadBTrans(uint32_t* b, const bf16* tile, int ld, int k0,
+                                  int n0) {
+  const int lane = threadIdx.x % 32;
+  const bf16* p = tile + (k0 + lane % 16) * ld + n0;
+  const auto at = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile(
+      "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+      : "=r"(b[0]), "=r"(b[1])
+      : "r"(at));
+}
+
 // Two 8-wide accumulator pieces (columns 16j..16j+15) as the A operand of
 // the next product, rounded to bf16.
 __device__ inline void AccToA(uint32_t* a, const float* lo, const float* hi) {
@@ -132,11 +145,10 @@ __device__ inline void RowsTimesRowsT(float (*acc)[4], const bf16* a, int row0,
   }
 }
 
-// acc (16 x HS) += p (16 x kTile, accumulators) x the (kTile, HS) matrix
-// held transposed in bt (HS, kTile).
+// acc (16 x HS) += p (16 x kTile, accumulators) x the (kTile, HS) tile m.
 template <int HS>
 __device__ inline void AccumulateTimes(float (*acc)[4], const float (*p)[4],
-                                       const bf16* bt, Lane l) {
+                                       const bf16* m) {
 #pragma unroll
   for (int j = 0; j < kTile / 16; ++j) {
     uint32_t fa[4];
@@ -144,42 +156,43 @@ __device__ inline void AccumulateTimes(float (*acc)[4], const float (*p)[4],
 #pragma unroll
     for (int dn = 0; dn < HS / 8; ++dn) {
       uint32_t fb[2];
-      LoadB(fb, bt, kLdT, dn * 8, j * 16, l);
+      LoadBTrans(fb, m, kLd<HS>, j * 16, dn * 8);
       Mma(acc[dn], fa, fb);
     }
   }
 }
 
-// Rows row0..row0+kTile-1 (zeros past T) of the HS columns at src of a
-// (T, width) bf16 matrix (staged by Stage: src and every row 16-byte
-// aligned) into `rows` (kTile, HS) and/or transposed into `cols` (HS,
-// kTile), 8 elements (16 bytes) a thread at a time. With `cols`,
-// consecutive threads take consecutive rows (so the transposed stores fall
-// in different banks), else consecutive columns.
+// cp.async: 16 bytes from global to shared memory, bypassing L1; with
+// `bytes` 0 nothing is read and zeros land.
+__device__ inline void CopyAsync(void* dst, const void* src, int bytes) {
+  const auto at = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(at),
+               "l"(src), "r"(bytes));
+}
+// The copies started since the last commit, as one group.
+__device__ inline void CopyCommit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+// Waits until at most `pending` groups of this thread's are still running
+// (its own copies only: a __syncthreads after shows every thread's).
+template <int pending>
+__device__ inline void CopyWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
+}
+
+// Starts copying rows row0..row0+kTile-1 (zeros past T) of the HS columns
+// at src of a (T, width) bf16 matrix (staged by Stage: src and every row
+// 16-byte aligned) into `rows` (kTile, HS), 16 bytes a thread at a time.
 template <int HS>
-__device__ void LoadTile(bf16* rows, bf16* cols, const bf16* src, size_t width,
-                         int row0, int T) {
+__device__ void LoadTile(bf16* rows, const bf16* src, size_t width, int row0,
+                         int T) {
   constexpr int kOcts = HS / 8;
   for (int i = threadIdx.x; i < kTile * kOcts; i += kThreads) {
-    const int r = cols != nullptr ? i % kTile : i / kOcts;
-    const int d = 8 * (cols != nullptr ? i / kTile : i % kOcts);
-    uint4 x = make_uint4(0, 0, 0, 0);  // bf16 zeros
-    if (row0 + r < T) {
-      x = *reinterpret_cast<const uint4*>(
-          src + static_cast<size_t>(row0 + r) * width + d);
-    }
-    if (rows != nullptr) *reinterpret_cast<uint4*>(rows + r * kLd<HS> + d) = x;
-    if (cols != nullptr) {
-      const uint32_t w[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        // Element 2k in the low half of word k (little-endian).
-        cols[(d + 2 * k) * kLdT + r] =
-            __ushort_as_bfloat16(static_cast<unsigned short>(w[k] & 0xffffu));
-        cols[(d + 2 * k + 1) * kLdT + r] =
-            __ushort_as_bfloat16(static_cast<unsigned short>(w[k] >> 16));
-      }
-    }
+    const int r = i / kOcts, d = 8 * (i % kOcts);
+    const bool in = row0 + r < T;  // else row 0, not read
+    CopyAsync(rows + r * kLd<HS> + d,
+              src + static_cast<size_t>(in ? row0 + r : 0) * width + d,
+              in ? 16 : 0);
   }
 }
 
@@ -217,9 +230,36 @@ __device__ void AddRows(float* dst, size_t width, int row0, int T,
   }
 }
 
+// A tile's elements in shared memory (every tile a multiple of 128 bytes).
 template <int HS>
-constexpr size_t ForwardSmem() {
-  return 2 * Align(TileBytes<HS>()) + Align(TileTBytes<HS>());
+constexpr int kTileElems = kTile* kLd<HS>;
+
+// The loop's step between tiles: the next tile's copies started (more) or
+// none left; waits until this one's have landed, for every thread.
+__device__ inline void AwaitTile(bool more) {
+  if (more) {
+    CopyCommit();
+    CopyWait<1>();
+  } else {
+    CopyWait<0>();
+  }
+  __syncthreads();
+}
+
+// Starts copying key tile kt's K and V (qkv rows at base, (T, 3C)) into
+// buffer kt % 2 of kbuf and vbuf.
+template <int HS>
+__device__ __forceinline__ void LoadKeysValues(bf16* kbuf, bf16* vbuf,
+                                               const bf16* base, int C, int kt,
+                                               int T) {
+  const int at = (kt & 1) * kTileElems<HS>;
+  LoadTile<HS>(kbuf + at, base + C, 3 * C, kt * kTile, T);
+  LoadTile<HS>(vbuf + at, base + 2 * C, 3 * C, kt * kTile, T);
+}
+
+template <int HS>
+constexpr size_t ForwardSmem() {  // Q; K and V twice
+  return 5 * Align(TileBytes<HS>());
 }
 
 // Grid (query tiles, B * NH), the longest rows first. inp: (B, T, 3C).
@@ -234,21 +274,23 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, row0 = warp * 16;
   const Lane l;
   Carver cv{smem};
-  bf16* qs = cv.Take<bf16>(kTile * kLd<HS>);
-  bf16* ks = cv.Take<bf16>(kTile * kLd<HS>);
-  bf16* vt = cv.Take<bf16>(HS * kLdT);
+  bf16* qs = cv.Take<bf16>(kTileElems<HS>);
+  bf16* kbuf = cv.Take<bf16>(2 * kTileElems<HS>);
+  bf16* vbuf = cv.Take<bf16>(2 * kTileElems<HS>);
   const bf16* base = inp + static_cast<size_t>(b) * T * 3 * C + h * HS;
-  LoadTile<HS>(qs, nullptr, base, 3 * C, q0, T);
+  LoadTile<HS>(qs, base, 3 * C, q0, T);
+  LoadKeysValues<HS>(kbuf, vbuf, base, C, 0, T);
+  CopyCommit();
   const float s2 = scale * kLog2e;  // scores to base-2 exponents
   const int query[2] = {q0 + row0 + l.g, q0 + row0 + l.g + 8};
   float o[HS / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
-    __syncthreads();  // the last tile's readers are done
-    LoadTile<HS>(ks, nullptr, base + C, 3 * C, k0, T);
-    LoadTile<HS>(nullptr, vt, base + 2 * C, 3 * C, k0, T);
-    __syncthreads();
+    if (kt < qt) LoadKeysValues<HS>(kbuf, vbuf, base, C, kt + 1, T);
+    AwaitTile(kt < qt);
+    const bf16* ks = kbuf + (kt & 1) * kTileElems<HS>;
+    const bf16* vs = vbuf + (kt & 1) * kTileElems<HS>;
     float s[kCols][4];
     RowsTimesRowsT<HS>(s, qs, row0, ks, l);
 // The online softmax: rows g (i 0, 1) and g + 8 (i 2, 3), each spread
@@ -287,7 +329,8 @@ __global__ void __launch_bounds__(kThreads)
         o[dn][2 * half + 1] *= alpha;
       }
     }
-    AccumulateTimes<HS>(o, s, vt, l);
+    AccumulateTimes<HS>(o, s, vs);
+    __syncthreads();  // buffer kt % 2 is free for tile kt + 2
   }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -370,13 +413,12 @@ __device__ inline void ProbsAndGrads(float (*s)[4], float (*dp)[4], int row0,
 
 // Both backward kernels' shared memory.
 template <int HS>
-constexpr size_t BackwardKvSmem() {  // K, V, Q, dout; Q and dout transposed
-  return 4 * Align(TileBytes<HS>()) + 2 * Align(TileTBytes<HS>()) +
-         2 * Align(kTile * sizeof(float));
+constexpr size_t BackwardKvSmem() {  // K, V; Q, dout and 2 x kTile floats twice
+  return 6 * Align(TileBytes<HS>()) + 2 * Align(2 * kTile * sizeof(float));
 }
 template <int HS>
-constexpr size_t BackwardQSmem() {  // Q, dout, K, V; K transposed
-  return 4 * Align(TileBytes<HS>()) + Align(TileTBytes<HS>());
+constexpr size_t BackwardQSmem() {  // Q, dout; K and V twice
+  return 6 * Align(TileBytes<HS>());
 }
 
 // Grid (key tiles, B * NH), the most query tiles first: dK and dV of 64
@@ -392,33 +434,44 @@ __global__ void __launch_bounds__(kThreads)
   const int k0 = blockIdx.x * kTile, row0 = (threadIdx.x / 32) * 16;
   const Lane l;
   Carver cv{smem};
-  bf16* ks = cv.Take<bf16>(kTile * kLd<HS>);
-  bf16* vs = cv.Take<bf16>(kTile * kLd<HS>);
-  bf16* qs = cv.Take<bf16>(kTile * kLd<HS>);
-  bf16* dos = cv.Take<bf16>(kTile * kLd<HS>);
-  bf16* qt = cv.Take<bf16>(HS * kLdT);
-  bf16* dot = cv.Take<bf16>(HS * kLdT);
-  float* lse2s = cv.Take<float>(kTile);
-  float* dds = cv.Take<float>(kTile);
+  bf16* ks = cv.Take<bf16>(kTileElems<HS>);
+  bf16* vs = cv.Take<bf16>(kTileElems<HS>);
+  bf16* qbuf = cv.Take<bf16>(2 * kTileElems<HS>);
+  bf16* dbuf = cv.Take<bf16>(2 * kTileElems<HS>);
+  float* lse2buf = cv.Take<float>(2 * kTile);
+  float* ddbuf = cv.Take<float>(2 * kTile);
   const bf16* base = inp + static_cast<size_t>(b) * T * 3 * C + h * HS;
   const bf16* dbase = dout + static_cast<size_t>(b) * T * C + h * HS;
-  LoadTile<HS>(ks, nullptr, base + C, 3 * C, k0, T);
-  LoadTile<HS>(vs, nullptr, base + 2 * C, 3 * C, k0, T);
+  // Query tile qt's Q, dout, log-sum-exps and D into buffer (its index in
+  // the walk) % 2.
+  const auto start = [=](int qt) {
+    const int i = (qt - static_cast<int>(blockIdx.x)) & 1, q0 = qt * kTile;
+    LoadTile<HS>(qbuf + i * kTileElems<HS>, base, 3 * C, q0, T);
+    LoadTile<HS>(dbuf + i * kTileElems<HS>, dbase, C, q0, T);
+    for (int j = threadIdx.x; j < kTile; j += kThreads) {
+      const int t = q0 + j;  // a query past T: probability 0
+      lse2buf[i * kTile + j] =
+          t < T ? lse[static_cast<size_t>(bh) * T + t] * kLog2e : INFINITY;
+      ddbuf[i * kTile + j] = t < T ? dd[static_cast<size_t>(bh) * T + t] : 0.0f;
+    }
+  };
+  LoadTile<HS>(ks, base + C, 3 * C, k0, T);
+  LoadTile<HS>(vs, base + 2 * C, 3 * C, k0, T);
+  start(blockIdx.x);
+  CopyCommit();
   const float s2 = scale * kLog2e;
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
   const int tiles = (T + kTile - 1) / kTile;
   for (int qtile = blockIdx.x; qtile < tiles; ++qtile) {
     const int q0 = qtile * kTile;
-    __syncthreads();
-    LoadTile<HS>(qs, qt, base, 3 * C, q0, T);
-    LoadTile<HS>(dos, dot, dbase, C, q0, T);
-    for (int i = threadIdx.x; i < kTile; i += kThreads) {
-      const int t = q0 + i;  // a query past T: probability 0
-      lse2s[i] =
-          t < T ? lse[static_cast<size_t>(bh) * T + t] * kLog2e : INFINITY;
-      dds[i] = t < T ? dd[static_cast<size_t>(bh) * T + t] : 0.0f;
-    }
-    __syncthreads();
+    const int i = (qtile - static_cast<int>(blockIdx.x)) & 1;
+    const bool more = qtile + 1 < tiles;
+    if (more) start(qtile + 1);
+    AwaitTile(more);
+    const bf16* qs = qbuf + i * kTileElems<HS>;
+    const bf16* dos = dbuf + i * kTileElems<HS>;
+    const float* lse2s = lse2buf + i * kTile;
+    const float* dds = ddbuf + i * kTile;
     float s[kCols][4], dp[kCols][4];
     RowsTimesRowsT<HS>(s, ks, row0, qs, l);    // (keys, queries) q . k
     RowsTimesRowsT<HS>(dp, vs, row0, dos, l);  // (keys, queries) dout . v
@@ -427,8 +480,9 @@ __global__ void __launch_bounds__(kThreads)
         s, dp, k0 + row0, q0, s2, scale,
         [&](int, int n, int e) { return lse2s[column(n, e)]; },
         [&](int, int n, int e) { return dds[column(n, e)]; }, l);
-    AccumulateTimes<HS>(dv, s, dot, l);  // dV += P^T dout
-    AccumulateTimes<HS>(dk, dp, qt, l);  // dK += dS^T Q
+    AccumulateTimes<HS>(dv, s, dos);  // dV += P^T dout
+    AccumulateTimes<HS>(dk, dp, qs);  // dK += dS^T Q
+    __syncthreads();  // buffer i is free for the tile after next
   }
   float* row = dinp + static_cast<size_t>(b) * T * 3 * C + h * HS;
   AddRows<HS>(row + C, 3 * C, k0 + row0, T, dk, add, l);
@@ -448,15 +502,16 @@ __global__ void __launch_bounds__(kThreads)
   const int row0 = (threadIdx.x / 32) * 16;
   const Lane l;
   Carver cv{smem};
-  bf16* qs = cv.Take<bf16>(kTile * kLd<HS>);
-  bf16* dos = cv.Take<bf16>(kTile * kLd<HS>);
-  bf16* ks = cv.Take<bf16>(kTile * kLd<HS>);
-  bf16* vs = cv.Take<bf16>(kTile * kLd<HS>);
-  bf16* kt_ = cv.Take<bf16>(HS * kLdT);
+  bf16* qs = cv.Take<bf16>(kTileElems<HS>);
+  bf16* dos = cv.Take<bf16>(kTileElems<HS>);
+  bf16* kbuf = cv.Take<bf16>(2 * kTileElems<HS>);
+  bf16* vbuf = cv.Take<bf16>(2 * kTileElems<HS>);
   const bf16* base = inp + static_cast<size_t>(b) * T * 3 * C + h * HS;
   const bf16* dbase = dout + static_cast<size_t>(b) * T * C + h * HS;
-  LoadTile<HS>(qs, nullptr, base, 3 * C, q0, T);
-  LoadTile<HS>(dos, nullptr, dbase, C, q0, T);
+  LoadTile<HS>(qs, base, 3 * C, q0, T);
+  LoadTile<HS>(dos, dbase, C, q0, T);
+  LoadKeysValues<HS>(kbuf, vbuf, base, C, 0, T);
+  CopyCommit();
   const float s2 = scale * kLog2e;
   float lse2[2], dd2[2];
 #pragma unroll
@@ -469,10 +524,10 @@ __global__ void __launch_bounds__(kThreads)
   float dq[HS / 8][4] = {};
   for (int ktile = 0; ktile <= qtile; ++ktile) {
     const int k0 = ktile * kTile;
-    __syncthreads();
-    LoadTile<HS>(ks, kt_, base + C, 3 * C, k0, T);
-    LoadTile<HS>(vs, nullptr, base + 2 * C, 3 * C, k0, T);
-    __syncthreads();
+    if (ktile < qtile) LoadKeysValues<HS>(kbuf, vbuf, base, C, ktile + 1, T);
+    AwaitTile(ktile < qtile);
+    const bf16* ks = kbuf + (ktile & 1) * kTileElems<HS>;
+    const bf16* vs = vbuf + (ktile & 1) * kTileElems<HS>;
     float s[kCols][4], dp[kCols][4];
     RowsTimesRowsT<HS>(s, qs, row0, ks, l);    // (queries, keys)
     RowsTimesRowsT<HS>(dp, dos, row0, vs, l);  // (queries, keys)
@@ -480,7 +535,8 @@ __global__ void __launch_bounds__(kThreads)
         s, dp, q0 + row0, k0, s2, scale,
         [&](int half, int, int) { return lse2[half]; },
         [&](int half, int, int) { return dd2[half]; }, l);
-    AccumulateTimes<HS>(dq, dp, kt_, l);  // dQ += dS K
+    AccumulateTimes<HS>(dq, dp, ks);  // dQ += dS K
+    __syncthreads();                  // buffer ktile % 2 is free for ktile + 2
   }
   AddRows<HS>(dinp + static_cast<size_t>(b) * T * 3 * C + h * HS, 3 * C,
               q0 + row0, T, dq, add, l);

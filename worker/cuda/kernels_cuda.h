@@ -165,7 +165,7 @@ size_t AttentionWorkspaceFloats(const Ctx& ctx, int B, int T, int C, int NH);
 // the chip, the masked half is skipped, the products run on bf16 operands
 // with fp32 sums, and no atomics (the same bits every run). Head sizes 16,
 // 32, 64 and 128, B * NH up to 65535, on a GPU whose blocks may take the
-// kernels' shared memory (up to 105 KiB); FlashAttentionShape checks the
+// kernels' shared memory (up to 103 KiB); FlashAttentionShape checks the
 // shape alone (no device query: what each call checks once the device has
 // passed at start). Q, K, V (and dout) are rounded to bf16 once into the
 // workspace, FlashAttentionWorkspaceFloats(B, T, C, NH) floats (16-byte
