@@ -37,8 +37,8 @@ StatusOr<float> ReplicatedState::FinishGradients() {
     }
   }
   // Averaged, and the norm of the gradients this rank updates (stage 1: its
-  // piece, summed over ranks); its padding adds nothing to the sum.
-  const size_t n = stage_ == 0 ? model_->layout().num_params() : shard_size_;
+  // piece's real part, summed over ranks).
+  const size_t n = stage_ == 0 ? model_->layout().num_params() : shard_real();
   double sum = ScaleAndSquaredSum({g + shard_begin_, n},
                                   1.0f / static_cast<float>(world));
   if (stage_ > 0 && world > 1) {
