@@ -6,11 +6,19 @@ namespace dslaunch::worker::cuda {
 
 CudaEngine::~CudaEngine() {
   if (ctx_.stream != nullptr) cudaStreamSynchronize(ctx_.stream);
+  const bool own_copy_stream =
+      copy_stream_ != nullptr && copy_stream_ != ctx_.stream;
+  if (own_copy_stream) cudaStreamSynchronize(copy_stream_);
   nccl_.Close();  // before the buffers and the stream go
   profile_.Collect();
   profile_.Print();
   for (cudaEvent_t e : grad_copied_)
     if (e != nullptr) cudaEventDestroy(e);
+  for (cudaEvent_t* set : {grads_done_, grad_free_, param_ready_, param_free_})
+    for (int w = 0; w < 3; ++w)
+      if (set[w] != nullptr) cudaEventDestroy(set[w]);
+  if (launched_ != nullptr) cudaEventDestroy(launched_);
+  if (own_copy_stream) cudaStreamDestroy(copy_stream_);
   for (void* p : pinned_) cudaHostUnregister(p);
   for (const auto& a : allocations_) cudaFree(a.first);
   LtDestroy(ctx_.lt);
@@ -92,26 +100,38 @@ bool CudaEngine::Init() {
   }
   if (windows) {
     // One window for the embedding (it stays from the head's backward to
-    // its own) and one every other layer takes in turn, each at least
-    // what the host asks (for collectives on them).
+    // its own) and two the other layers take by turns, each at least what
+    // the host asks (for collectives on them).
     window_floats_[0] = std::max(LayerSize(-1), options_.window_floats[0]);
     window_floats_[1] = options_.window_floats[1];
     for (int l = 0; l <= spec_.num_layers; ++l)
       window_floats_[1] = std::max(window_floats_[1], LayerSize(l));
-    if (!AllocZero(&grad_window_[0], WindowFloats(-1)) ||
-        !AllocZero(&grad_window_[1], WindowFloats(0)))
+    const bool params = options_.windows == DeviceWindows::kParamsAndGrads;
+    for (int w = 0; w < 3; ++w) {
+      const size_t n = window_floats_[w == 0 ? 0 : 1];
+      if (!AllocZero(&grad_window_[w], n) ||
+          (params && !AllocZero(&param_window_[w], n)))
+        return false;
+    }
+    const char* env = std::getenv("DSL_CUDA_COPY_STREAM");
+    if (env != nullptr && std::string(env) == "0") {
+      copy_stream_ = ctx_.stream;  // the copies in line with the compute
+    } else if (!Cuda(cudaStreamCreateWithFlags(&copy_stream_,
+                                               cudaStreamNonBlocking),
+                     "cudaStreamCreate")) {
       return false;
-    // An event after each layer's gradient copy (TakeLayerGrads).
+    }
     grad_copied_.assign(spec_.num_layers + 2, nullptr);
-    for (cudaEvent_t& e : grad_copied_) {
-      if (!Cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+    std::vector<cudaEvent_t*> events{&launched_};
+    for (cudaEvent_t& e : grad_copied_) events.push_back(&e);
+    for (cudaEvent_t* set :
+         {grads_done_, grad_free_, param_ready_, param_free_})
+      for (int w = 0; w < 3; ++w) events.push_back(&set[w]);
+    for (cudaEvent_t* e : events) {
+      if (!Cuda(cudaEventCreateWithFlags(e, cudaEventDisableTiming),
                 "cudaEventCreate"))
         return false;
     }
-    if (options_.windows == DeviceWindows::kParamsAndGrads &&
-        (!AllocZero(&param_window_[0], WindowFloats(-1)) ||
-         !AllocZero(&param_window_[1], WindowFloats(0))))
-      return false;
   }
   return Sync("init");
 }
@@ -127,26 +147,72 @@ bool CudaEngine::StartSetParams(size_t begin, size_t count, const float* host) {
   return false;
 }
 
+// A block window's readers are the kernels of the layer it was filled for,
+// all queued by the time the other block window is filled for the next
+// layer: that moment (param_free_) is what a copy into it waits for, not
+// the work queued since (the next layer, which the copy then overlaps).
+// The same window filled twice in a row (the last layer's, before and
+// after the head) and the embedding's (once a pass, on an idle device)
+// wait for everything queued.
+cudaEvent_t CudaEngine::ParamWindowFree(int w) {
+  const bool everything = w == 0 || last_block_window_ == w ||
+                          last_block_window_ == -1 || !param_free_valid_[w];
+  if (w != 0) {
+    const int other = w == 1 ? 2 : 1;
+    if (last_block_window_ == other) {
+      cudaEventRecord(param_free_[other], ctx_.stream);
+      param_free_valid_[other] = true;
+    }
+    last_block_window_ = w;
+  }
+  if (!everything) return param_free_[w];
+  cudaEventRecord(launched_, ctx_.stream);
+  return launched_;
+}
+
 bool CudaEngine::SetLayerParams(int layer, const float* host) {
   if (options_.windows != DeviceWindows::kParamsAndGrads || !IsLayer(layer))
     return Fail("SetLayerParams without parameter windows");
-  return Up(ParamWindow(layer), host, LayerSize(layer));
+  // On the copy stream once the window's readers are done, while the
+  // compute stream goes on with the layer before; the compute stream waits
+  // for it, and the host (whose buffer it reads) too.
+  const int w = WindowIndex(layer);
+  return Cuda(cudaStreamWaitEvent(copy_stream_, ParamWindowFree(w), 0),
+              "cudaStreamWaitEvent") &&
+         Cuda(cudaMemcpyAsync(ParamWindow(layer), host,
+                              LayerSize(layer) * sizeof(float),
+                              cudaMemcpyHostToDevice, copy_stream_),
+              "copy a layer's parameters to the GPU") &&
+         Cuda(cudaEventRecord(param_ready_[w], copy_stream_),
+              "cudaEventRecord") &&
+         Cuda(cudaEventSynchronize(param_ready_[w]),
+              "copy a layer's parameters to the GPU") &&
+         Cuda(cudaStreamWaitEvent(ctx_.stream, param_ready_[w], 0),
+              "cudaStreamWaitEvent");
 }
 
 bool CudaEngine::TakeLayerGrads(int layer, float* host) {
   if (options_.windows == DeviceWindows::kNone || !IsLayer(layer))
     return Fail("TakeLayerGrads without gradient windows");
-  float* w = GradWindow(layer);
-  if (!Cuda(cudaMemcpyAsync(host, w, LayerSize(layer) * sizeof(float),
-                            cudaMemcpyDeviceToHost, ctx_.stream),
-            "copy a gradient window from the GPU"))
-    return false;
-  Zero(ctx_, w, LayerSize(layer));
-  if (Launched("zero a gradient window") &&
-      Cuda(cudaEventRecord(grad_copied_[layer + 1], ctx_.stream),
-           "cudaEventRecord"))
+  // On the copy stream after the layer's backward, while the compute stream
+  // goes on with the layer before (whose window is the other one); zeroed
+  // there after the copy, which the window's next writer waits for.
+  const int w = WindowIndex(layer);
+  float* window = GradWindow(layer);
+  const size_t bytes = LayerSize(layer) * sizeof(float);
+  if (Cuda(cudaEventRecord(grads_done_[w], ctx_.stream), "cudaEventRecord") &&
+      Cuda(cudaStreamWaitEvent(copy_stream_, grads_done_[w], 0),
+           "cudaStreamWaitEvent") &&
+      Cuda(cudaMemcpyAsync(host, window, bytes, cudaMemcpyDeviceToHost,
+                           copy_stream_),
+           "copy a gradient window from the GPU") &&
+      Cuda(cudaEventRecord(grad_copied_[layer + 1], copy_stream_),
+           "cudaEventRecord") &&
+      Cuda(cudaMemsetAsync(window, 0, bytes, copy_stream_),
+           "zero a gradient window") &&
+      Cuda(cudaEventRecord(grad_free_[w], copy_stream_), "cudaEventRecord"))
     return true;
-  cudaStreamSynchronize(ctx_.stream);  // no copy left running
+  cudaStreamSynchronize(copy_stream_);  // no copy left running
   return false;
 }
 

@@ -215,10 +215,23 @@ class CudaEngine final : public DeviceEngine {
   size_t LayerSize(int h) const {
     return spec_.layer_begin[h + 2] - spec_.layer_begin[h + 1];
   }
-  float* ParamWindow(int h) { return param_window_[h == -1 ? 0 : 1]; }
-  float* GradWindow(int h) { return grad_window_[h == -1 ? 0 : 1]; }
-  // The embedding's window (h -1) or the one every other layer takes.
+  // Hook layer h's window: the embedding's (0), or one of the two the other
+  // layers take by turns (1 even, 2 odd), so that one layer's copy runs
+  // while its neighbour computes.
+  static int WindowIndex(int h) { return h == -1 ? 0 : 1 + (h & 1); }
+  float* ParamWindow(int h) { return param_window_[WindowIndex(h)]; }
+  float* GradWindow(int h) { return grad_window_[WindowIndex(h)]; }
+  // The floats of h's window: the embedding's, or the other layers' most.
   size_t WindowFloats(int h) const { return window_floats_[h == -1 ? 0 : 1]; }
+  // Before the device writes hook layer h's gradient window: waits (on the
+  // device) until its last copy to the host has zeroed it.
+  void WritesGradWindow(int h) {
+    if (copy_stream_ != ctx_.stream && options_.windows != DeviceWindows::kNone)
+      cudaStreamWaitEvent(ctx_.stream, grad_free_[WindowIndex(h)], 0);
+  }
+  // What a copy into parameter window w waits for: the device's work that
+  // reads what it holds (see SetLayerParams).
+  cudaEvent_t ParamWindowFree(int w);
   // The host's options make sense for this model (device_engine.h).
   bool CheckOptions();
 
@@ -294,11 +307,30 @@ class CudaEngine final : public DeviceEngine {
   // The buffers (floats in each): whole, or the owned pieces under windows.
   float *params_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
   size_t param_count_ = 0, grad_count_ = 0, moments_count_ = 0;
-  // Under windows: the embedding's [0] and every other layer's [1].
-  float* param_window_[2] = {nullptr, nullptr};
-  float* grad_window_[2] = {nullptr, nullptr};
-  std::vector<cudaEvent_t> grad_copied_;  // by hook layer + 1
-  size_t window_floats_[2] = {0, 0};      // their sizes
+  // Under windows, by WindowIndex: the embedding's and the other layers'
+  // two.
+  float* param_window_[3] = {nullptr, nullptr, nullptr};
+  float* grad_window_[3] = {nullptr, nullptr, nullptr};
+  size_t window_floats_[2] = {0, 0};  // the embedding's, the others'
+  // The windows' copies to and from the host run on copy_stream_ (the
+  // compute stream itself with DSL_CUDA_COPY_STREAM=0), ordered against the
+  // compute stream by events, by WindowIndex:
+  //  grad_copied_ (by hook layer + 1): a layer's gradients reached the host;
+  //  grads_done_: the compute stream wrote the window (the copy waits);
+  //  grad_free_: the copy stream zeroed it after the copy (the next writer
+  //    waits);
+  //  param_ready_: a copy into the parameter window landed (the compute
+  //    stream and the host wait);
+  //  param_free_: the compute stream's readers of the window's last
+  //    contents were all queued before it (a copy into it waits), valid
+  //    where param_free_valid_;
+  //  launched_: everything queued on the compute stream so far.
+  cudaStream_t copy_stream_ = nullptr;
+  std::vector<cudaEvent_t> grad_copied_;
+  cudaEvent_t grads_done_[3] = {}, grad_free_[3] = {}, param_ready_[3] = {},
+              param_free_[3] = {}, launched_ = nullptr;
+  bool param_free_valid_[3] = {false, false, false};
+  int last_block_window_ = -1;  // the block window filled last in the pass
   bool windows_dirty_ = false;  // a pass under windows began, not ended
   double* partials_ = nullptr;
   int B_ = 0, T_ = 0;

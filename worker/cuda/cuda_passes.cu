@@ -10,7 +10,10 @@ bool CudaEngine::TrainMicroBatch(const int* tokens, const int* targets, int B,
   if (!Load(tokens, targets, B, T, /*groups=*/true)) return false;
   // A pass that stopped in a hook may have left gradients in a window.
   if (windows_dirty_) {
-    for (int h : {-1, 0}) Zero(ctx_, GradWindow(h), WindowFloats(h));
+    for (int h : {-1, 0, 1}) {
+      WritesGradWindow(h);
+      Zero(ctx_, GradWindow(h), WindowFloats(h));
+    }
     windows_dirty_ = false;
   }
   windows_dirty_ = options_.windows != DeviceWindows::kNone;
@@ -177,6 +180,9 @@ bool CudaEngine::Load(const int* tokens, const int* targets, int B, int T,
 
 bool CudaEngine::Forward() {
   const int C = spec_.channels;
+  // No block window filled yet in this pass (ParamWindowFree).
+  last_block_window_ = -1;
+  for (bool& valid : param_free_valid_) valid = false;
   if (!BeforeForwardHook(-1)) return false;
   Mark(Profile::kEmbedding);
   EncoderForward(ctx_, encoded_, tokens_, P(kWte), P(kWpe), B_, T_, C);
@@ -260,6 +266,8 @@ bool CudaEngine::Backward() {
   // The logits' gradient: over the logits, or rounded by the classifier.
   const Operand dlogits = In(logits_, Rounded() ? ctx_.operand_a : nullptr);
   if (!BeforeBackwardHook(L)) return false;
+  WritesGradWindow(-1);  // dwte here, dwpe and dwte at the end
+  WritesGradWindow(L);
   Mark(Profile::kHead);
   if (!Blas(RowGemm(ctx_, false, false, N, C, Vp, 1.0f, dlogits, Vp, P(kWte), C,
                     0.0f, dbtc_, C),
@@ -276,9 +284,9 @@ bool CudaEngine::Backward() {
                           P(kLnfw), lnf_mean_, lnf_rstd_, N, C, col_scratch_);
   if (!AfterBackwardHook(L)) return false;
   for (int l = L - 1; l >= 0; l--) {
-    if (!BeforeBackwardHook(l) || !BlockBackward(l, BlockInput(l)) ||
-        !AfterBackwardHook(l))
-      return false;
+    if (!BeforeBackwardHook(l)) return false;
+    WritesGradWindow(l);
+    if (!BlockBackward(l, BlockInput(l)) || !AfterBackwardHook(l)) return false;
   }
   if (!BeforeBackwardHook(-1)) return false;
   Mark(Profile::kEmbedding);

@@ -166,18 +166,20 @@ __device__ inline void AccumulateTimes(float (*acc)[4], const float (*p)[4],
 // `bytes` 0 nothing is read and zeros land.
 __device__ inline void CopyAsync(void* dst, const void* src, int bytes) {
   const auto at = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  const size_t from = __cvta_generic_to_global(src);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(at),
-               "l"(src), "r"(bytes));
+               "l"(from), "r"(bytes)
+               : "memory");
 }
 // The copies started since the last commit, as one group.
 __device__ inline void CopyCommit() {
-  asm volatile("cp.async.commit_group;\n" ::);
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 // Waits until at most `pending` groups of this thread's are still running
 // (its own copies only: a __syncthreads after shows every thread's).
 template <int pending>
 __device__ inline void CopyWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
 }
 
 // Starts copying rows row0..row0+kTile-1 (zeros past T) of the HS columns
@@ -442,23 +444,30 @@ __global__ void __launch_bounds__(kThreads)
   float* ddbuf = cv.Take<float>(2 * kTile);
   const bf16* base = inp + static_cast<size_t>(b) * T * 3 * C + h * HS;
   const bf16* dbase = dout + static_cast<size_t>(b) * T * C + h * HS;
-  // Query tile qt's Q, dout, log-sum-exps and D into buffer (its index in
-  // the walk) % 2.
+  // Query tile qt's Q and dout into buffer (its index in the walk) % 2.
   const auto start = [=](int qt) {
     const int i = (qt - static_cast<int>(blockIdx.x)) & 1, q0 = qt * kTile;
     LoadTile<HS>(qbuf + i * kTileElems<HS>, base, 3 * C, q0, T);
     LoadTile<HS>(dbuf + i * kTileElems<HS>, dbase, C, q0, T);
-    for (int j = threadIdx.x; j < kTile; j += kThreads) {
-      const int t = q0 + j;  // a query past T: probability 0
-      lse2buf[i * kTile + j] =
-          t < T ? lse[static_cast<size_t>(bh) * T + t] * kLog2e : INFINITY;
-      ddbuf[i * kTile + j] = t < T ? dd[static_cast<size_t>(bh) * T + t] : 0.0f;
-    }
+  };
+  // Its log-sum-exp (base 2) and D for thread j < kTile's query (past T:
+  // probability 0), read from global memory into registers.
+  const auto scalars = [=](int qt, float* l2, float* d) {
+    const int t = qt * kTile + static_cast<int>(threadIdx.x);
+    const bool in = threadIdx.x < kTile && t < T;
+    *l2 = in ? lse[static_cast<size_t>(bh) * T + t] * kLog2e : INFINITY;
+    *d = in ? dd[static_cast<size_t>(bh) * T + t] : 0.0f;
   };
   LoadTile<HS>(ks, base + C, 3 * C, k0, T);
   LoadTile<HS>(vs, base + 2 * C, 3 * C, k0, T);
   start(blockIdx.x);
   CopyCommit();
+  float next_l2 = 0, next_d = 0;
+  scalars(blockIdx.x, &next_l2, &next_d);
+  if (threadIdx.x < kTile) {
+    lse2buf[threadIdx.x] = next_l2;
+    ddbuf[threadIdx.x] = next_d;
+  }
   const float s2 = scale * kLog2e;
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
   const int tiles = (T + kTile - 1) / kTile;
@@ -466,7 +475,11 @@ __global__ void __launch_bounds__(kThreads)
     const int q0 = qtile * kTile;
     const int i = (qtile - static_cast<int>(blockIdx.x)) & 1;
     const bool more = qtile + 1 < tiles;
-    if (more) start(qtile + 1);
+    if (more) {
+      start(qtile + 1);
+      // Read now, stored after this tile's products: their latency hidden.
+      scalars(qtile + 1, &next_l2, &next_d);
+    }
     AwaitTile(more);
     const bf16* qs = qbuf + i * kTileElems<HS>;
     const bf16* dos = dbuf + i * kTileElems<HS>;
@@ -480,8 +493,12 @@ __global__ void __launch_bounds__(kThreads)
         s, dp, k0 + row0, q0, s2, scale,
         [&](int, int n, int e) { return lse2s[column(n, e)]; },
         [&](int, int n, int e) { return dds[column(n, e)]; }, l);
-    AccumulateTimes<HS>(dv, s, dos);  // dV += P^T dout
-    AccumulateTimes<HS>(dk, dp, qs);  // dK += dS^T Q
+    AccumulateTimes<HS>(dv, s, dos);    // dV += P^T dout
+    AccumulateTimes<HS>(dk, dp, qs);    // dK += dS^T Q
+    if (more && threadIdx.x < kTile) {  // into the other buffer, unread now
+      lse2buf[(i ^ 1) * kTile + threadIdx.x] = next_l2;
+      ddbuf[(i ^ 1) * kTile + threadIdx.x] = next_d;
+    }
     __syncthreads();  // buffer i is free for the tile after next
   }
   float* row = dinp + static_cast<size_t>(b) * T * 3 * C + h * HS;
@@ -554,6 +571,12 @@ cudaError_t AllowSmem(size_t bytes) {
   return once;
 }
 
+// The workspace is there and 16-byte aligned (the staged rows' copies).
+bool Aligned(const float* workspace) {
+  return workspace != nullptr &&
+         reinterpret_cast<uintptr_t>(workspace) % 16 == 0;
+}
+
 // The workspace: D (B * NH * T floats, padded to 16 bytes), then the
 // staged bf16 inputs, qkv (B, T, 3C) and dout (B, T, C).
 size_t DdFloats(int B, int T, int NH) {
@@ -571,6 +594,7 @@ bf16* Stage(const Ctx& ctx, float* workspace, const float* inp, int B, int T,
 template <int HS>
 cudaError_t Forward(const Ctx& ctx, float* out, float* lse, const float* inp,
                     int B, int T, int NH, void* out16, float* workspace) {
+  if (!Aligned(workspace)) return cudaErrorInvalidValue;
   constexpr size_t smem = ForwardSmem<HS>();
   cudaError_t e = AllowSmem<FlashForwardKernel<HS>>(smem);
   if (e != cudaSuccess) return e;
@@ -588,6 +612,7 @@ cudaError_t Backward(const Ctx& ctx, float* dinp, const float* dout,
                      int B, int T, int NH, float* workspace, bool add) {
   const size_t rows = static_cast<size_t>(B) * NH * T;
   if (rows == 0) return cudaSuccess;
+  if (!Aligned(workspace)) return cudaErrorInvalidValue;
   const int C = NH * HS;
   float* dd = workspace;
   RowDotKernel<<<launch::Blocks(rows * launch::kWarp), launch::kThreads, 0,
