@@ -44,7 +44,10 @@ bool CudaEngine::Init() {
   if (!Blas(cublasCreate(&ctx_.blas), "cublasCreate")) return false;
   if (!Blas(cublasSetStream(ctx_.blas, ctx_.stream), "cublasSetStream"))
     return false;
-  ctx_.lt = LtCreate();  // null: the biases written before the products
+  // cuBLASLt for the products with a bias, unless DSL_CUDA_LT=0 (null: the
+  // biases written before the products).
+  const char* lt = std::getenv("DSL_CUDA_LT");
+  if (lt == nullptr || std::string(lt) != "0") ctx_.lt = LtCreate();
   switch (options_.precision) {
     case DevicePrecision::kFp32:
       ctx_.compute = CUBLAS_COMPUTE_32F;
