@@ -24,7 +24,8 @@
 #      QUICK=1: PyTorch's compiled bf16 run only
 #      SKIP_ZERO=1  ZSTEPS steps of each ZeRO run (6)  ZTIMEOUT each ZeRO run's limit (180 s)
 #      MODES dsworker's modes benchmarked ("bf16 bf16+batched fp16 tf32 fp32";
-#        +batched: DSL_CUDA_ATTENTION=batched, +fp32acts: DSL_CUDA_ACTIVATIONS=fp32)
+#        +batched: DSL_CUDA_ATTENTION=batched, +fp32acts: DSL_CUDA_ACTIVATIONS=fp32,
+#        +nolt: DSL_CUDA_LT=0)
 #      PROFILE_MODES the modes profiled ("bf16 bf16+batched tf32"; empty: none)
 #      KERNELS=1: each kernel's GPU time in a bf16 step, from Nsight Compute
 #      PEAK_TFLOPS dense bf16 peak for MFU (989.5, H100/H200 SXM)
@@ -160,11 +161,12 @@ declare -a ROWS
 mode_args() {
   MODE_ENV=("DSL_CUDA_TF32=$([[ $1 == tf32 ]] && echo 1 || echo 0)"
             "DSL_CUDA_ATTENTION=$([[ $1 == *batched* ]] && echo batched || echo fused)"
-            "DSL_CUDA_ACTIVATIONS=$([[ $1 == *fp32acts* ]] && echo fp32 || echo 16bit)")
+            "DSL_CUDA_ACTIVATIONS=$([[ $1 == *fp32acts* ]] && echo fp32 || echo 16bit)"
+            "DSL_CUDA_LT=$([[ $1 == *nolt* ]] && echo 0 || echo 1)")
   MODE_SETS=(--set "bf16.enabled=$([[ $1 == bf16* ]] && echo true || echo false)"
              --set "fp16.enabled=$([[ $1 == fp16* ]] && echo true || echo false)")
 }
-run_dsworker() {  # mode (bf16[+batched][+fp32acts], fp16, fp32, tf32), peak TFLOP/s of that mode
+run_dsworker() {  # mode (bf16[+batched][+fp32acts][+nolt], fp16, fp32, tf32), peak TFLOP/s
   local mode=$1 peak=$2 log=$OUT/bench_dsworker.log tps rc
   echo "### dsworker $mode" >>"$log"
   mode_args "$mode"
