@@ -86,12 +86,13 @@ enum class DeviceWindows {
 // the calling thread, around each hook layer with worker/model.h's
 // LayerHooks numbering, order and windows: BeforeForward(l) for
 // l = -1..L (evaluation too), BeforeBackward(l) and AfterBackward(l) for
-// l = L..-1. A hook may call SetLayerParams (which waits for the device's
-// work before it) and TakeLayerGrads (which starts a copy after it, whose
-// result WaitLayerGrads waits for: the host works on one layer's gradients
-// while the device computes the next layer's backward). false stops the
-// pass; the engine's error() then names the hook, and the caller knows
-// why.
+// l = L..-1. A hook may call SetLayerParams (whose copy the device orders
+// after the kernels reading the window's old contents, and which returns
+// once it has read the host's buffer) and TakeLayerGrads (which starts a
+// copy after the device's work so far, whose result WaitLayerGrads waits
+// for: the host works on one layer's gradients while the device computes
+// the next layer's backward). false stops the pass; the engine's error()
+// then names the hook, and the caller knows why.
 class DeviceLayerHooks {
  public:
   virtual ~DeviceLayerHooks() = default;

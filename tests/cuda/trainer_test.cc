@@ -408,7 +408,8 @@ TEST_F(CudaTrainerTest, OffloadOnOneRankResumesBitForBit) {
 //  - stage 1: the moments of its shard only (8n + 8 shard);
 //  - stage 2: whole parameters, the owned pieces' gradients and moments
 //    (o floats: each layer's shard) and a gradient window for the
-//    embedding and one for the largest other layer (4n + 12o + 4w);
+//    embedding and two for the largest other layer, which the other layers
+//    take by turns (4n + 12o + 4w);
 //  - stage 3: the owned parameters too, and parameter windows as large
 //    (16o + 8w);
 //  - offloaded: none of the owned pieces or moments, which the host holds.
@@ -439,7 +440,7 @@ TEST_F(CudaTrainerTest, MemoryFollowsTheZeroLaw) {
     if (l >= 0) block = std::max(block, size);
   }
   const int64_t windows =
-      static_cast<int64_t>(layout.LayerRanges(-1).at(0).size()) + block;
+      static_cast<int64_t>(layout.LayerRanges(-1).at(0).size()) + 2 * block;
   std::printf(
       "2 ranks, %lld parameters: GPU peak stage 0 %lld, stage 1 %lld, "
       "stage 2 %lld, stage 3 %lld; offloaded stage 1 %lld, stage 2 %lld, "

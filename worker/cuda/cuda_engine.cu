@@ -6,9 +6,8 @@ namespace dslaunch::worker::cuda {
 
 CudaEngine::~CudaEngine() {
   if (ctx_.stream != nullptr) cudaStreamSynchronize(ctx_.stream);
-  const bool own_copy_stream =
-      copy_stream_ != nullptr && copy_stream_ != ctx_.stream;
-  if (own_copy_stream) cudaStreamSynchronize(copy_stream_);
+  for (cudaStream_t s : {param_stream_, grad_stream_})
+    if (OwnStream(s)) cudaStreamSynchronize(s);
   nccl_.Close();  // before the buffers and the stream go
   profile_.Collect();
   profile_.Print();
@@ -18,7 +17,8 @@ CudaEngine::~CudaEngine() {
     for (int w = 0; w < 3; ++w)
       if (set[w] != nullptr) cudaEventDestroy(set[w]);
   if (launched_ != nullptr) cudaEventDestroy(launched_);
-  if (own_copy_stream) cudaStreamDestroy(copy_stream_);
+  for (cudaStream_t s : {param_stream_, grad_stream_})
+    if (OwnStream(s)) cudaStreamDestroy(s);
   for (void* p : pinned_) cudaHostUnregister(p);
   for (const auto& a : allocations_) cudaFree(a.first);
   LtDestroy(ctx_.lt);
@@ -111,18 +111,24 @@ bool CudaEngine::Init() {
       window_floats_[1] = std::max(window_floats_[1], LayerSize(l));
     const bool params = options_.windows == DeviceWindows::kParamsAndGrads;
     for (int w = 0; w < 3; ++w) {
-      const size_t n = window_floats_[w == 0 ? 0 : 1];
-      if (!AllocZero(&grad_window_[w], n) ||
-          (params && !AllocZero(&param_window_[w], n)))
+      const size_t floats = window_floats_[w == 0 ? 0 : 1];
+      if (!AllocZero(&grad_window_[w], floats) ||
+          (params && !AllocZero(&param_window_[w], floats)))
         return false;
     }
-    const char* env = std::getenv("DSL_CUDA_COPY_STREAM");
-    if (env != nullptr && std::string(env) == "0") {
-      copy_stream_ = ctx_.stream;  // the copies in line with the compute
-    } else if (!Cuda(cudaStreamCreateWithFlags(&copy_stream_,
-                                               cudaStreamNonBlocking),
-                     "cudaStreamCreate")) {
-      return false;
+    const char* copies = std::getenv("DSL_CUDA_COPY_STREAM");
+    const std::string copy_mode = copies != nullptr ? copies : "";
+    if (copy_mode == "0") {
+      // The copies in line with the compute.
+      param_stream_ = grad_stream_ = ctx_.stream;
+    } else if (!copy_mode.empty() && copy_mode != "1") {
+      return Fail("DSL_CUDA_COPY_STREAM=" + copy_mode + ": not 0 or 1");
+    } else {
+      for (cudaStream_t* s : {&param_stream_, &grad_stream_}) {
+        if (!Cuda(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking),
+                  "cudaStreamCreate"))
+          return false;
+      }
     }
     grad_copied_.assign(spec_.num_layers + 2, nullptr);
     std::vector<cudaEvent_t*> events{&launched_};
@@ -156,42 +162,73 @@ bool CudaEngine::StartSetParams(size_t begin, size_t count, const float* host) {
 // the work queued since (the next layer, which the copy then overlaps).
 // The same window filled twice in a row (the last layer's, before and
 // after the head) and the embedding's (once a pass, on an idle device)
-// wait for everything queued.
-cudaEvent_t CudaEngine::ParamWindowFree(int w) {
-  const bool everything = w == 0 || last_block_window_ == w ||
-                          last_block_window_ == -1 || !param_free_valid_[w];
+// wait for everything queued. A pass starts with both block windows'
+// events recorded (ParamWindowsIdle): their last readers were the last
+// pass's.
+bool CudaEngine::ParamWindowFree(int w, cudaEvent_t* after) {
+  const bool everything =
+      w == 0 || last_block_window_ == w || !param_free_valid_[w];
   if (w != 0) {
     const int other = w == 1 ? 2 : 1;
     if (last_block_window_ == other) {
-      cudaEventRecord(param_free_[other], ctx_.stream);
+      param_free_valid_[other] = false;
+      if (!Cuda(cudaEventRecord(param_free_[other], ctx_.stream),
+                "cudaEventRecord"))
+        return false;
       param_free_valid_[other] = true;
     }
     last_block_window_ = w;
   }
-  if (!everything) return param_free_[w];
-  cudaEventRecord(launched_, ctx_.stream);
-  return launched_;
+  *after = param_free_[w];
+  if (!everything) return true;
+  *after = launched_;
+  return Cuda(cudaEventRecord(launched_, ctx_.stream), "cudaEventRecord");
+}
+
+bool CudaEngine::ParamWindowsIdle() {
+  last_block_window_ = -1;
+  for (int w : {1, 2}) {
+    param_free_valid_[w] = false;
+    if (options_.windows != DeviceWindows::kParamsAndGrads) continue;
+    if (!Cuda(cudaEventRecord(param_free_[w], ctx_.stream), "cudaEventRecord"))
+      return false;
+    param_free_valid_[w] = true;
+  }
+  return true;
+}
+
+bool CudaEngine::WritesGradWindow(int h) {
+  if (grad_stream_ == ctx_.stream || options_.windows == DeviceWindows::kNone)
+    return true;
+  return Cuda(cudaStreamWaitEvent(ctx_.stream, grad_free_[WindowIndex(h)], 0),
+              "cudaStreamWaitEvent");
 }
 
 bool CudaEngine::SetLayerParams(int layer, const float* host) {
   if (options_.windows != DeviceWindows::kParamsAndGrads || !IsLayer(layer))
     return Fail("SetLayerParams without parameter windows");
-  // On the copy stream once the window's readers are done, while the
-  // compute stream goes on with the layer before; the compute stream waits
-  // for it, and the host (whose buffer it reads) too.
+  // On the parameter stream once the window's readers are done, while the
+  // compute stream goes on with the layer before (the gradient copies have
+  // a stream of their own: this one waits behind none of them); the
+  // compute stream waits for it, and the host (whose buffer it reads) too.
   const int w = WindowIndex(layer);
-  return Cuda(cudaStreamWaitEvent(copy_stream_, ParamWindowFree(w), 0),
-              "cudaStreamWaitEvent") &&
-         Cuda(cudaMemcpyAsync(ParamWindow(layer), host,
-                              LayerSize(layer) * sizeof(float),
-                              cudaMemcpyHostToDevice, copy_stream_),
-              "copy a layer's parameters to the GPU") &&
-         Cuda(cudaEventRecord(param_ready_[w], copy_stream_),
-              "cudaEventRecord") &&
-         Cuda(cudaEventSynchronize(param_ready_[w]),
-              "copy a layer's parameters to the GPU") &&
-         Cuda(cudaStreamWaitEvent(ctx_.stream, param_ready_[w], 0),
-              "cudaStreamWaitEvent");
+  cudaEvent_t after = nullptr;
+  if (!ParamWindowFree(w, &after) ||
+      !Cuda(cudaStreamWaitEvent(param_stream_, after, 0),
+            "cudaStreamWaitEvent"))
+    return false;
+  if (Cuda(cudaMemcpyAsync(ParamWindow(layer), host,
+                           LayerSize(layer) * sizeof(float),
+                           cudaMemcpyHostToDevice, param_stream_),
+           "copy a layer's parameters to the GPU") &&
+      Cuda(cudaEventRecord(param_ready_[w], param_stream_),
+           "cudaEventRecord") &&
+      Cuda(cudaEventSynchronize(param_ready_[w]),
+           "copy a layer's parameters to the GPU"))
+    return Cuda(cudaStreamWaitEvent(ctx_.stream, param_ready_[w], 0),
+                "cudaStreamWaitEvent");
+  cudaStreamSynchronize(param_stream_);  // done with the host's buffer
+  return false;
 }
 
 bool CudaEngine::TakeLayerGrads(int layer, float* host) {
@@ -204,18 +241,18 @@ bool CudaEngine::TakeLayerGrads(int layer, float* host) {
   float* window = GradWindow(layer);
   const size_t bytes = LayerSize(layer) * sizeof(float);
   if (Cuda(cudaEventRecord(grads_done_[w], ctx_.stream), "cudaEventRecord") &&
-      Cuda(cudaStreamWaitEvent(copy_stream_, grads_done_[w], 0),
+      Cuda(cudaStreamWaitEvent(grad_stream_, grads_done_[w], 0),
            "cudaStreamWaitEvent") &&
       Cuda(cudaMemcpyAsync(host, window, bytes, cudaMemcpyDeviceToHost,
-                           copy_stream_),
+                           grad_stream_),
            "copy a gradient window from the GPU") &&
-      Cuda(cudaEventRecord(grad_copied_[layer + 1], copy_stream_),
+      Cuda(cudaEventRecord(grad_copied_[layer + 1], grad_stream_),
            "cudaEventRecord") &&
-      Cuda(cudaMemsetAsync(window, 0, bytes, copy_stream_),
+      Cuda(cudaMemsetAsync(window, 0, bytes, grad_stream_),
            "zero a gradient window") &&
-      Cuda(cudaEventRecord(grad_free_[w], copy_stream_), "cudaEventRecord"))
+      Cuda(cudaEventRecord(grad_free_[w], grad_stream_), "cudaEventRecord"))
     return true;
-  cudaStreamSynchronize(copy_stream_);  // no copy left running
+  cudaStreamSynchronize(grad_stream_);  // no copy left running
   return false;
 }
 

@@ -225,13 +225,16 @@ class CudaEngine final : public DeviceEngine {
   size_t WindowFloats(int h) const { return window_floats_[h == -1 ? 0 : 1]; }
   // Before the device writes hook layer h's gradient window: waits (on the
   // device) until its last copy to the host has zeroed it.
-  void WritesGradWindow(int h) {
-    if (copy_stream_ != ctx_.stream && options_.windows != DeviceWindows::kNone)
-      cudaStreamWaitEvent(ctx_.stream, grad_free_[WindowIndex(h)], 0);
+  bool WritesGradWindow(int h);
+  // What a copy into parameter window w waits for, into *after: the
+  // device's work that reads what it holds (see SetLayerParams).
+  bool ParamWindowFree(int w, cudaEvent_t* after);
+  // At a pass's start: the block windows' last readers are all queued.
+  bool ParamWindowsIdle();
+  // A copy stream of the engine's own (not the compute stream).
+  bool OwnStream(cudaStream_t s) const {
+    return s != nullptr && s != ctx_.stream;
   }
-  // What a copy into parameter window w waits for: the device's work that
-  // reads what it holds (see SetLayerParams).
-  cudaEvent_t ParamWindowFree(int w);
   // The host's options make sense for this model (device_engine.h).
   bool CheckOptions();
 
@@ -312,9 +315,11 @@ class CudaEngine final : public DeviceEngine {
   float* param_window_[3] = {nullptr, nullptr, nullptr};
   float* grad_window_[3] = {nullptr, nullptr, nullptr};
   size_t window_floats_[2] = {0, 0};  // the embedding's, the others'
-  // The windows' copies to and from the host run on copy_stream_ (the
-  // compute stream itself with DSL_CUDA_COPY_STREAM=0), ordered against the
-  // compute stream by events, by WindowIndex:
+  // The windows' copies to and from the host run on streams of their own,
+  // one for the parameters and one for the gradients (so that neither
+  // waits behind the other), or on the compute stream itself with
+  // DSL_CUDA_COPY_STREAM=0; ordered against the compute stream by events,
+  // by WindowIndex:
   //  grad_copied_ (by hook layer + 1): a layer's gradients reached the host;
   //  grads_done_: the compute stream wrote the window (the copy waits);
   //  grad_free_: the copy stream zeroed it after the copy (the next writer
@@ -325,7 +330,7 @@ class CudaEngine final : public DeviceEngine {
   //    contents were all queued before it (a copy into it waits), valid
   //    where param_free_valid_;
   //  launched_: everything queued on the compute stream so far.
-  cudaStream_t copy_stream_ = nullptr;
+  cudaStream_t param_stream_ = nullptr, grad_stream_ = nullptr;
   std::vector<cudaEvent_t> grad_copied_;
   cudaEvent_t grads_done_[3] = {}, grad_free_[3] = {}, param_ready_[3] = {},
               param_free_[3] = {}, launched_ = nullptr;

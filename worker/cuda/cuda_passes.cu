@@ -11,7 +11,7 @@ bool CudaEngine::TrainMicroBatch(const int* tokens, const int* targets, int B,
   // A pass that stopped in a hook may have left gradients in a window.
   if (windows_dirty_) {
     for (int h : {-1, 0, 1}) {
-      WritesGradWindow(h);
+      if (!WritesGradWindow(h)) return false;
       Zero(ctx_, GradWindow(h), WindowFloats(h));
     }
     windows_dirty_ = false;
@@ -181,8 +181,7 @@ bool CudaEngine::Load(const int* tokens, const int* targets, int B, int T,
 bool CudaEngine::Forward() {
   const int C = spec_.channels;
   // No block window filled yet in this pass (ParamWindowFree).
-  last_block_window_ = -1;
-  for (bool& valid : param_free_valid_) valid = false;
+  if (!ParamWindowsIdle()) return false;
   if (!BeforeForwardHook(-1)) return false;
   Mark(Profile::kEmbedding);
   EncoderForward(ctx_, encoded_, tokens_, P(kWte), P(kWpe), B_, T_, C);
@@ -266,8 +265,8 @@ bool CudaEngine::Backward() {
   // The logits' gradient: over the logits, or rounded by the classifier.
   const Operand dlogits = In(logits_, Rounded() ? ctx_.operand_a : nullptr);
   if (!BeforeBackwardHook(L)) return false;
-  WritesGradWindow(-1);  // dwte here, dwpe and dwte at the end
-  WritesGradWindow(L);
+  // dwte here, dwpe and dwte at the end; the final LayerNorm's.
+  if (!WritesGradWindow(-1) || !WritesGradWindow(L)) return false;
   Mark(Profile::kHead);
   if (!Blas(RowGemm(ctx_, false, false, N, C, Vp, 1.0f, dlogits, Vp, P(kWte), C,
                     0.0f, dbtc_, C),
@@ -284,9 +283,9 @@ bool CudaEngine::Backward() {
                           P(kLnfw), lnf_mean_, lnf_rstd_, N, C, col_scratch_);
   if (!AfterBackwardHook(L)) return false;
   for (int l = L - 1; l >= 0; l--) {
-    if (!BeforeBackwardHook(l)) return false;
-    WritesGradWindow(l);
-    if (!BlockBackward(l, BlockInput(l)) || !AfterBackwardHook(l)) return false;
+    if (!BeforeBackwardHook(l) || !WritesGradWindow(l) ||
+        !BlockBackward(l, BlockInput(l)) || !AfterBackwardHook(l))
+      return false;
   }
   if (!BeforeBackwardHook(-1)) return false;
   Mark(Profile::kEmbedding);
