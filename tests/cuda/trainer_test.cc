@@ -58,9 +58,10 @@ class CudaTrainerTest : public ::testing::Test {
     if (!dir_.empty()) std::filesystem::remove_all(dir_);
   }
 
-  // 2 layers, 4 heads, C 64, T 64, V 500; micro batch 4.
+  // 2 layers (or `layers`), 4 heads, C 64, T 64, V 500; micro batch 4.
   TrainConfig Config(int world, int64_t steps, const std::string& extra = "",
-                     const std::string& zero = R"({"stage": 0})") {
+                     const std::string& zero = R"({"stage": 0})",
+                     int layers = 2) {
     const std::string text =
         R"({"train_micro_batch_size_per_gpu": 4,
             "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
@@ -69,7 +70,8 @@ class CudaTrainerTest : public ::testing::Test {
                           "params": {"lr": 0.003, "weight_decay": 0.1}},
             "zero_optimization": )" +
         zero + R"(,
-            "model": {"n_layer": 2, "n_head": 4, "n_embd": 64,
+            "model": {"n_layer": )" +
+        std::to_string(layers) + R"(, "n_head": 4, "n_embd": 64,
                       "seq_len": 64, "vocab_size": 500},
             "data": {"train": ")" +
         dir_ + R"(/train.bin", "shuffle": false},
@@ -338,6 +340,30 @@ TEST_F(CudaTrainerTest, ZeroStagesAndOffloadEqualTheCpuEngine) {
     ASSERT_EQ(gpu.losses.size(), 20u);
     EXPECT_LT(MaxDiff(gpu.losses, cpu.losses), 1e-4);
     EXPECT_LT(MaxDiff(gpu.params, cpu.params), 1e-3);
+  }
+}
+
+// Stages 2 and 3 copy the layer windows on streams of their own, ordered
+// against the compute by events: the same bits as the copies in line on
+// the compute stream (DSL_CUDA_COPY_STREAM=0), with 2 and 3 layers (the
+// last layer's window of either parity), the parameters offloaded too.
+TEST_F(CudaTrainerTest, CopyStreamsChangeNoBit) {
+  for (int layers : {2, 3}) {
+    for (const char* zero :
+         {R"({"stage": 2, "reduce_bucket_size": 60000})",
+          R"({"stage": 3, "reduce_bucket_size": 60000})",
+          R"({"stage": 3, "offload_param": {"device": "cpu"}})"}) {
+      SCOPED_TRACE(std::string(zero) + ", layers " + std::to_string(layers));
+      const TrainConfig c = Config(2, 10, "", zero, layers);
+      ::setenv("DSL_CUDA_COPY_STREAM", "0", 1);
+      const Run in_line = Train(c, DeviceKind::kCuda, 2);
+      ::setenv("DSL_CUDA_COPY_STREAM", "1", 1);
+      const Run streams = Train(c, DeviceKind::kCuda, 2);
+      ::unsetenv("DSL_CUDA_COPY_STREAM");
+      ASSERT_EQ(streams.losses.size(), 10u);
+      EXPECT_EQ(streams.losses, in_line.losses);
+      EXPECT_EQ(streams.params, in_line.params);
+    }
   }
 }
 
