@@ -30,7 +30,8 @@ namespace dslaunch::worker {
 // 6: collectives on layer windows; window_floats; ScaleGrads.
 // 7: TakeLayerGrads starts a copy, WaitLayerGrads waits for it.
 // 8: StartSetParams and WaitSetParams.
-constexpr int kDeviceEngineAbi = 8;
+// 9: GetParamsRange and SetGradsRange.
+constexpr int kDeviceEngineAbi = 9;
 
 // How the matrix products compute; activations, parameters, gradients and
 // optimizer state are fp32 in every mode.
@@ -232,6 +233,10 @@ class DeviceEngine {
   virtual bool GetGrads(float* host) = 0;
   virtual bool SetMoments(const float* m, const float* v) = 0;
   virtual bool GetMoments(float* m, float* v) = 0;
+  // The same for [begin, begin + count) of the buffer only, from or to host
+  // [0, count) (a rank's shard, where the rest is not needed).
+  virtual bool GetParamsRange(size_t begin, size_t count, float* host) = 0;
+  virtual bool SetGradsRange(size_t begin, size_t count, const float* host) = 0;
   // Starts copying host [0, count) into the parameter buffer's [begin,
   // begin + count), after the device's work so far, and returns; several
   // may run at once. Until WaitSetParams returns (which must follow every

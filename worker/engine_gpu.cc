@@ -229,8 +229,12 @@ class GpuReplicatedEngine final : public GpuEngine {
     float* g = host_->grads().data();
     RETURN_IF_ERROR(Ok(dev_->GetGrads(g)));
     ASSIGN_OR_RETURN(float norm, state_->FinishGradients());
-    // The device's optimizer steps on the reduced gradients of its part.
-    if (!offload_) RETURN_IF_ERROR(Ok(dev_->SetGrads(g)));
+    // The device's optimizer steps on the reduced gradients of its part:
+    // all of them (stage 0), or its shard's (stage 1).
+    if (offload_) return norm;
+    if (stage_ == 0) RETURN_IF_ERROR(Ok(dev_->SetGrads(g)));
+    const size_t lo = state_->shard_begin();
+    RETURN_IF_ERROR(Ok(dev_->SetGradsRange(lo, state_->shard_real(), g + lo)));
     return norm;
   }
 
@@ -258,10 +262,17 @@ class GpuReplicatedEngine final : public GpuEngine {
     if (nccl_) {
       return Ok(dev_->AllGatherParams(state_->shard_size(), comm_->rank()));
     }
+    // This rank's shard to the host, gathered there, and every other
+    // rank's to the device.
     float* p = host_->params().data();
-    RETURN_IF_ERROR(Ok(dev_->GetParams(p)));
+    const size_t lo = state_->shard_begin(), end = lo + state_->shard_real();
+    const size_t n = host_->params().size();
+    RETURN_IF_ERROR(Ok(dev_->GetParamsRange(lo, end - lo, p + lo)));
     RETURN_IF_ERROR(state_->GatherParams());
-    return Ok(dev_->SetParams(p));
+    return UpdatingTheDevice(p, [&](const ParamsUpdated& updated) {
+      if (lo > 0) RETURN_IF_ERROR(updated(0, lo));
+      return end < n ? updated(end, n - end) : Status::Ok();
+    });
   }
 
   StatusOr<RankShard> CheckpointRange(size_t begin, size_t count) override {

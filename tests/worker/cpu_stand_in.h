@@ -76,9 +76,9 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   std::string Describe() const override { return "a CPU stand-in"; }
   const std::string& error() const override { return error_; }
 
-  // Copies from and to host memory the engine did not pin, in every
-  // stand-in of this process.
-  inline static std::atomic<int64_t> unpinned_copies{0};
+  // Copies from and to host memory the engine did not pin, and the floats
+  // copied either way, in every stand-in of this process.
+  inline static std::atomic<int64_t> unpinned_copies{0}, copied_floats{0};
 
   bool SetParams(const float* host) override { return Copy(host, params_); }
   bool GetParams(float* host) override {
@@ -86,6 +86,14 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   }
   bool SetGrads(const float* host) override { return Copy(host, grads_); }
   bool GetGrads(float* host) override { return Copy(grads_, host); }
+  bool GetParamsRange(size_t begin, size_t count, float* host) override {
+    if (begin > params_.size() || count > params_.size() - begin) return false;
+    return NoParamCopies() && Copy(params_.subspan(begin, count), host);
+  }
+  bool SetGradsRange(size_t begin, size_t count, const float* host) override {
+    if (begin > grads_.size() || count > grads_.size() - begin) return false;
+    return Copy(host, grads_.subspan(begin, count));
+  }
   bool SetMoments(const float* m, const float* v) override {
     return Copy(m, m_) && Copy(v, v_);
   }
@@ -398,6 +406,7 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
     return w[layer == -1 ? 0 : 1].data();
   }
   void Check(const float* host, size_t n) {
+    copied_floats += static_cast<int64_t>(n);
     const auto* b = reinterpret_cast<const char*>(host);
     const size_t bytes = n * sizeof(float);
     for (const auto& [p, size] : pinned_) {

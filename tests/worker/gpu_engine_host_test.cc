@@ -289,6 +289,29 @@ TEST_F(GpuEngineHostTest, OffloadedStepsCopyParametersWhileTheHostUpdates) {
   CpuStandIn::unpinned_copies = 0;  // `host` was not pinned
 }
 
+// Stage 1 over Gloo with the optimizer on the device moves only what each
+// rank needs a step: the whole gradients down (to reduce-scatter), its
+// shard's reduced gradients up, its shard's updated parameters down and
+// every other rank's up: 2 n_p + real floats a rank (n_p the padded
+// buffer, real its shard's real part), 4 n_p + n for both ranks, where
+// whole buffers each way would be 8 n_p. Counted as the floats the
+// stand-in copies in 2 steps less those in 1.
+TEST_F(GpuEngineHostTest, StageOneMovesOnlyWhatEachRankNeeds) {
+  const auto n = static_cast<int64_t>(
+      ParamLayout(ModelConfig::Make(8, 67, 2, 2, 16)).num_params());
+  const auto padded = 2 * static_cast<int64_t>(MakePartition(n, 2).shard);
+  std::vector<int64_t> copied;
+  for (int steps : {1, 2}) {
+    TrainConfig c = Config(2, 1);
+    c.train.steps = steps;
+    CpuStandIn::copied_floats = 0;
+    const Result r = Train(c, true, 2);
+    ASSERT_EQ(r.norms.size(), static_cast<size_t>(steps));
+    copied.push_back(CpuStandIn::copied_floats);
+  }
+  EXPECT_EQ(copied[1] - copied[0], 4 * padded + n);
+}
+
 // What the device holds (the stand-in's peak is its buffers) per stage on
 // 2 ranks, n parameters: stage 0 parameters, gradients and both moments of
 // all of them (16n); stage 1 the moments of its shard only; stage 2 whole

@@ -81,6 +81,16 @@ class CudaEngine final : public DeviceEngine {
     return moments_count_ == 0 ||
            (Down(m, m_, moments_count_) && Down(v, v_, moments_count_));
   }
+  bool GetParamsRange(size_t begin, size_t count, float* host) override {
+    return begin <= param_count_ && count <= param_count_ - begin
+               ? Down(host, params_ + begin, count)
+               : Fail("GetParamsRange past the parameters");
+  }
+  bool SetGradsRange(size_t begin, size_t count, const float* host) override {
+    return begin <= grad_count_ && count <= grad_count_ - begin
+               ? Up(grads_ + begin, host, count)
+               : Fail("SetGradsRange past the gradients");
+  }
   bool StartSetParams(size_t begin, size_t count, const float* host) override;
   bool WaitSetParams() override { return Sync("copy parameters to the GPU"); }
   bool SetLayerParams(int layer, const float* host) override;
