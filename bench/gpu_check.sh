@@ -121,6 +121,22 @@ say "cuda_tests exit $tests_rc; the NCCL ones exit $nccl_rc"
 grep -hE '^\[  (PASSED|FAILED|SKIPPED) |^(fp32|bf16|fp16|fused attention|nccl|2 ranks)|matmul relative|Failure|Expected|Which is|which is|  Actual|error' \
   "$OUT/cuda_tests.log" "$OUT/cuda_tests_nccl.log" | head -80 | tee -a "$SUMMARY"
 
+# Which switch mends a failure: each failed test again under each of the
+# engine's fallbacks, one at a time (DSL_CUDA_LT=0: no cuBLASLt epilogue;
+# DSL_CUDA_COPY_STREAM=0: window copies in line; DSL_CUDA_ACTIVATIONS=fp32:
+# no rounded activations; DSL_CUDA_ATTENTION=batched: no fused attention).
+failed=$(grep -hoE '^\[  FAILED  \] [A-Za-z][A-Za-z0-9_/.]*' "$OUT/cuda_tests.log" | awk '{print $4}' | sort -u | paste -sd: -)
+if [[ -n "$failed" ]]; then
+  say ""
+  say "## failed tests under each fallback ($(elapsed))"
+  for fallback in DSL_CUDA_LT=0 DSL_CUDA_COPY_STREAM=0 DSL_CUDA_ACTIVATIONS=fp32 DSL_CUDA_ATTENTION=batched; do
+    (cd "$WORK" && env "$fallback" timeout 240 "$WORK/bin/cuda_tests" --gtest_color=no \
+       --gtest_filter="$failed") >"$OUT/triage_${fallback%%=*}.log" 2>&1
+    say "$fallback: exit $? ($(grep -cE '^\[       OK \]' "$OUT/triage_${fallback%%=*}.log") of the failed tests pass)"
+    grep -hE '^\[  FAILED  \] [A-Za-z]' "$OUT/triage_${fallback%%=*}.log" | sort -u | tee -a "$SUMMARY"
+  done
+fi
+
 # ---------------------------------------------------------------- benchmark
 say ""
 say "## GPT-2 124M, B $BATCH, T 1024 ($(elapsed))"
