@@ -198,39 +198,46 @@ bool CudaEngine::BlockForward(int l, const float* res_in) {
   Mark(Profile::kLayerNorm);
   LayerNormForward(ctx_, a.ln1, a.ln1_mean, a.ln1_rstd, res_in, P(kLn1w, l),
                    P(kLn1b, l), N, C, a.ln1_16);
-  Mark(Profile::kMatmul);
-  if (!Blas(MatmulForward(ctx_, a.qkv, In(a.ln1, a.ln1_16), P(kQkvw, l),
-                          P(kQkvb, l), N, C, 3 * C),
-            "qkv"))
+  if (!Linear(l, kQkvw, a.qkv, In(a.ln1, a.ln1_16), C, 3 * C, "qkv"))
     return false;
   Mark(Profile::kAttention);
   if (!Blas(AttentionForward(ctx_, a.atty, a.lse, a.qkv, B_, T_, C,
                              spec_.num_heads, attn_ws_, a.atty16),
             "attention"))
     return false;
-  Mark(Profile::kMatmul);
-  if (!Blas(MatmulForward(ctx_, scratch_, In(a.atty, a.atty16), P(kAttprojw, l),
-                          P(kAttprojb, l), N, C, C),
-            "attproj"))
+  if (!Linear(l, kAttprojw, scratch_, In(a.atty, a.atty16), C, C, "attproj"))
     return false;
   Mark(Profile::kLayerNorm);
   ResidualLayerNormForward(ctx_, a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, res_in,
                            scratch_, P(kLn2w, l), P(kLn2b, l), N, C, a.ln2_16);
-  Mark(Profile::kMatmul);
-  if (!Blas(MatmulForward(ctx_, a.fch, In(a.ln2, a.ln2_16), P(kFcw, l),
-                          P(kFcb, l), N, C, 4 * C),
-            "fc"))
+  if (!Linear(l, kFcw, a.fch, In(a.ln2, a.ln2_16), C, 4 * C, "fc"))
     return false;
   Mark(Profile::kPointwise);
   GeluForward(ctx_, scratch4_, a.fch, 4 * NC, gelu16_);
-  Mark(Profile::kMatmul);
-  if (!Blas(MatmulForward(ctx_, scratch_, In(scratch4_, gelu16_),
-                          P(kFcprojw, l), P(kFcprojb, l), N, 4 * C, C),
-            "fcproj"))
+  if (!Linear(l, kFcprojw, scratch_, In(scratch4_, gelu16_), 4 * C, C,
+              "fcproj"))
     return false;
   Mark(Profile::kPointwise);
   ResidualForward(ctx_, a.res3, a.res2, scratch_, NC);
   return true;
+}
+
+bool CudaEngine::Linear(int l, Kind weight, float* out, Operand inp, int in,
+                        int out_width, const char* what) {
+  Mark(Profile::kMatmul);
+  return Blas(MatmulForward(ctx_, out, inp, P(weight, l), P(BiasOf(weight), l),
+                            B_ * T_, in, out_width),
+              what);
+}
+
+bool CudaEngine::LinearBackward(int l, Kind weight, float* dinp,
+                                const float* dout, Operand inp, int in,
+                                int out_width, const char* what) {
+  Mark(Profile::kMatmul);
+  return Blas(MatmulBackward(ctx_, dinp, G(weight, l), G(BiasOf(weight), l),
+                             dout, inp, P(weight, l), B_ * T_, in, out_width,
+                             col_scratch_, /*dinp_beta=*/0.0f),
+              what);
 }
 
 bool CudaEngine::HeadForward(bool backward, float dloss) {
@@ -302,29 +309,20 @@ bool CudaEngine::BlockBackward(int l, const float* res_in) {
   const Layer& a = layers_[l];
   Mark(Profile::kPointwise);
   GeluForward(ctx_, scratch4_, a.fch, 4 * NC, gelu16_);  // recomputed
-  Mark(Profile::kMatmul);
-  if (!Blas(MatmulBackward(ctx_, d4_, G(kFcprojw, l), G(kFcprojb, l), dres_,
-                           In(scratch4_, gelu16_), P(kFcprojw, l), N, 4 * C, C,
-                           col_scratch_, /*dinp_beta=*/0.0f),
-            "fcproj backward"))
+  if (!LinearBackward(l, kFcprojw, d4_, dres_, In(scratch4_, gelu16_), 4 * C, C,
+                      "fcproj backward"))
     return false;
   Mark(Profile::kPointwise);
   GeluBackward(ctx_, scratch4_, a.fch, d4_, 4 * NC, /*add=*/false);
-  Mark(Profile::kMatmul);
-  if (!Blas(MatmulBackward(ctx_, dbtc_, G(kFcw, l), G(kFcb, l), scratch4_,
-                           In(a.ln2, a.ln2_16), P(kFcw, l), N, C, 4 * C,
-                           col_scratch_, 0.0f),
-            "fc backward"))
+  if (!LinearBackward(l, kFcw, dbtc_, scratch4_, In(a.ln2, a.ln2_16), C, 4 * C,
+                      "fc backward"))
     return false;
   Mark(Profile::kLayerNorm);
   cuda::LayerNormBackward(ctx_, dres_, G(kLn2w, l), G(kLn2b, l), dbtc_, a.res2,
                           P(kLn2w, l), a.ln2_mean, a.ln2_rstd, N, C,
                           col_scratch_);
-  Mark(Profile::kMatmul);
-  if (!Blas(MatmulBackward(ctx_, dbtc_, G(kAttprojw, l), G(kAttprojb, l), dres_,
-                           In(a.atty, a.atty16), P(kAttprojw, l), N, C, C,
-                           col_scratch_, 0.0f),
-            "attproj backward"))
+  if (!LinearBackward(l, kAttprojw, dbtc_, dres_, In(a.atty, a.atty16), C, C,
+                      "attproj backward"))
     return false;
   Mark(Profile::kAttention);
   if (!Blas(AttentionBackward(ctx_, dqkv_, dbtc_, a.qkv, a.atty, a.lse, B_, T_,
@@ -332,11 +330,8 @@ bool CudaEngine::BlockBackward(int l, const float* res_in) {
                               /*add=*/false),
             "attention backward"))
     return false;
-  Mark(Profile::kMatmul);
-  if (!Blas(MatmulBackward(ctx_, dbtc_, G(kQkvw, l), G(kQkvb, l), dqkv_,
-                           In(a.ln1, a.ln1_16), P(kQkvw, l), N, C, 3 * C,
-                           col_scratch_, 0.0f),
-            "qkv backward"))
+  if (!LinearBackward(l, kQkvw, dbtc_, dqkv_, In(a.ln1, a.ln1_16), C, 3 * C,
+                      "qkv backward"))
     return false;
   Mark(Profile::kLayerNorm);
   cuda::LayerNormBackward(ctx_, dres_, G(kLn1w, l), G(kLn1b, l), dbtc_, res_in,
