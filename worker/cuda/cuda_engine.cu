@@ -46,8 +46,11 @@ bool CudaEngine::Init() {
     return false;
   // cuBLASLt for the products with a bias, unless DSL_CUDA_LT=0 (null: the
   // biases written before the products).
-  const char* lt = std::getenv("DSL_CUDA_LT");
-  if (lt == nullptr || std::string(lt) != "0") ctx_.lt = LtCreate();
+  const char* lt_env = std::getenv("DSL_CUDA_LT");
+  const std::string lt_mode = lt_env != nullptr ? lt_env : "";
+  if (!lt_mode.empty() && lt_mode != "0" && lt_mode != "1")
+    return Fail("DSL_CUDA_LT=" + lt_mode + ": not 0 or 1");
+  if (lt_mode != "0") ctx_.lt = LtCreate();
   switch (options_.precision) {
     case DevicePrecision::kFp32:
       ctx_.compute = CUBLAS_COMPUTE_32F;
