@@ -228,20 +228,37 @@ TEST_F(CudaTrainerTest, RoundedActivationsTrainAsTheFp32Ones) {
     EXPECT_LT(rounded.gpu_bytes, fp32.gpu_bytes);
     EXPECT_EQ(by_default.losses, rounded.losses);  // the default
   }
-  // A value it does not know is refused, naming it.
-  ::setenv("DSL_CUDA_ACTIVATIONS", "bf8", 1);
-  LocalWorld w(1, std::chrono::seconds(60));
-  const TrainConfig c = Config(1, 1, R"(, "bf16": {"enabled": true})");
-  std::vector<Status> st = RunRanks(w, [&](Comm& comm) -> Status {
-    TrainOptions o;
-    o.quiet = true;
-    o.device = DeviceKind::kCuda;
-    return Trainer::Create(c, Borrow(comm), o).status();
-  });
-  ::unsetenv("DSL_CUDA_ACTIVATIONS");
-  EXPECT_NE(st[0].ToString().find("DSL_CUDA_ACTIVATIONS=bf8"),
-            std::string::npos)
-      << st[0].ToString();
+}
+
+// A switch's value the engine does not know is refused, naming it, before
+// anything trains (the copy streams' only where there are layer windows).
+TEST_F(CudaTrainerTest, UnknownSwitchValuesAreRefused) {
+  struct Case {
+    const char* name;
+    const char* value;
+    const char* zero;
+  };
+  for (const Case& c :
+       std::vector<Case>{{"DSL_CUDA_ACTIVATIONS", "bf8", R"({"stage": 0})"},
+                         {"DSL_CUDA_ATTENTION", "flash", R"({"stage": 0})"},
+                         {"DSL_CUDA_LT", "yes", R"({"stage": 0})"},
+                         {"DSL_CUDA_COPY_STREAM", "2", R"({"stage": 2})"}}) {
+    const std::string named = std::string(c.name) + "=" + c.value;
+    SCOPED_TRACE(named);
+    ::setenv(c.name, c.value, 1);
+    LocalWorld w(1, std::chrono::seconds(60));
+    const TrainConfig config =
+        Config(1, 1, R"(, "bf16": {"enabled": true})", c.zero);
+    std::vector<Status> st = RunRanks(w, [&](Comm& comm) -> Status {
+      TrainOptions o;
+      o.quiet = true;
+      o.device = DeviceKind::kCuda;
+      return Trainer::Create(config, Borrow(comm), o).status();
+    });
+    ::unsetenv(c.name);
+    EXPECT_NE(st[0].ToString().find(named), std::string::npos)
+        << st[0].ToString();
+  }
 }
 
 // fp16 with DeepSpeed's dynamic loss scaling, started too high on purpose
