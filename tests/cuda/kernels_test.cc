@@ -762,6 +762,74 @@ TEST_F(KernelsTest, GradientsWrittenEqualAddedToZero) {
   }
 }
 
+// GELU's backward and the next linear layer's bias gradient and rounding
+// in one pass (GeluBackwardBias), then that layer's MatmulBackward on the
+// d it wrote: the same bits as GeluBackward, then MatmulBackward with the
+// bias, in fp32 and in bf16 and fp16 (where d goes rounded straight into
+// the A operand, NaN before so a missed element shows). A rounded dout
+// with a bias to sum is refused.
+TEST_F(KernelsTest, GeluBackwardFeedsTheLinearLayer) {
+  const int N = 600, C2 = 192, OC = 580;
+  auto x = Random(N * C2, rng_), w = Random(OC * C2, rng_),
+       pre = Random(N * OC, rng_, -4, 4), d4 = Random(N * OC, rng_),
+       dinp0 = Random(N * C2, rng_), dw0 = Random(OC * C2, rng_),
+       db0 = Random(OC, rng_);
+  Dev<float> gx(x), gw(w), gpre(pre), gd4(d4);
+  Dev<float> scratch(cuda::LayerNormScratchFloats(OC));
+  const size_t a_elems = static_cast<size_t>(N) * OC;
+  const size_t b_elems = static_cast<size_t>(std::max(OC, N)) * C2;
+  Dev<uint16_t> a(a_elems), b(b_elems);
+  for (cudaDataType_t type : {CUDA_R_32F, CUDA_R_16BF, CUDA_R_16F}) {
+    SCOPED_TRACE(type == CUDA_R_32F    ? "fp32"
+                 : type == CUDA_R_16BF ? "bf16"
+                                       : "fp16");
+    if (type == CUDA_R_32F) {
+      ctx_.operands = CUDA_R_32F;
+    } else {
+      SixteenBit(type, a.get(), a_elems, b.get(), b_elems);
+    }
+    // Two steps.
+    Dev<float> dpre(N * OC), dinp1(dinp0), dw1(dw0), db1(db0);
+    cuda::GeluBackward(ctx_, dpre.get(), gpre.get(), gd4.get(), a_elems,
+                       /*add=*/false);
+    ASSERT_EQ(cuda::MatmulBackward(ctx_, dinp1.get(), dw1.get(), db1.get(),
+                                   dpre.get(), gx.get(), gw.get(), N, C2, OC,
+                                   scratch.get(), 0.0f),
+              CUBLAS_STATUS_SUCCESS);
+    // One pass, then the product.
+    CUDA_OK(cudaMemset(a.get(), 0xFF, a_elems * sizeof(uint16_t)));
+    Dev<float> out(N * OC), dinp2(dinp0), dw2(dw0), db2(db0);
+    void* rounded = type == CUDA_R_32F ? nullptr : a.get();
+    cuda::GeluBackwardBias(ctx_, out.get(), rounded, db2.get(), gpre.get(),
+                           gd4.get(), N, OC, scratch.get());
+    const cuda::Operand dout = rounded != nullptr
+                                   ? cuda::Operand::Rounded(rounded)
+                                   : cuda::Operand(out.get());
+    if (rounded != nullptr) {
+      Dev<uint16_t> expected(a_elems);
+      cuda::To16Bit(ctx_, type, expected.get(), dpre.get(), a_elems);
+      EXPECT_EQ(a.Get(), expected.Get());
+    } else {
+      EXPECT_EQ(out.Get(), dpre.Get());
+    }
+    ASSERT_EQ(cuda::MatmulBackward(ctx_, dinp2.get(), dw2.get(), nullptr, dout,
+                                   gx.get(), gw.get(), N, C2, OC, scratch.get(),
+                                   0.0f),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(db2.Get(), db1.Get());
+    EXPECT_EQ(dw2.Get(), dw1.Get());
+    EXPECT_EQ(dinp2.Get(), dinp1.Get());
+    if (rounded != nullptr) {
+      Dev<float> db3(db0);
+      EXPECT_EQ(
+          cuda::MatmulBackward(ctx_, dinp2.get(), dw2.get(), db3.get(), dout,
+                               gx.get(), gw.get(), N, C2, OC, scratch.get()),
+          CUBLAS_STATUS_INVALID_VALUE);
+      EXPECT_EQ(db3.Get(), db0);
+    }
+  }
+}
+
 TEST_F(KernelsTest, AdamBitForBit) {
   const size_t n = 5003;
   for (bool adamw : {true, false}) {

@@ -292,12 +292,14 @@ class CudaEngine final : public DeviceEngine {
   bool BlockForward(int l, const float* res_in);
   // Layer l's linear layer of weight kind `weight` (its bias the kind
   // after): out (N, out_width) = inp (N, in) W^T + b; backward writes dinp
-  // and adds into the weight's and bias's gradients.
+  // and adds into the weight's and (unless the caller has) the bias's
+  // gradients.
   static Kind BiasOf(Kind weight) { return static_cast<Kind>(weight + 1); }
   bool Linear(int l, Kind weight, float* out, Operand inp, int in,
               int out_width, const char* what);
-  bool LinearBackward(int l, Kind weight, float* dinp, const float* dout,
-                      Operand inp, int in, int out_width, const char* what);
+  bool LinearBackward(int l, Kind weight, float* dinp, Operand dout,
+                      Operand inp, int in, int out_width, const char* what,
+                      bool bias = true);
 
   // The final LayerNorm, the logits and the classifier; with backward the
   // logits' gradient for dloss per token, over the logits (fp32, tf32) or

@@ -149,16 +149,34 @@ __global__ void LayerNormBackwardInputKernel(float* dinp, const float* dout,
   }
 }
 
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+
+// gelu'(x), the tanh form's, every rounding spelt out (no contraction
+// left to the compiler): the same bits in every kernel that calls it.
+__device__ inline float GeluGrad(float x) {
+  const float x2 = __fmul_rn(x, x);
+  const float u =
+      __fmul_rn(kGeluScale, __fmaf_rn(0.044715f, __fmul_rn(x2, x), x));
+  const float th = tanhf(u);
+  const float sech2 = __fmaf_rn(-th, th, 1.0f);
+  const float left = __fmul_rn(0.5f, __fadd_rn(1.0f, th));
+  const float slope =
+      __fmul_rn(__fmul_rn(__fmul_rn(0.5f, x), sech2), kGeluScale);
+  return __fmaf_rn(slope, __fmaf_rn(3.0f * 0.044715f, x2, 1.0f), left);
+}
+
 // Column sums over rows in kRowGroups groups: block (32 columns,
 // kRowsPerBlock rows), grid (column blocks, kRowGroups). With inp set, also
 // the sums of dout * xhat (LayerNorm's weight gradient). partial holds
 // kRowGroups rows of C sums each, for dout then dout * xhat. With rounded
-// set, dout rounded to R there too (read once for both).
+// set, dout rounded to R there too (read once for both; fp32 with R
+// float). With gelu_in set, each dout is first gelu'(gelu_in) * dout
+// (GELU's backward, the product rounded as GeluBackward's).
 template <typename R>
 __global__ void ColumnPartialsKernel(float* partial, const float* dout,
                                      const float* inp, const float* mean,
                                      const float* rstd, int N, int C,
-                                     R* rounded) {
+                                     R* rounded, const float* gelu_in) {
   __shared__ float sb[kRowsPerBlock][kWarp + 1];
   __shared__ float sw[kRowsPerBlock][kWarp + 1];
   const int c = blockIdx.x * kWarp + threadIdx.x;
@@ -167,7 +185,9 @@ __global__ void ColumnPartialsKernel(float* partial, const float* dout,
     for (int r = blockIdx.y * kRowsPerBlock + threadIdx.y; r < N;
          r += kRowGroups * kRowsPerBlock) {
       const size_t i = static_cast<size_t>(r) * C + c;
-      const float d = dout[i];
+      const float d = gelu_in != nullptr
+                          ? __fmul_rn(GeluGrad(gelu_in[i]), dout[i])
+                          : dout[i];
       if (rounded != nullptr) Put(rounded + i, d);
       accb += d;
       if (inp != nullptr) accw += d * ((inp[i] - mean[r]) * rstd[r]);
@@ -216,15 +236,18 @@ void AsOperandType(const Ctx& ctx, void* rounded, float* otherwise,
   }
 }
 
-// rounded: null, or dout rounded to ctx.operands there.
+// rounded: null, or dout rounded to ctx.operands there (in the fp32 modes
+// written to `written` instead, where there is one); gelu_in: as the
+// kernel's.
 void ColumnSums(const Ctx& ctx, float* dweight, float* dbias, const float* dout,
                 const float* inp, const float* mean, const float* rstd, int N,
-                int C, float* scratch, void* rounded = nullptr) {
+                int C, float* scratch, void* rounded = nullptr,
+                float* written = nullptr, const float* gelu_in = nullptr) {
   const dim3 grid((C + kWarp - 1) / kWarp, kRowGroups);
   const dim3 block(kWarp, kRowsPerBlock);
-  AsOperandType(ctx, rounded, static_cast<float*>(nullptr), [&](auto* r) {
-    ColumnPartialsKernel<<<grid, block, 0, ctx.stream>>>(scratch, dout, inp,
-                                                         mean, rstd, N, C, r);
+  AsOperandType(ctx, rounded, written, [&](auto* r) {
+    ColumnPartialsKernel<<<grid, block, 0, ctx.stream>>>(
+        scratch, dout, inp, mean, rstd, N, C, r, gelu_in);
   });
   ColumnFinishKernel<<<Blocks(C), kThreads, 0, ctx.stream>>>(dweight, dbias,
                                                              scratch, C);
@@ -237,8 +260,6 @@ __global__ void BiasRowsKernel(float* out, const float* bias, int N, int OC) {
   if (i >= static_cast<size_t>(N) * OC) return;
   out[i] = bias != nullptr ? bias[i % OC] : 0.0f;
 }
-
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 
 template <typename O>
 __global__ void GeluForwardKernel(O* out, const float* inp, size_t n) {
@@ -253,13 +274,7 @@ __global__ void GeluBackwardKernel(float* dinp, const float* inp,
                                    const float* dout, size_t n, bool add) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
-  const float x = inp[i];
-  const float u = kGeluScale * (x + 0.044715f * x * x * x);
-  const float th = tanhf(u);
-  const float sech2 = 1.0f - th * th;
-  const float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale *
-                                              (1.0f + 3.0f * 0.044715f * x * x);
-  const float d = grad * dout[i];
+  const float d = __fmul_rn(GeluGrad(inp[i]), dout[i]);
   dinp[i] = add ? dinp[i] + d : d;
 }
 
@@ -551,29 +566,38 @@ cublasStatus_t MatmulForward(const Ctx& ctx, float* out, Operand inp,
 }
 
 cublasStatus_t MatmulBackward(const Ctx& ctx, float* dinp, float* dweight,
-                              float* dbias, const float* dout, Operand inp,
+                              float* dbias, Operand dout, Operand inp,
                               const float* weight, int N, int C, int OC,
                               float* scratch, float dinp_beta) {
+  // A rounded dout comes with its bias sums done (they need the fp32).
+  if (dout.rounded != nullptr && dbias != nullptr)
+    return CUBLAS_STATUS_INVALID_VALUE;
   if (ctx.operands != CUDA_R_32F) {
     // dout rounded once for both products (with the bias sums when there
-    // is a bias: one read of dout).
+    // is a bias: one read of dout), unless it comes so.
     // Every size first, so that a refusal changes nothing.
     const size_t nc = static_cast<size_t>(N) * C;
-    if (static_cast<size_t>(N) * OC > ctx.operand_a_elems ||
+    if ((dout.rounded == nullptr &&
+         (dout.fp32 == nullptr ||
+          static_cast<size_t>(N) * OC > ctx.operand_a_elems)) ||
+        (dinp != nullptr && dout.rounded == ctx.operand_b) ||
         static_cast<size_t>(OC) * C > ctx.operand_b_elems ||
         (inp.rounded == nullptr &&
          (inp.fp32 == nullptr || nc > ctx.operand_b_elems)) ||
-        inp.rounded == ctx.operand_a ||
+        (inp.rounded != nullptr &&
+         inp.rounded ==
+             (dout.rounded != nullptr ? dout.rounded : ctx.operand_a)) ||
         (dinp != nullptr && inp.rounded == ctx.operand_b))
       return CUBLAS_STATUS_INVALID_VALUE;
-    if (dbias != nullptr) {
-      ColumnSums(ctx, nullptr, dbias, dout, nullptr, nullptr, nullptr, N, OC,
-                 scratch, ctx.operand_a);
-    } else {
-      To16Bit(ctx, ctx.operands, ctx.operand_a, dout,
+    if (dout.rounded == nullptr && dbias != nullptr) {
+      ColumnSums(ctx, nullptr, dbias, dout.fp32, nullptr, nullptr, nullptr, N,
+                 OC, scratch, ctx.operand_a);
+    } else if (dout.rounded == nullptr) {
+      To16Bit(ctx, ctx.operands, ctx.operand_a, dout.fp32,
               static_cast<size_t>(N) * OC);
     }
-    const Operand rounded_dout = Operand::Rounded(ctx.operand_a);
+    const Operand rounded_dout =
+        dout.rounded != nullptr ? dout : Operand::Rounded(ctx.operand_a);
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
     if (dinp != nullptr) {
       st = RowGemm(ctx, false, false, N, C, OC, 1.0f, rounded_dout, OC, weight,
@@ -583,7 +607,8 @@ cublasStatus_t MatmulBackward(const Ctx& ctx, float* dinp, float* dweight,
     return RowGemm(ctx, true, false, OC, C, N, 1.0f, rounded_dout, OC, inp, C,
                    1.0f, dweight, C);
   }
-  if (inp.fp32 == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  if (inp.fp32 == nullptr || dout.fp32 == nullptr)
+    return CUBLAS_STATUS_INVALID_VALUE;
   if (dinp != nullptr) {
     const cublasStatus_t st = RowGemm(ctx, false, false, N, C, OC, 1.0f, dout,
                                       OC, weight, C, dinp_beta, dinp, C);
@@ -593,7 +618,7 @@ cublasStatus_t MatmulBackward(const Ctx& ctx, float* dinp, float* dweight,
                                     inp, C, 1.0f, dweight, C);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   if (dbias != nullptr) {
-    ColumnSums(ctx, nullptr, dbias, dout, nullptr, nullptr, nullptr, N, OC,
+    ColumnSums(ctx, nullptr, dbias, dout.fp32, nullptr, nullptr, nullptr, N, OC,
                scratch);
   }
   return CUBLAS_STATUS_SUCCESS;
@@ -604,6 +629,13 @@ void GeluForward(const Ctx& ctx, float* out, const float* inp, size_t n,
   AsOperandType(ctx, out16, out, [&](auto* o) {
     GeluForwardKernel<<<Blocks(n), kThreads, 0, ctx.stream>>>(o, inp, n);
   });
+}
+
+void GeluBackwardBias(const Ctx& ctx, float* out, void* rounded, float* dbias,
+                      const float* inp, const float* dout, int N, int C,
+                      float* scratch) {
+  ColumnSums(ctx, nullptr, dbias, dout, nullptr, nullptr, nullptr, N, C,
+             scratch, rounded, out, inp);
 }
 
 void GeluBackward(const Ctx& ctx, float* dinp, const float* inp,

@@ -135,10 +135,12 @@ cublasStatus_t MatmulForward(const Ctx& ctx, float* out, Operand inp,
 // dinp = dout @ weight + dinp_beta * dinp (1 adds, 0 writes);
 // dweight += dout^T @ inp; dbias += column sums of dout. dinp, dbias may be
 // null. scratch: LayerNormScratchFloats(OC). In the 16-bit modes dout is
-// rounded into ctx.operand_a and the weight into operand_b (for dinp), so
-// a rounded inp in either is refused.
+// rounded into ctx.operand_a (unless it comes rounded, and then without
+// dbias: GeluBackwardBias summed it) and the weight into operand_b (for
+// dinp), so a rounded inp (or dout) where it would be overwritten is
+// refused.
 cublasStatus_t MatmulBackward(const Ctx& ctx, float* dinp, float* dweight,
-                              float* dbias, const float* dout, Operand inp,
+                              float* dbias, Operand dout, Operand inp,
                               const float* weight, int N, int C, int OC,
                               float* scratch, float dinp_beta = 1.0f);
 
@@ -190,6 +192,15 @@ void GeluForward(const Ctx& ctx, float* out, const float* inp, size_t n,
 // dinp += gelu'(inp) * dout (with add false, dinp = ...: not read).
 void GeluBackward(const Ctx& ctx, float* dinp, const float* inp,
                   const float* dout, size_t n, bool add = true);
+// GELU's backward feeding a linear layer's, in one pass over (N, C): d =
+// gelu'(inp) * dout (GeluBackward's with add false, the same bits) written
+// rounded to ctx.operands into `rounded` in the 16-bit modes (else fp32
+// into out), and dbias += its column sums (scratch:
+// LayerNormScratchFloats(C)). The layer's MatmulBackward then takes d
+// (Operand::Rounded(rounded), or out) and no dbias.
+void GeluBackwardBias(const Ctx& ctx, float* out, void* rounded, float* dbias,
+                      const float* inp, const float* dout, int N, int C,
+                      float* scratch);
 void ResidualForward(const Ctx& ctx, float* out, const float* inp1,
                      const float* inp2, size_t n);
 void Zero(const Ctx& ctx, float* p, size_t n);
