@@ -27,6 +27,7 @@
 #        +batched: DSL_CUDA_ATTENTION=batched, +fp32acts: DSL_CUDA_ACTIVATIONS=fp32,
 #        +nolt: DSL_CUDA_LT=0)
 #      PROFILE_MODES the modes profiled ("bf16 bf16+batched tf32"; empty: none)
+#      TRIAGE_S: seconds for rerunning failed gpu tests under each fallback (180)
 #      KERNELS=1: each kernel's GPU time in a bf16 step, from Nsight Compute
 #      PEAK_TFLOPS dense bf16 peak for MFU (989.5, H100/H200 SXM)
 set -uo pipefail
@@ -129,8 +130,12 @@ failed=$(grep -hoE '^\[  FAILED  \] [A-Za-z][A-Za-z0-9_/.]*' "$OUT/cuda_tests.lo
 if [[ -n "$failed" ]]; then
   say ""
   say "## failed tests under each fallback ($(elapsed))"
+  # At most TRIAGE_S seconds for all of them (a GPU's time is short).
+  triage_end=$(($(date +%s) + ${TRIAGE_S:-180}))
   for fallback in DSL_CUDA_LT=0 DSL_CUDA_COPY_STREAM=0 DSL_CUDA_ACTIVATIONS=fp32 DSL_CUDA_ATTENTION=batched; do
-    (cd "$WORK" && env "$fallback" timeout 240 "$WORK/bin/cuda_tests" --gtest_color=no \
+    left=$((triage_end - $(date +%s)))
+    ((left > 10)) || { say "$fallback: not run (TRIAGE_S spent)"; continue; }
+    (cd "$WORK" && env "$fallback" timeout "$left" "$WORK/bin/cuda_tests" --gtest_color=no \
        --gtest_filter="$failed") >"$OUT/triage_${fallback%%=*}.log" 2>&1
     say "$fallback: exit $? ($(grep -cE '^\[       OK \]' "$OUT/triage_${fallback%%=*}.log") of the failed tests pass)"
     grep -hE '^\[  FAILED  \] [A-Za-z]' "$OUT/triage_${fallback%%=*}.log" | sort -u | tee -a "$SUMMARY"

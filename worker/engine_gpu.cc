@@ -232,7 +232,10 @@ class GpuReplicatedEngine final : public GpuEngine {
     // The device's optimizer steps on the reduced gradients of its part:
     // all of them (stage 0), or its shard's (stage 1).
     if (offload_) return norm;
-    if (stage_ == 0) RETURN_IF_ERROR(Ok(dev_->SetGrads(g)));
+    if (stage_ == 0) {
+      RETURN_IF_ERROR(Ok(dev_->SetGrads(g)));
+      return norm;
+    }
     const size_t lo = state_->shard_begin();
     RETURN_IF_ERROR(Ok(dev_->SetGradsRange(lo, state_->shard_real(), g + lo)));
     return norm;

@@ -87,11 +87,17 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
   bool SetGrads(const float* host) override { return Copy(host, grads_); }
   bool GetGrads(float* host) override { return Copy(grads_, host); }
   bool GetParamsRange(size_t begin, size_t count, float* host) override {
-    if (begin > params_.size() || count > params_.size() - begin) return false;
+    if (begin > params_.size() || count > params_.size() - begin) {
+      error_ = "GetParamsRange past the parameters";
+      return false;
+    }
     return NoParamCopies() && Copy(params_.subspan(begin, count), host);
   }
   bool SetGradsRange(size_t begin, size_t count, const float* host) override {
-    if (begin > grads_.size() || count > grads_.size() - begin) return false;
+    if (begin > grads_.size() || count > grads_.size() - begin) {
+      error_ = "SetGradsRange past the gradients";
+      return false;
+    }
     return Copy(host, grads_.subspan(begin, count));
   }
   bool SetMoments(const float* m, const float* v) override {

@@ -193,8 +193,9 @@ class GpuEngineHostTest : public ::testing::Test {
   }
 };
 
+// At 1, 2 and 3 ranks (3: the partitions padded).
 TEST_F(GpuEngineHostTest, EveryStageAndOffloadEqualTheCpuEngineBitForBit) {
-  for (int world : {1, 2}) {
+  for (int world : {1, 2, 3}) {
     for (int stage : {0, 1, 2, 3}) {
       const Result cpu = Train(Config(world, stage), false, world);
       ASSERT_EQ(cpu.norms.size(), 4u);
@@ -293,23 +294,34 @@ TEST_F(GpuEngineHostTest, OffloadedStepsCopyParametersWhileTheHostUpdates) {
 // rank needs a step: the whole gradients down (to reduce-scatter), its
 // shard's reduced gradients up, its shard's updated parameters down and
 // every other rank's up: 2 n_p + real floats a rank (n_p the padded
-// buffer, real its shard's real part), 4 n_p + n for both ranks, where
-// whole buffers each way would be 8 n_p. Counted as the floats the
-// stand-in copies in 2 steps less those in 1.
-TEST_F(GpuEngineHostTest, StageOneMovesOnlyWhatEachRankNeeds) {
+// buffer, real its shard's real part), 2 N n_p + n for N ranks, where
+// whole buffers each way would be 4 N n_p. Stage 0: the whole gradients
+// down and up, 2 N n (the parameters stay). Counted as the floats the
+// stand-in copies in 2 steps less those in 1, at 3 ranks (whose shards
+// are padded: n is not a multiple of 3) and 2.
+TEST_F(GpuEngineHostTest, StagesZeroAndOneMoveOnlyWhatEachRankNeeds) {
   const auto n = static_cast<int64_t>(
       ParamLayout(ModelConfig::Make(8, 67, 2, 2, 16)).num_params());
-  const auto padded = 2 * static_cast<int64_t>(MakePartition(n, 2).shard);
-  std::vector<int64_t> copied;
-  for (int steps : {1, 2}) {
-    TrainConfig c = Config(2, 1);
-    c.train.steps = steps;
-    CpuStandIn::copied_floats = 0;
-    const Result r = Train(c, true, 2);
-    ASSERT_EQ(r.norms.size(), static_cast<size_t>(steps));
-    copied.push_back(CpuStandIn::copied_floats);
+  ASSERT_NE(n % 3, 0);
+  for (int world : {3, 2}) {
+    const auto padded =
+        world * static_cast<int64_t>(MakePartition(n, world).shard);
+    for (int stage : {0, 1}) {
+      SCOPED_TRACE("world " + std::to_string(world) + ", stage " +
+                   std::to_string(stage));
+      std::vector<int64_t> copied;
+      for (int steps : {1, 2}) {
+        TrainConfig c = Config(world, stage);
+        c.train.steps = steps;
+        CpuStandIn::copied_floats = 0;
+        const Result r = Train(c, true, world);
+        ASSERT_EQ(r.norms.size(), static_cast<size_t>(steps));
+        copied.push_back(CpuStandIn::copied_floats);
+      }
+      EXPECT_EQ(copied[1] - copied[0],
+                stage == 0 ? 2 * world * padded : 2 * world * padded + n);
+    }
   }
-  EXPECT_EQ(copied[1] - copied[0], 4 * padded + n);
 }
 
 // What the device holds (the stand-in's peak is its buffers) per stage on

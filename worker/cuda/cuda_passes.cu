@@ -120,8 +120,8 @@ size_t CudaEngine::Carve(float* base, int B, int T) {
   logits_ = take(BT * spec_.padded_vocab_size);
   losses_ = take(BT);
   scratch4_ = take(4 * BT * C);
-  // GELU's rounded output: in scratch4_, which backward then overwrites
-  // with GELU's gradient once the product has read it.
+  // GELU's rounded output: in scratch4_ (the fp32 modes' GELU output and
+  // then its gradient).
   gelu16_ = rounded_acts_ ? static_cast<void*>(scratch4_) : nullptr;
   scratch_ = take(BT * C);
   dres_ = take(BT * C);

@@ -194,10 +194,11 @@ void GeluBackward(const Ctx& ctx, float* dinp, const float* inp,
                   const float* dout, size_t n, bool add = true);
 // GELU's backward feeding a linear layer's, in one pass over (N, C): d =
 // gelu'(inp) * dout (GeluBackward's with add false, the same bits) written
-// rounded to ctx.operands into `rounded` in the 16-bit modes (else fp32
-// into out), and dbias += its column sums (scratch:
-// LayerNormScratchFloats(C)). The layer's MatmulBackward then takes d
-// (Operand::Rounded(rounded), or out) and no dbias.
+// rounded to ctx.operands into `rounded` (N * C elements) in the 16-bit
+// modes (else, or without `rounded`, fp32 into out), and dbias += its
+// column sums (scratch: LayerNormScratchFloats(C)). The layer's
+// MatmulBackward then takes d (Operand::Rounded(rounded), or out) and no
+// dbias.
 void GeluBackwardBias(const Ctx& ctx, float* out, void* rounded, float* dbias,
                       const float* inp, const float* dout, int N, int C,
                       float* scratch);
