@@ -10,111 +10,19 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <memory>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "tests/cuda/kernels_test_util.h"
 #include "worker/cpu_adam.h"
 #include "worker/cuda/kernels_cuda.h"
-#include "worker/cuda/nccl_comm.h"
-#include "worker/device_loader.h"
 #include "worker/kernels_cpu.h"
 
 namespace dslaunch::worker {
 namespace {
-
-bool HaveGpu(std::string* why) { return CudaDeviceCount(why) > 0; }
-
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
-
-// ------------------------------------------------------------ kernels
-
-std::vector<float> Random(size_t n, std::mt19937& rng, float lo = -1,
-                          float hi = 1) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
-// ||a - b|| / ||b||; NaN anywhere is infinite.
-double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < b.size(); i++) {
-    if (std::isnan(a[i])) return INFINITY;
-    num += (static_cast<double>(a[i]) - b[i]) * (a[i] - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
-
-// A device copy of a host vector, read back with Get().
-template <typename X>
-class Dev {
- public:
-  explicit Dev(const std::vector<X>& host) : n_(host.size()) {
-    EXPECT_EQ(cudaMalloc(&p_, n_ * sizeof(X)), cudaSuccess);
-    EXPECT_EQ(
-        cudaMemcpy(p_, host.data(), n_ * sizeof(X), cudaMemcpyHostToDevice),
-        cudaSuccess);
-  }
-  explicit Dev(size_t n) : Dev(std::vector<X>(n, Poison())) {}
-  ~Dev() { cudaFree(p_); }
-  X* get() { return p_; }
-  std::vector<X> Get() const {
-    std::vector<X> h(n_);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(h.data(), p_, n_ * sizeof(X), cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    return h;
-  }
-
- private:
-  static X Poison() {
-    if constexpr (std::is_same_v<X, float>) return NAN;
-    return X{};
-  }
-  X* p_ = nullptr;
-  size_t n_;
-};
-
-class KernelsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string why;
-    if (!HaveGpu(&why)) GTEST_SKIP() << "no GPU: " << why;
-    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-    ASSERT_EQ(cublasCreate(&ctx_.blas), CUBLAS_STATUS_SUCCESS);
-    ctx_.compute = CUBLAS_COMPUTE_32F;
-    rng_.seed(::testing::UnitTest::GetInstance()->random_seed() + 17);
-  }
-  void TearDown() override {
-    if (ctx_.blas == nullptr) return;  // skipped
-    cuda::LtDestroy(ctx_.lt);
-    cublasDestroy(ctx_.blas);
-    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-  }
-  // The products on 16-bit operands of `type`, rounded into a and b.
-  void SixteenBit(cudaDataType_t type, void* a, size_t a_elems, void* b,
-                  size_t b_elems) {
-    ctx_.operands = type;
-    ctx_.operand_a = a;
-    ctx_.operand_b = b;
-    ctx_.operand_a_elems = a_elems;
-    ctx_.operand_b_elems = b_elems;
-  }
-  cuda::Ctx ctx_;
-  std::mt19937 rng_;
-  // Shapes: hs = 24 (not a multiple of the warp), T not a multiple of 32.
-  const int B = 2, T = 67, C = 96, NH = 4, V = 300, Vp = 320;
-};
-
-constexpr double kFp32 = 1e-5;
 
 TEST_F(KernelsTest, Encoder) {
   const int N = B * T;
@@ -332,109 +240,6 @@ TEST_F(KernelsTest, MatmulFp16) {
   const std::vector<float> o = gout2.Get();
   EXPECT_FALSE(std::isfinite(o[0]));
   EXPECT_TRUE(std::isfinite(o[OC]));  // row 1 does not
-}
-
-// Exact in fp32, also with fused_attention asked for: the fixture's head
-// size (24) is not one the fused kernels take, so the batched path runs.
-class KernelsAttentionTest : public KernelsTest,
-                             public ::testing::WithParamInterface<bool> {};
-INSTANTIATE_TEST_SUITE_P(FusedAsked, KernelsAttentionTest, ::testing::Bool());
-
-TEST_P(KernelsAttentionTest, Attention) {
-  ctx_.fused_attention = GetParam();
-  EXPECT_FALSE(cuda::FlashAttentionSupported(B, C, NH));
-  const int N = B * T;
-  auto qkv = Random(N * 3 * C, rng_, -2, 2);
-  std::vector<float> out(N * C), lse(B * NH * T);
-  AttentionForward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
-  Dev<float> gqkv(qkv), gout(N * C), glse(B * NH * T);
-  Dev<float> ws(cuda::AttentionWorkspaceFloats(ctx_, B, T, C, NH));
-  ASSERT_EQ(cuda::AttentionForward(ctx_, gout.get(), glse.get(), gqkv.get(), B,
-                                   T, C, NH, ws.get()),
-            CUBLAS_STATUS_SUCCESS);
-  EXPECT_LT(RelErr(gout.Get(), out), kFp32);
-  EXPECT_LT(RelErr(glse.Get(), lse), kFp32);
-
-  auto dout = Random(N * C, rng_), dinp = Random(N * 3 * C, rng_);
-  Dev<float> gdout(dout), gdinp(dinp);
-  AttentionBackward(dinp.data(), dout.data(), qkv.data(), lse.data(), B, T, C,
-                    NH);
-  ASSERT_EQ(
-      cuda::AttentionBackward(ctx_, gdinp.get(), gdout.get(), gqkv.get(),
-                              gout.get(), glse.get(), B, T, C, NH, ws.get()),
-      CUBLAS_STATUS_SUCCESS);
-  EXPECT_LT(RelErr(gdinp.Get(), dinp), kFp32);
-}
-
-// The fused attention (flash_attention.cu) against the CPU's, for every
-// head size it takes and T not a multiple of its 64-row tiles. Its products
-// round Q, K, V, dout and the probabilities to bf16 (2^-9 relative each),
-// which a model of the kernels in numpy puts at 2.8e-3 for the output,
-// 2e-4 for the log-sum-exp and 3.7e-3 for the gradient; the limits are
-// 1e-2, 2e-3 and 1.5e-2, while a wrong mask or a dropped tile is off by
-// 2e-2 to 0.4. The gradient is compared as what was added to dinp.
-// Two runs give the same bits (no atomics).
-TEST_F(KernelsTest, FusedAttention) {
-  ctx_.fused_attention = true;
-  for (int hs : {16, 32, 64, 128}) {
-    SCOPED_TRACE("head size " + std::to_string(hs));
-    const int b = 2, t = 150, nh = 3, c = nh * hs, n = b * t;
-    ASSERT_TRUE(cuda::FlashAttentionSupported(b, c, nh));
-    auto qkv = Random(static_cast<size_t>(n) * 3 * c, rng_, -2, 2);
-    std::vector<float> out(static_cast<size_t>(n) * c), lse(b * nh * t);
-    AttentionForward(out.data(), lse.data(), qkv.data(), b, t, c, nh);
-    Dev<float> gqkv(qkv), gout(out.size()), glse(lse.size());
-    Dev<float> ws(cuda::AttentionWorkspaceFloats(ctx_, b, t, c, nh));
-    // No scores: D and the inputs staged at 2 bytes an element.
-    EXPECT_LT(
-        cuda::AttentionWorkspaceFloats(ctx_, b, t, c, nh),
-        static_cast<size_t>(b) * nh * t + 2 * static_cast<size_t>(n) * c + 4);
-    ASSERT_EQ(cuda::AttentionForward(ctx_, gout.get(), glse.get(), gqkv.get(),
-                                     b, t, c, nh, ws.get()),
-              CUBLAS_STATUS_SUCCESS);
-    const std::vector<float> fwd = gout.Get();
-    EXPECT_LT(RelErr(fwd, out), 1e-2);
-    EXPECT_LT(RelErr(glse.Get(), lse), 2e-3);
-
-    auto dout = Random(out.size(), rng_), dinp0 = Random(qkv.size(), rng_);
-    std::vector<float> dinp = dinp0;
-    AttentionBackward(dinp.data(), dout.data(), qkv.data(), lse.data(), b, t, c,
-                      nh);
-    auto added = [&dinp0](std::vector<float> x) {
-      for (size_t i = 0; i < x.size(); ++i) x[i] -= dinp0[i];
-      return x;
-    };
-    std::vector<std::vector<float>> runs;
-    for (int run = 0; run < 2; ++run) {
-      Dev<float> gdout(dout), gdinp(dinp0);
-      ASSERT_EQ(cuda::AttentionBackward(ctx_, gdinp.get(), gdout.get(),
-                                        gqkv.get(), gout.get(), glse.get(), b,
-                                        t, c, nh, ws.get()),
-                CUBLAS_STATUS_SUCCESS);
-      runs.push_back(gdinp.Get());
-    }
-    EXPECT_LT(RelErr(added(runs[0]), added(dinp)), 1.5e-2);
-    EXPECT_EQ(runs[0], runs[1]);
-    // The forward pass again: the same bits.
-    ASSERT_EQ(cuda::AttentionForward(ctx_, gout.get(), glse.get(), gqkv.get(),
-                                     b, t, c, nh, ws.get()),
-              CUBLAS_STATUS_SUCCESS);
-    EXPECT_EQ(gout.Get(), fwd);
-    // In the 16-bit modes also rounded (over NaN): the same bits as
-    // rounding the fp32 output, which stays as it was.
-    for (cudaDataType_t type : {CUDA_R_16BF, CUDA_R_16F}) {
-      ctx_.operands = type;
-      Dev<uint16_t> out16(std::vector<uint16_t>(fwd.size(), 0xFFFF)),
-          expected(fwd.size());
-      ASSERT_EQ(cuda::AttentionForward(ctx_, gout.get(), glse.get(), gqkv.get(),
-                                       b, t, c, nh, ws.get(), out16.get()),
-                CUBLAS_STATUS_SUCCESS);
-      EXPECT_EQ(gout.Get(), fwd);
-      cuda::To16Bit(ctx_, type, expected.get(), gout.get(), fwd.size());
-      EXPECT_EQ(out16.Get(), expected.Get()) << type;
-    }
-    ctx_.operands = CUDA_R_32F;
-  }
 }
 
 TEST_F(KernelsTest, PointwiseAndResidual) {
@@ -870,56 +675,6 @@ TEST_F(KernelsTest, SquaredSum) {
   double got = 0;
   for (double x : partials.Get()) got += x;
   EXPECT_NEAR(got, want, want * 1e-12);
-}
-
-// NCCL through cuda::NcclComm on this GPU, one rank (its collectives are
-// copies, so the numbers come back unchanged): loading, the unique id, the
-// non-blocking communicator and the waits on the stream. A communicator of
-// 2 whose second rank never comes fails at its deadline, aborted, instead
-// of hanging. Skipped where NCCL cannot load (the engine then takes Gloo).
-TEST(NcclComm, OneRankWorksAndAMissingPeerFailsAtTheDeadline) {
-  std::string why;
-  if (!HaveGpu(&why)) GTEST_SKIP() << "no GPU: " << why;
-  cuda::NcclComm probe;
-  if (!probe.Load()) GTEST_SKIP() << probe.error();
-  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-  cudaStream_t stream = nullptr;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  std::string id;
-  ASSERT_TRUE(probe.UniqueId(&id)) << probe.error();
-  ASSERT_EQ(id.size(), 128u);
-  {
-    cuda::NcclComm one;
-    ASSERT_TRUE(one.Join(id, 0, 1, 60)) << one.error();
-    ASSERT_TRUE(one.Ready()) << one.error();
-    std::vector<float> x(1000);
-    std::iota(x.begin(), x.end(), -500.0f);
-    Dev<float> d(x);
-    ASSERT_TRUE(one.AllReduceSum(d.get(), x.size(), stream)) << one.error();
-    EXPECT_EQ(d.Get(), x);
-    ASSERT_TRUE(one.ReduceScatterSum(d.get(), x.size(), 0, stream))
-        << one.error();
-    ASSERT_TRUE(one.AllGather(d.get(), x.size(), 0, stream)) << one.error();
-    EXPECT_EQ(d.Get(), x);
-    one.Close();  // finalized and destroyed within the deadline
-    EXPECT_FALSE(one.joined());
-  }
-  std::string id2;
-  ASSERT_TRUE(probe.UniqueId(&id2)) << probe.error();
-  cuda::NcclComm lonely;
-  const auto t0 = std::chrono::steady_clock::now();
-  ASSERT_TRUE(lonely.Join(id2, 0, 2, 3)) << lonely.error();  // starts
-  EXPECT_FALSE(lonely.Ready());
-  const double took =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-          .count();
-  std::printf("nccl: a missing peer failed the join after %.1f s: %s\n", took,
-              lonely.error().c_str());
-  EXPECT_NE(lonely.error().find("did not finish"), std::string::npos)
-      << lonely.error();
-  EXPECT_LT(took, 30.0);
-  EXPECT_FALSE(lonely.joined());  // aborted
-  cudaStreamDestroy(stream);
 }
 
 }  // namespace

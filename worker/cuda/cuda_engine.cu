@@ -278,12 +278,7 @@ bool CudaEngine::GradSquaredSum(size_t begin, size_t count, double* out) {
   Mark(Profile::kOptimizer);
   SquaredSumPartials(ctx_, grads_ + begin, count, partials_);
   double host[kSquaredSumBlocks];
-  if (!Cuda(cudaMemcpyAsync(host, partials_, sizeof host,
-                            cudaMemcpyDeviceToHost, ctx_.stream),
-            "copy norm partials") ||
-      !Sync("gradient norm")) {
-    return false;
-  }
+  if (!Down(host, partials_, kSquaredSumBlocks)) return false;
   double sum = 0;
   for (double x : host) sum += x;
   *out = sum;
@@ -363,13 +358,6 @@ bool CudaEngine::Up(float* dst, const float* host, size_t n) {
                               cudaMemcpyHostToDevice, ctx_.stream),
               "copy to the GPU") &&
          Sync("copy to the GPU");
-}
-
-bool CudaEngine::Down(float* host, const float* src, size_t n) {
-  return Cuda(cudaMemcpyAsync(host, src, n * sizeof(float),
-                              cudaMemcpyDeviceToHost, ctx_.stream),
-              "copy from the GPU") &&
-         Sync("copy from the GPU");
 }
 
 bool CudaEngine::CheckOptions() {

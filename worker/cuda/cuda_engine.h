@@ -189,7 +189,13 @@ class CudaEngine final : public DeviceEngine {
   // On the engine's stream (a plain cudaMemcpy runs on the legacy stream,
   // which does not order against a non-blocking one), finished on return.
   bool Up(float* dst, const float* host, size_t n);
-  bool Down(float* host, const float* src, size_t n);
+  template <typename X>
+  bool Down(X* host, const X* src, size_t n) {
+    return Cuda(cudaMemcpyAsync(host, src, n * sizeof(X),
+                                cudaMemcpyDeviceToHost, ctx_.stream),
+                "copy from the GPU") &&
+           Sync("copy from the GPU");
+  }
 
   // Instance l of kind k: in the whole buffers, or in the window of the
   // hook layer that owns it.

@@ -349,12 +349,7 @@ bool CudaEngine::BlockBackward(int l, const float* res_in) {
 bool CudaEngine::MeanLoss(float* loss) {
   const size_t n = static_cast<size_t>(B_) * T_;
   host_losses_.resize(n);
-  if (!Cuda(cudaMemcpyAsync(host_losses_.data(), losses_, n * sizeof(float),
-                            cudaMemcpyDeviceToHost, ctx_.stream),
-            "copy losses") ||
-      !Sync("step")) {
-    return false;
-  }
+  if (!Down(host_losses_.data(), losses_, n)) return false;
   double sum = 0;
   for (float x : host_losses_) sum += x;
   *loss = static_cast<float>(sum / static_cast<double>(n));
