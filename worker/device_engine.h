@@ -31,7 +31,8 @@ namespace dslaunch::worker {
 // 7: TakeLayerGrads starts a copy, WaitLayerGrads waits for it.
 // 8: StartSetParams and WaitSetParams.
 // 9: GetParamsRange and SetGradsRange.
-constexpr int kDeviceEngineAbi = 9;
+// 10: GetGradsRange; AllocateOwned.
+constexpr int kDeviceEngineAbi = 10;
 
 // How the matrix products compute; activations, parameters, gradients and
 // optimizer state are fp32 in every mode.
@@ -237,6 +238,7 @@ class DeviceEngine {
   // [0, count) (a rank's shard, where the rest is not needed).
   virtual bool GetParamsRange(size_t begin, size_t count, float* host) = 0;
   virtual bool SetGradsRange(size_t begin, size_t count, const float* host) = 0;
+  virtual bool GetGradsRange(size_t begin, size_t count, float* host) = 0;
   // Starts copying host [0, count) into the parameter buffer's [begin,
   // begin + count), after the device's work so far, and returns; several
   // may run at once. Until WaitSetParams returns (which must follow every
@@ -317,6 +319,13 @@ class DeviceEngine {
                                 int rank) = 0;
   virtual bool GatherLayerPieces(int layer, size_t at, size_t count,
                                  size_t chunk, int rank) = 0;
+  // Under windows, opened with owned_count 0 (the optimizer offloaded):
+  // owned buffers of `count` floats, zeroed, for the collectives on layer
+  // windows once they are joined: the gradients' (ReduceLayerGrads adds
+  // into them; the host takes them with GetGrads) and under kParamsAndGrads
+  // the parameters' too (GatherLayerParams reads them; the host's updated
+  // pieces come with StartSetParams). Once, before any pass.
+  virtual bool AllocateOwned(size_t count) = 0;
 
   // Page-locks [p, p + bytes) of host memory the host copies to and from,
   // so the copies run at the bus's speed, until the engine is destroyed

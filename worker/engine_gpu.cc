@@ -18,7 +18,10 @@
 //    buckets the CPU engine uses; under stage 3 each layer's parameters
 //    come into a window from the host just before the layer runs. The
 //    device keeps the owned pieces (gradients, moments, and under stage 3
-//    parameters) for its AdamW, or nothing of them when offloaded.
+//    parameters) for its AdamW; offloaded, nothing of them over Gloo, and
+//    with NCCL the owned gradients (and stage 3's owned parameters) its
+//    collectives reduce into (and gather from), copied to and from the
+//    host's AdamW as DeepSpeed's ZeRO-Offload does.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -216,8 +219,12 @@ class GpuReplicatedEngine final : public GpuEngine {
   StatusOr<float> FinishGradients() override {
     if (nccl_) {
       ASSIGN_OR_RETURN(float norm, FinishOnTheGpus());
-      // Offloaded, the host's AdamW takes the reduced gradients.
-      if (offload_) RETURN_IF_ERROR(Ok(dev_->GetGrads(host_->grads().data())));
+      // Offloaded, the host's AdamW takes the reduced gradients it updates:
+      // all of them (stage 0), or its shard's (stage 1).
+      if (!offload_) return norm;
+      const size_t lo = state_->shard_begin();
+      RETURN_IF_ERROR(Ok(dev_->GetGradsRange(lo, state_->shard_real(),
+                                             host_->grads().data() + lo)));
       return norm;
     }
     if (!ThroughHost()) {
@@ -394,9 +401,14 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
     }
     ASSIGN_OR_RETURN(dev_, open(o));
     Pin(zero_->buffers());
-    RETURN_IF_ERROR(Push());
-    // The collectives on the GPUs need the owned state there.
-    return offload_ ? Status::Ok() : SetUpCollectives();
+    RETURN_IF_ERROR(SetUpCollectives());
+    // Offloaded, with the collectives on the GPUs: the device holds the
+    // owned gradients the reduces add into (and under stage 3 the owned
+    // parameters the gathers read), the host's AdamW their master copies.
+    if (offload_ && nccl_) {
+      RETURN_IF_ERROR(Ok(dev_->AllocateOwned(zero_->owned_floats())));
+    }
+    return Push();
   }
 
   Status ZeroGrad() override {
@@ -434,6 +446,11 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
           Ok(dev_->GradSquaredSum(0, zero_->owned_floats(), &squares)));
       float partial = static_cast<float>(squares);
       RETURN_IF_ERROR(comm_->AllReduceSum(&partial, 1));
+      // Offloaded, the host's AdamW takes the owned pieces, reduced.
+      if (offload_) {
+        RETURN_IF_ERROR(
+            Ok(dev_->GetGrads(zero_->Buffer(ZeroState::Which::kGrads).data())));
+      }
       return std::sqrt(partial);
     }
     ASSIGN_OR_RETURN(float norm, zero_->FinishGradients());
@@ -446,6 +463,18 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
 
   Status Update(const AdamParams& a, float clip_scale) override {
     float* params = zero_->Buffer(ZeroState::Which::kParams).data();
+    if (offload_ && nccl_) {
+      // AdamW on the host's owned pieces, layer by layer, each piece copied
+      // to the device's as it is done while the host goes on; then under
+      // stage 2 gathered on the GPUs (under stage 3 the next pass gathers
+      // them).
+      RETURN_IF_ERROR(
+          UpdatingTheDevice(params, [&](const ParamsUpdated& updated) {
+            return zero_->Update(a, clip_scale, updated,
+                                 ZeroState::GatheredBy::kTheDevice);
+          }));
+      return GatherPiecesOnTheGpus();
+    }
     if (offload_) {
       // AdamW on the host's owned pieces, layer by layer; under stage 2
       // each layer gathered and copied to the device as it is done, while
@@ -456,17 +485,7 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
       });
     }
     RETURN_IF_ERROR(Ok(dev_->AdamStep(ToDevice(a), clip_scale)));
-    if (nccl_) {
-      // Stage 2: every rank's updated pieces gathered on the GPUs, layer
-      // by layer; under stage 3 the next pass gathers them.
-      if (stage_ == 3) return Status::Ok();
-      for (int l = -1; l <= layout_->config().num_layers; ++l) {
-        const ZeroState::OwnedPiece p = zero_->owned_piece(l);
-        RETURN_IF_ERROR(Ok(dev_->GatherLayerPieces(l, p.begin, p.own, p.shard,
-                                                   comm_->rank())));
-      }
-      return Status::Ok();
-    }
+    if (nccl_) return GatherPiecesOnTheGpus();
     // The updated pieces to the host, which gathers them: into every
     // rank's whole parameters now (stage 2), or layer by layer in the next
     // pass (stage 3).
@@ -491,9 +510,11 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
     return zero_->WholeParams();
   }
 
-  // The device's buffers, and what only the host holds when offloaded: the
+  // The device's buffers, and what the host holds when offloaded: the
   // owned gradients and moments, and under stage 3 the owned parameters.
-  // Either way the ZeRO law of the stage (zero_state.h).
+  // Either way the ZeRO law of the stage (zero_state.h); offloaded with
+  // NCCL, the device's owned buffers for its collectives on top (both
+  // sides hold those).
   int64_t state_bytes() const override {
     int64_t host = 0;
     if (offload_) {
@@ -556,6 +577,18 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
     hooks_.after_backward(layer);
     return zero_->status().ok();
   }
+  // Stage 2 with NCCL, after the step: every rank's updated pieces
+  // gathered on the GPUs, layer by layer (under stage 3 the next pass
+  // gathers them).
+  Status GatherPiecesOnTheGpus() {
+    if (stage_ == 3) return Status::Ok();
+    for (int l = -1; l <= layout_->config().num_layers; ++l) {
+      const ZeroState::OwnedPiece p = zero_->owned_piece(l);
+      RETURN_IF_ERROR(Ok(
+          dev_->GatherLayerPieces(l, p.begin, p.own, p.shard, comm_->rank())));
+    }
+    return Status::Ok();
+  }
   // Stage 3 with NCCL: the layer's parameters gathered on the GPUs.
   bool Gather(int layer) {
     if (stage_ != 3) return true;
@@ -569,28 +602,29 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
            dev_->SetLayerParams(layer, zero_->LayerParams(layer));
   }
   // The host's state to the device: the parameters it keeps (whole under
-  // stage 2, owned under stage 3 unless offloaded) and the moments.
+  // stage 2; owned under stage 3, unless offloaded over Gloo, where only
+  // the host keeps them) and the moments unless offloaded.
   Status Push() {
     using W = ZeroState::Which;
-    if (stage_ == 2) {
+    if (stage_ == 2 || !offload_ || nccl_) {
       RETURN_IF_ERROR(Ok(dev_->SetParams(zero_->Buffer(W::kParams).data())));
     }
     if (offload_) return Status::Ok();
-    if (stage_ == 3) {
-      RETURN_IF_ERROR(Ok(dev_->SetParams(zero_->Buffer(W::kParams).data())));
-    }
     return Ok(dev_->SetMoments(zero_->Buffer(W::kM).data(),
                                zero_->Buffer(W::kV).data()));
   }
-  // The device's state to the host, for checkpoints: the moments, which
-  // only the device updates, and with NCCL the parameters too (without,
-  // the host has them after every Update).
+  // The device's state to the host, for checkpoints: what only the device
+  // updates. The moments unless offloaded; with NCCL the parameters too
+  // (only the GPUs gathered the other ranks' pieces under stage 2, and the
+  // device's AdamW updated the owned ones), except offloaded under stage
+  // 3, where the host's owned parameters are the master copies. Over Gloo
+  // the host has them after every Update.
   Status Pull() {
     using W = ZeroState::Which;
-    if (offload_) return Status::Ok();
-    if (nccl_) {
+    if (nccl_ && (stage_ == 2 || !offload_)) {
       RETURN_IF_ERROR(Ok(dev_->GetParams(zero_->Buffer(W::kParams).data())));
     }
+    if (offload_) return Status::Ok();
     return Ok(dev_->GetMoments(zero_->Buffer(W::kM).data(),
                                zero_->Buffer(W::kV).data()));
   }

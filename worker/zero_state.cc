@@ -282,7 +282,7 @@ StatusOr<float> ZeroState::FinishGradients() {
 }
 
 Status ZeroState::Update(const AdamParams& adam, float clip_scale,
-                         const ParamsUpdated& updated) {
+                         const ParamsUpdated& updated, GatheredBy gather) {
   ZeroStaleGrads();
   float* p = Buffer(Which::kParams).data();
   DSL_CHECK(adam.grad_scale == 1.0f);  // the clip's scale goes there
@@ -297,19 +297,23 @@ Status ZeroState::Update(const AdamParams& adam, float clip_scale,
                own_m_.data() + r.moment, own_v_.data() + r.moment, r.count,
                scaled, r.decay);
     }
-    RETURN_IF_ERROR(LayerUpdated(*l, updated));
+    RETURN_IF_ERROR(LayerUpdated(*l, updated, gather));
   }
   return Status::Ok();
 }
 
 Status ZeroState::GatherParams(const ParamsUpdated& updated) {
-  for (auto& l : layers_) RETURN_IF_ERROR(LayerUpdated(*l, updated));
+  for (auto& l : layers_)
+    RETURN_IF_ERROR(LayerUpdated(*l, updated, GatheredBy::kThis));
   return Status::Ok();
 }
 
-Status ZeroState::LayerUpdated(Layer& l, const ParamsUpdated& updated) {
-  RETURN_IF_ERROR(GatherLayer(l));
+Status ZeroState::LayerUpdated(Layer& l, const ParamsUpdated& updated,
+                               GatheredBy gather) {
+  if (gather == GatheredBy::kThis) RETURN_IF_ERROR(GatherLayer(l));
   if (!updated) return Status::Ok();
+  if (stage_ == 2 && gather == GatheredBy::kTheDevice)
+    return updated(l.range.begin + l.own_begin, l.own);
   if (stage_ == 2) return updated(l.range.begin, l.range.size());
   return updated(static_cast<size_t>(l.params.data() - own_params_.data()),
                  l.part.shard);

@@ -78,12 +78,19 @@ class ZeroState : public ParamSource {
   // Averages the owned gradients over ranks and returns the global norm
   // (SquaredSum over the whole owned buffer, padding included).
   StatusOr<float> FinishGradients();
+  // Who gathers stage 2's updated pieces into every rank's whole
+  // parameters: this, over the Comm (GatherParams), or a device's
+  // collectives (the host's whole parameters then hold only this rank's
+  // pieces fresh).
+  enum class GatheredBy { kThis, kTheDevice };
   // AdamW on the owned pieces (gradients scaled by clip_scale, the buffer
   // left as it is) and GatherParams, layer by layer; with `updated`, called
   // with each layer's range of Buffer(kParams) once it is final (stage 2:
-  // the layer's whole range; stage 3: its owned piece).
+  // the layer's whole range, or its owned piece's real part when the
+  // device gathers; stage 3: its owned piece).
   Status Update(const AdamParams& adam, float clip_scale,
-                const ParamsUpdated& updated = nullptr);
+                const ParamsUpdated& updated = nullptr,
+                GatheredBy gather = GatheredBy::kThis);
   // Stage 2: every rank's updated pieces into every rank's whole
   // parameters (collective); nothing under stage 3 or on one rank. With
   // `updated`, called as Update calls it.
@@ -146,7 +153,8 @@ class ZeroState : public ParamSource {
   Layer& L(int layer) { return *layers_[layer + 1]; }
   void Gather(int layer, float* window);
   Status GatherLayer(Layer& l);
-  Status LayerUpdated(Layer& l, const ParamsUpdated& updated);
+  Status LayerUpdated(Layer& l, const ParamsUpdated& updated,
+                      GatheredBy gather);
   void ReduceBucket(const Bucket& b, float* window);
   float* RankMajor(const Bucket& b, float* window);
   void ZeroGradWindows(int layer);

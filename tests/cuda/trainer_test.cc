@@ -385,7 +385,7 @@ TEST_F(CudaTrainerTest, CopyStreamsChangeNoBit) {
 }
 
 // The engine's NCCL path on one GPU (DSL_NCCL=1 takes it for one rank,
-// whose collectives are copies): every stage, stage 1 offloaded too, equals
+// whose collectives are copies): every stage, offloaded or not, equals
 // the CPU engine as the Gloo path does, the device's window gathers and
 // reduce-scatters included, and the summary names NCCL. Skipped where NCCL
 // cannot load.
@@ -397,7 +397,10 @@ TEST_F(CudaTrainerTest, NcclOnOneRankEqualsTheCpuEngine) {
   for (const char* zero :
        {R"({"stage": 0})", R"({"stage": 1})", R"({"stage": 2})",
         R"({"stage": 3})",
-        R"({"stage": 1, "offload_optimizer": {"device": "cpu"}})"}) {
+        R"({"stage": 1, "offload_optimizer": {"device": "cpu"}})",
+        R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})",
+        R"({"stage": 3, "offload_optimizer": {"device": "cpu"}})",
+        R"({"stage": 3, "offload_param": {"device": "cpu"}})"}) {
     SCOPED_TRACE(zero);
     const TrainConfig c = Config(1, 20, "", zero);
     LocalWorld w(1, std::chrono::seconds(120));

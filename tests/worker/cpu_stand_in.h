@@ -100,6 +100,13 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
     }
     return Copy(host, grads_.subspan(begin, count));
   }
+  bool GetGradsRange(size_t begin, size_t count, float* host) override {
+    if (begin > grads_.size() || count > grads_.size() - begin) {
+      error_ = "GetGradsRange past the gradients";
+      return false;
+    }
+    return Copy(grads_.subspan(begin, count), host);
+  }
   bool SetMoments(const float* m, const float* v) override {
     return Copy(m, m_) && Copy(v, v_);
   }
@@ -308,6 +315,21 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
     std::copy(w.begin(), w.begin() + LayerSize(layer),
               params_.begin() + o_.model.layer_begin[layer + 1]);
     std::fill(w.begin(), w.end(), 0.0f);
+    return true;
+  }
+  bool AllocateOwned(size_t count) override {
+    const bool params = o_.windows == DeviceWindows::kParamsAndGrads;
+    if (o_.windows == DeviceWindows::kNone || !grads_.empty() ||
+        (params && !params_.empty())) {
+      error_ = "AllocateOwned: not under windows opened without owned buffers";
+      return false;
+    }
+    owned_grads_.assign(count, 0.0f);
+    grads_ = owned_grads_;
+    if (params) {
+      owned_params_.assign(count, 0.0f);
+      params_ = owned_params_;
+    }
     return true;
   }
   // Joined, and every rank's chunk within n floats (as the CUDA engine

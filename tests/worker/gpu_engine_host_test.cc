@@ -224,9 +224,10 @@ TEST_F(GpuEngineHostTest, EveryStageAndOffloadEqualTheCpuEngineBitForBit) {
 // the whole comes back at once (stages 0, 1 and 2 at one rank, stages 0
 // and 2 at two, stage 1 at two with NCCL's gather on the GPUs; stage 1 at
 // two over Gloo gathers on the host first, and stage 3's next pass gathers
-// its parameters). The results are the CPU engine's (above); the stand-in
-// fails a host that writes into a range being copied or a pass that
-// starts before the wait.
+// its parameters; stages 2 and 3 at two with NCCL copy each owned piece as
+// it is done, the GPUs then gathering them). The results are the CPU engine's
+// (above); the stand-in fails a host that writes into a range being copied or a
+// pass that starts before the wait.
 TEST_F(GpuEngineHostTest, OffloadedStepsCopyParametersWhileTheHostUpdates) {
   struct Case {
     int world, stage;
@@ -238,6 +239,8 @@ TEST_F(GpuEngineHostTest, OffloadedStepsCopyParametersWhileTheHostUpdates) {
                                          {2, 0, false, true},
                                          {2, 2, false, true},
                                          {2, 1, true, true},
+                                         {2, 2, true, true},
+                                         {2, 3, true, true},
                                          {2, 1, false, false},
                                          {2, 3, false, false}}) {
     SCOPED_TRACE("world " + std::to_string(c.world) + ", stage " +
@@ -324,13 +327,54 @@ TEST_F(GpuEngineHostTest, StagesZeroAndOneMoveOnlyWhatEachRankNeeds) {
   }
 }
 
+// Offloaded with a GPU per rank, each rank's reduced gradients come down
+// and its updated parameters go up, and no more: stage 0 all of them (2 n
+// floats a rank and step), stage 1 its shard's real part (2 n over the
+// ranks), stage 2 its owned pieces (o padded floats down, their real part
+// up: N o + n over the ranks), stage 3 its owned pieces both ways (2 N o).
+// Over Gloo every rank's whole gradients come down to be reduced on the
+// host. Counted as in the test above, at 3 ranks and 2.
+TEST_F(GpuEngineHostTest, OffloadedWithNcclMoveOnlyEachRanksPieces) {
+  const ModelConfig mc = ModelConfig::Make(8, 67, 2, 2, 16);
+  const auto n = static_cast<int64_t>(ParamLayout(mc).num_params());
+  const ParamLayout layer_major(mc, ParamOrder::kLayerMajor);
+  for (int world : {3, 2}) {
+    int64_t owned = 0;  // a rank's, padded
+    for (int l = -1; l <= 2; ++l) {
+      owned += static_cast<int64_t>(
+          MakePartition(layer_major.LayerRanges(l).at(0).size(), world).shard);
+    }
+    const int64_t expected[4] = {2 * world * n, 2 * n, world * owned + n,
+                                 2 * world * owned};
+    for (int stage : {0, 1, 2, 3}) {
+      SCOPED_TRACE("world " + std::to_string(world) + ", stage " +
+                   std::to_string(stage));
+      std::vector<int64_t> copied;
+      for (int steps : {1, 2}) {
+        TrainConfig c = Config(world, stage, kOptimizer);
+        c.train.steps = steps;
+        gpus_ = "gpu";
+        CpuStandIn::copied_floats = 0;
+        CpuStandIn::collectives = 0;
+        const Result r = Train(c, true, world);
+        gpus_.reset();
+        ASSERT_EQ(r.norms.size(), static_cast<size_t>(steps));
+        ASSERT_GT(CpuStandIn::collectives, 0);
+        copied.push_back(CpuStandIn::copied_floats);
+      }
+      EXPECT_EQ(copied[1] - copied[0], expected[stage]);
+    }
+  }
+}
+
 // What the device holds (the stand-in's peak is its buffers) per stage on
 // 2 ranks, n parameters: stage 0 parameters, gradients and both moments of
 // all of them (16n); stage 1 the moments of its shard only; stage 2 whole
 // parameters and the owned pieces' gradients and moments (4n + 12o, o the
 // owned floats: every layer's shard); stage 3 only owned pieces (16o).
 // Offloaded, the moments (and owned gradients, and under stage 3 the owned
-// parameters) are the host's instead.
+// parameters) are the host's instead; with NCCL the device keeps the owned
+// gradients (and under stage 3 the owned parameters) for its collectives.
 TEST_F(GpuEngineHostTest, DeviceStateFollowsTheZeroLaw) {
   const auto n = static_cast<int64_t>(
       ParamLayout(ModelConfig::Make(8, 67, 2, 2, 16)).num_params());
@@ -347,20 +391,29 @@ TEST_F(GpuEngineHostTest, DeviceStateFollowsTheZeroLaw) {
     int stage;
     Offload offload;
     int64_t device;
+    bool nccl = false;
   };
-  for (const Case& c : std::vector<Case>{{0, kNothing, 16 * n},
-                                         {0, kOptimizer, 8 * n},
-                                         {1, kNothing, 8 * n + 8 * shard},
-                                         {1, kOptimizer, 8 * n},
-                                         {2, kNothing, 4 * n + 12 * owned},
-                                         {2, kOptimizer, 4 * n},
-                                         {3, kNothing, 16 * owned},
-                                         {3, kOptimizer, 0},
-                                         {3, kParams, 0}}) {
-    SCOPED_TRACE("stage " + std::to_string(c.stage) + Name(c.offload));
+  for (const Case& c :
+       std::vector<Case>{{0, kNothing, 16 * n},
+                         {0, kOptimizer, 8 * n},
+                         {1, kNothing, 8 * n + 8 * shard},
+                         {1, kOptimizer, 8 * n},
+                         {2, kNothing, 4 * n + 12 * owned},
+                         {2, kOptimizer, 4 * n},
+                         {3, kNothing, 16 * owned},
+                         {3, kOptimizer, 0},
+                         {3, kParams, 0},
+                         {2, kNothing, 4 * n + 12 * owned, true},
+                         {2, kOptimizer, 4 * n + 4 * owned, true},
+                         {3, kOptimizer, 8 * owned, true},
+                         {3, kParams, 8 * owned, true}}) {
+    SCOPED_TRACE("stage " + std::to_string(c.stage) + Name(c.offload) +
+                 (c.nccl ? ", NCCL" : ""));
     TrainConfig config = Config(2, c.stage, c.offload);
     config.train.steps = 1;
+    if (c.nccl) gpus_ = "gpu";
     const Result r = Train(config, true, 2);
+    gpus_.reset();
     EXPECT_EQ(r.device_bytes, c.device);
   }
 }
@@ -424,8 +477,8 @@ TEST_F(GpuEngineHostTest, AHookFailureStopsThePassWithItsReason) {
   }
 }
 
-// Every stage (0 and 1 also offloaded) with a GPU per rank reduces and
-// gathers on the GPUs (NCCL's part, here the stand-in's over the host Comm;
+// Every stage, offloaded or not, with a GPU per rank reduces and gathers
+// on the GPUs (NCCL's part, here the stand-in's over the host Comm;
 // under stages 2 and 3 a layer at a time from the hooks): the CPU engine's
 // bits, the collectives run by the device, and the summary line says so.
 // Ranks sharing a GPU, DSL_NCCL=0, NCCL missing on one rank, no id on rank
@@ -441,9 +494,7 @@ TEST_F(GpuEngineHostTest, CollectivesRunOnTheGpusWhenEachRankHasOne) {
   };
   for (int stage : {0, 1, 2, 3}) {
     const Result cpu = Train(Config(2, stage), false, 2);
-    // Offloaded, stages 2 and 3 exchange through host memory.
-    for (Offload offload : stage < 2 ? std::vector{kNothing, kOptimizer}
-                                     : std::vector{kNothing}) {
+    for (Offload offload : Offloads(stage)) {
       for (const Case& c : std::vector<Case>{
                {"gpu", kNone, true, "collectives NCCL"},
                {"", kNone, false,

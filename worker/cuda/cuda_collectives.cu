@@ -113,4 +113,19 @@ bool CudaEngine::AllGatherParams(size_t chunk, int rank) {
          Fail(nccl_.error());
 }
 
+bool CudaEngine::AllocateOwned(size_t count) {
+  const bool params = options_.windows == DeviceWindows::kParamsAndGrads;
+  if (options_.windows == DeviceWindows::kNone || grad_count_ != 0 ||
+      (params && param_count_ != 0))
+    return Fail(
+        "AllocateOwned: not under windows opened without owned buffers");
+  if (!AllocZero(&grads_, count)) return false;
+  grad_count_ = count;
+  if (params) {
+    if (!AllocZero(&params_, count)) return false;
+    param_count_ = count;
+  }
+  return Sync("AllocateOwned");
+}
+
 }  // namespace dslaunch::worker::cuda

@@ -91,6 +91,11 @@ class CudaEngine final : public DeviceEngine {
                ? Up(grads_ + begin, host, count)
                : Fail("SetGradsRange past the gradients");
   }
+  bool GetGradsRange(size_t begin, size_t count, float* host) override {
+    return begin <= grad_count_ && count <= grad_count_ - begin
+               ? Down(host, grads_ + begin, count)
+               : Fail("GetGradsRange past the gradients");
+  }
   bool StartSetParams(size_t begin, size_t count, const float* host) override;
   bool WaitSetParams() override { return Sync("copy parameters to the GPU"); }
   bool SetLayerParams(int layer, const float* host) override;
@@ -119,6 +124,7 @@ class CudaEngine final : public DeviceEngine {
   bool GatherLayerPieces(int layer, size_t at, size_t count, size_t chunk,
                          int rank) override;
   bool AllGatherParams(size_t chunk, int rank) override;
+  bool AllocateOwned(size_t count) override;
   bool PinHost(void* p, size_t bytes) override;
 
   int64_t peak_memory_bytes() const override { return peak_bytes_; }
