@@ -1,5 +1,5 @@
 // Times the host's share of one ZeRO step with the optimizer offloaded, as
-// the GPU engine (worker/engine_gpu.cc, GpuShardedEngine) drives a
+// the GPU engine (worker/gpu/sharded_engine.cc, GpuShardedEngine) drives a
 // ZeroState at one rank: ZeroGrad, the backward hooks that reduce each
 // bucket, FinishGradients and Update (clipping, AdamW, the gathered
 // parameters). The device's copies of each layer's gradients to the host

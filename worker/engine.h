@@ -7,7 +7,7 @@
 //    (its moments only for that piece) and all-gathers the parameters.
 //  - sharded (engine.cc): stages 2 and 3 on the CPU through ZeroState
 //    (gradients, and under stage 3 parameters, in per-rank pieces).
-//  - GPU (engine_gpu.cc): stages 0-3 on a DeviceEngine (libdsl_cuda.so),
+//  - GPU (worker/gpu/): stages 0-3 on a DeviceEngine (libdsl_cuda.so),
 //    the gradients reduced across ranks through host memory, the optimizer
 //    on the device or offloaded to the CPU; the host side of stages 0 and 1
 //    a ReplicatedState (replicated_state.h) as the replicated engine's, of
@@ -89,7 +89,7 @@ StatusOr<std::unique_ptr<Engine>> MakeEngine(const TrainConfig& config,
 using DeviceOpener = std::function<StatusOr<std::unique_ptr<DeviceEngine>>(
     const DeviceEngineOptions&)>;
 
-// Defined in engine_gpu.cc.
+// Defined in worker/gpu/gpu_engine.cc.
 StatusOr<std::unique_ptr<Engine>> MakeGpuEngine(
     const TrainConfig& config, Comm* comm, const EngineOptions& options,
     const DeviceOpener& open = OpenCudaEngine);

@@ -8,7 +8,7 @@
 //
 // The CPU engine for stages 0 and 1 is a Model with one of these; the GPU
 // engine uses one for what passes through host memory when ranks reduce
-// over Gloo or the optimizer is offloaded (engine_gpu.cc). Single-threaded;
+// over Gloo or the optimizer is offloaded (worker/gpu/). Single-threaded;
 // the passes over whole buffers run on the OpenMP team (flat_math.h).
 #pragma once
 

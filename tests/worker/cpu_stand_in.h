@@ -1,5 +1,5 @@
 // CpuStandIn: a DeviceEngine whose "device" is host memory, so that the GPU
-// engines' host side (worker/engine_gpu.cc) runs on machines without a GPU
+// engines' host side (worker/gpu/) runs on machines without a GPU
 // and must give the CPU engine's results bit for bit
 // (gpu_engine_host_test.cc). Test-only.
 #pragma once

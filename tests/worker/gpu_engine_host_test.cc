@@ -1,4 +1,4 @@
-// The GPU engines' host side (engine_gpu.cc: ZeRO stages 0-3, the
+// The GPU engines' host side (worker/gpu/: ZeRO stages 0-3, the
 // optimizer on the device or offloaded, the parameters offloaded under
 // stage 3, layer windows and hooks, checkpoints, resume) on machines without
 // a GPU: the DeviceEngine is a stand-in (cpu_stand_in.h) that computes on the

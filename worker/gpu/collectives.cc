@@ -1,4 +1,4 @@
-#include "worker/gpu_collectives.h"
+#include "worker/gpu/collectives.h"
 
 #include <algorithm>
 #include <cstdint>
