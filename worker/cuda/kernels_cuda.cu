@@ -1,3 +1,7 @@
+// The model's pointwise, normalisation, embedding and classifier kernels
+// (the products: matmul_cuda.cu; the optimizer: optimizer_cuda.cu;
+// attention: attention_cuda.cu, flash_attention.cu); declared in
+// kernels_cuda.h.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -255,12 +259,6 @@ void ColumnSums(const Ctx& ctx, float* dweight, float* dbias, const float* dout,
 
 // ------------------------------------------------------------ pointwise
 
-__global__ void BiasRowsKernel(float* out, const float* bias, int N, int OC) {
-  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
-  if (i >= static_cast<size_t>(N) * OC) return;
-  out[i] = bias != nullptr ? bias[i % OC] : 0.0f;
-}
-
 template <typename O>
 __global__ void GeluForwardKernel(O* out, const float* inp, size_t n) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
@@ -382,94 +380,9 @@ __global__ void FusedClassifierKernel(float* logits, G* grad, float* losses,
   }
 }
 
-// ------------------------------------------------------------ optimizer
-
-__global__ void AdamKernel(float* params, const float* grads, float* m,
-                           float* v, size_t n, AdamConstants k,
-                           float grad_scale) {
-  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
-  float p = params[i];
-  float g = grads[i];
-  if (grad_scale != 1.0f) g = __fmul_rn(g, grad_scale);
-  if (k.decay) {
-    if (k.adamw) {
-      p = __fmul_rn(p, k.decay_mul);
-    } else {
-      g = __fmaf_rn(p, k.decay_mul, g);
-    }
-  }
-  const float mi = __fmaf_rn(g, k.one_minus_b1, __fmul_rn(m[i], k.b1));
-  const float vi =
-      __fmaf_rn(__fmul_rn(k.one_minus_b2, g), g, __fmul_rn(v[i], k.b2));
-  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), k.sqrt_bc2), k.eps);
-  p = __fadd_rn(p, __fdiv_rn(__fmul_rn(k.neg_step, mi), denom));
-  m[i] = mi;
-  v[i] = vi;
-  params[i] = p;
-}
-
-__global__ void SquaredSumKernel(const float* g, size_t n, double* partials) {
-  __shared__ double part[kThreads];
-  double acc = 0;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
-       i < n; i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const double x = g[i];
-    acc += x * x;
-  }
-  part[threadIdx.x] = acc;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partials[blockIdx.x] = part[0];
-}
-
 }  // namespace
 
 // ------------------------------------------------------------ host side
-
-namespace {
-
-// Elements of an operand as stored whose op is rows x cols: `rows` rows of
-// ld (cols rows when transposed).
-size_t OperandElems(bool trans, int rows, int cols, int ld) {
-  return static_cast<size_t>(trans ? cols : rows) * ld;
-}
-
-}  // namespace
-
-cublasStatus_t RowGemm(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N,
-                       int K, float alpha, Operand A, int lda, Operand B,
-                       int ldb, float beta, float* C, int ldc) {
-  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
-  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  if (ctx.operands == CUDA_R_32F) {
-    if (A.fp32 == nullptr || B.fp32 == nullptr)
-      return CUBLAS_STATUS_INVALID_VALUE;
-    return cublasGemmEx(ctx.blas, op_b, op_a, N, M, K, &alpha, B.fp32,
-                        CUDA_R_32F, ldb, A.fp32, CUDA_R_32F, lda, &beta, C,
-                        CUDA_R_32F, ldc, ctx.compute, CUBLAS_GEMM_DEFAULT);
-  }
-  // Every check before any rounding, so that a refusal changes nothing.
-  const size_t a_elems = OperandElems(trans_a, M, K, lda);
-  const size_t b_elems = OperandElems(trans_b, K, N, ldb);
-  const bool round_a = A.rounded == nullptr, round_b = B.rounded == nullptr;
-  if ((round_a && (A.fp32 == nullptr || a_elems > ctx.operand_a_elems)) ||
-      (round_b && (B.fp32 == nullptr || b_elems > ctx.operand_b_elems)) ||
-      (round_a && B.rounded == ctx.operand_a) ||
-      (round_b && A.rounded == ctx.operand_b))
-    return CUBLAS_STATUS_INVALID_VALUE;
-  if (round_a) To16Bit(ctx, ctx.operands, ctx.operand_a, A.fp32, a_elems);
-  if (round_b) To16Bit(ctx, ctx.operands, ctx.operand_b, B.fp32, b_elems);
-  return cublasGemmEx(ctx.blas, op_b, op_a, N, M, K, &alpha,
-                      round_b ? ctx.operand_b : B.rounded, ctx.operands, ldb,
-                      round_a ? ctx.operand_a : A.rounded, ctx.operands, lda,
-                      &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
-                      CUBLAS_GEMM_DEFAULT);
-}
 
 void EncoderForward(const Ctx& ctx, float* out, const int* inp,
                     const float* wte, const float* wpe, int B, int T, int C) {
@@ -522,108 +435,6 @@ size_t LayerNormScratchFloats(int C) {
   return 2 * static_cast<size_t>(kRowGroups) * C;
 }
 
-cublasStatus_t MatmulForward(const Ctx& ctx, float* out, Operand inp,
-                             const float* weight, const float* bias, int N,
-                             int C, int OC) {
-  if (ctx.operands == CUDA_R_32F && inp.fp32 == nullptr)
-    return CUBLAS_STATUS_INVALID_VALUE;
-  const size_t a = static_cast<size_t>(N) * C, b = static_cast<size_t>(OC) * C;
-  if (bias != nullptr && ctx.lt != nullptr) {
-    if (ctx.operands == CUDA_R_32F) {
-      if (inp.fp32 != nullptr &&
-          LtGemmBias(ctx, false, true, N, OC, C, inp.fp32, C, weight, C,
-                     CUDA_R_32F, ctx.compute, bias, out, OC))
-        return CUBLAS_STATUS_SUCCESS;
-    } else {
-      if ((inp.rounded == nullptr &&
-           (inp.fp32 == nullptr || a > ctx.operand_a_elems)) ||
-          inp.rounded == ctx.operand_b || b > ctx.operand_b_elems)
-        return CUBLAS_STATUS_INVALID_VALUE;
-      if (inp.rounded == nullptr) {
-        To16Bit(ctx, ctx.operands, ctx.operand_a, inp.fp32, a);
-        inp = Operand::Rounded(ctx.operand_a);
-      }
-      To16Bit(ctx, ctx.operands, ctx.operand_b, weight, b);
-      if (LtGemmBias(ctx, false, true, N, OC, C, inp.rounded, C, ctx.operand_b,
-                     C, ctx.operands, CUBLAS_COMPUTE_32F, bias, out, OC))
-        return CUBLAS_STATUS_SUCCESS;
-      // A shape cuBLASLt takes no algorithm for: the product below, on the
-      // operands as rounded.
-      BiasRowsKernel<<<Blocks(static_cast<size_t>(N) * OC), kThreads, 0,
-                       ctx.stream>>>(out, bias, N, OC);
-      return RowGemm(ctx, false, true, N, OC, C, 1.0f, inp, C,
-                     Operand::Rounded(ctx.operand_b), C, 1.0f, out, OC);
-    }
-  }
-  float beta = 0;
-  if (bias != nullptr) {
-    BiasRowsKernel<<<Blocks(static_cast<size_t>(N) * OC), kThreads, 0,
-                     ctx.stream>>>(out, bias, N, OC);
-    beta = 1;
-  }
-  return RowGemm(ctx, false, true, N, OC, C, 1.0f, inp, C, weight, C, beta, out,
-                 OC);
-}
-
-cublasStatus_t MatmulBackward(const Ctx& ctx, float* dinp, float* dweight,
-                              float* dbias, Operand dout, Operand inp,
-                              const float* weight, int N, int C, int OC,
-                              float* scratch, float dinp_beta) {
-  // A rounded dout comes with its bias sums done (they need the fp32).
-  if (dout.rounded != nullptr && dbias != nullptr)
-    return CUBLAS_STATUS_INVALID_VALUE;
-  if (ctx.operands != CUDA_R_32F) {
-    // dout rounded once for both products (with the bias sums when there
-    // is a bias: one read of dout), unless it comes so.
-    // Every size first, so that a refusal changes nothing.
-    const size_t nc = static_cast<size_t>(N) * C;
-    if ((dout.rounded == nullptr &&
-         (dout.fp32 == nullptr ||
-          static_cast<size_t>(N) * OC > ctx.operand_a_elems)) ||
-        (dinp != nullptr && dout.rounded == ctx.operand_b) ||
-        static_cast<size_t>(OC) * C > ctx.operand_b_elems ||
-        (inp.rounded == nullptr &&
-         (inp.fp32 == nullptr || nc > ctx.operand_b_elems)) ||
-        (inp.rounded != nullptr &&
-         inp.rounded ==
-             (dout.rounded != nullptr ? dout.rounded : ctx.operand_a)) ||
-        (dinp != nullptr && inp.rounded == ctx.operand_b))
-      return CUBLAS_STATUS_INVALID_VALUE;
-    if (dout.rounded == nullptr && dbias != nullptr) {
-      ColumnSums(ctx, nullptr, dbias, dout.fp32, nullptr, nullptr, nullptr, N,
-                 OC, scratch, ctx.operand_a);
-    } else if (dout.rounded == nullptr) {
-      To16Bit(ctx, ctx.operands, ctx.operand_a, dout.fp32,
-              static_cast<size_t>(N) * OC);
-    }
-    const Operand rounded_dout =
-        dout.rounded != nullptr ? dout : Operand::Rounded(ctx.operand_a);
-    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-    if (dinp != nullptr) {
-      st = RowGemm(ctx, false, false, N, C, OC, 1.0f, rounded_dout, OC, weight,
-                   C, dinp_beta, dinp, C);
-    }
-    if (st != CUBLAS_STATUS_SUCCESS) return st;
-    return RowGemm(ctx, true, false, OC, C, N, 1.0f, rounded_dout, OC, inp, C,
-                   1.0f, dweight, C);
-  }
-  if (inp.fp32 == nullptr || dout.fp32 == nullptr)
-    return CUBLAS_STATUS_INVALID_VALUE;
-  if (dinp != nullptr) {
-    const cublasStatus_t st = RowGemm(ctx, false, false, N, C, OC, 1.0f, dout,
-                                      OC, weight, C, dinp_beta, dinp, C);
-    if (st != CUBLAS_STATUS_SUCCESS) return st;
-  }
-  const cublasStatus_t st = RowGemm(ctx, true, false, OC, C, N, 1.0f, dout, OC,
-                                    inp, C, 1.0f, dweight, C);
-  if (st != CUBLAS_STATUS_SUCCESS) return st;
-  if (dbias != nullptr) {
-    ColumnSums(ctx, nullptr, dbias, dout.fp32, nullptr, nullptr, nullptr, N, OC,
-               scratch);
-  }
-  return CUBLAS_STATUS_SUCCESS;
-}
-
 void GeluForward(const Ctx& ctx, float* out, const float* inp, size_t n,
                  void* out16) {
   AsOperandType(ctx, out16, out, [&](auto* o) {
@@ -636,6 +447,12 @@ void GeluBackwardBias(const Ctx& ctx, float* out, void* rounded, float* dbias,
                       float* scratch) {
   ColumnSums(ctx, nullptr, dbias, dout, nullptr, nullptr, nullptr, N, C,
              scratch, rounded, out, inp);
+}
+
+void BiasGradient(const Ctx& ctx, float* dbias, const float* dout, int N, int C,
+                  float* scratch, void* rounded) {
+  ColumnSums(ctx, nullptr, dbias, dout, nullptr, nullptr, nullptr, N, C,
+             scratch, rounded);
 }
 
 void GeluBackward(const Ctx& ctx, float* dinp, const float* inp,
@@ -651,18 +468,6 @@ void ResidualForward(const Ctx& ctx, float* out, const float* inp1,
 
 void Zero(const Ctx& ctx, float* p, size_t n) {
   cudaMemsetAsync(p, 0, n * sizeof(float), ctx.stream);
-}
-
-namespace {
-__global__ void ScaleKernel(float* p, size_t n, float s) {
-  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
-  if (i < n) p[i] *= s;
-}
-}  // namespace
-
-void Scale(const Ctx& ctx, float* p, size_t n, float s) {
-  if (n == 0) return;
-  ScaleKernel<<<Blocks(n), kThreads, 0, ctx.stream>>>(p, n, s);
 }
 
 void To16Bit(const Ctx& ctx, cudaDataType_t type, void* out, const float* in,
@@ -683,39 +488,6 @@ void FusedClassifier(const Ctx& ctx, float* logits, float* losses,
     FusedClassifierKernel<<<N, kClassifierThreads, 0, ctx.stream>>>(
         logits, grad, losses, targets, V, Vp, dloss, backward);
   });
-}
-
-AdamConstants MakeAdamConstants(double lr, double beta1, double beta2,
-                                double eps, double weight_decay, bool adamw,
-                                int64_t step, bool decay) {
-  const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
-  AdamConstants k{};
-  k.b1 = static_cast<float>(beta1);
-  k.one_minus_b1 = static_cast<float>(1.0 - beta1);
-  k.b2 = static_cast<float>(beta2);
-  k.one_minus_b2 = static_cast<float>(1.0 - beta2);
-  k.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
-  k.eps = static_cast<float>(eps);
-  k.neg_step = static_cast<float>(-lr / bc1);
-  k.adamw = adamw;
-  k.decay = decay;
-  k.decay_mul = adamw ? static_cast<float>(1.0 - lr * weight_decay)
-                      : static_cast<float>(weight_decay);
-  return k;
-}
-
-void AdamStep(const Ctx& ctx, float* params, const float* grads, float* m,
-              float* v, size_t n, const AdamConstants& k, float grad_scale) {
-  if (n == 0) return;
-  AdamKernel<<<Blocks(n), kThreads, 0, ctx.stream>>>(params, grads, m, v, n, k,
-                                                     grad_scale);
-}
-
-void SquaredSumPartials(const Ctx& ctx, const float* g, size_t n,
-                        double* partials) {
-  SquaredSumKernel<<<kSquaredSumBlocks, kThreads, 0, ctx.stream>>>(g, n,
-                                                                   partials);
 }
 
 }  // namespace dslaunch::worker::cuda

@@ -202,6 +202,11 @@ void GeluBackward(const Ctx& ctx, float* dinp, const float* inp,
 void GeluBackwardBias(const Ctx& ctx, float* out, void* rounded, float* dbias,
                       const float* inp, const float* dout, int N, int C,
                       float* scratch);
+// dbias += the column sums of dout (N, C), summed in an order fixed by
+// the shape (scratch: LayerNormScratchFloats(C)); with `rounded` in a
+// 16-bit mode, dout also rounded to ctx.operands there in the same pass.
+void BiasGradient(const Ctx& ctx, float* dbias, const float* dout, int N, int C,
+                  float* scratch, void* rounded);
 void ResidualForward(const Ctx& ctx, float* out, const float* inp1,
                      const float* inp2, size_t n);
 void Zero(const Ctx& ctx, float* p, size_t n);
