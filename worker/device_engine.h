@@ -116,7 +116,8 @@ struct DeviceEngineOptions {
   DeviceWindows windows = DeviceWindows::kNone;
   // Under windows: the floats of the owned gradient buffer (and of the
   // owned parameter buffer under kParamsAndGrads); 0 when the optimizer is
-  // offloaded (the host keeps them).
+  // offloaded (the host keeps them; AllocateOwned gives the device copies
+  // for its collectives).
   size_t owned_count = 0;
   DeviceLayerHooks* hooks = nullptr;  // required under windows
   // Without windows: the parameter and gradient buffers hold this many
@@ -225,9 +226,9 @@ class DeviceEngine {
   virtual const std::string& error() const = 0;
 
   // Host <-> device copies of whole buffers. Parameters: num_params floats
-  // (padded_floats when more), owned_count under kParamsAndGrads.
-  // Gradients: the same, owned_count under windows. Moments: moments_count
-  // each.
+  // (padded_floats when more), owned_count (or AllocateOwned's count)
+  // under kParamsAndGrads. Gradients: the same, the owned count under
+  // windows. Moments: moments_count each.
   virtual bool SetParams(const float* host) = 0;
   virtual bool GetParams(float* host) = 0;
   virtual bool SetGrads(const float* host) = 0;

@@ -317,7 +317,13 @@ class CpuStandIn final : public DeviceEngine, ParamSource {
     std::fill(w.begin(), w.end(), 0.0f);
     return true;
   }
+  // The rank whose AllocateOwned runs out of memory (-1: none).
+  inline static std::atomic<int> no_memory_rank{-1};
   bool AllocateOwned(size_t count) override {
+    if (comm_ != nullptr && comm_->rank() == no_memory_rank) {
+      error_ = "out of memory in this stand-in";
+      return false;
+    }
     const bool params = o_.windows == DeviceWindows::kParamsAndGrads;
     if (o_.windows == DeviceWindows::kNone || !grads_.empty() ||
         (params && !params_.empty())) {

@@ -193,28 +193,67 @@ class GpuEngineHostTest : public ::testing::Test {
   }
 };
 
-// At 1, 2 and 3 ranks (3: the partitions padded).
+// At 1, 2 and 3 ranks (3: the partitions padded), over Gloo and, with a
+// GPU per rank, over the GPUs' collectives.
 TEST_F(GpuEngineHostTest, EveryStageAndOffloadEqualTheCpuEngineBitForBit) {
   for (int world : {1, 2, 3}) {
     for (int stage : {0, 1, 2, 3}) {
       const Result cpu = Train(Config(world, stage), false, world);
       ASSERT_EQ(cpu.norms.size(), 4u);
       for (Offload offload : Offloads(stage)) {
-        SCOPED_TRACE("world " + std::to_string(world) + ", stage " +
-                     std::to_string(stage) + Name(offload));
-        const Result gpu = Train(Config(world, stage, offload), true, world);
-        EXPECT_EQ(gpu.norms, cpu.norms);
-        EXPECT_EQ(gpu.params, cpu.params);
-        EXPECT_EQ(gpu.eval, cpu.eval);
-        EXPECT_EQ(gpu.ck_params, cpu.ck_params);
-        EXPECT_EQ(gpu.ck_m, cpu.ck_m);
-        EXPECT_EQ(gpu.ck_v, cpu.ck_v);
-        // Each rank's whole state is the CPU engine's at the stage.
-        EXPECT_EQ(gpu.state_bytes, cpu.state_bytes);
-        // And every copy between host and device used pinned memory.
-        EXPECT_EQ(CpuStandIn::unpinned_copies.exchange(0), 0);
+        for (bool nccl : {false, true}) {
+          if (nccl && world == 1) continue;
+          SCOPED_TRACE("world " + std::to_string(world) + ", stage " +
+                       std::to_string(stage) + Name(offload) +
+                       (nccl ? ", NCCL" : ""));
+          if (nccl) gpus_ = "gpu";
+          CpuStandIn::collectives = 0;
+          const Result gpu = Train(Config(world, stage, offload), true, world);
+          gpus_.reset();
+          EXPECT_EQ(CpuStandIn::collectives > 0, nccl);
+          EXPECT_EQ(gpu.norms, cpu.norms);
+          EXPECT_EQ(gpu.params, cpu.params);
+          EXPECT_EQ(gpu.eval, cpu.eval);
+          EXPECT_EQ(gpu.ck_params, cpu.ck_params);
+          EXPECT_EQ(gpu.ck_m, cpu.ck_m);
+          EXPECT_EQ(gpu.ck_v, cpu.ck_v);
+          // Each rank's whole state is the CPU engine's at the stage.
+          EXPECT_EQ(gpu.state_bytes, cpu.state_bytes);
+          // And every copy between host and device used pinned memory.
+          EXPECT_EQ(CpuStandIn::unpinned_copies.exchange(0), 0);
+        }
       }
     }
+  }
+}
+
+// Offloaded with NCCL, a rank whose GPU cannot take the owned buffers the
+// collectives need stops every rank's start at once, each saying which
+// rank and why, instead of the others waiting on it in a collective.
+TEST_F(GpuEngineHostTest, ARankWithoutRoomForTheOwnedBuffersStopsEveryRank) {
+  for (int stage : {2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    LocalWorld w(2, std::chrono::seconds(30));
+    CpuStandIn::no_memory_rank = 1;
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<Status> st = RunRanks(w, [&](Comm& comm) -> Status {
+      EngineOptions o;
+      o.device = DeviceKind::kCuda;
+      return MakeGpuEngine(Config(2, stage, kOptimizer), &comm, o,
+                           CpuStandIn::WithCollectives(&comm, "gpu"))
+          .status();
+    });
+    CpuStandIn::no_memory_rank = -1;
+    EXPECT_LT(std::chrono::steady_clock::now() - start,
+              std::chrono::seconds(10));
+    ASSERT_FALSE(st[0].ok());
+    ASSERT_FALSE(st[1].ok());
+    EXPECT_NE(st[0].message().find("rank 1 could not allocate the owned "
+                                   "buffers NCCL's collectives need"),
+              std::string::npos)
+        << st[0].ToString();
+    EXPECT_EQ(st[1].message(), "GPU: out of memory in this stand-in")
+        << st[1].ToString();
   }
 }
 

@@ -59,9 +59,7 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
     // Offloaded, with the collectives on the GPUs: the device holds the
     // owned gradients the reduces add into (and under stage 3 the owned
     // parameters the gathers read), the host's AdamW their master copies.
-    if (offload_ && nccl_) {
-      RETURN_IF_ERROR(Ok(dev_->AllocateOwned(zero_->owned_floats())));
-    }
+    if (offload_ && nccl_) RETURN_IF_ERROR(AllocateOwnedTogether());
     return Push();
   }
 
@@ -166,16 +164,16 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
 
   // The device's buffers, and what the host holds when offloaded: the
   // owned gradients and moments, and under stage 3 the owned parameters.
-  // Either way the ZeRO law of the stage (zero_state.h); offloaded with
-  // NCCL, the device's owned buffers for its collectives on top (both
-  // sides hold those).
+  // Either way the ZeRO law of the stage (zero_state.h). Offloaded with
+  // NCCL the device also keeps owned gradients (and under stage 3 owned
+  // parameters) for its collectives: working copies of the host's, left
+  // out as the windows are (the device's peak counts them).
   int64_t state_bytes() const override {
-    int64_t host = 0;
-    if (offload_) {
-      host = 12 * static_cast<int64_t>(zero_->owned_floats());
-      if (stage_ == 3) host += 4 * static_cast<int64_t>(zero_->owned_floats());
-    }
-    return dev_->state_bytes() + host;
+    if (!offload_) return dev_->state_bytes();
+    const auto owned = static_cast<int64_t>(zero_->owned_floats());
+    const int64_t host = (stage_ == 3 ? 16 : 12) * owned;
+    const int64_t copies = nccl_ ? (stage_ == 3 ? 8 : 4) * owned : 0;
+    return dev_->state_bytes() - copies + host;
   }
   std::string Describe() const override {
     const int n = zero_->num_buckets();
@@ -187,6 +185,8 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
     if (offload_) {
       s += stage_ == 3 ? ", parameter shards and optimizer on the CPU"
                        : ", optimizer offloaded to the CPU";
+      // NCCL's gathers read a copy of the shards on the GPU.
+      if (nccl_ && stage_ == 3) s += ", a copy of the shards on the GPU";
     }
     if (!collectives_.empty()) s += ", collectives " + collectives_;
     return s;
@@ -230,6 +230,27 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
     if (!dev_->WaitLayerGrads(layer)) return false;
     hooks_.after_backward(layer);
     return zero_->status().ok();
+  }
+  // Offloaded with NCCL: the owned buffers the collectives need on every
+  // rank's device, or on none. A rank that cannot allocate them (its GPU
+  // full) fails every rank's start at once, naming itself, rather than
+  // leaving the others to wait on it in their first collective.
+  Status AllocateOwnedTogether() {
+    const bool ok = dev_->AllocateOwned(zero_->owned_floats());
+    const std::string why = ok ? "" : dev_->error();
+    const int world = comm_->size();
+    const float mine = ok ? 0.0f : 1.0f;
+    std::vector<float> failed(world);
+    RETURN_IF_ERROR(comm_->AllGather(&mine, failed.data(), 1));
+    for (int r = 0; r < world; ++r) {
+      if (failed[r] == 0.0f) continue;
+      if (r == comm_->rank()) return Internal("GPU: " + why);
+      return Internal("rank " + std::to_string(r) +
+                      " could not allocate the owned buffers NCCL's "
+                      "collectives need under offload (DSL_NCCL=0 keeps "
+                      "Gloo, which needs none)");
+    }
+    return Status::Ok();
   }
   // Stage 2 with NCCL, after the step: every rank's updated pieces
   // gathered on the GPUs, layer by layer (under stage 3 the next pass
