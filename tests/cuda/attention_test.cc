@@ -55,7 +55,8 @@ TEST_P(KernelsAttentionTest, Attention) {
 // 2e-4 for the log-sum-exp and 3.7e-3 for the gradient; the limits are
 // 1e-2, 2e-3 and 1.5e-2, while a wrong mask or a dropped tile is off by
 // 2e-2 to 0.4. The gradient is compared as what was added to dinp.
-// Two runs give the same bits (no atomics).
+// Two runs give the same bits (no atomics), and so do Q, K and V given
+// already rounded.
 TEST_F(KernelsTest, FusedAttention) {
   ctx_.fused_attention = true;
   for (int hs : {16, 32, 64, 128}) {
@@ -116,6 +117,37 @@ TEST_F(KernelsTest, FusedAttention) {
       EXPECT_EQ(out16.Get(), expected.Get()) << type;
     }
     ctx_.operands = CUDA_R_32F;
+    // Q, K and V given rounded to bf16 (as the engine's qkv product writes
+    // them), in the smaller workspace that takes: the same bits as
+    // rounding them into the workspace, forward and backward.
+    Dev<uint16_t> qkv16(qkv.size());
+    cuda::To16Bit(ctx_, CUDA_R_16BF, qkv16.get(), gqkv.get(), qkv.size());
+    const size_t small =
+        cuda::AttentionWorkspaceFloats(ctx_, b, t, c, nh, /*qkv16=*/true);
+    EXPECT_LT(small, cuda::AttentionWorkspaceFloats(ctx_, b, t, c, nh));
+    Dev<float> ws16(small), gout2(out.size()), glse2(lse.size());
+    ASSERT_EQ(
+        cuda::AttentionForward(ctx_, gout2.get(), glse2.get(), nullptr, b, t, c,
+                               nh, ws16.get(), nullptr, qkv16.get()),
+        CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(gout2.Get(), fwd);
+    EXPECT_EQ(glse2.Get(), glse.Get());
+    Dev<float> gdout(dout), gdinp(dinp0);
+    ASSERT_EQ(cuda::AttentionBackward(ctx_, gdinp.get(), gdout.get(), nullptr,
+                                      gout.get(), glse.get(), b, t, c, nh,
+                                      ws16.get(), /*add=*/true, qkv16.get()),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(gdinp.Get(), runs[0]);
+    // Misaligned, refused; and the batched path takes no rounded qkv.
+    EXPECT_NE(
+        cuda::AttentionForward(ctx_, gout2.get(), glse2.get(), nullptr, b, t, c,
+                               nh, ws16.get(), nullptr, qkv16.get() + 1),
+        CUBLAS_STATUS_SUCCESS);
+    ctx_.fused_attention = false;
+    EXPECT_EQ(cuda::AttentionForward(ctx_, gout2.get(), glse2.get(), nullptr, b,
+                                     t, c, nh, ws.get(), nullptr, qkv16.get()),
+              CUBLAS_STATUS_INVALID_VALUE);
+    ctx_.fused_attention = true;
   }
 }
 

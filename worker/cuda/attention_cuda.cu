@@ -131,8 +131,10 @@ bool Fused(const Ctx& ctx, int B, int C, int NH) {
 
 }  // namespace
 
-size_t AttentionWorkspaceFloats(const Ctx& ctx, int B, int T, int C, int NH) {
-  if (Fused(ctx, B, C, NH)) return FlashAttentionWorkspaceFloats(B, T, C, NH);
+size_t AttentionWorkspaceFloats(const Ctx& ctx, int B, int T, int C, int NH,
+                                bool qkv16) {
+  if (Fused(ctx, B, C, NH))
+    return FlashAttentionWorkspaceFloats(B, T, C, NH, qkv16);
   const size_t btc = static_cast<size_t>(B) * T * C;
   const size_t scores = static_cast<size_t>(B) * NH * T * T;
   return 7 * btc + 2 * scores;
@@ -140,13 +142,15 @@ size_t AttentionWorkspaceFloats(const Ctx& ctx, int B, int T, int C, int NH) {
 
 cublasStatus_t AttentionForward(const Ctx& ctx, float* out, float* lse,
                                 const float* inp, int B, int T, int C, int NH,
-                                float* workspace, void* out16) {
+                                float* workspace, void* out16,
+                                const void* qkv16) {
   if (Fused(ctx, B, C, NH)) {
     return FlashAttentionForward(ctx, out, lse, inp, B, T, C, NH, workspace,
-                                 out16) == cudaSuccess
+                                 out16, qkv16) == cudaSuccess
                ? CUBLAS_STATUS_SUCCESS
                : CUBLAS_STATUS_EXECUTION_FAILED;
   }
+  if (qkv16 != nullptr || inp == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   const int hs = C / NH;
   const size_t btc = static_cast<size_t>(B) * T * C;
   float *q = workspace, *k = q + btc, *v = k + btc, *y = v + btc;
@@ -175,13 +179,15 @@ cublasStatus_t AttentionForward(const Ctx& ctx, float* out, float* lse,
 cublasStatus_t AttentionBackward(const Ctx& ctx, float* dinp, const float* dout,
                                  const float* inp, const float* out,
                                  const float* lse, int B, int T, int C, int NH,
-                                 float* workspace, bool add) {
+                                 float* workspace, bool add,
+                                 const void* qkv16) {
   if (Fused(ctx, B, C, NH)) {
     return FlashAttentionBackward(ctx, dinp, dout, inp, out, lse, B, T, C, NH,
-                                  workspace, add) == cudaSuccess
+                                  workspace, add, qkv16) == cudaSuccess
                ? CUBLAS_STATUS_SUCCESS
                : CUBLAS_STATUS_EXECUTION_FAILED;
   }
+  if (qkv16 != nullptr || inp == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   const int hs = C / NH;
   const size_t btc = static_cast<size_t>(B) * T * C;
   float *q = workspace, *k = q + btc, *v = k + btc, *dy = v + btc;

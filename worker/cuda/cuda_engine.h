@@ -136,11 +136,12 @@ class CudaEngine final : public DeviceEngine {
  private:
   // With rounded_acts_ the LayerNorms' outputs are only in ln1_16 and
   // ln2_16 (ln1 and ln2 null) and attention's also in atty16; else those
-  // are null.
+  // are null. With the fused attention qkv is only in qkv16 (bf16, what the
+  // fused kernels read; qkv null), else only in qkv (qkv16 null).
   struct Layer {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *res2, *ln2, *ln2_mean,
         *ln2_rstd, *fch, *res3;
-    void *ln1_16, *ln2_16, *atty16;
+    void *ln1_16, *ln2_16, *atty16, *qkv16;
   };
 
   const char* PrecisionName() const;
@@ -308,7 +309,7 @@ class CudaEngine final : public DeviceEngine {
   // gradients.
   static Kind BiasOf(Kind weight) { return static_cast<Kind>(weight + 1); }
   bool Linear(int l, Kind weight, float* out, Operand inp, int in,
-              int out_width, const char* what);
+              int out_width, const char* what, void* out_bf16 = nullptr);
   bool LinearBackward(int l, Kind weight, float* dinp, Operand dout,
                       Operand inp, int in, int out_width, const char* what,
                       bool bias = true);

@@ -94,6 +94,10 @@ size_t CudaEngine::Carve(float* base, int B, int T) {
   };
   // n floats unless activations are kept rounded (their copy instead).
   auto take32 = [&](size_t n) { return rounded_acts_ ? nullptr : take(n); };
+  // qkv in bf16 only where the fused kernels take this batch's shape (else
+  // the batched path, on fp32).
+  const bool qkv16 =
+      ctx_.fused_attention && FlashAttentionShape(B, static_cast<int>(C), NH);
   encoded_ = take(BT * C);
   layers_.resize(spec_.num_layers);
   for (Layer& y : layers_) {
@@ -101,7 +105,8 @@ size_t CudaEngine::Carve(float* base, int B, int T) {
     y.ln1_16 = take16(BT * C);
     y.ln1_mean = take(BT);
     y.ln1_rstd = take(BT);
-    y.qkv = take(3 * BT * C);
+    y.qkv = qkv16 ? nullptr : take(3 * BT * C);
+    y.qkv16 = qkv16 ? take((3 * BT * C + 1) / 2) : nullptr;
     y.atty = take(BT * C);
     y.atty16 = take16(BT * C);
     y.lse = take(BT * NH);
@@ -128,7 +133,7 @@ size_t CudaEngine::Carve(float* base, int B, int T) {
   dbtc_ = take(BT * C);
   dqkv_ = take(3 * BT * C);
   d4_ = take(4 * BT * C);
-  attn_ws_ = take(AttentionWorkspaceFloats(ctx_, B, T, C, NH));
+  attn_ws_ = take(AttentionWorkspaceFloats(ctx_, B, T, C, NH, qkv16));
   col_scratch_ = take(LayerNormScratchFloats(4 * C));
   return used;
 }
@@ -198,11 +203,14 @@ bool CudaEngine::BlockForward(int l, const float* res_in) {
   Mark(Profile::kLayerNorm);
   LayerNormForward(ctx_, a.ln1, a.ln1_mean, a.ln1_rstd, res_in, P(kLn1w, l),
                    P(kLn1b, l), N, C, a.ln1_16);
-  if (!Linear(l, kQkvw, a.qkv, In(a.ln1, a.ln1_16), C, 3 * C, "qkv"))
+  // With the fused attention qkv is written in bf16 only (scratch4_, free
+  // until GELU, takes the fp32 result where cuBLASLt cannot round it).
+  if (!Linear(l, kQkvw, a.qkv != nullptr ? a.qkv : scratch4_,
+              In(a.ln1, a.ln1_16), C, 3 * C, "qkv", a.qkv16))
     return false;
   Mark(Profile::kAttention);
   if (!Blas(AttentionForward(ctx_, a.atty, a.lse, a.qkv, B_, T_, C,
-                             spec_.num_heads, attn_ws_, a.atty16),
+                             spec_.num_heads, attn_ws_, a.atty16, a.qkv16),
             "attention"))
     return false;
   if (!Linear(l, kAttprojw, scratch_, In(a.atty, a.atty16), C, C, "attproj"))
@@ -223,10 +231,10 @@ bool CudaEngine::BlockForward(int l, const float* res_in) {
 }
 
 bool CudaEngine::Linear(int l, Kind weight, float* out, Operand inp, int in,
-                        int out_width, const char* what) {
+                        int out_width, const char* what, void* out_bf16) {
   Mark(Profile::kMatmul);
   return Blas(MatmulForward(ctx_, out, inp, P(weight, l), P(BiasOf(weight), l),
-                            B_ * T_, in, out_width),
+                            B_ * T_, in, out_width, out_bf16),
               what);
 }
 
@@ -333,7 +341,7 @@ bool CudaEngine::BlockBackward(int l, const float* res_in) {
   Mark(Profile::kAttention);
   if (!Blas(AttentionBackward(ctx_, dqkv_, dbtc_, a.qkv, a.atty, a.lse, B_, T_,
                               C, spec_.num_heads, attn_ws_,
-                              /*add=*/false),
+                              /*add=*/false, a.qkv16),
             "attention backward"))
     return false;
   if (!LinearBackward(l, kQkvw, dbtc_, dqkv_, In(a.ln1, a.ln1_16), C, 3 * C,

@@ -23,7 +23,9 @@
 // bf16 for the products (PyTorch's bf16 SDPA does the same); everything
 // else is fp32. Q, K, V and dout are rounded once per pass into the
 // workspace (each tile of them is read by many blocks: at 2 bytes an
-// element the loads, which bound these kernels, move half the bytes).
+// element the loads, which bound these kernels, move half the bytes), or
+// Q, K and V come so (the engine's qkv product writes them rounded and
+// keeps them for the backward pass).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -489,27 +491,43 @@ bool Aligned(const float* workspace) {
 }
 
 // The workspace: D (B * NH * T floats, padded to 16 bytes), then the
-// staged bf16 inputs, qkv (B, T, 3C) and dout (B, T, C).
+// staged bf16 inputs, dout (B, T, C) and, unless they come rounded, qkv
+// (B, T, 3C) (C is a multiple of 16: each starts 16-byte aligned).
 size_t DdFloats(int B, int T, int NH) {
   return (static_cast<size_t>(B) * NH * T + 3) / 4 * 4;
 }
+bf16* StagedDout(float* workspace, int B, int T, int NH) {
+  return reinterpret_cast<bf16*>(workspace + DdFloats(B, T, NH));
+}
+bf16* StagedQkv(float* workspace, int B, int T, int C, int NH) {
+  return StagedDout(workspace, B, T, NH) + static_cast<size_t>(B) * T * C;
+}
 // Q, K and V rounded to bf16 (what the kernels would round them to on every
-// load, once: the same bits) at the workspace's staging place.
-bf16* Stage(const Ctx& ctx, float* workspace, const float* inp, int B, int T,
-            int C, int NH) {
-  bf16* qkv = reinterpret_cast<bf16*>(workspace + DdFloats(B, T, NH));
+// load, once: the same bits) at the staging place, or as they come rounded
+// (qkv16); null where qkv16 is not 16-byte aligned or there is neither.
+const bf16* Stage(const Ctx& ctx, float* workspace, const float* inp,
+                  const void* qkv16, int B, int T, int C, int NH) {
+  if (qkv16 != nullptr) {
+    return reinterpret_cast<uintptr_t>(qkv16) % 16 == 0
+               ? static_cast<const bf16*>(qkv16)
+               : nullptr;
+  }
+  if (inp == nullptr) return nullptr;
+  bf16* qkv = StagedQkv(workspace, B, T, C, NH);
   To16Bit(ctx, CUDA_R_16BF, qkv, inp, static_cast<size_t>(B) * T * 3 * C);
   return qkv;
 }
 
 template <int HS>
 cudaError_t Forward(const Ctx& ctx, float* out, float* lse, const float* inp,
-                    int B, int T, int NH, void* out16, float* workspace) {
+                    int B, int T, int NH, void* out16, float* workspace,
+                    const void* qkv16) {
   if (!Aligned(workspace)) return cudaErrorInvalidValue;
   constexpr size_t smem = ForwardSmem<HS>();
   cudaError_t e = AllowSmem<FlashForwardKernel<HS>>(smem);
   if (e != cudaSuccess) return e;
-  const bf16* qkv = Stage(ctx, workspace, inp, B, T, NH * HS, NH);
+  const bf16* qkv = Stage(ctx, workspace, inp, qkv16, B, T, NH * HS, NH);
+  if (qkv == nullptr) return cudaErrorInvalidValue;
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
   FlashForwardKernel<HS><<<grid, kThreads, smem, ctx.stream>>>(
       out, lse, qkv, T, NH, 1.0f / sqrtf(static_cast<float>(HS)),
@@ -520,7 +538,8 @@ cudaError_t Forward(const Ctx& ctx, float* out, float* lse, const float* inp,
 template <int HS>
 cudaError_t Backward(const Ctx& ctx, float* dinp, const float* dout,
                      const float* inp, const float* out, const float* lse,
-                     int B, int T, int NH, float* workspace, bool add) {
+                     int B, int T, int NH, float* workspace, bool add,
+                     const void* qkv16) {
   const size_t rows = static_cast<size_t>(B) * NH * T;
   if (rows == 0) return cudaSuccess;
   if (!Aligned(workspace)) return cudaErrorInvalidValue;
@@ -528,8 +547,9 @@ cudaError_t Backward(const Ctx& ctx, float* dinp, const float* dout,
   float* dd = workspace;
   RowDotKernel<<<launch::Blocks(rows * launch::kWarp), launch::kThreads, 0,
                  ctx.stream>>>(dd, dout, out, B, T, NH, HS);
-  bf16* qkv = Stage(ctx, workspace, inp, B, T, C, NH);
-  bf16* dout16 = qkv + static_cast<size_t>(B) * T * 3 * C;
+  const bf16* qkv = Stage(ctx, workspace, inp, qkv16, B, T, C, NH);
+  if (qkv == nullptr) return cudaErrorInvalidValue;
+  bf16* dout16 = StagedDout(workspace, B, T, NH);
   To16Bit(ctx, CUDA_R_16BF, dout16, dout, static_cast<size_t>(B) * T * C);
   constexpr size_t kv_smem = BackwardKvSmem<HS>(), q_smem = BackwardQSmem<HS>();
   cudaError_t e = AllowSmem<FlashBackwardKvKernel<HS>>(kv_smem);
@@ -587,23 +607,26 @@ bool FlashAttentionSupported(int B, int C, int NH) {
   return smem <= static_cast<size_t>(optin);
 }
 
-size_t FlashAttentionWorkspaceFloats(int B, int T, int C, int NH) {
-  // D, then qkv and dout at 2 bytes an element.
-  return DdFloats(B, T, NH) + 2 * static_cast<size_t>(B) * T * C;
+size_t FlashAttentionWorkspaceFloats(int B, int T, int C, int NH, bool qkv16) {
+  // D, then dout and qkv (unless it comes rounded) at 2 bytes an element.
+  const size_t btc = static_cast<size_t>(B) * T * C;
+  return DdFloats(B, T, NH) + (qkv16 ? btc / 2 : 2 * btc);
 }
 
 cudaError_t FlashAttentionForward(const Ctx& ctx, float* out, float* lse,
                                   const float* inp, int B, int T, int C, int NH,
-                                  float* workspace, void* out16) {
+                                  float* workspace, void* out16,
+                                  const void* qkv16) {
   switch (C / NH) {
     case 16:
-      return Forward<16>(ctx, out, lse, inp, B, T, NH, out16, workspace);
+      return Forward<16>(ctx, out, lse, inp, B, T, NH, out16, workspace, qkv16);
     case 32:
-      return Forward<32>(ctx, out, lse, inp, B, T, NH, out16, workspace);
+      return Forward<32>(ctx, out, lse, inp, B, T, NH, out16, workspace, qkv16);
     case 64:
-      return Forward<64>(ctx, out, lse, inp, B, T, NH, out16, workspace);
+      return Forward<64>(ctx, out, lse, inp, B, T, NH, out16, workspace, qkv16);
     case 128:
-      return Forward<128>(ctx, out, lse, inp, B, T, NH, out16, workspace);
+      return Forward<128>(ctx, out, lse, inp, B, T, NH, out16, workspace,
+                          qkv16);
   }
   return cudaErrorInvalidValue;
 }
@@ -612,20 +635,20 @@ cudaError_t FlashAttentionBackward(const Ctx& ctx, float* dinp,
                                    const float* dout, const float* inp,
                                    const float* out, const float* lse, int B,
                                    int T, int C, int NH, float* workspace,
-                                   bool add) {
+                                   bool add, const void* qkv16) {
   switch (C / NH) {
     case 16:
       return Backward<16>(ctx, dinp, dout, inp, out, lse, B, T, NH, workspace,
-                          add);
+                          add, qkv16);
     case 32:
       return Backward<32>(ctx, dinp, dout, inp, out, lse, B, T, NH, workspace,
-                          add);
+                          add, qkv16);
     case 64:
       return Backward<64>(ctx, dinp, dout, inp, out, lse, B, T, NH, workspace,
-                          add);
+                          add, qkv16);
     case 128:
       return Backward<128>(ctx, dinp, dout, inp, out, lse, B, T, NH, workspace,
-                           add);
+                           add, qkv16);
   }
   return cudaErrorInvalidValue;
 }

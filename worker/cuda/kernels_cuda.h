@@ -55,13 +55,15 @@ void LtDestroy(LtState* lt);
 // The shapes cuBLASLt has taken an algorithm for so far (for tests).
 int LtShapesTaken(LtState* lt);
 // Row-major C[M,N] (writes) = op(A) op(B) + bias[column] through ctx.lt, on
-// A and B of `type` computed as `compute`; false, with C to be written by
+// A and B of `type` computed as `compute`, C of `out` (fp32, or rounded
+// from the fp32 result to a 16-bit type); false, with C to be written by
 // another path, where ctx.lt is null or cuBLASLt takes no algorithm for the
 // shape or fails.
 bool LtGemmBias(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N, int K,
                 const void* A, int lda, const void* B, int ldb,
                 cudaDataType_t type, cublasComputeType_t compute,
-                const float* bias, float* C, int ldc);
+                const float* bias, void* C, int ldc,
+                cudaDataType_t out = CUDA_R_32F);
 
 // A product's operand: fp32 (in the 16-bit modes rounded into the
 // context's scratch for A or B first), or, in the 16-bit modes only,
@@ -128,10 +130,15 @@ void LayerNormBackward(const Ctx& ctx, float* dinp, float* dweight,
                        const float* rstd, int N, int C, float* scratch);
 size_t LayerNormScratchFloats(int C);
 
-// out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias (bias may be null).
+// out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias (bias may be null). With
+// out_bf16 the result is wanted rounded to bf16 there (16-byte aligned)
+// instead: written so by cuBLASLt's epilogue where it takes the shape (bf16
+// operands; `out` then not written; its algorithm may sum in another order
+// than the fp32 output's, within the rounding), else computed into `out`
+// and rounded from there.
 cublasStatus_t MatmulForward(const Ctx& ctx, float* out, Operand inp,
                              const float* weight, const float* bias, int N,
-                             int C, int OC);
+                             int C, int OC, void* out_bf16 = nullptr);
 // dinp = dout @ weight + dinp_beta * dinp (1 adds, 0 writes);
 // dweight += dout^T @ inp; dbias += column sums of dout. dinp, dbias may be
 // null. scratch: LayerNormScratchFloats(OC). In the 16-bit modes dout is
@@ -150,18 +157,25 @@ cublasStatus_t MatmulBackward(const Ctx& ctx, float* dinp, float* dweight,
 // products through cuBLAS and a softmax kernel, the (B, NH, T, T) scores
 // only in the workspace. workspace: AttentionWorkspaceFloats(ctx, ...).
 // With out16 in a 16-bit mode, out also rounded to ctx.operands there
-// (4-byte aligned).
+// (4-byte aligned). qkv16: for the fused kernels only, qkv already rounded
+// to bf16 (16-byte aligned), which they then read as it is (inp unused,
+// may be null) instead of rounding inp into the workspace first; the
+// batched path refuses it.
 cublasStatus_t AttentionForward(const Ctx& ctx, float* out, float* lse,
                                 const float* inp, int B, int T, int C, int NH,
-                                float* workspace, void* out16 = nullptr);
+                                float* workspace, void* out16 = nullptr,
+                                const void* qkv16 = nullptr);
 // dinp (B, T, 3C) += the gradient w.r.t. qkv given dout (B, T, C) (with
 // add false, written: dinp's old values are not read); out is what
-// AttentionForward wrote.
+// AttentionForward wrote; qkv16 as there.
 cublasStatus_t AttentionBackward(const Ctx& ctx, float* dinp, const float* dout,
                                  const float* inp, const float* out,
                                  const float* lse, int B, int T, int C, int NH,
-                                 float* workspace, bool add = true);
-size_t AttentionWorkspaceFloats(const Ctx& ctx, int B, int T, int C, int NH);
+                                 float* workspace, bool add = true,
+                                 const void* qkv16 = nullptr);
+// (qkv16: for calls that pass it, which the fused kernels need less for.)
+size_t AttentionWorkspaceFloats(const Ctx& ctx, int B, int T, int C, int NH,
+                                bool qkv16 = false);
 
 // The fused causal attention (flash_attention.cu): the scores never leave
 // the chip, the masked half is skipped, the products run on bf16 operands
@@ -170,19 +184,24 @@ size_t AttentionWorkspaceFloats(const Ctx& ctx, int B, int T, int C, int NH);
 // kernels' shared memory (up to 103 KiB); FlashAttentionShape checks the
 // shape alone (no device query: what each call checks once the device has
 // passed at start). Q, K, V (and dout) are rounded to bf16 once into the
-// workspace, FlashAttentionWorkspaceFloats(B, T, C, NH) floats (16-byte
-// aligned), which the kernels then read at half the bytes.
+// workspace, FlashAttentionWorkspaceFloats(B, T, C, NH, qkv16) floats
+// (16-byte aligned), which the kernels then read at half the bytes; Q, K
+// and V not where they come rounded (qkv16, as AttentionForward's: the
+// workspace then smaller).
 bool FlashAttentionSupported(int B, int C, int NH);
 bool FlashAttentionShape(int B, int C, int NH);
-size_t FlashAttentionWorkspaceFloats(int B, int T, int C, int NH);
+size_t FlashAttentionWorkspaceFloats(int B, int T, int C, int NH,
+                                     bool qkv16 = false);
 cudaError_t FlashAttentionForward(const Ctx& ctx, float* out, float* lse,
                                   const float* inp, int B, int T, int C, int NH,
-                                  float* workspace, void* out16 = nullptr);
+                                  float* workspace, void* out16 = nullptr,
+                                  const void* qkv16 = nullptr);
 cudaError_t FlashAttentionBackward(const Ctx& ctx, float* dinp,
                                    const float* dout, const float* inp,
                                    const float* out, const float* lse, int B,
                                    int T, int C, int NH, float* workspace,
-                                   bool add = true);
+                                   bool add = true,
+                                   const void* qkv16 = nullptr);
 
 // out = gelu(inp) (tanh form); out may alias inp. With out16 in a 16-bit
 // mode, rounded to ctx.operands there instead (out not written, may be

@@ -58,16 +58,23 @@ cublasStatus_t RowGemm(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N,
 
 cublasStatus_t MatmulForward(const Ctx& ctx, float* out, Operand inp,
                              const float* weight, const float* bias, int N,
-                             int C, int OC) {
+                             int C, int OC, void* out_bf16) {
   if (ctx.operands == CUDA_R_32F && inp.fp32 == nullptr)
     return CUBLAS_STATUS_INVALID_VALUE;
   const size_t a = static_cast<size_t>(N) * C, b = static_cast<size_t>(OC) * C;
+  const size_t n_out = static_cast<size_t>(N) * OC;
+  // The fp32 result in `out`, rounded into out_bf16 when asked.
+  const auto done = [&](cublasStatus_t st) {
+    if (st == CUBLAS_STATUS_SUCCESS && out_bf16 != nullptr)
+      To16Bit(ctx, CUDA_R_16BF, out_bf16, out, n_out);
+    return st;
+  };
   if (bias != nullptr && ctx.lt != nullptr) {
     if (ctx.operands == CUDA_R_32F) {
       if (inp.fp32 != nullptr &&
           LtGemmBias(ctx, false, true, N, OC, C, inp.fp32, C, weight, C,
                      CUDA_R_32F, ctx.compute, bias, out, OC))
-        return CUBLAS_STATUS_SUCCESS;
+        return done(CUBLAS_STATUS_SUCCESS);
     } else {
       if ((inp.rounded == nullptr &&
            (inp.fp32 == nullptr || a > ctx.operand_a_elems)) ||
@@ -78,25 +85,31 @@ cublasStatus_t MatmulForward(const Ctx& ctx, float* out, Operand inp,
         inp = Operand::Rounded(ctx.operand_a);
       }
       To16Bit(ctx, ctx.operands, ctx.operand_b, weight, b);
+      // bf16 operands straight to a bf16 result where that is asked.
+      if (out_bf16 != nullptr && ctx.operands == CUDA_R_16BF &&
+          LtGemmBias(ctx, false, true, N, OC, C, inp.rounded, C, ctx.operand_b,
+                     C, ctx.operands, CUBLAS_COMPUTE_32F, bias, out_bf16, OC,
+                     CUDA_R_16BF))
+        return CUBLAS_STATUS_SUCCESS;
       if (LtGemmBias(ctx, false, true, N, OC, C, inp.rounded, C, ctx.operand_b,
                      C, ctx.operands, CUBLAS_COMPUTE_32F, bias, out, OC))
-        return CUBLAS_STATUS_SUCCESS;
+        return done(CUBLAS_STATUS_SUCCESS);
       // A shape cuBLASLt takes no algorithm for: the product below, on the
       // operands as rounded.
-      BiasRowsKernel<<<Blocks(static_cast<size_t>(N) * OC), kThreads, 0,
-                       ctx.stream>>>(out, bias, N, OC);
-      return RowGemm(ctx, false, true, N, OC, C, 1.0f, inp, C,
-                     Operand::Rounded(ctx.operand_b), C, 1.0f, out, OC);
+      BiasRowsKernel<<<Blocks(n_out), kThreads, 0, ctx.stream>>>(out, bias, N,
+                                                                 OC);
+      return done(RowGemm(ctx, false, true, N, OC, C, 1.0f, inp, C,
+                          Operand::Rounded(ctx.operand_b), C, 1.0f, out, OC));
     }
   }
   float beta = 0;
   if (bias != nullptr) {
-    BiasRowsKernel<<<Blocks(static_cast<size_t>(N) * OC), kThreads, 0,
-                     ctx.stream>>>(out, bias, N, OC);
+    BiasRowsKernel<<<Blocks(n_out), kThreads, 0, ctx.stream>>>(out, bias, N,
+                                                               OC);
     beta = 1;
   }
-  return RowGemm(ctx, false, true, N, OC, C, 1.0f, inp, C, weight, C, beta, out,
-                 OC);
+  return done(RowGemm(ctx, false, true, N, OC, C, 1.0f, inp, C, weight, C, beta,
+                      out, OC));
 }
 
 cublasStatus_t MatmulBackward(const Ctx& ctx, float* dinp, float* dweight,
