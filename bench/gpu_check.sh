@@ -28,7 +28,8 @@
 #        +nolt: DSL_CUDA_LT=0)
 #      PROFILE_MODES the modes profiled ("bf16 bf16+batched tf32"; empty: none)
 #      TRIAGE_S: seconds for rerunning failed gpu tests under each fallback (180)
-#      KERNELS=1: each kernel's GPU time in a bf16 step, from Nsight Compute
+#      KERNELS=1: each kernel's GPU time in a bf16 step, from Nsight Compute,
+#        and what bounds each fused attention kernel (ncu_*.txt, about 60 s)
 #      PEAK_TFLOPS dense bf16 peak for MFU (989.5, H100/H200 SXM)
 set -uo pipefail
 
@@ -248,6 +249,20 @@ print("%d launches, %.1f ms a step" % (sum(count.values()), all_ns / 3e6))
 for name, ns in total.most_common(40):
     print("%8.2f ms %5.1f%% %6d  %s" % (ns / 3e6, 100 * ns / all_ns, count[name], name))
 EOF2
+  # What bounds the fused attention: each of its three kernels once (the
+  # last layer's of a 1-step run), with Nsight Compute's throughput,
+  # occupancy and warp-stall sections; the details page in full.
+  for k in FlashForwardKernel FlashBackwardKvKernel FlashBackwardQKernel; do
+    say "## $k ($(elapsed))"
+    (cd "$WORK" && timeout 90 ncu -k "regex:$k" --launch-skip 11 --launch-count 1 \
+       --section SpeedOfLight --section Occupancy --section LaunchStats \
+       --section WarpStateStats --section ComputeWorkloadAnalysis \
+       --section MemoryWorkloadAnalysis "$DSW" train --config "$WORK/gpt2.json" \
+       --device cuda --set train.steps=1 --set bf16.enabled=true) >"$OUT/ncu_$k.txt" 2>&1
+    say "ncu exit $?"
+    grep -E 'Duration|Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|Issue Slots Busy|Bank Conflicts|Shared Memory|Est\. Speedup|stall' \
+      "$OUT/ncu_$k.txt" | head -40 | tee -a "$SUMMARY"
+  done
 fi
 
 # ---------------------------------------------------------------- ZeRO
