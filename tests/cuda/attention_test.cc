@@ -125,7 +125,8 @@ TEST_F(KernelsTest, FusedAttention) {
     const size_t small =
         cuda::AttentionWorkspaceFloats(ctx_, b, t, c, nh, /*qkv16=*/true);
     EXPECT_LT(small, cuda::AttentionWorkspaceFloats(ctx_, b, t, c, nh));
-    Dev<float> ws16(small), gout2(out.size()), glse2(lse.size());
+    // 64 floats more, NaN: a kernel writing past `small` shows there.
+    Dev<float> ws16(small + 64), gout2(out.size()), glse2(lse.size());
     ASSERT_EQ(
         cuda::AttentionForward(ctx_, gout2.get(), glse2.get(), nullptr, b, t, c,
                                nh, ws16.get(), nullptr, qkv16.get()),
@@ -138,6 +139,9 @@ TEST_F(KernelsTest, FusedAttention) {
                                       ws16.get(), /*add=*/true, qkv16.get()),
               CUBLAS_STATUS_SUCCESS);
     EXPECT_EQ(gdinp.Get(), runs[0]);
+    const std::vector<float> tail = ws16.Get();
+    for (size_t i = small; i < tail.size(); ++i)
+      ASSERT_TRUE(std::isnan(tail[i])) << "workspace written past its size";
     // Misaligned, refused; and the batched path takes no rounded qkv.
     EXPECT_NE(
         cuda::AttentionForward(ctx_, gout2.get(), glse2.get(), nullptr, b, t, c,

@@ -203,8 +203,8 @@ bool CudaEngine::BlockForward(int l, const float* res_in) {
   Mark(Profile::kLayerNorm);
   LayerNormForward(ctx_, a.ln1, a.ln1_mean, a.ln1_rstd, res_in, P(kLn1w, l),
                    P(kLn1b, l), N, C, a.ln1_16);
-  // With the fused attention qkv is written in bf16 only (scratch4_, free
-  // until GELU, takes the fp32 result where cuBLASLt cannot round it).
+  // With the fused attention qkv is kept in bf16 only (the fp32 result
+  // goes to scratch4_, free until GELU, and is rounded from there).
   if (!Linear(l, kQkvw, a.qkv != nullptr ? a.qkv : scratch4_,
               In(a.ln1, a.ln1_16), C, 3 * C, "qkv", a.qkv16))
     return false;

@@ -544,11 +544,11 @@ cudaError_t Backward(const Ctx& ctx, float* dinp, const float* dout,
   if (rows == 0) return cudaSuccess;
   if (!Aligned(workspace)) return cudaErrorInvalidValue;
   const int C = NH * HS;
+  const bf16* qkv = Stage(ctx, workspace, inp, qkv16, B, T, C, NH);
+  if (qkv == nullptr) return cudaErrorInvalidValue;  // nothing launched
   float* dd = workspace;
   RowDotKernel<<<launch::Blocks(rows * launch::kWarp), launch::kThreads, 0,
                  ctx.stream>>>(dd, dout, out, B, T, NH, HS);
-  const bf16* qkv = Stage(ctx, workspace, inp, qkv16, B, T, C, NH);
-  if (qkv == nullptr) return cudaErrorInvalidValue;
   bf16* dout16 = StagedDout(workspace, B, T, NH);
   To16Bit(ctx, CUDA_R_16BF, dout16, dout, static_cast<size_t>(B) * T * C);
   constexpr size_t kv_smem = BackwardKvSmem<HS>(), q_smem = BackwardQSmem<HS>();

@@ -55,15 +55,13 @@ void LtDestroy(LtState* lt);
 // The shapes cuBLASLt has taken an algorithm for so far (for tests).
 int LtShapesTaken(LtState* lt);
 // Row-major C[M,N] (writes) = op(A) op(B) + bias[column] through ctx.lt, on
-// A and B of `type` computed as `compute`, C of `out` (fp32, or rounded
-// from the fp32 result to a 16-bit type); false, with C to be written by
+// A and B of `type` computed as `compute`; false, with C to be written by
 // another path, where ctx.lt is null or cuBLASLt takes no algorithm for the
 // shape or fails.
 bool LtGemmBias(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N, int K,
                 const void* A, int lda, const void* B, int ldb,
                 cudaDataType_t type, cublasComputeType_t compute,
-                const float* bias, void* C, int ldc,
-                cudaDataType_t out = CUDA_R_32F);
+                const float* bias, float* C, int ldc);
 
 // A product's operand: fp32 (in the 16-bit modes rounded into the
 // context's scratch for A or B first), or, in the 16-bit modes only,
@@ -131,11 +129,9 @@ void LayerNormBackward(const Ctx& ctx, float* dinp, float* dweight,
 size_t LayerNormScratchFloats(int C);
 
 // out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias (bias may be null). With
-// out_bf16 the result is wanted rounded to bf16 there (16-byte aligned)
-// instead: written so by cuBLASLt's epilogue where it takes the shape (bf16
-// operands; `out` then not written; its algorithm may sum in another order
-// than the fp32 output's, within the rounding), else computed into `out`
-// and rounded from there.
+// out_bf16, also rounded to bf16 there. (cuBLASLt's epilogue cannot write
+// bf16 itself here: its bias must then be bf16 too, which would round the
+// bias before the sum.)
 cublasStatus_t MatmulForward(const Ctx& ctx, float* out, Operand inp,
                              const float* weight, const float* bias, int N,
                              int C, int OC, void* out_bf16 = nullptr);

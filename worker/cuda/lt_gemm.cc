@@ -21,7 +21,7 @@ struct LtState {
   size_t workspace_bytes = 0;
   // The algorithm for each shape and alignment; false: none, or it failed,
   // take the other path.
-  std::map<std::array<long long, 15>, std::pair<bool, cublasLtMatmulAlgo_t>>
+  std::map<std::array<long long, 14>, std::pair<bool, cublasLtMatmulAlgo_t>>
       algos;
   std::mutex mu;
 };
@@ -86,7 +86,7 @@ int LtShapesTaken(LtState* lt) {
 bool LtGemmBias(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N, int K,
                 const void* A, int lda, const void* B, int ldb,
                 cudaDataType_t type, cublasComputeType_t compute,
-                const float* bias, void* C, int ldc, cudaDataType_t out) {
+                const float* bias, float* C, int ldc) {
   LtState* lt = ctx.lt;
   if (lt == nullptr || bias == nullptr) return false;
   // cuBLASLt's A is our B, its B our A. The bias has no alignment
@@ -101,7 +101,7 @@ bool LtGemmBias(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N, int K,
   const cublasOperation_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   LtDescs d;
-  const cudaDataType_t scale = CUDA_R_32F;
+  const cudaDataType_t scale = CUDA_R_32F, out = CUDA_R_32F;
   const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
   const int32_t bias_type = CUDA_R_32F;
   if (!Ok(cublasLtMatmulDescCreate(&d.op, compute, scale)) ||
@@ -124,9 +124,9 @@ bool LtGemmBias(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N, int K,
       !Ok(cublasLtMatrixLayoutCreate(&d.c, out, N, M, ldc))) {
     return false;
   }
-  const std::array<long long, 15> key = {
-      trans_a, trans_b, M,       N,       K,       lda,        ldb, ldc,
-      type,    compute, align_a, align_b, align_c, align_bias, out};
+  const std::array<long long, 14> key = {
+      trans_a, trans_b, M,       N,       K,       lda,     ldb,
+      ldc,     type,    compute, align_a, align_b, align_c, align_bias};
   std::pair<bool, cublasLtMatmulAlgo_t> algo{};
   {
     std::lock_guard<std::mutex> lock(lt->mu);

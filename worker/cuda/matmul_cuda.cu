@@ -85,12 +85,6 @@ cublasStatus_t MatmulForward(const Ctx& ctx, float* out, Operand inp,
         inp = Operand::Rounded(ctx.operand_a);
       }
       To16Bit(ctx, ctx.operands, ctx.operand_b, weight, b);
-      // bf16 operands straight to a bf16 result where that is asked.
-      if (out_bf16 != nullptr && ctx.operands == CUDA_R_16BF &&
-          LtGemmBias(ctx, false, true, N, OC, C, inp.rounded, C, ctx.operand_b,
-                     C, ctx.operands, CUBLAS_COMPUTE_32F, bias, out_bf16, OC,
-                     CUDA_R_16BF))
-        return CUBLAS_STATUS_SUCCESS;
       if (LtGemmBias(ctx, false, true, N, OC, C, inp.rounded, C, ctx.operand_b,
                      C, ctx.operands, CUBLAS_COMPUTE_32F, bias, out, OC))
         return done(CUBLAS_STATUS_SUCCESS);
