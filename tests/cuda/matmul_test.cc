@@ -7,6 +7,7 @@
 // results kept rounded, and dout rounded once for both backward products.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
