@@ -1,6 +1,6 @@
 // The attention kernels against the CPU's (ctest label gpu; every test
 // skips, saying why, where no GPU is visible): the batched path exact in
-// fp32, the fused kernels (flash_attention.cu) within bf16's error for
+// fp32, the fused kernels (flash_attention.cuh) within bf16's error for
 // every head size they take, their 16-bit output copy, and the same bits
 // run to run.
 #include <gtest/gtest.h>
@@ -48,7 +48,7 @@ TEST_P(KernelsAttentionTest, Attention) {
   EXPECT_LT(RelErr(gdinp.Get(), dinp), kFp32);
 }
 
-// The fused attention (flash_attention.cu) against the CPU's, for every
+// The fused attention (flash_attention.cuh) against the CPU's, for every
 // head size it takes and T not a multiple of its 64-row tiles. Its products
 // round Q, K, V, dout and the probabilities to bf16 (2^-9 relative each),
 // which a model of the kernels in numpy puts at 2.8e-3 for the output,

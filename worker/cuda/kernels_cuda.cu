@@ -1,6 +1,6 @@
 // The model's pointwise, normalisation, embedding and classifier kernels
 // (the products: matmul_cuda.cu; the optimizer: optimizer_cuda.cu;
-// attention: attention_cuda.cu, flash_attention.cu); declared in
+// attention: attention_cuda.cu, flash_*.cu); declared in
 // kernels_cuda.h.
 #include <algorithm>
 #include <cmath>

@@ -40,7 +40,7 @@ struct Ctx {
   size_t operand_a_elems = 0, operand_b_elems = 0;
   // RowGemmBatched (attention's products) stays on fp32 operands with this.
   cublasComputeType_t batched_compute = CUBLAS_COMPUTE_32F;
-  // Attention by the fused kernels (flash_attention.cu, bf16 operands)
+  // Attention by the fused kernels (flash_attention.cuh, bf16 operands)
   // where the head size allows; else the batched products.
   bool fused_attention = false;
   // With cuBLASLt (LtCreate), MatmulForward adds the bias in the product's
@@ -173,7 +173,7 @@ cublasStatus_t AttentionBackward(const Ctx& ctx, float* dinp, const float* dout,
 size_t AttentionWorkspaceFloats(const Ctx& ctx, int B, int T, int C, int NH,
                                 bool qkv16 = false);
 
-// The fused causal attention (flash_attention.cu): the scores never leave
+// The fused causal attention (flash_attention.cuh): the scores never leave
 // the chip, the masked half is skipped, the products run on bf16 operands
 // with fp32 sums, and no atomics (the same bits every run). Head sizes 16,
 // 32, 64 and 128, B * NH up to 65535, on a GPU whose blocks may take the
