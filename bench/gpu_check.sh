@@ -250,8 +250,9 @@ for name, ns in total.most_common(40):
     print("%8.2f ms %5.1f%% %6d  %s" % (ns / 3e6, 100 * ns / all_ns, count[name], name))
 EOF2
   # What bounds the fused attention: each of its three kernels once (the
-  # last layer's of a 1-step run), with Nsight Compute's throughput,
-  # occupancy and warp-stall sections; the details page in full.
+  # 12th launch of each in a 1-step run: the forward's last layer, the
+  # backward's first), with Nsight Compute's throughput, occupancy and
+  # warp-stall sections; the details page in full.
   for k in FlashForwardKernel FlashBackwardKvKernel FlashBackwardQKernel; do
     say "## $k ($(elapsed))"
     (cd "$WORK" && timeout 90 ncu -k "regex:$k" --launch-skip 11 --launch-count 1 \

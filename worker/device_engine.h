@@ -311,7 +311,8 @@ class DeviceEngine {
   //  ReduceLayerGrads: the window's gradients summed over ranks; chunk
   //    `rank` of the sum added to the owned gradients at owned_at; the
   //    window zeroed.
-  //  GatherLayerPieces (stage 2, after AdamStep): the whole parameters'
+  //  GatherLayerPieces (stage 2, after AdamStep, or after the host's
+  //    updated pieces came with StartSetParams): the whole parameters'
   //    [at, at + count) (this rank's updated piece, count <= chunk) from
   //    every rank, in rank order, into the layer's range.
   virtual bool GatherLayerParams(int layer, size_t owned_at, size_t chunk,

@@ -8,7 +8,8 @@
 //  - sharded (engine.cc): stages 2 and 3 on the CPU through ZeroState
 //    (gradients, and under stage 3 parameters, in per-rank pieces).
 //  - GPU (worker/gpu/): stages 0-3 on a DeviceEngine (libdsl_cuda.so),
-//    the gradients reduced across ranks through host memory, the optimizer
+//    the gradients reduced across ranks on the GPUs over NCCL where each
+//    rank has one, else through host memory over Gloo, the optimizer
 //    on the device or offloaded to the CPU; the host side of stages 0 and 1
 //    a ReplicatedState (replicated_state.h) as the replicated engine's, of
 //    stages 2 and 3 a ZeroState as the sharded engine's, the device calling

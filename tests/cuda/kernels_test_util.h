@@ -1,5 +1,5 @@
-// What the CUDA kernel tests share (kernels_test.cc, attention_test.cc,
-// nccl_test.cc): random inputs, the relative error, device copies of host
+// What the CUDA kernel tests share (kernels_test.cc, matmul_test.cc,
+// attention_test.cc, nccl_test.cc): random inputs, the relative error, device copies of host
 // vectors, and the fixture with its context and shapes.
 #pragma once
 

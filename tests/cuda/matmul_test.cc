@@ -8,9 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <random>
+#include <cstdio>
 #include <string>
 #include <vector>
 

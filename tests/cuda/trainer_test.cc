@@ -397,6 +397,7 @@ TEST_F(CudaTrainerTest, NcclOnOneRankEqualsTheCpuEngine) {
   for (const char* zero :
        {R"({"stage": 0})", R"({"stage": 1})", R"({"stage": 2})",
         R"({"stage": 3})",
+        R"({"stage": 0, "offload_optimizer": {"device": "cpu"}})",
         R"({"stage": 1, "offload_optimizer": {"device": "cpu"}})",
         R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})",
         R"({"stage": 3, "offload_optimizer": {"device": "cpu"}})",

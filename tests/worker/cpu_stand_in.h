@@ -1,7 +1,8 @@
 // CpuStandIn: a DeviceEngine whose "device" is host memory, so that the GPU
-// engines' host side (worker/gpu/) runs on machines without a GPU
-// and must give the CPU engine's results bit for bit
-// (gpu_engine_host_test.cc). Test-only.
+// engines' host side (worker/gpu/) runs on machines without a GPU and must
+// give the CPU engine's results bit for bit (gpu_engine_host_test.cc), and
+// counts what crosses between host and device (gpu_engine_copies_test.cc).
+// Test-only.
 #pragma once
 
 #include <algorithm>

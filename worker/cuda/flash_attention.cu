@@ -16,23 +16,10 @@ bool FlashAttentionShape(int B, int C, int NH) {
 
 bool FlashAttentionSupported(int B, int C, int NH) {
   if (!FlashAttentionShape(B, C, NH)) return false;
-  size_t smem = 0;
-  switch (C / NH) {
-    case 16:
-      smem = MostSmem<16>();
-      break;
-    case 32:
-      smem = MostSmem<32>();
-      break;
-    case 64:
-      smem = MostSmem<64>();
-      break;
-    case 128:
-      smem = MostSmem<128>();
-      break;
-    default:
-      return false;
-  }
+  const size_t smem = flash::ByHeadSize(C / NH, size_t{0}, [](auto hs) {
+    return MostSmem<decltype(hs)::value>();
+  });
+  if (smem == 0) return false;
   int device = 0, optin = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,

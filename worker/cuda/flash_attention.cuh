@@ -1,3 +1,8 @@
+// What the fused attention's kernels share (tiles, shared memory, the
+// products on mma fragments, the workspace): flash_forward.cu and
+// flash_backward.cu hold the kernels and their launches, flash_attention.cu
+// which shapes and GPUs they take. Internal to worker/cuda/.
+//
 // Fused causal self-attention for the CUDA engine, in the manner of
 // FlashAttention-2 (Dao, 2023): the (T, T) scores never reach global
 // memory. A block takes 64 rows of one (batch, head), 16 to a warp, and
@@ -26,19 +31,14 @@
 // element the loads, which bound these kernels, move half the bytes), or
 // Q, K and V come so (the engine's qkv product writes them rounded and
 // keeps them for the backward pass).
-//
-// This header holds what the kernels share (tiles, shared memory, the
-// products on mma fragments, the workspace); flash_forward.cu and
-// flash_backward.cu the kernels and their launches, flash_attention.cu
-// which shapes and GPUs they take. Internal to worker/cuda/.
 #pragma once
 
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "worker/cuda/kernels_cuda.h"
 #include "worker/cuda/launch.cuh"
@@ -237,6 +237,23 @@ inline const bf16* Stage(const Ctx& ctx, float* workspace, const float* inp,
   bf16* qkv = StagedQkv(workspace, B, T, C, NH);
   To16Bit(ctx, CUDA_R_16BF, qkv, inp, static_cast<size_t>(B) * T * 3 * C);
   return qkv;
+}
+
+// f(std::integral_constant<int, HS>()) for a head size HS the kernels
+// take, else `otherwise`.
+template <typename R, typename F>
+R ByHeadSize(int hs, R otherwise, const F& f) {
+  switch (hs) {
+    case 16:
+      return f(std::integral_constant<int, 16>());
+    case 32:
+      return f(std::integral_constant<int, 32>());
+    case 64:
+      return f(std::integral_constant<int, 64>());
+    case 128:
+      return f(std::integral_constant<int, 128>());
+  }
+  return otherwise;
 }
 
 template <int HS>

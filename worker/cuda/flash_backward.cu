@@ -33,8 +33,9 @@ __global__ void RowDotKernel(float* d, const float* dout, const float* out,
 // in place of the products s (q . k) and dp (dout . v): rows row0 + g (+ 8)
 // and columns col0 + the lane's, which are (query, key) when by_query, else
 // (key, query). lse2 and dd: the log-sum-exp in base 2 and D of the query
-// of (half, column n, pair element e).
-template <bool by_query, typename Lse, typename Dd>
+// of (half, column n, pair element e). kMasked: keys past their query get
+// probability 0 (the diagonal tile's; no other tile holds any).
+template <bool by_query, bool kMasked, typename Lse, typename Dd>
 __device__ inline void ProbsAndGrads(float (*s)[4], float (*dp)[4], int row0,
                                      int col0, float s2, float scale, Lse lse2,
                                      Dd dd, Lane l) {
@@ -45,8 +46,9 @@ __device__ inline void ProbsAndGrads(float (*s)[4], float (*dp)[4], int row0,
       const int half = i / 2, e = i & 1;
       const int row = row0 + l.g + 8 * half, col = col0 + n * 8 + 2 * l.t + e;
       const int query = by_query ? row : col, key = by_query ? col : row;
-      const float p =
-          key <= query ? exp2f(s[n][i] * s2 - lse2(half, n, e)) : 0.0f;
+      const float p = !kMasked || key <= query
+                          ? exp2f(s[n][i] * s2 - lse2(half, n, e))
+                          : 0.0f;
       s[n][i] = p;
       dp[n][i] = p * (dp[n][i] - dd(half, n, e)) * scale;
     }
@@ -118,10 +120,13 @@ __global__ void __launch_bounds__(kThreads)
     RowsTimesRowsT<HS>(s, ks, row0, qs, l);    // (keys, queries) q . k
     RowsTimesRowsT<HS>(dp, vs, row0, dos, l);  // (keys, queries) dout . v
     const auto column = [&](int n, int e) { return n * 8 + 2 * l.t + e; };
-    ProbsAndGrads<false>(
-        s, dp, k0 + row0, q0, s2, scale,
-        [&](int, int n, int e) { return lse2s[column(n, e)]; },
-        [&](int, int n, int e) { return dds[column(n, e)]; }, l);
+    const auto lse2_of = [&](int, int n, int e) { return lse2s[column(n, e)]; };
+    const auto dd_of = [&](int, int n, int e) { return dds[column(n, e)]; };
+    // Masked on every tile: a second, unmasked copy of this (as the other
+    // kernels have) takes it from 166 to 176 registers at head size 64,
+    // 2 blocks an SM instead of 3.
+    ProbsAndGrads<false, true>(s, dp, k0 + row0, q0, s2, scale, lse2_of, dd_of,
+                               l);
     AccumulateTimes<HS>(dv, s, dos);    // dV += P^T dout
     AccumulateTimes<HS>(dk, dp, qs);    // dK += dS^T Q
     if (more && threadIdx.x < kTile) {  // into the other buffer, unread now
@@ -177,10 +182,15 @@ __global__ void __launch_bounds__(kThreads)
     float s[kCols][4], dp[kCols][4];
     RowsTimesRowsT<HS>(s, qs, row0, ks, l);    // (queries, keys)
     RowsTimesRowsT<HS>(dp, dos, row0, vs, l);  // (queries, keys)
-    ProbsAndGrads<true>(
-        s, dp, q0 + row0, k0, s2, scale,
-        [&](int half, int, int) { return lse2[half]; },
-        [&](int half, int, int) { return dd2[half]; }, l);
+    const auto lse2_of = [&](int half, int, int) { return lse2[half]; };
+    const auto dd_of = [&](int half, int, int) { return dd2[half]; };
+    if (ktile == qtile) {  // the diagonal
+      ProbsAndGrads<true, true>(s, dp, q0 + row0, k0, s2, scale, lse2_of, dd_of,
+                                l);
+    } else {
+      ProbsAndGrads<true, false>(s, dp, q0 + row0, k0, s2, scale, lse2_of,
+                                 dd_of, l);
+    }
     AccumulateTimes<HS>(dq, dp, ks);  // dQ += dS K
     __syncthreads();                  // buffer ktile % 2 is free for ktile + 2
   }
@@ -197,17 +207,18 @@ cudaError_t Backward(const Ctx& ctx, float* dinp, const float* dout,
   if (rows == 0) return cudaSuccess;
   if (!Aligned(workspace)) return cudaErrorInvalidValue;
   const int C = NH * HS;
+  // Every refusal before anything is launched.
+  constexpr size_t kv_smem = BackwardKvSmem<HS>(), q_smem = BackwardQSmem<HS>();
+  cudaError_t e = AllowSmem<FlashBackwardKvKernel<HS>>(kv_smem);
+  if (e == cudaSuccess) e = AllowSmem<FlashBackwardQKernel<HS>>(q_smem);
+  if (e != cudaSuccess) return e;
   const bf16* qkv = Stage(ctx, workspace, inp, qkv16, B, T, C, NH);
-  if (qkv == nullptr) return cudaErrorInvalidValue;  // nothing launched
+  if (qkv == nullptr) return cudaErrorInvalidValue;
   float* dd = workspace;
   RowDotKernel<<<launch::Blocks(rows * launch::kWarp), launch::kThreads, 0,
                  ctx.stream>>>(dd, dout, out, B, T, NH, HS);
   bf16* dout16 = StagedDout(workspace, B, T, NH);
   To16Bit(ctx, CUDA_R_16BF, dout16, dout, static_cast<size_t>(B) * T * C);
-  constexpr size_t kv_smem = BackwardKvSmem<HS>(), q_smem = BackwardQSmem<HS>();
-  cudaError_t e = AllowSmem<FlashBackwardKvKernel<HS>>(kv_smem);
-  if (e == cudaSuccess) e = AllowSmem<FlashBackwardQKernel<HS>>(q_smem);
-  if (e != cudaSuccess) return e;
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
   FlashBackwardKvKernel<HS><<<grid, kThreads, kv_smem, ctx.stream>>>(
@@ -225,21 +236,10 @@ cudaError_t FlashAttentionBackward(const Ctx& ctx, float* dinp,
                                    const float* out, const float* lse, int B,
                                    int T, int C, int NH, float* workspace,
                                    bool add, const void* qkv16) {
-  switch (C / NH) {
-    case 16:
-      return flash::Backward<16>(ctx, dinp, dout, inp, out, lse, B, T, NH,
-                                 workspace, add, qkv16);
-    case 32:
-      return flash::Backward<32>(ctx, dinp, dout, inp, out, lse, B, T, NH,
-                                 workspace, add, qkv16);
-    case 64:
-      return flash::Backward<64>(ctx, dinp, dout, inp, out, lse, B, T, NH,
-                                 workspace, add, qkv16);
-    case 128:
-      return flash::Backward<128>(ctx, dinp, dout, inp, out, lse, B, T, NH,
-                                  workspace, add, qkv16);
-  }
-  return cudaErrorInvalidValue;
+  return flash::ByHeadSize(C / NH, cudaErrorInvalidValue, [&](auto hs) {
+    return flash::Backward<decltype(hs)::value>(
+        ctx, dinp, dout, inp, out, lse, B, T, NH, workspace, add, qkv16);
+  });
 }
 
 }  // namespace dslaunch::worker::cuda

@@ -1,5 +1,7 @@
 // The fused attention's forward pass (flash_attention.cuh has the
 // design): a block per 64 queries of one (batch, head).
+#include <cuda_fp16.h>
+
 #include <cmath>
 
 #include "worker/cuda/flash_attention.cuh"
@@ -7,6 +9,52 @@
 namespace dslaunch::worker::cuda {
 namespace flash {
 namespace {
+
+// The online softmax over a warp's 16 x kTile score tile s (keys from k0):
+// rows g (i 0, 1) and g + 8 (i 2, 3), each spread over the 4 lanes of a
+// group. s becomes the tile's probabilities (base 2, unnormalised), and
+// each row's running maximum m, sum and output o are rescaled. kMasked:
+// keys past a row's query count as -infinity (the diagonal tile's).
+template <int HS, bool kMasked>
+__device__ inline void OnlineSoftmax(float (*s)[4], float (*o)[4], float* m,
+                                     float* sum, int k0, const int* query,
+                                     float s2, Lane l) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kCols; ++n)
+#pragma unroll
+      for (int i = 2 * half; i < 2 * half + 2; ++i) {
+        const int key = k0 + n * 8 + 2 * l.t + (i & 1);
+        const float x =
+            !kMasked || key <= query[half] ? s[n][i] * s2 : -INFINITY;
+        s[n][i] = x;
+        mx = fmaxf(mx, x);
+      }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+    const float m_new = fmaxf(m[half], mx);  // finite: key 0 is in tile 0
+    const float alpha = exp2f(m[half] - m_new);
+    float add = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kCols; ++n)
+#pragma unroll
+      for (int i = 2 * half; i < 2 * half + 2; ++i) {
+        s[n][i] = exp2f(s[n][i] - m_new);
+        add += s[n][i];
+      }
+    add += __shfl_xor_sync(0xffffffff, add, 1);
+    add += __shfl_xor_sync(0xffffffff, add, 2);
+    sum[half] = sum[half] * alpha + add;
+    m[half] = m_new;
+#pragma unroll
+    for (int dn = 0; dn < HS / 8; ++dn) {
+      o[dn][2 * half] *= alpha;
+      o[dn][2 * half + 1] *= alpha;
+    }
+  }
+}
 
 // Grid (query tiles, B * NH), the longest rows first. inp: (B, T, 3C).
 // out16: null, or out again rounded to bf16 (fp16 with fp16) there.
@@ -39,41 +87,11 @@ __global__ void __launch_bounds__(kThreads)
     const bf16* vs = vbuf + (kt & 1) * kTileElems<HS>;
     float s[kCols][4];
     RowsTimesRowsT<HS>(s, qs, row0, ks, l);
-// The online softmax: rows g (i 0, 1) and g + 8 (i 2, 3), each spread
-// over the 4 lanes of a group.
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < kCols; ++n)
-#pragma unroll
-        for (int i = 2 * half; i < 2 * half + 2; ++i) {
-          const int key = k0 + n * 8 + 2 * l.t + (i & 1);
-          const float x = key <= query[half] ? s[n][i] * s2 : -INFINITY;
-          s[n][i] = x;
-          mx = fmaxf(mx, x);
-        }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-      const float m_new = fmaxf(m[half], mx);  // finite: key 0 is in tile 0
-      const float alpha = exp2f(m[half] - m_new);
-      float add = 0.0f;
-#pragma unroll
-      for (int n = 0; n < kCols; ++n)
-#pragma unroll
-        for (int i = 2 * half; i < 2 * half + 2; ++i) {
-          s[n][i] = exp2f(s[n][i] - m_new);
-          add += s[n][i];
-        }
-      add += __shfl_xor_sync(0xffffffff, add, 1);
-      add += __shfl_xor_sync(0xffffffff, add, 2);
-      sum[half] = sum[half] * alpha + add;
-      m[half] = m_new;
-#pragma unroll
-      for (int dn = 0; dn < HS / 8; ++dn) {
-        o[dn][2 * half] *= alpha;
-        o[dn][2 * half + 1] *= alpha;
-      }
+    // Only the diagonal tile holds keys past a row's query.
+    if (kt == qt) {
+      OnlineSoftmax<HS, true>(s, o, m, sum, k0, query, s2, l);
+    } else {
+      OnlineSoftmax<HS, false>(s, o, m, sum, k0, query, s2, l);
     }
     AccumulateTimes<HS>(o, s, vs);
     __syncthreads();  // buffer kt % 2 is free for tile kt + 2
@@ -138,21 +156,10 @@ cudaError_t FlashAttentionForward(const Ctx& ctx, float* out, float* lse,
                                   const float* inp, int B, int T, int C, int NH,
                                   float* workspace, void* out16,
                                   const void* qkv16) {
-  switch (C / NH) {
-    case 16:
-      return flash::Forward<16>(ctx, out, lse, inp, B, T, NH, out16, workspace,
-                                qkv16);
-    case 32:
-      return flash::Forward<32>(ctx, out, lse, inp, B, T, NH, out16, workspace,
-                                qkv16);
-    case 64:
-      return flash::Forward<64>(ctx, out, lse, inp, B, T, NH, out16, workspace,
-                                qkv16);
-    case 128:
-      return flash::Forward<128>(ctx, out, lse, inp, B, T, NH, out16, workspace,
-                                 qkv16);
-  }
-  return cudaErrorInvalidValue;
+  return flash::ByHeadSize(C / NH, cudaErrorInvalidValue, [&](auto hs) {
+    return flash::Forward<decltype(hs)::value>(ctx, out, lse, inp, B, T, NH,
+                                               out16, workspace, qkv16);
+  });
 }
 
 }  // namespace dslaunch::worker::cuda

@@ -2,7 +2,6 @@
 // (the products: matmul_cuda.cu; the optimizer: optimizer_cuda.cu;
 // attention: attention_cuda.cu, flash_*.cu); declared in
 // kernels_cuda.h.
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 

@@ -1,6 +1,6 @@
 // CUDA kernels of the GPT-2 forward and backward pass: the same functions,
 // contracts and conventions as worker/kernels_cpu.h (which stays their
-// reference; tests/worker/cuda_kernels_test.cc compares every one), over
+// reference; tests/cuda/ compares every one), over
 // device pointers, on one stream. Row-major activations (B, T, C), weights
 // (OC, C); backward functions ACCUMULATE (+=) into what they produce unless
 // the comment says "writes".

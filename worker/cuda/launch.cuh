@@ -1,6 +1,6 @@
 // What the CUDA engine's kernel files share (kernels_cuda.cu,
-// attention_cuda.cu): launch shapes and warp reductions. Internal to
-// libdsl_cuda.
+// matmul_cuda.cu, optimizer_cuda.cu, attention_cuda.cu, flash_*.cu):
+// launch shapes and warp reductions. Internal to libdsl_cuda.
 #pragma once
 
 #include <cstddef>

@@ -1,8 +1,6 @@
 // The linear layers' matrix products (cuBLAS, and cuBLASLt where the bias
-// goes in the epilogue: lt_gemm.h) on the operands each precision takes;
+// goes in the epilogue: lt_gemm.cc) on the operands each precision takes;
 // declared in kernels_cuda.h.
-#include <cstdint>
-
 #include "worker/cuda/kernels_cuda.h"
 #include "worker/cuda/launch.cuh"
 
@@ -56,54 +54,64 @@ cublasStatus_t RowGemm(const Ctx& ctx, bool trans_a, bool trans_b, int M, int N,
                       CUBLAS_GEMM_DEFAULT);
 }
 
+namespace {
+
+// out = inp @ weight^T + bias by cuBLAS alone: the bias rows written first
+// and the product added to them, or the product alone.
+cublasStatus_t ProductOverBias(const Ctx& ctx, float* out, Operand inp,
+                               Operand weight, const float* bias, int N, int C,
+                               int OC) {
+  if (bias != nullptr) {
+    BiasRowsKernel<<<Blocks(static_cast<size_t>(N) * OC), kThreads, 0,
+                     ctx.stream>>>(out, bias, N, OC);
+  }
+  return RowGemm(ctx, false, true, N, OC, C, 1.0f, inp, C, weight, C,
+                 bias != nullptr ? 1.0f : 0.0f, out, OC);
+}
+
+// The same on 16-bit operands, rounded here unless they come so, with the
+// bias in cuBLASLt's epilogue where it takes the shape.
+cublasStatus_t RoundedProductWithBias(const Ctx& ctx, float* out, Operand inp,
+                                      const float* weight, const float* bias,
+                                      int N, int C, int OC) {
+  const size_t a = static_cast<size_t>(N) * C, b = static_cast<size_t>(OC) * C;
+  if ((inp.rounded == nullptr &&
+       (inp.fp32 == nullptr || a > ctx.operand_a_elems)) ||
+      inp.rounded == ctx.operand_b || b > ctx.operand_b_elems)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (inp.rounded == nullptr) {
+    To16Bit(ctx, ctx.operands, ctx.operand_a, inp.fp32, a);
+    inp = Operand::Rounded(ctx.operand_a);
+  }
+  To16Bit(ctx, ctx.operands, ctx.operand_b, weight, b);
+  if (LtGemmBias(ctx, false, true, N, OC, C, inp.rounded, C, ctx.operand_b, C,
+                 ctx.operands, CUBLAS_COMPUTE_32F, bias, out, OC))
+    return CUBLAS_STATUS_SUCCESS;
+  // A shape cuBLASLt takes no algorithm for, on the operands as rounded.
+  return ProductOverBias(ctx, out, inp, Operand::Rounded(ctx.operand_b), bias,
+                         N, C, OC);
+}
+
+}  // namespace
+
 cublasStatus_t MatmulForward(const Ctx& ctx, float* out, Operand inp,
                              const float* weight, const float* bias, int N,
                              int C, int OC, void* out_bf16) {
-  if (ctx.operands == CUDA_R_32F && inp.fp32 == nullptr)
-    return CUBLAS_STATUS_INVALID_VALUE;
-  const size_t a = static_cast<size_t>(N) * C, b = static_cast<size_t>(OC) * C;
-  const size_t n_out = static_cast<size_t>(N) * OC;
-  // The fp32 result in `out`, rounded into out_bf16 when asked.
-  const auto done = [&](cublasStatus_t st) {
-    if (st == CUBLAS_STATUS_SUCCESS && out_bf16 != nullptr)
-      To16Bit(ctx, CUDA_R_16BF, out_bf16, out, n_out);
-    return st;
-  };
-  if (bias != nullptr && ctx.lt != nullptr) {
-    if (ctx.operands == CUDA_R_32F) {
-      if (inp.fp32 != nullptr &&
-          LtGemmBias(ctx, false, true, N, OC, C, inp.fp32, C, weight, C,
-                     CUDA_R_32F, ctx.compute, bias, out, OC))
-        return done(CUBLAS_STATUS_SUCCESS);
-    } else {
-      if ((inp.rounded == nullptr &&
-           (inp.fp32 == nullptr || a > ctx.operand_a_elems)) ||
-          inp.rounded == ctx.operand_b || b > ctx.operand_b_elems)
-        return CUBLAS_STATUS_INVALID_VALUE;
-      if (inp.rounded == nullptr) {
-        To16Bit(ctx, ctx.operands, ctx.operand_a, inp.fp32, a);
-        inp = Operand::Rounded(ctx.operand_a);
-      }
-      To16Bit(ctx, ctx.operands, ctx.operand_b, weight, b);
-      if (LtGemmBias(ctx, false, true, N, OC, C, inp.rounded, C, ctx.operand_b,
-                     C, ctx.operands, CUBLAS_COMPUTE_32F, bias, out, OC))
-        return done(CUBLAS_STATUS_SUCCESS);
-      // A shape cuBLASLt takes no algorithm for: the product below, on the
-      // operands as rounded.
-      BiasRowsKernel<<<Blocks(n_out), kThreads, 0, ctx.stream>>>(out, bias, N,
-                                                                 OC);
-      return done(RowGemm(ctx, false, true, N, OC, C, 1.0f, inp, C,
-                          Operand::Rounded(ctx.operand_b), C, 1.0f, out, OC));
-    }
+  const bool fp32 = ctx.operands == CUDA_R_32F;
+  if (fp32 && inp.fp32 == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  const bool lt = bias != nullptr && ctx.lt != nullptr;
+  cublasStatus_t st;
+  if (lt && !fp32) {
+    st = RoundedProductWithBias(ctx, out, inp, weight, bias, N, C, OC);
+  } else if (lt && LtGemmBias(ctx, false, true, N, OC, C, inp.fp32, C, weight,
+                              C, CUDA_R_32F, ctx.compute, bias, out, OC)) {
+    st = CUBLAS_STATUS_SUCCESS;
+  } else {
+    st = ProductOverBias(ctx, out, inp, weight, bias, N, C, OC);
   }
-  float beta = 0;
-  if (bias != nullptr) {
-    BiasRowsKernel<<<Blocks(n_out), kThreads, 0, ctx.stream>>>(out, bias, N,
-                                                               OC);
-    beta = 1;
-  }
-  return done(RowGemm(ctx, false, true, N, OC, C, 1.0f, inp, C, weight, C, beta,
-                      out, OC));
+  if (st == CUBLAS_STATUS_SUCCESS && out_bf16 != nullptr)
+    To16Bit(ctx, CUDA_R_16BF, out_bf16, out, static_cast<size_t>(N) * OC);
+  return st;
 }
 
 cublasStatus_t MatmulBackward(const Ctx& ctx, float* dinp, float* dweight,

@@ -1,5 +1,5 @@
 // The tensor cores' building blocks for the fused attention
-// (flash_attention.cu), as the PTX ISA fixes them: mma.sync m16n8k16 on
+// (flash_attention.cuh), as the PTX ISA fixes them: mma.sync m16n8k16 on
 // bf16 operands with fp32 sums and its register layouts, the operands'
 // loads from shared memory (ldmatrix .trans for a tile read transposed),
 // and cp.async copies from global to shared memory. sm_80 and later.

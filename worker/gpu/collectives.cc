@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-namespace dslaunch::worker {
+namespace dslaunch::worker::gpu {
 namespace {
 
 // Whether every rank says yes.
@@ -94,4 +94,4 @@ StatusOr<Collectives> ChooseCollectives(Comm& comm, DeviceEngine& dev) {
   return Collectives{true, "NCCL"};
 }
 
-}  // namespace dslaunch::worker
+}  // namespace dslaunch::worker::gpu

@@ -4,7 +4,8 @@
 // keeps Gloo; DSL_NCCL=1 takes NCCL even for one rank (its collectives are
 // then copies), which is how a machine with one GPU tests that path. The
 // ranks take every decision together, by votes over the Gloo Comm, so they
-// never part ways.
+// never part ways. Called once by a GPU engine at its start, on the
+// training thread.
 #pragma once
 
 #include <string>
@@ -13,7 +14,7 @@
 #include "worker/comm.h"
 #include "worker/device_engine.h"
 
-namespace dslaunch::worker {
+namespace dslaunch::worker::gpu {
 
 struct Collectives {
   bool nccl = false;     // the device's collectives are joined
@@ -28,4 +29,4 @@ StatusOr<Collectives> ChooseCollectives(Comm& comm, DeviceEngine& dev);
 // DSL_NCCL=1.
 bool NcclForced();
 
-}  // namespace dslaunch::worker
+}  // namespace dslaunch::worker::gpu

@@ -6,24 +6,24 @@
 // every rank has a GPU of its own and NCCL loads everywhere: then the
 // device's collectives (collectives.h) replace the host's below, and the
 // host's copy serves checkpoints.
-//  - stages 0 and 1 (GpuReplicatedEngine, replicated_engine.cc): the device
-//  holds whole
-//    parameters and gradients; a ReplicatedState (replicated_state.h)
-//    all-reduces or reduce-scatters the gradients on the host, and each
-//    rank updates its shard, on the device (only that shard's moments are
-//    there) or on the host, the parameters then all-gathered.
+//  - stages 0 and 1 (GpuReplicatedEngine, replicated_engine.cc): the
+//    device holds whole parameters and gradients; a ReplicatedState
+//    (replicated_state.h) all-reduces or reduce-scatters the gradients on
+//    the host, and each rank updates its shard, on the device (only that
+//    shard's moments are there) or on the host, the parameters then
+//    all-gathered.
 //  - stages 2 and 3 (GpuShardedEngine, sharded_engine.cc): a ZeroState
-//  (zero_state.h) as the
-//    CPU engine's, the device in layer-major order with each layer's
-//    gradients only in a window for the pass (DeviceWindows), taken to the
-//    host after the layer's backward and reduce-scattered there in the
-//    buckets the CPU engine uses; under stage 3 each layer's parameters
-//    come into a window from the host just before the layer runs. The
-//    device keeps the owned pieces (gradients, moments, and under stage 3
-//    parameters) for its AdamW; offloaded, nothing of them over Gloo, and
-//    with NCCL the owned gradients (and stage 3's owned parameters) its
-//    collectives reduce into (and gather from), copied to and from the
-//    host's AdamW as DeepSpeed's ZeRO-Offload does.
+//    (zero_state.h) as the CPU engine's, the device in layer-major order
+//    with each layer's gradients only in a window for the pass
+//    (DeviceWindows), taken to the host after the layer's backward and
+//    reduce-scattered there in the buckets the CPU engine uses; under
+//    stage 3 each layer's parameters come into a window from the host just
+//    before the layer runs. The device keeps the owned pieces (gradients,
+//    moments, and under stage 3 parameters) for its AdamW. Offloaded, the
+//    host keeps them: over Gloo the device holds none; with NCCL it holds
+//    the owned gradients its reduces add into (and under stage 3 the owned
+//    parameters its gathers read), copied down to the host's AdamW and up
+//    from it, as DeepSpeed's ZeRO-Offload moves them.
 #include "worker/gpu/gpu_engine.h"
 
 #include <cstdlib>
@@ -32,7 +32,7 @@
 #include "worker/device_loader.h"
 #include "worker/gpu/collectives.h"
 
-namespace dslaunch::worker {
+namespace dslaunch::worker::gpu {
 
 StatusOr<std::unique_ptr<Model>> GpuEngine::ReadOrCreate(
     const TrainConfig& config, const EngineOptions& options, ParamOrder order) {
@@ -108,13 +108,17 @@ Status GpuEngine::SetUpCollectives() {
   return Status::Ok();
 }
 
+}  // namespace dslaunch::worker::gpu
+
+namespace dslaunch::worker {
+
 StatusOr<std::unique_ptr<Engine>> MakeGpuEngine(const TrainConfig& config,
                                                 Comm* comm,
                                                 const EngineOptions& options,
                                                 const DeviceOpener& open) {
   if (config.zero.stage >= 2)
-    return MakeGpuShardedEngine(config, comm, options, open);
-  return MakeGpuReplicatedEngine(config, comm, options, open);
+    return gpu::MakeShardedEngine(config, comm, options, open);
+  return gpu::MakeReplicatedEngine(config, comm, options, open);
 }
 
 }  // namespace dslaunch::worker

@@ -4,18 +4,20 @@
 // an engine through MakeGpuEngine (worker/engine.h), on its thread.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "worker/device_engine.h"
 #include "worker/engine.h"
 #include "worker/model.h"
 
-namespace dslaunch::worker {
+namespace dslaunch::worker::gpu {
 
 // What both GPU engines do alike: the device, its options and its passes.
 class GpuEngine : public Engine {
@@ -63,6 +65,18 @@ class GpuEngine : public Engine {
   void Pin(const std::vector<std::span<float>>& buffers);
   // What Describe adds about the device and host memory.
   std::string DescribeDevice() const;
+  // What Describe adds about the collectives: "" on one rank.
+  std::string DescribeCollectives() const {
+    return collectives_.empty() ? "" : ", collectives " + collectives_;
+  }
+  // The global gradient norm from this rank's sum of squares of what it
+  // updates: the partials summed over ranks in fp32, as the CPU engines
+  // sum theirs (collective).
+  StatusOr<float> GlobalNorm(double squares) {
+    float partial = static_cast<float>(squares);
+    RETURN_IF_ERROR(comm_->AllReduceSum(&partial, 1));
+    return std::sqrt(partial);
+  }
   // A step of the host's (an optimizer step, a gather) over its parameter
   // buffer `params`, each range it finishes started on its way to the
   // device's while the host goes on with the next; every copy waited for
@@ -94,13 +108,24 @@ class GpuEngine : public Engine {
   std::unique_ptr<DeviceEngine> dev_;
 };
 
+// An engine E (a GpuEngine with Init), made and initialized.
+template <typename E>
+StatusOr<std::unique_ptr<Engine>> MakeInitialized(const TrainConfig& config,
+                                                  Comm* comm,
+                                                  const EngineOptions& options,
+                                                  const DeviceOpener& open) {
+  auto e = std::make_unique<E>(comm);
+  RETURN_IF_ERROR(e->Init(config, options, open));
+  return std::unique_ptr<Engine>(std::move(e));
+}
+
 // The engine of each kind, initialized: stages 0 and 1
 // (replicated_engine.cc), stages 2 and 3 (sharded_engine.cc).
-StatusOr<std::unique_ptr<Engine>> MakeGpuReplicatedEngine(
+StatusOr<std::unique_ptr<Engine>> MakeReplicatedEngine(
     const TrainConfig& config, Comm* comm, const EngineOptions& options,
     const DeviceOpener& open);
-StatusOr<std::unique_ptr<Engine>> MakeGpuShardedEngine(
+StatusOr<std::unique_ptr<Engine>> MakeShardedEngine(
     const TrainConfig& config, Comm* comm, const EngineOptions& options,
     const DeviceOpener& open);
 
-}  // namespace dslaunch::worker
+}  // namespace dslaunch::worker::gpu

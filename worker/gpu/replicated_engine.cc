@@ -10,7 +10,7 @@
 #include "worker/gpu/gpu_engine.h"
 #include "worker/replicated_state.h"
 
-namespace dslaunch::worker {
+namespace dslaunch::worker::gpu {
 namespace {
 
 class GpuReplicatedEngine final : public GpuEngine {
@@ -140,7 +140,7 @@ class GpuReplicatedEngine final : public GpuEngine {
   std::string Describe() const override {
     return DescribeDevice() +
            (offload_ ? ", optimizer offloaded to the CPU" : "") +
-           (collectives_.empty() ? "" : ", collectives " + collectives_);
+           DescribeCollectives();
   }
 
  private:
@@ -159,9 +159,7 @@ class GpuReplicatedEngine final : public GpuEngine {
         dev_->ReduceScatterGrads(state_->shard_size(), comm_->rank(), scale)));
     RETURN_IF_ERROR(Ok(dev_->GradSquaredSum(state_->shard_begin(),
                                             state_->shard_real(), &squares)));
-    float partial = static_cast<float>(squares);
-    RETURN_IF_ERROR(comm_->AllReduceSum(&partial, 1));
-    return static_cast<float>(std::sqrt(static_cast<double>(partial)));
+    return GlobalNorm(squares);
   }
 
   // Gradients pass through host memory: to be reduced over Gloo, or for the
@@ -190,12 +188,10 @@ class GpuReplicatedEngine final : public GpuEngine {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Engine>> MakeGpuReplicatedEngine(
+StatusOr<std::unique_ptr<Engine>> MakeReplicatedEngine(
     const TrainConfig& config, Comm* comm, const EngineOptions& options,
     const DeviceOpener& open) {
-  auto e = std::make_unique<GpuReplicatedEngine>(comm);
-  RETURN_IF_ERROR(e->Init(config, options, open));
-  return std::unique_ptr<Engine>(std::move(e));
+  return MakeInitialized<GpuReplicatedEngine>(config, comm, options, open);
 }
 
-}  // namespace dslaunch::worker
+}  // namespace dslaunch::worker::gpu

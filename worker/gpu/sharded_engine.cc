@@ -9,7 +9,7 @@
 #include "worker/gpu/gpu_engine.h"
 #include "worker/zero_state.h"
 
-namespace dslaunch::worker {
+namespace dslaunch::worker::gpu {
 namespace {
 
 class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
@@ -37,6 +37,20 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
     model.reset();  // the host's copy is the ZeroState's
     // The device's copies fill each layer's gradient window in whole.
     hooks_ = zero_->Hooks(ZeroState::GradWindows::kCopied);
+    ASSIGN_OR_RETURN(dev_, open(WindowedOptions(config, options)));
+    Pin(zero_->buffers());
+    RETURN_IF_ERROR(SetUpCollectives());
+    // Offloaded, with the collectives on the GPUs: the device holds the
+    // owned gradients the reduces add into (and under stage 3 the owned
+    // parameters the gathers read), the host's AdamW their master copies.
+    if (offload_ && nccl_) RETURN_IF_ERROR(AllocateOwnedTogether());
+    return Push();
+  }
+
+  // The device in layer-major order with layer windows and this engine's
+  // hooks; the owned pieces and AdamW's runs over them unless offloaded.
+  DeviceEngineOptions WindowedOptions(const TrainConfig& config,
+                                      const EngineOptions& options) {
     DeviceEngineOptions o = BaseOptions(config, options);
     o.windows =
         stage_ == 3 ? DeviceWindows::kParamsAndGrads : DeviceWindows::kGrads;
@@ -53,14 +67,7 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
       o.window_floats[1] =
           std::max(o.window_floats[1], zero_->owned_piece(l).shard * world);
     }
-    ASSIGN_OR_RETURN(dev_, open(o));
-    Pin(zero_->buffers());
-    RETURN_IF_ERROR(SetUpCollectives());
-    // Offloaded, with the collectives on the GPUs: the device holds the
-    // owned gradients the reduces add into (and under stage 3 the owned
-    // parameters the gathers read), the host's AdamW their master copies.
-    if (offload_ && nccl_) RETURN_IF_ERROR(AllocateOwnedTogether());
-    return Push();
+    return o;
   }
 
   Status ZeroGrad() override {
@@ -96,14 +103,13 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
       double squares = 0;
       RETURN_IF_ERROR(
           Ok(dev_->GradSquaredSum(0, zero_->owned_floats(), &squares)));
-      float partial = static_cast<float>(squares);
-      RETURN_IF_ERROR(comm_->AllReduceSum(&partial, 1));
+      ASSIGN_OR_RETURN(float norm, GlobalNorm(squares));
       // Offloaded, the host's AdamW takes the owned pieces, reduced.
       if (offload_) {
         RETURN_IF_ERROR(
             Ok(dev_->GetGrads(zero_->Buffer(ZeroState::Which::kGrads).data())));
       }
-      return std::sqrt(partial);
+      return norm;
     }
     ASSIGN_OR_RETURN(float norm, zero_->FinishGradients());
     if (!offload_) {
@@ -188,8 +194,7 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
       // NCCL's gathers read a copy of the shards on the GPU.
       if (nccl_ && stage_ == 3) s += ", a copy of the shards on the GPU";
     }
-    if (!collectives_.empty()) s += ", collectives " + collectives_;
-    return s;
+    return s + DescribeCollectives();
   }
 
   // DeviceLayerHooks: the ZeroState's hooks, with the layer's windows
@@ -314,12 +319,10 @@ class GpuShardedEngine final : public GpuEngine, DeviceLayerHooks {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Engine>> MakeGpuShardedEngine(
+StatusOr<std::unique_ptr<Engine>> MakeShardedEngine(
     const TrainConfig& config, Comm* comm, const EngineOptions& options,
     const DeviceOpener& open) {
-  auto e = std::make_unique<GpuShardedEngine>(comm);
-  RETURN_IF_ERROR(e->Init(config, options, open));
-  return std::unique_ptr<Engine>(std::move(e));
+  return MakeInitialized<GpuShardedEngine>(config, comm, options, open);
 }
 
-}  // namespace dslaunch::worker
+}  // namespace dslaunch::worker::gpu
