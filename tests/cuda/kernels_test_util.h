@@ -1,6 +1,6 @@
 // What the CUDA kernel tests share (kernels_test.cc, matmul_test.cc,
-// attention_test.cc, nccl_test.cc): random inputs, the relative error, device copies of host
-// vectors, and the fixture with its context and shapes.
+// attention_test.cc, nccl_test.cc): random inputs, the relative error, device
+// copies of host vectors, and the fixture with its context and shapes.
 #pragma once
 
 #include <cublas_v2.h>
