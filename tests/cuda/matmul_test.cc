@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -49,18 +50,35 @@ TEST_F(KernelsTest, Matmul) {
   EXPECT_LT(RelErr(gdb.Get(), db), kFp32);
 }
 
+// An N x C2 by OC product's inputs with a bias (wider), and cuBLASLt made
+// for ctx (the fixture's TearDown destroys it; null where it could not be
+// made).
+struct BiasedProduct {
+  static constexpr int N = 256, C2 = 192, OC = 576;
+  std::vector<float> x, w, bias;
+  cuda::LtState* lt;
+};
+BiasedProduct MakeBiasedProduct(cuda::Ctx* ctx, std::mt19937& rng) {
+  constexpr int N = BiasedProduct::N, C2 = BiasedProduct::C2,
+                OC = BiasedProduct::OC;
+  BiasedProduct p{Random(N * C2, rng), Random(OC * C2, rng),
+                  Random(OC, rng, -4, 4), cuda::LtCreate()};
+  ctx->lt = p.lt;
+  return p;
+}
+
 // With cuBLASLt the bias goes in through the product's epilogue: the same
 // results as writing the bias rows first, in fp32 (exact) and on bf16
 // operands, with cuBLASLt really computing them. A bias below 16-byte
 // alignment (which no preference of cuBLASLt's covers) takes the other
 // path, and output rows at a 4-byte offset get an algorithm for it.
 TEST_F(KernelsTest, MatmulBiasInTheEpilogue) {
-  cuda::LtState* lt = cuda::LtCreate();
-  ASSERT_NE(lt, nullptr);
-  ctx_.lt = lt;  // TearDown's to destroy
-  const int N = 256, C2 = 192, OC = 576;
-  auto x = Random(N * C2, rng_), w = Random(OC * C2, rng_),
-       bias = Random(OC, rng_, -4, 4);
+  constexpr int N = BiasedProduct::N, C2 = BiasedProduct::C2,
+                OC = BiasedProduct::OC;
+  const BiasedProduct p = MakeBiasedProduct(&ctx_, rng_);
+  ASSERT_NE(p.lt, nullptr);
+  cuda::LtState* lt = p.lt;
+  const std::vector<float>&x = p.x, &w = p.w, &bias = p.bias;
   std::vector<float> out(N * OC);
   MatmulForwardReference(out.data(), x.data(), w.data(), bias.data(), N, C2,
                          OC);
@@ -104,13 +122,12 @@ TEST_F(KernelsTest, MatmulBiasInTheEpilogue) {
 // which it also writes, with cuBLASLt's epilogue and without, on bf16 and
 // on fp16 operands (the result is bf16 either way).
 TEST_F(KernelsTest, MatmulWritesItsResultInBf16) {
-  cuda::LtState* lt = cuda::LtCreate();
-  ASSERT_NE(lt, nullptr);
-  ctx_.lt = lt;  // TearDown's to destroy
-  const int N = 256, C2 = 192, OC = 576;
-  auto x = Random(N * C2, rng_), w = Random(OC * C2, rng_),
-       bias = Random(OC, rng_, -4, 4);
-  Dev<float> gx(x), gw(w), gbias(bias);
+  constexpr int N = BiasedProduct::N, C2 = BiasedProduct::C2,
+                OC = BiasedProduct::OC;
+  const BiasedProduct p = MakeBiasedProduct(&ctx_, rng_);
+  ASSERT_NE(p.lt, nullptr);
+  cuda::LtState* lt = p.lt;
+  Dev<float> gx(p.x), gw(p.w), gbias(p.bias);
   Dev<uint16_t> a(N * C2), b(OC * C2);
   for (cudaDataType_t type : {CUDA_R_16BF, CUDA_R_16F}) {
     for (bool with_lt : {false, true}) {
