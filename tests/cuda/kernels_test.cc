@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/cuda/kernels_test_util.h"
@@ -126,27 +127,39 @@ TEST_F(KernelsTest, PointwiseAndResidual) {
 
 TEST_F(KernelsTest, Classifier) {
   const int N = B * T;
-  auto logits = Random(static_cast<size_t>(N) * Vp, rng_, -6, 6);
-  std::vector<int> targets(N);
-  for (int& t : targets) t = rng_() % V;
-  Dev<float> glogits(logits), glosses(N);
-  Dev<int> gtargets(targets);
-  std::vector<float> probs(logits.size()), losses(N);
-  CrossEntropySoftmaxForward(probs.data(), losses.data(), logits.data(),
-                             targets.data(), N, V, Vp);
-  const float dloss = 1.0f / N;
-  CrossEntropySoftmaxBackward(probs.data(), probs.data(), targets.data(), dloss,
-                              N, V, Vp);
-  cuda::FusedClassifier(ctx_, glogits.get(), glosses.get(), gtargets.get(), N,
-                        V, Vp, dloss, true);
-  EXPECT_LT(RelErr(glosses.Get(), losses), kFp32);
-  EXPECT_LT(RelErr(glogits.Get(), probs), kFp32);
-  // Forward only: the losses, the logits untouched.
-  Dev<float> g2(logits), l2(N);
-  cuda::FusedClassifier(ctx_, g2.get(), l2.get(), gtargets.get(), N, V, Vp, 0,
-                        false);
-  EXPECT_LT(RelErr(l2.Get(), losses), kFp32);
-  EXPECT_EQ(g2.Get(), logits);
+  // The fixture's (four columns at a time), V not a multiple of 4 (a tail
+  // one at a time, as GPT-2's 50257 of 50304), and rows not aligned to four
+  // (every column one at a time).
+  for (const auto& [v, vp] : {std::pair{V, Vp}, {301, 320}, {301, 303}}) {
+    SCOPED_TRACE("V " + std::to_string(v) + " of " + std::to_string(vp));
+    auto logits = Random(static_cast<size_t>(N) * vp, rng_, -6, 6);
+    std::vector<int> targets(N);
+    for (int& t : targets) t = rng_() % v;
+    targets[0] = v - 1;  // the last real column
+    Dev<float> glogits(logits), glosses(N);
+    Dev<int> gtargets(targets);
+    std::vector<float> probs(logits.size()), losses(N);
+    CrossEntropySoftmaxForward(probs.data(), losses.data(), logits.data(),
+                               targets.data(), N, v, vp);
+    const float dloss = 1.0f / N;
+    CrossEntropySoftmaxBackward(probs.data(), probs.data(), targets.data(),
+                                dloss, N, v, vp);
+    cuda::FusedClassifier(ctx_, glogits.get(), glosses.get(), gtargets.get(), N,
+                          v, vp, dloss, true);
+    EXPECT_LT(RelErr(glosses.Get(), losses), kFp32);
+    const std::vector<float> grad = glogits.Get();
+    EXPECT_LT(RelErr(grad, probs), kFp32);
+    for (int r = 0; r < N; ++r) {  // the padding's gradient is 0
+      for (int j = v; j < vp; ++j)
+        ASSERT_EQ(grad[static_cast<size_t>(r) * vp + j], 0.0f) << r << " " << j;
+    }
+    // Forward only: the losses, the logits untouched.
+    Dev<float> g2(logits), l2(N);
+    cuda::FusedClassifier(ctx_, g2.get(), l2.get(), gtargets.get(), N, v, vp, 0,
+                          false);
+    EXPECT_LT(RelErr(l2.Get(), losses), kFp32);
+    EXPECT_EQ(g2.Get(), logits);
+  }
 }
 
 // In the 16-bit modes the classifier can write the logits' gradient

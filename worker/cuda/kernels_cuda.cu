@@ -86,6 +86,20 @@ template <typename T>
 __device__ inline void Put(T* p, float x) {
   *p = Round<T>(x);
 }
+// Four at once (p aligned to four elements).
+__device__ inline void Put4(float* p, float4 v) {
+  *reinterpret_cast<float4*>(p) = v;
+}
+__device__ inline void Put4(__nv_bfloat16* p, float4 v) {
+  auto* q = reinterpret_cast<__nv_bfloat162*>(p);
+  q[0] = Round2<__nv_bfloat162>(v.x, v.y);
+  q[1] = Round2<__nv_bfloat162>(v.z, v.w);
+}
+__device__ inline void Put4(__half* p, float4 v) {
+  auto* q = reinterpret_cast<__half2*>(p);
+  q[0] = Round2<__half2>(v.x, v.y);
+  q[1] = Round2<__half2>(v.z, v.w);
+}
 
 // ------------------------------------------------------------ LayerNorm
 
@@ -318,8 +332,38 @@ __global__ void ResidualKernel(float* out, const float* a, const float* b,
 
 // One block per row: the online max and sum of exp over the real columns,
 // then (backward) the gradient written over the logits (fp32) or into a
-// 16-bit copy for the head's products.
+// 16-bit copy for the head's products. Where rows are 16-byte aligned
+// (Vp a multiple of 4), a thread takes four columns at a time: a 16-byte
+// load, one rescaling of its running sum a load, and more loads in
+// flight than one column a thread keeps.
 constexpr int kClassifierThreads = 1024;
+
+// The online max m and sum s (of exp(x - m)) taking x.
+__device__ inline void OnlineAdd(float& m, float& s, float x) {
+  if (x > m) {
+    s = s * expf(m - x) + 1.0f;
+    m = x;
+  } else {
+    s += expf(x - m);
+  }
+}
+
+// The same taking four values at once.
+__device__ inline void OnlineAdd4(float& m, float& s, float4 v) {
+  const float mx = fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w));
+  const float mn = fmaxf(m, mx);
+  s = (m == -INFINITY ? 0.0f : s * expf(m - mn)) +
+      ((expf(v.x - mn) + expf(v.y - mn)) + (expf(v.z - mn) + expf(v.w - mn)));
+  m = mn;
+}
+
+// dloss * (softmax - onehot) of column j given the row's log-sum-exp (0
+// past V).
+__device__ inline float ClassifierGrad(float x, int j, int V, int target,
+                                       float lse, float dloss) {
+  if (j >= V) return 0.0f;
+  return dloss * (expf(x - lse) - (j == target ? 1.0f : 0.0f));
+}
 
 // grad: where the gradient goes (the logits themselves, or a 16-bit copy).
 template <typename G>
@@ -332,16 +376,18 @@ __global__ void FusedClassifierKernel(float* logits, G* grad, float* losses,
   float* x = logits + static_cast<size_t>(blockIdx.x) * Vp;
   const int target = targets[blockIdx.x];
   if (threadIdx.x == 0) target_logit = x[target];
+  // Four columns at a time up to the last whole four of V, then one, where
+  // every row (and its gradient's) starts aligned to four.
+  const bool by4 = Vp % 4 == 0 &&
+                   reinterpret_cast<uintptr_t>(logits) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(grad) % (4 * sizeof(G)) == 0;
+  const auto* x4 = reinterpret_cast<const float4*>(x);
+  const int whole4 = by4 ? V / 4 : 0;
   float m = -INFINITY, s = 0;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) {
-    const float v = x[j];
-    if (v > m) {
-      s = s * expf(m - v) + 1.0f;
-      m = v;
-    } else {
-      s += expf(v - m);
-    }
-  }
+  for (int q = threadIdx.x; q < whole4; q += blockDim.x)
+    OnlineAdd4(m, s, x4[q]);
+  for (int j = 4 * whole4 + threadIdx.x; j < V; j += blockDim.x)
+    OnlineAdd(m, s, x[j]);
   // Combine (m, s) pairs across the warp, then across warps.
   for (int o = kWarp / 2; o > 0; o /= 2) {
     const float m2 = __shfl_xor_sync(0xffffffff, m, o);
@@ -372,11 +418,20 @@ __global__ void FusedClassifierKernel(float* logits, G* grad, float* losses,
   if (!backward) return;
   const float lse = row_lse;
   G* out = grad + static_cast<size_t>(blockIdx.x) * Vp;
-  for (int j = threadIdx.x; j < Vp; j += blockDim.x) {
-    float g = 0;
-    if (j < V) g = dloss * (expf(x[j] - lse) - (j == target ? 1.0f : 0.0f));
-    Put(out + j, g);
+  if (by4) {
+    for (int q = threadIdx.x; q < Vp / 4; q += blockDim.x) {
+      const float4 v = x4[q];
+      const int j = 4 * q;
+      Put4(out + j,
+           make_float4(ClassifierGrad(v.x, j, V, target, lse, dloss),
+                       ClassifierGrad(v.y, j + 1, V, target, lse, dloss),
+                       ClassifierGrad(v.z, j + 2, V, target, lse, dloss),
+                       ClassifierGrad(v.w, j + 3, V, target, lse, dloss)));
+    }
+    return;
   }
+  for (int j = threadIdx.x; j < Vp; j += blockDim.x)
+    Put(out + j, ClassifierGrad(x[j], j, V, target, lse, dloss));
 }
 
 }  // namespace
