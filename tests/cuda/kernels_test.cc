@@ -167,24 +167,30 @@ TEST_F(KernelsTest, Classifier) {
 // gradient, the logits left as they were.
 TEST_F(KernelsTest, ClassifierRoundsItsGradientForTheHead) {
   const int N = B * T;
-  const size_t n = static_cast<size_t>(N) * Vp;
-  auto logits = Random(n, rng_, -6, 6);
-  std::vector<int> targets(N);
-  for (int& t : targets) t = rng_() % V;
-  Dev<int> gtargets(targets);
-  Dev<float> fp32(logits), l32(N), kept(logits), l16(N);
-  cuda::FusedClassifier(ctx_, fp32.get(), l32.get(), gtargets.get(), N, V, Vp,
-                        1.0f / N, true);
-  for (cudaDataType_t type : {CUDA_R_16BF, CUDA_R_16F}) {
-    // NaN in either type where nothing is written (the padding included).
-    Dev<uint16_t> direct(std::vector<uint16_t>(n, 0xFFFF)), expected(n), b(1);
-    SixteenBit(type, direct.get(), n, b.get(), 1);
-    cuda::FusedClassifier(ctx_, kept.get(), l16.get(), gtargets.get(), N, V, Vp,
-                          1.0f / N, true, direct.get());
-    cuda::To16Bit(ctx_, type, expected.get(), fp32.get(), n);
-    EXPECT_EQ(direct.Get(), expected.Get()) << type;
-    EXPECT_EQ(kept.Get(), logits) << type;
-    EXPECT_EQ(l16.Get(), l32.Get()) << type;
+  // The fixture's, and V not a multiple of four (a group of four columns
+  // straddling V).
+  for (const auto& [v, vp] : {std::pair{V, Vp}, {301, 320}}) {
+    SCOPED_TRACE("V " + std::to_string(v) + " of " + std::to_string(vp));
+    const size_t n = static_cast<size_t>(N) * vp;
+    auto logits = Random(n, rng_, -6, 6);
+    std::vector<int> targets(N);
+    for (int& t : targets) t = rng_() % v;
+    targets[0] = v - 1;
+    Dev<int> gtargets(targets);
+    Dev<float> fp32(logits), l32(N), kept(logits), l16(N);
+    cuda::FusedClassifier(ctx_, fp32.get(), l32.get(), gtargets.get(), N, v, vp,
+                          1.0f / N, true);
+    for (cudaDataType_t type : {CUDA_R_16BF, CUDA_R_16F}) {
+      // NaN in either type where nothing is written (the padding included).
+      Dev<uint16_t> direct(std::vector<uint16_t>(n, 0xFFFF)), expected(n), b(1);
+      SixteenBit(type, direct.get(), n, b.get(), 1);
+      cuda::FusedClassifier(ctx_, kept.get(), l16.get(), gtargets.get(), N, v,
+                            vp, 1.0f / N, true, direct.get());
+      cuda::To16Bit(ctx_, type, expected.get(), fp32.get(), n);
+      EXPECT_EQ(direct.Get(), expected.Get()) << type;
+      EXPECT_EQ(kept.Get(), logits) << type;
+      EXPECT_EQ(l16.Get(), l32.Get()) << type;
+    }
   }
 }
 

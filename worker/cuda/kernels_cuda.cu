@@ -334,8 +334,8 @@ __global__ void ResidualKernel(float* out, const float* a, const float* b,
 // then (backward) the gradient written over the logits (fp32) or into a
 // 16-bit copy for the head's products. Where rows are 16-byte aligned
 // (Vp a multiple of 4), a thread takes four columns at a time: a 16-byte
-// load, one rescaling of its running sum a load, and more loads in
-// flight than one column a thread keeps.
+// load and one rescaling of its running sum for four columns, a quarter of
+// the loop's trips.
 constexpr int kClassifierThreads = 1024;
 
 // The online max m and sum s (of exp(x - m)) taking x.
@@ -377,10 +377,11 @@ __global__ void FusedClassifierKernel(float* logits, G* grad, float* losses,
   const int target = targets[blockIdx.x];
   if (threadIdx.x == 0) target_logit = x[target];
   // Four columns at a time up to the last whole four of V, then one, where
-  // every row (and its gradient's) starts aligned to four.
-  const bool by4 = Vp % 4 == 0 &&
-                   reinterpret_cast<uintptr_t>(logits) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(grad) % (4 * sizeof(G)) == 0;
+  // every row starts aligned to four (the sum's order then depends on the
+  // logits alone); the gradient four at a time where its rows are too.
+  const bool by4 = Vp % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  const bool write4 =
+      by4 && reinterpret_cast<uintptr_t>(grad) % (4 * sizeof(G)) == 0;
   const auto* x4 = reinterpret_cast<const float4*>(x);
   const int whole4 = by4 ? V / 4 : 0;
   float m = -INFINITY, s = 0;
@@ -418,7 +419,7 @@ __global__ void FusedClassifierKernel(float* logits, G* grad, float* losses,
   if (!backward) return;
   const float lse = row_lse;
   G* out = grad + static_cast<size_t>(blockIdx.x) * Vp;
-  if (by4) {
+  if (write4) {
     for (int q = threadIdx.x; q < Vp / 4; q += blockDim.x) {
       const float4 v = x4[q];
       const int j = 4 * q;
