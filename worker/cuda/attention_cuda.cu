@@ -123,17 +123,13 @@ cublasStatus_t RowGemmBatched(const Ctx& ctx, bool trans_a, bool trans_b, int M,
       stride_c, batch, ctx.batched_compute, CUBLAS_GEMM_DEFAULT);
 }
 
-namespace {
-
-bool Fused(const Ctx& ctx, int B, int C, int NH) {
+bool AttentionFused(const Ctx& ctx, int B, int C, int NH) {
   return ctx.fused_attention && FlashAttentionShape(B, C, NH);
 }
 
-}  // namespace
-
 size_t AttentionWorkspaceFloats(const Ctx& ctx, int B, int T, int C, int NH,
                                 bool qkv16) {
-  if (Fused(ctx, B, C, NH))
+  if (AttentionFused(ctx, B, C, NH))
     return FlashAttentionWorkspaceFloats(B, T, C, NH, qkv16);
   const size_t btc = static_cast<size_t>(B) * T * C;
   const size_t scores = static_cast<size_t>(B) * NH * T * T;
@@ -144,7 +140,7 @@ cublasStatus_t AttentionForward(const Ctx& ctx, float* out, float* lse,
                                 const float* inp, int B, int T, int C, int NH,
                                 float* workspace, void* out16,
                                 const void* qkv16) {
-  if (Fused(ctx, B, C, NH)) {
+  if (AttentionFused(ctx, B, C, NH)) {
     return FlashAttentionForward(ctx, out, lse, inp, B, T, C, NH, workspace,
                                  out16, qkv16) == cudaSuccess
                ? CUBLAS_STATUS_SUCCESS
@@ -181,7 +177,7 @@ cublasStatus_t AttentionBackward(const Ctx& ctx, float* dinp, const float* dout,
                                  const float* lse, int B, int T, int C, int NH,
                                  float* workspace, bool add,
                                  const void* qkv16) {
-  if (Fused(ctx, B, C, NH)) {
+  if (AttentionFused(ctx, B, C, NH)) {
     return FlashAttentionBackward(ctx, dinp, dout, inp, out, lse, B, T, C, NH,
                                   workspace, add, qkv16) == cudaSuccess
                ? CUBLAS_STATUS_SUCCESS

@@ -94,10 +94,9 @@ size_t CudaEngine::Carve(float* base, int B, int T) {
   };
   // n floats unless activations are kept rounded (their copy instead).
   auto take32 = [&](size_t n) { return rounded_acts_ ? nullptr : take(n); };
-  // qkv in bf16 only where the fused kernels take this batch's shape (else
-  // the batched path, on fp32).
-  const bool qkv16 =
-      ctx_.fused_attention && FlashAttentionShape(B, static_cast<int>(C), NH);
+  // qkv in bf16 only where the fused kernels run at this batch's shape
+  // (else the batched path, on fp32).
+  const bool qkv16 = AttentionFused(ctx_, B, static_cast<int>(C), NH);
   encoded_ = take(BT * C);
   layers_.resize(spec_.num_layers);
   for (Layer& y : layers_) {

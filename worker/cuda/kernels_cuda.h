@@ -169,6 +169,9 @@ cublasStatus_t AttentionBackward(const Ctx& ctx, float* dinp, const float* dout,
                                  const float* lse, int B, int T, int C, int NH,
                                  float* workspace, bool add = true,
                                  const void* qkv16 = nullptr);
+// Whether attention at this shape runs through the fused kernels (asked
+// for in ctx, and a shape they take), which alone take qkv16.
+bool AttentionFused(const Ctx& ctx, int B, int C, int NH);
 // (qkv16: for calls that pass it, which the fused kernels need less for.)
 size_t AttentionWorkspaceFloats(const Ctx& ctx, int B, int T, int C, int NH,
                                 bool qkv16 = false);
